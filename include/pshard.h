@@ -1,0 +1,217 @@
+/*
+ * pshard.h - the public C API of pshard, a parameter server for distributed training.
+ *
+ * This header is the whole API: what it does not declare is internal. A worker program
+ * opens a context (ps_ctx), declares tables, then loops: pull parameters, compute
+ * gradients, push them, advance its clock. Servers and the scheduler are started by
+ * the `pshard` command, or run as threads inside the worker in embedded mode.
+ *
+ * Conventions
+ *  - Every function that can fail returns an int: 0 (PS_OK) on success, a positive
+ *    ps_err code otherwise. ps_strerror() and ps_err_name() describe a code;
+ *    ps_errmsg() gives the detailed message of the last failure in the calling thread.
+ *  - Handles are opaque. close/free functions accept NULL.
+ *  - Buffers passed to a blocking call are borrowed for the duration of the call.
+ *    Buffers passed to a *_start call must stay valid (and, for pulls, untouched)
+ *    until ps_req_wait() returned something other than PS_ERR_TIMEOUT, or until
+ *    ps_req_free() returned.
+ *  - Thread safety: a ps_ctx may be used from several threads at once; a ps_req must
+ *    be waited on and freed by one thread at a time. ps_config is not thread-safe.
+ *  - Timeouts are in milliseconds; a negative timeout means the context's default
+ *    request deadline (config key `timeout_ms`). Nothing waits forever.
+ */
+#ifndef PSHARD_H
+#define PSHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PS_VERSION_MAJOR 0
+#define PS_VERSION_MINOR 1
+
+#if defined(__GNUC__)
+#define PS_API __attribute__((visibility("default")))
+#else
+#define PS_API
+#endif
+
+/* The error table. The same codes travel in error frames on the wire. */
+#define PS_ERRNO_MAP(X)                                                        \
+  X(OK, 0, "success")                                                          \
+  X(ERR_INVALID, 1, "invalid argument")                                        \
+  X(ERR_NOMEM, 2, "out of memory")                                             \
+  X(ERR_TIMEOUT, 3, "deadline exceeded")                                       \
+  X(ERR_CLOSED, 4, "closed")                                                   \
+  X(ERR_IO, 5, "i/o error")                                                    \
+  X(ERR_PROTO, 6, "malformed frame")                                           \
+  X(ERR_TOO_LARGE, 7, "message too large")                                     \
+  X(ERR_NO_TABLE, 8, "unknown table")                                          \
+  X(ERR_SIZE, 9, "wrong length")                                               \
+  X(ERR_DIM, 10, "wrong dimension")                                            \
+  X(ERR_CONFLICT, 11, "table declared with different options")                 \
+  X(ERR_MOVED, 12, "key not owned by this server")                             \
+  X(ERR_CLOCK, 13, "clock out of range")                                       \
+  X(ERR_CONFIG, 14, "bad configuration")                                       \
+  X(ERR_UNAVAILABLE, 15, "peer unavailable")                                   \
+  X(ERR_CANCELED, 16, "canceled")                                              \
+  X(ERR_ROLE, 17, "not allowed in this role")                                  \
+  X(ERR_RANGE, 18, "out of range")                                             \
+  X(ERR_INTERNAL, 19, "internal error")
+
+typedef enum ps_err {
+#define PS__ERR_ENUM(name, code, msg) PS_##name = code,
+  PS_ERRNO_MAP(PS__ERR_ENUM)
+#undef PS__ERR_ENUM
+  PS_ERR__COUNT
+} ps_err;
+
+/* Human-readable description of an error code ("unknown table"). Never NULL. */
+PS_API const char *ps_strerror(int err);
+/* Symbolic name of an error code ("PS_ERR_NO_TABLE"). Never NULL. */
+PS_API const char *ps_err_name(int err);
+/* Detailed message of the last failure in this thread ("" if none). Valid until the
+ * next pshard call in this thread. */
+PS_API const char *ps_errmsg(void);
+
+/* ---------------------------------------------------------------- configuration */
+
+typedef struct ps_config ps_config;
+
+/* A configuration holds string options. Keys (environment variable in brackets):
+ *   role               worker | server | scheduler            [PSHARD_ROLE]
+ *   scheduler          host:port of the scheduler             [PSHARD_SCHEDULER]
+ *   servers            expected number of servers S           [PSHARD_SERVERS]
+ *   workers            expected number of workers K           [PSHARD_WORKERS]
+ *   embedded           run a scheduler and this many servers as threads in the
+ *                      calling process (0 = off)              [PSHARD_EMBEDDED]
+ *   mode               consistency model: sync                [PSHARD_MODE]
+ *   timeout_ms         default request deadline (30000)       [PSHARD_TIMEOUT_MS]
+ *   connect_timeout_ms deadline to join the job (60000)       [PSHARD_CONNECT_TIMEOUT_MS]
+ *   heartbeat_ms       heartbeat period (200)                 [PSHARD_HEARTBEAT_MS]
+ *   heartbeat_timeout_ms  a node silent this long is dead (3000)
+ *                                                             [PSHARD_HEARTBEAT_TIMEOUT_MS]
+ *   transport          auto | tcp (auto uses AF_UNIX sockets on the same host)
+ *                                                             [PSHARD_TRANSPORT]
+ *   host               address to bind and advertise (127.0.0.1) [PSHARD_HOST]
+ *   vnodes             virtual nodes per server on the ring (128) [PSHARD_VNODES]
+ *   max_frame_mb       largest accepted frame payload (2048)  [PSHARD_MAX_FRAME_MB]
+ */
+PS_API int ps_config_new(ps_config **out);
+PS_API void ps_config_free(ps_config *cfg);
+/* Set one option. PS_ERR_CONFIG for an unknown key or an invalid value (the message
+ * says which); the configuration is unchanged then. The strings are copied. */
+PS_API int ps_config_set(ps_config *cfg, const char *key, const char *value);
+/* Read every PSHARD_* variable that names a known key. Unknown PSHARD_* variables are
+ * ignored; an invalid value fails with PS_ERR_CONFIG. */
+PS_API int ps_config_from_env(ps_config *cfg);
+/* The current value of a key, or NULL if unset. Borrowed from cfg. */
+PS_API const char *ps_config_get(const ps_config *cfg, const char *key);
+
+/* ---------------------------------------------------------------- context */
+
+typedef struct ps_ctx ps_ctx;
+
+/* Open a worker context: connect to the scheduler (or start an embedded one), register,
+ * and wait until the job's expected servers and workers have joined (deadline
+ * connect_timeout_ms). On success *out owns the context; close it with ps_ctx_close.
+ * Errors: PS_ERR_CONFIG, PS_ERR_UNAVAILABLE, PS_ERR_TIMEOUT, PS_ERR_IO, PS_ERR_NOMEM. */
+PS_API int ps_ctx_open(const ps_config *cfg, ps_ctx **out);
+/* Same, from a configuration built from the environment alone. */
+PS_API int ps_ctx_open_env(ps_ctx **out);
+/* Leave the job cleanly, cancel outstanding requests, stop embedded threads, free. */
+PS_API void ps_ctx_close(ps_ctx *ctx);
+
+/* This worker's rank in [0, K) and the job's current worker and server counts. */
+PS_API int ps_ctx_rank(const ps_ctx *ctx);
+PS_API int ps_ctx_num_workers(const ps_ctx *ctx);
+PS_API int ps_ctx_num_servers(const ps_ctx *ctx);
+/* The worker's clock: the number of completed iterations (ps_clock calls). */
+PS_API int64_t ps_ctx_clock(const ps_ctx *ctx);
+/* Membership epoch as last heard from the scheduler. */
+PS_API uint64_t ps_ctx_epoch(const ps_ctx *ctx);
+
+/* ---------------------------------------------------------------- tables */
+
+typedef enum ps_table_kind { PS_DENSE = 1, PS_SPARSE = 2 } ps_table_kind;
+
+/* Declare a table, or attach to one already declared by another worker.
+ *   kind  PS_DENSE: a vector of `size` floats; PS_SPARSE: rows of `size` floats (dim)
+ *         keyed by any uint64 row id, created on first touch.
+ *   options  space-separated key=value pairs, NULL or "" for defaults:
+ *     opt=sgd|momentum|adagrad|adam|ftrl   (sgd)
+ *     lr=0.01 momentum=0.9 beta1=0.9 beta2=0.999 eps=1e-8 acc0=0 (adagrad start)
+ *     l1=0 l2=0 beta=1 (ftrl)
+ *     update=mean|sum      combine pushes as the batch-weighted mean (default) or sum
+ *     init=zero | const:V | uniform:A (in [-A,A]) | normal:SD    (zero)
+ *     seed=N               initialiser seed (0)
+ *     slice=N              dense: elements per slice, the unit of placement (65536)
+ * The same name declared again with different options fails with PS_ERR_CONFLICT.
+ * *id_out receives the table id used by push and pull. */
+PS_API int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind,
+                            uint64_t size, const char *options, uint32_t *id_out);
+
+/* ---------------------------------------------------------------- push and pull */
+
+/* A learning rate of PS_LR_SCHEDULE (any negative value) means "the table's own". */
+#define PS_LR_SCHEDULE (-1.0f)
+
+/* Pull sparse rows: out receives nkeys*dim floats, row i for keys[i] (repeats allowed).
+ * In sync mode the answer reflects every round before this worker's clock. */
+PS_API int ps_pull(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys,
+                   float *out, int timeout_ms);
+/* Push sparse gradients: grads holds nkeys*dim floats, the worker's mean gradient over
+ * its local batch of `batch` examples. Repeated keys in one push are combined: their
+ * gradients are summed. lr overrides the table's learning rate unless negative. */
+PS_API int ps_push(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys,
+                   const float *grads, uint32_t batch, float lr, int timeout_ms);
+/* Dense variants over the element range [offset, offset+count). */
+PS_API int ps_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count,
+                         float *out, int timeout_ms);
+PS_API int ps_push_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count,
+                         const float *grads, uint32_t batch, float lr, int timeout_ms);
+
+typedef struct ps_req ps_req;
+
+/* Non-blocking variants: *req receives a handle; see the buffer rules above. */
+PS_API int ps_pull_start(ps_ctx *ctx, uint32_t table, const uint64_t *keys,
+                         size_t nkeys, float *out, ps_req **req);
+PS_API int ps_push_start(ps_ctx *ctx, uint32_t table, const uint64_t *keys,
+                         size_t nkeys, const float *grads, uint32_t batch, float lr,
+                         ps_req **req);
+PS_API int ps_pull_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset,
+                               uint64_t count, float *out, ps_req **req);
+PS_API int ps_push_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset,
+                               uint64_t count, const float *grads, uint32_t batch,
+                               float lr, ps_req **req);
+/* Wait for a request. Returns its result, or PS_ERR_TIMEOUT if it is still running
+ * after timeout_ms (0 polls); the request then stays valid and may be waited again. */
+PS_API int ps_req_wait(ps_req *req, int timeout_ms);
+/* Free a request; a request still running is canceled first (the call returns once the
+ * library no longer touches its buffers). NULL is a no-op. */
+PS_API void ps_req_free(ps_req *req);
+
+/* ---------------------------------------------------------------- clock, barrier, metrics */
+
+/* Finish the current iteration: tell every server this worker's clock advanced. In sync
+ * mode a round is applied once every active worker has advanced past it. */
+PS_API int ps_clock(ps_ctx *ctx);
+/* Wait until every active worker reached the barrier. */
+PS_API int ps_barrier(ps_ctx *ctx, int timeout_ms);
+/* Report a named metric (e.g. "loss") to the scheduler. */
+PS_API int ps_metric(ps_ctx *ctx, const char *name, double value);
+
+/* ---------------------------------------------------------------- logging */
+
+typedef void (*ps_log_fn)(int level, const char *msg, void *arg);
+enum { PS_LOG_ERROR = 0, PS_LOG_WARN = 1, PS_LOG_INFO = 2, PS_LOG_DEBUG = 3 };
+/* Route the library's log messages (default: none for workers). Process-wide. */
+PS_API void ps_set_log(ps_log_fn fn, void *arg, int max_level);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* PSHARD_H */

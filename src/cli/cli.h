@@ -1,0 +1,11 @@
+/*
+ * cli.h - subcommands of the `pshard` command. Each returns the process exit status:
+ * 0 success, 1 runtime failure, 2 usage error (bad flag; usage printed to stderr).
+ */
+#ifndef PS_CLI_H
+#define PS_CLI_H
+
+int ps_cli_scheduler(int argc, char **argv);
+int ps_cli_server(int argc, char **argv);
+
+#endif

@@ -1,0 +1,39 @@
+/*
+ * main.c - the `pshard` command: dispatches to a subcommand.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static const struct {
+  const char *name;
+  int (*fn)(int, char **);
+  const char *help;
+} commands[] = {
+    {"scheduler", ps_cli_scheduler, "run the scheduler of a job"},
+    {"server", ps_cli_server, "run a parameter server"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: pshard <command> [options]\n\ncommands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+  fprintf(f, "\n'pshard <command> --help' describes a command's options.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    usage(stdout);
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+    if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+  fprintf(stderr, "pshard: unknown command '%s'\n", argv[1]);
+  usage(stderr);
+  return 2;
+}

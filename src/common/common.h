@@ -1,0 +1,60 @@
+/*
+ * common.h - shared internals: error messages, logging, time, assertions.
+ * No I/O beyond the log hook; usable from every layer.
+ */
+#ifndef PS_COMMON_H
+#define PS_COMMON_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "pshard.h"
+
+#define PS_INTERNAL __attribute__((visibility("hidden")))
+
+/* Always-on assertion for internal invariants (never for outside input). */
+#define PS_ASSERT(cond)                                                        \
+  do {                                                                         \
+    if (!(cond)) ps__panic(__FILE__, __LINE__, #cond);                         \
+  } while (0)
+_Noreturn void ps__panic(const char *file, int line, const char *what);
+
+/* Record a detailed message for the calling thread's last error and return err. */
+int ps__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Clear the thread's last message. */
+void ps__clear_err(void);
+
+/* Logging through the hook set with ps_set_log (or stderr for daemons). */
+void ps__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Daemons (pshard server/scheduler) log to stderr at this level. */
+void ps__log_to_stderr(int max_level, const char *prefix);
+
+/* Monotonic time. */
+uint64_t ps__now_ns(void);
+static inline uint64_t ps__now_ms(void) { return ps__now_ns() / 1000000u; }
+
+/* Parsing helpers: 0 on success. */
+int ps__parse_u64(const char *s, uint64_t *out);
+int ps__parse_i64(const char *s, int64_t *out);
+int ps__parse_float(const char *s, float *out);
+/* "host:port" -> host (copied into host, hostlen) and port. */
+int ps__parse_hostport(const char *s, char *host, size_t hostlen, int *port);
+
+/* xxh64 of a byte string (used for ring placement and name hashing). */
+uint64_t ps__hash64(const void *p, size_t n, uint64_t seed);
+/* A 64-bit mixer (splitmix64 finaliser). */
+static inline uint64_t ps__mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* Allocation that reports failure (callers turn NULL into PS_ERR_NOMEM). */
+void *ps__malloc(size_t n);
+void *ps__calloc(size_t n, size_t m);
+void *ps__realloc(void *p, size_t n);
+char *ps__strdup(const char *s);
+
+#endif
