@@ -1,0 +1,256 @@
+/*
+ * spec.c - parse a table's option string into a ps__table_spec.
+ *
+ * The spec is compared byte for byte when a table is declared again ("same options"),
+ * so it is built in a zeroed struct (padding included), every float is normalised
+ * (-0 becomes 0) and defaults that depend on other options (eps) are resolved after
+ * the whole string has been read, making the result independent of option order.
+ */
+#include "store/store.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#include "common/common.h"
+
+#define MAX_DIM (1u << 20)            /* widest row: sparse dim or dense slice */
+#define MAX_DENSE (1ull << 40)        /* largest dense table, in floats */
+#define DEFAULT_SLICE 65536u
+#define MAX_TOKEN 256
+
+/* Option keys, in the order of pshard.h; a bit per key catches repeats. */
+enum {
+  K_OPT, K_LR, K_MOMENTUM, K_BETA1, K_BETA2, K_EPS, K_ACC0, K_L1, K_L2, K_BETA,
+  K_UPDATE, K_INIT, K_SEED, K_SLICE, K_COUNT
+};
+static const char *const key_names[K_COUNT] = {
+    "opt", "lr", "momentum", "beta1", "beta2", "eps", "acc0",
+    "l1", "l2", "beta", "update", "init", "seed", "slice",
+};
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Write the message into err (if any room) and return code. */
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+/* A finite float >= lo (and < hi if has_hi), -0 folded to 0. 0, -1 malformed, -2 out of range. */
+static int parse_ranged(const char *s, float *out, float lo, int has_hi, float hi) {
+  float v;
+  if (ps__parse_float(s, &v)) return -1;
+  if (v < lo || (has_hi && v >= hi)) return -2;
+  *out = v == 0.0f ? 0.0f : v;
+  return 0;
+}
+
+static int parse_opt_kind(const char *s, ps__opt_kind *out) {
+  static const struct { const char *name; ps__opt_kind kind; } t[] = {
+      {"sgd", PS__OPT_SGD},   {"momentum", PS__OPT_MOMENTUM}, {"adagrad", PS__OPT_ADAGRAD},
+      {"adam", PS__OPT_ADAM}, {"ftrl", PS__OPT_FTRL},
+  };
+  for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+    if (strcmp(s, t[i].name) == 0) {
+      *out = t[i].kind;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+/* init=zero | const:V | uniform:A | normal:SD */
+static int parse_init(const char *s, ps__init *out) {
+  const char *colon = strchr(s, ':');
+  size_t n = colon ? (size_t)(colon - s) : strlen(s);
+  float a;
+  if (!colon) {
+    if (strcmp(s, "zero") != 0) return -1;
+    out->kind = PS__INIT_ZERO;
+    out->a = 0.0f;
+    return 0;
+  }
+  if (n == 5 && memcmp(s, "const", 5) == 0) {
+    if (ps__parse_float(colon + 1, &a)) return -1;
+    out->kind = PS__INIT_CONST;
+  } else if (n == 7 && memcmp(s, "uniform", 7) == 0) {
+    if (ps__parse_float(colon + 1, &a) || a < 0.0f) return -1;
+    out->kind = PS__INIT_UNIFORM;
+  } else if (n == 6 && memcmp(s, "normal", 6) == 0) {
+    if (ps__parse_float(colon + 1, &a) || a < 0.0f) return -1;
+    out->kind = PS__INIT_NORMAL;
+  } else {
+    return -1;
+  }
+  out->a = a == 0.0f ? 0.0f : a;
+  return 0;
+}
+
+/* Apply one key=value pair. Returns 0 or an error code with err filled in. */
+static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uint64_t *slice,
+                        char *err, size_t errlen) {
+  const char *name = key_names[k];
+  float *fp = NULL;
+  int has_hi = 0, rc;
+  const char *range = "must be >= 0";
+
+  switch (k) {
+  case K_OPT:
+    if (parse_opt_kind(val, &s->opt.kind))
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option 'opt': expected sgd, momentum, adagrad, adam or ftrl",
+                  val);
+    return 0;
+  case K_UPDATE:
+    if (strcmp(val, "mean") == 0) s->update = PS__UPDATE_MEAN;
+    else if (strcmp(val, "sum") == 0) s->update = PS__UPDATE_SUM;
+    else
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option 'update': expected mean or sum", val);
+    return 0;
+  case K_INIT:
+    if (parse_init(val, &s->init))
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option 'init': expected zero, const:V, uniform:A or "
+                  "normal:SD (A, SD >= 0)",
+                  val);
+    return 0;
+  case K_SEED:
+    if (ps__parse_u64(val, &s->init.seed))
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option 'seed': expected an unsigned integer", val);
+    return 0;
+  case K_SLICE:
+    if (kind != PS_DENSE)
+      return fail(err, errlen, PS_ERR_CONFIG, "option 'slice' applies only to dense tables");
+    if (ps__parse_u64(val, slice) || *slice == 0 || *slice > MAX_DIM)
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option 'slice': must be 1..%u", val, MAX_DIM);
+    return 0;
+  case K_LR: fp = &s->opt.lr; break;
+  case K_MOMENTUM: fp = &s->opt.momentum; break;
+  case K_BETA1: fp = &s->opt.beta1; has_hi = 1; range = "must be in [0, 1)"; break;
+  case K_BETA2: fp = &s->opt.beta2; has_hi = 1; range = "must be in [0, 1)"; break;
+  case K_EPS: fp = &s->opt.eps; break;
+  case K_ACC0: fp = &s->opt.acc0; break;
+  case K_L1: fp = &s->opt.l1; break;
+  case K_L2: fp = &s->opt.l2; break;
+  case K_BETA: fp = &s->opt.beta; break;
+  default: PS_ASSERT(0);
+  }
+  rc = parse_ranged(val, fp, 0.0f, has_hi, 1.0f);
+  if (rc == -1)
+    return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s'", val, name);
+  if (rc == -2)
+    return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s': %s", val, name,
+                range);
+  return 0;
+}
+
+int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint64_t size,
+                         const char *options, char *err, size_t errlen) {
+  ps__table_spec s;
+  uint64_t slice = DEFAULT_SLICE;
+  unsigned seen = 0;
+  const char *p = options ? options : "";
+  int rc;
+
+  if (err && errlen > 0) err[0] = '\0';
+  if (!name) return fail(err, errlen, PS_ERR_INVALID, "table name missing");
+  if (kind != PS_DENSE && kind != PS_SPARSE)
+    return fail(err, errlen, PS_ERR_INVALID, "bad table kind %d: expected dense or sparse", kind);
+  if (size == 0) return fail(err, errlen, PS_ERR_INVALID, "table size must be > 0");
+  if (kind == PS_DENSE && size > MAX_DENSE)
+    return fail(err, errlen, PS_ERR_INVALID,
+                "dense table size %llu exceeds the maximum 2^40", (unsigned long long)size);
+  if (kind == PS_SPARSE && size > MAX_DIM)
+    return fail(err, errlen, PS_ERR_INVALID, "sparse table dimension %llu exceeds the maximum %u",
+                (unsigned long long)size, MAX_DIM);
+
+  memset(&s, 0, sizeof s); /* padding too: specs are compared with memcmp */
+  s.kind = kind;
+  s.size = size;
+  s.opt.kind = PS__OPT_SGD;
+  s.opt.lr = 0.01f;
+  s.opt.momentum = 0.9f;
+  s.opt.beta1 = 0.9f;
+  s.opt.beta2 = 0.999f;
+  s.opt.acc0 = 0.0f;
+  s.opt.l1 = 0.0f;
+  s.opt.l2 = 0.0f;
+  s.opt.beta = 1.0f;
+  s.init.kind = PS__INIT_ZERO;
+  s.update = PS__UPDATE_MEAN;
+
+  for (;;) {
+    char tok[MAX_TOKEN];
+    const char *start, *eq;
+    size_t n, klen;
+    int k;
+
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+    if (!*p) break;
+    start = p;
+    while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') p++;
+    n = (size_t)(p - start);
+    if (n >= sizeof tok)
+      return fail(err, errlen, PS_ERR_CONFIG, "table option '%.32s...' is too long", start);
+    memcpy(tok, start, n);
+    tok[n] = '\0';
+
+    eq = strchr(tok, '=');
+    if (!eq)
+      return fail(err, errlen, PS_ERR_CONFIG, "bad table option '%s': expected key=value", tok);
+    klen = (size_t)(eq - tok);
+    for (k = 0; k < K_COUNT; k++)
+      if (strlen(key_names[k]) == klen && memcmp(key_names[k], tok, klen) == 0) break;
+    if (k == K_COUNT)
+      return fail(err, errlen, PS_ERR_CONFIG, "unknown table option '%.*s'", (int)klen, tok);
+    if (seen & (1u << k))
+      return fail(err, errlen, PS_ERR_CONFIG, "table option '%s' given twice", key_names[k]);
+    seen |= 1u << k;
+    rc = apply_option(&s, kind, k, eq + 1, &slice, err, errlen);
+    if (rc) return rc;
+  }
+
+  if (!(seen & (1u << K_EPS))) s.opt.eps = s.opt.kind == PS__OPT_ADAGRAD ? 1e-10f : 1e-8f;
+
+  if (kind == PS_DENSE) {
+    s.width = (uint32_t)(size < slice ? size : slice);
+    s.nrows = (size + s.width - 1) / s.width;
+  } else {
+    s.width = (uint32_t)size;
+    s.nrows = 0;
+  }
+  s.name_hash = ps__hash64(name, strlen(name), 0);
+  memcpy(spec, &s, sizeof s); /* not struct assignment, which need not copy padding */
+  return 0;
+}
+
+unsigned ps__optim_nstate(ps__opt_kind kind) {
+  switch (kind) {
+  case PS__OPT_SGD: return 0;
+  case PS__OPT_MOMENTUM: return 1;
+  case PS__OPT_ADAGRAD: return 1;
+  case PS__OPT_ADAM: return 2;
+  case PS__OPT_FTRL: return 2;
+  }
+  return 0;
+}
+
+size_t ps__spec_row_floats(const ps__table_spec *spec) {
+  return (size_t)spec->width * (1 + ps__optim_nstate(spec->opt.kind));
+}
+
+uint32_t ps__spec_row_len(const ps__table_spec *spec, uint64_t row) {
+  if (spec->kind != PS_DENSE) return spec->width;
+  if (row + 1 < spec->nrows) return spec->width;
+  if (row + 1 == spec->nrows) return (uint32_t)(spec->size - row * spec->width);
+  return 0;
+}
