@@ -1,0 +1,172 @@
+/*
+ * ring.c - the consistent-hash ring that places keys on servers (see ring.h).
+ *
+ * A ring over n servers is a sorted array of n * vnodes points. Point (s, v), for the
+ * server with id s and replica index v, sits at xxh64 of the 8 bytes (s, v) in
+ * little-endian order; a key (table, k) sits at xxh64 of the 12 bytes (table, k), also
+ * little-endian, so placement is the same on every host. The owner of a key is the
+ * first point at or after the key's hash, wrapping past the top of the hash space to
+ * the first point. Points depend only on their server, so adding or removing a server
+ * only inserts or deletes that server's points: keys move to or from it and nowhere
+ * else. Equal point hashes (never seen in practice) are ordered by server id, so the
+ * order does not depend on the order of the id list either.
+ *
+ * A ring is immutable after ps__ring_new: lookups may run from any number of threads.
+ */
+#include "common/ring.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/common.h"
+
+/* Seeds keep the point and key hash families apart; they are part of the placement
+ * and must never change (a change moves every key). */
+#define RING_POINT_SEED 0x70736872696e6770ull /* "pshringp" */
+#define RING_KEY_SEED 0x70736872696e676bull   /* "pshringk" */
+
+typedef struct ring_point {
+  uint64_t hash;
+  uint32_t server; /* index into ids */
+} ring_point;
+
+struct ps__ring {
+  uint64_t epoch;
+  size_t nservers;
+  uint32_t *ids; /* sorted ascending */
+  size_t npoints;
+  ring_point *points; /* sorted by (hash, server id) */
+};
+
+static void put_le32(unsigned char *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_le64(unsigned char *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t point_hash(uint32_t server_id, uint32_t vnode) {
+  unsigned char buf[8];
+  put_le32(buf, server_id);
+  put_le32(buf + 4, vnode);
+  return XXH64(buf, sizeof buf, RING_POINT_SEED);
+}
+
+uint64_t ps__ring_key_hash(uint32_t table, uint64_t key) {
+  unsigned char buf[12];
+  put_le32(buf, table);
+  put_le64(buf + 4, key);
+  return XXH64(buf, sizeof buf, RING_KEY_SEED);
+}
+
+static int cmp_u32(const void *a, const void *b) {
+  uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Server indices follow the sorted ids, so comparing indices compares ids. */
+static int cmp_point(const void *a, const void *b) {
+  const ring_point *x = a, *y = b;
+  if (x->hash != y->hash) return (x->hash > y->hash) - (x->hash < y->hash);
+  return (x->server > y->server) - (x->server < y->server);
+}
+
+ps__ring *ps__ring_new(const uint32_t *server_ids, size_t n, unsigned vnodes, uint64_t epoch) {
+  if (!server_ids || n == 0 || vnodes == 0) {
+    ps__fail(PS_ERR_INVALID, "ring needs at least one server and one virtual node");
+    return NULL;
+  }
+  if (n > UINT32_MAX || n > SIZE_MAX / sizeof(ring_point) / vnodes) {
+    ps__fail(PS_ERR_INVALID, "ring too large: %zu servers x %u virtual nodes", n, vnodes);
+    return NULL;
+  }
+  ps__ring *r = ps__calloc(1, sizeof *r);
+  if (!r) goto nomem;
+  r->epoch = epoch;
+  r->nservers = n;
+  r->ids = ps__malloc(n * sizeof *r->ids);
+  if (!r->ids) goto nomem;
+  memcpy(r->ids, server_ids, n * sizeof *r->ids);
+  qsort(r->ids, n, sizeof *r->ids, cmp_u32);
+  for (size_t i = 1; i < n; i++) {
+    if (r->ids[i] == r->ids[i - 1]) {
+      ps__fail(PS_ERR_INVALID, "ring: server id %u appears twice", r->ids[i]);
+      ps__ring_free(r);
+      return NULL;
+    }
+  }
+  r->npoints = n * vnodes;
+  r->points = ps__malloc(r->npoints * sizeof *r->points);
+  if (!r->points) goto nomem;
+  for (size_t i = 0; i < n; i++) {
+    for (unsigned v = 0; v < vnodes; v++) {
+      ring_point *p = &r->points[i * vnodes + v];
+      p->hash = point_hash(r->ids[i], v);
+      p->server = (uint32_t)i;
+    }
+  }
+  qsort(r->points, r->npoints, sizeof *r->points, cmp_point);
+  return r;
+
+nomem:
+  ps__ring_free(r);
+  ps__fail(PS_ERR_NOMEM, "ring: out of memory for %zu servers x %u virtual nodes", n, vnodes);
+  return NULL;
+}
+
+void ps__ring_free(ps__ring *r) {
+  if (!r) return;
+  free(r->ids);
+  free(r->points);
+  free(r);
+}
+
+uint64_t ps__ring_epoch(const ps__ring *r) { return r->epoch; }
+
+size_t ps__ring_size(const ps__ring *r) { return r->nservers; }
+
+uint32_t ps__ring_server_at(const ps__ring *r, size_t i) {
+  PS_ASSERT(i < r->nservers);
+  return r->ids[i];
+}
+
+/* Position of the first point whose hash is >= h, wrapping to 0 past the last one. */
+static size_t first_point_at_or_after(const ps__ring *r, uint64_t h) {
+  size_t lo = 0, hi = r->npoints;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (r->points[mid].hash < h)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo == r->npoints ? 0 : lo;
+}
+
+size_t ps__ring_owner_index(const ps__ring *r, uint32_t table, uint64_t key) {
+  return r->points[first_point_at_or_after(r, ps__ring_key_hash(table, key))].server;
+}
+
+uint32_t ps__ring_owner(const ps__ring *r, uint32_t table, uint64_t key) {
+  return r->ids[ps__ring_owner_index(r, table, key)];
+}
+
+size_t ps__ring_chain(const ps__ring *r, uint32_t table, uint64_t key, uint32_t *out, size_t nmax) {
+  size_t want = nmax < r->nservers ? nmax : r->nservers;
+  if (want == 0) return 0;
+  size_t pos = first_point_at_or_after(r, ps__ring_key_hash(table, key));
+  size_t got = 0;
+  /* Chains are short (the replication factor), so a linear duplicate check is cheaper
+   * than a bitmap over all servers. One lap visits every server, so this terminates. */
+  for (size_t step = 0; step < r->npoints && got < want; step++) {
+    uint32_t id = r->ids[r->points[pos].server];
+    size_t j = 0;
+    while (j < got && out[j] != id) j++;
+    if (j == got) out[got++] = id;
+    if (++pos == r->npoints) pos = 0;
+  }
+  PS_ASSERT(got == want);
+  return got;
+}
