@@ -7,5 +7,6 @@
 
 int ps_cli_scheduler(int argc, char **argv);
 int ps_cli_server(int argc, char **argv);
+int ps_cli_plan(int argc, char **argv);
 
 #endif

@@ -13,6 +13,7 @@ static const struct {
 } commands[] = {
     {"scheduler", ps_cli_scheduler, "run the scheduler of a job"},
     {"server", ps_cli_server, "run a parameter server"},
+    {"plan", ps_cli_plan, "estimate memory, traffic, time and learning rate of a job"},
 };
 
 static void usage(FILE *f) {

@@ -1,0 +1,258 @@
+/*
+ * plan.c - the cost model behind `pshard plan` and the unit parsers it reads its
+ * inputs with (see plan.h for the model). Pure arithmetic: no I/O, no allocation.
+ */
+#include "common/plan.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/common.h"
+
+/* Bytes per parameter of training state. The gradient is the server's aggregation
+ * buffer (where a sync round combines the workers' pushes); mixed-precision Adam is
+ * the 2 + 2 + 12 accounting of Rajbhandari et al., ZeRO (2020). */
+static const ps__plan_recipe recipes[] = {
+    {"fp32-sgd", 8, 4, 4, "fp32", "fp32", "4 fp32 weights + 4 fp32 gradient"},
+    {"fp32-momentum", 12, 4, 4, "fp32", "fp32", "4 fp32 weights + 4 fp32 gradient + 4 momentum"},
+    {"fp32-adam", 16, 4, 4, "fp32", "fp32", "4 fp32 weights + 4 fp32 gradient + 4 m + 4 v"},
+    {"mixed-adam", 16, 2, 2, "fp16", "fp16",
+     "2 fp16 weights + 2 fp16 gradient + 4 fp32 master weights + 4 m + 4 v"},
+    {"fp16-weights", 2, 2, 2, "fp16", "fp16", "2 fp16 weights (inference, no optimiser)"},
+};
+
+const ps__plan_recipe *ps__plan_recipe_find(const char *name) {
+  for (size_t i = 0; name && i < sizeof recipes / sizeof recipes[0]; i++)
+    if (!strcmp(name, recipes[i].name)) return &recipes[i];
+  return NULL;
+}
+
+const ps__plan_recipe *ps__plan_recipe_at(size_t i) {
+  return i < sizeof recipes / sizeof recipes[0] ? &recipes[i] : NULL;
+}
+
+double ps__plan_precision_bytes(const char *name) {
+  static const struct {
+    const char *name;
+    double bytes;
+  } precs[] = {{"fp64", 8}, {"fp32", 4}, {"tf32", 4}, {"fp16", 2}, {"bf16", 2},
+               {"fp8", 1},  {"int8", 1}};
+  for (size_t i = 0; name && i < sizeof precs / sizeof precs[0]; i++)
+    if (!strcmp(name, precs[i].name)) return precs[i].bytes;
+  return 0;
+}
+
+void ps__plan_in_init(ps__plan_in *in) {
+  memset(in, 0, sizeof *in);
+  in->servers = 1;
+  in->workers = 1;
+  in->warmup_epochs = 5;
+}
+
+static int bad(const char *what, double v) {
+  return ps__fail(PS_ERR_INVALID, "plan: %s must be a finite number >= 0, not %g", what, v);
+}
+
+static int is_count(double v) { return v >= 1 && v == floor(v) && v <= 1e15; }
+
+int ps__plan_compute(const ps__plan_in *in, ps__plan_out *out) {
+  const struct {
+    const char *name;
+    double v;
+  } fields[] = {
+      {"params", in->params},         {"state bytes per parameter", in->state_bytes},
+      {"weight bytes", in->weight_bytes}, {"gradient bytes", in->grad_bytes},
+      {"push bytes", in->push_bytes}, {"servers", in->servers},
+      {"workers", in->workers},       {"link rate", in->link},
+      {"step time", in->step_time},   {"job time", in->job_time},
+      {"steps", in->steps},           {"server memory", in->server_mem},
+      {"batch", in->batch},           {"reference batch", in->ref_batch},
+      {"reference learning rate", in->ref_lr}, {"samples", in->samples},
+      {"warm-up epochs", in->warmup_epochs},   {"warm-up steps", in->warmup_steps},
+  };
+  for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
+    if (!isfinite(fields[i].v) || fields[i].v < 0) return bad(fields[i].name, fields[i].v);
+  if (!is_count(in->servers))
+    return ps__fail(PS_ERR_INVALID, "plan: servers must be a whole number >= 1, not %g",
+                    in->servers);
+  if (!is_count(in->workers))
+    return ps__fail(PS_ERR_INVALID, "plan: workers must be a whole number >= 1, not %g",
+                    in->workers);
+  if (in->step_time > 0 && in->job_time > 0 && in->steps > 0)
+    return ps__fail(PS_ERR_INVALID,
+                    "plan: give at most two of step time, job time and steps (the third "
+                    "follows from them)");
+
+  const double S = in->servers, K = in->workers, nan = NAN;
+  ps__plan_out o = {
+      .weights_bytes = nan, .state_bytes = nan,  .state_per_server = nan,
+      .servers_needed = nan, .push_bytes = nan,  .traffic_bytes = nan,
+      .traffic_per_server = nan, .push_time = nan, .comm_time = nan,
+      .step_time_1 = nan,   .step_compute = nan, .step_serial = nan,
+      .step_overlap = nan,  .job_time_1 = nan,   .job_compute = nan,
+      .job_serial = nan,    .job_overlap = nan,  .steps = nan,
+      .k_comm = nan,        .global_batch = nan, .lr = nan,
+      .steps_per_epoch = nan, .warmup_epochs = nan, .warmup_steps = nan,
+  };
+
+  /* Memory. */
+  if (in->params > 0) {
+    if (in->weight_bytes > 0) o.weights_bytes = in->params * in->weight_bytes;
+    if (in->state_bytes > 0) {
+      o.state_bytes = in->params * in->state_bytes;
+      o.state_per_server = o.state_bytes / S;
+      if (in->server_mem > 0) o.servers_needed = ceil(o.state_bytes / in->server_mem);
+    }
+  }
+
+  /* Traffic. */
+  double G = in->push_bytes > 0 ? in->push_bytes
+             : in->params > 0 && in->grad_bytes > 0 ? in->params * in->grad_bytes
+                                                    : nan;
+  if (!isnan(G)) {
+    o.push_bytes = G;
+    o.traffic_bytes = 2 * K * G;
+    o.traffic_per_server = 2 * K * G / S;
+    if (in->link > 0) {
+      o.push_time = G / in->link;
+      o.comm_time = 2 * fmax(G, K * G / S) / in->link;
+    }
+  }
+
+  /* Compute: any two of step time, job time and steps give the third. */
+  o.step_time_1 = in->step_time > 0 ? in->step_time
+                  : in->job_time > 0 && in->steps > 0 ? in->job_time / in->steps
+                                                      : nan;
+  o.job_time_1 = in->job_time > 0 ? in->job_time
+                 : in->step_time > 0 && in->steps > 0 ? in->step_time * in->steps
+                                                      : nan;
+  o.steps = in->steps > 0 ? in->steps
+            : in->step_time > 0 && in->job_time > 0 ? in->job_time / in->step_time
+                                                    : nan;
+  o.step_compute = o.step_time_1 / K;
+  o.job_compute = o.job_time_1 / K;
+  o.step_serial = o.step_compute + o.comm_time;
+  o.step_overlap = isnan(o.step_compute) || isnan(o.comm_time) ? nan
+                                                               : fmax(o.step_compute, o.comm_time);
+  o.job_serial = o.steps * o.step_serial;
+  o.job_overlap = o.steps * o.step_overlap;
+
+  /* comm(K) = 2G/L while K <= S, 2GK/(SL) beyond; compute(K) = T1/K. The crossing is
+   * at Ka = T1 L / 2G if that is <= S, else at sqrt(S Ka). */
+  if (!isnan(o.step_time_1) && !isnan(G) && G > 0 && in->link > 0) {
+    double ka = o.step_time_1 * in->link / (2 * G);
+    o.k_comm = ka <= S ? ka : sqrt(S * ka);
+  }
+
+  /* Batch, learning rate, warm-up (Goyal et al. 2017: ramp linearly from the base rate
+   * to the scaled rate over the first 5 epochs, when the rate is scaled up). */
+  if (in->batch > 0) {
+    o.global_batch = K * in->batch;
+    if (in->samples > 0) o.steps_per_epoch = ceil(in->samples / o.global_batch);
+    if (in->ref_batch > 0 && in->ref_lr > 0)
+      o.lr = in->ref_lr * o.global_batch / in->ref_batch;
+    if (in->warmup_steps > 0) {
+      o.warmup_steps = in->warmup_steps;
+      o.warmup_epochs = in->warmup_steps / o.steps_per_epoch;
+    } else if (in->ref_batch > 0 && o.global_batch <= in->ref_batch) {
+      o.warmup_epochs = 0;
+      o.warmup_steps = 0;
+    } else if (in->ref_batch > 0) {
+      o.warmup_epochs = in->warmup_epochs;
+      o.warmup_steps = in->warmup_epochs == 0 ? 0
+                       : in->samples > 0 ? ceil(in->warmup_epochs * in->samples / o.global_batch)
+                                         : nan;
+    }
+  } else if (in->warmup_steps > 0) {
+    o.warmup_steps = in->warmup_steps;
+  }
+
+  *out = o;
+  return 0;
+}
+
+/* ---------------------------------------------------------------- unit parsers */
+
+/* A non-negative decimal number (exponent allowed, no sign, no hex, no inf/nan),
+ * followed by at most one space. *rest points at the unit. */
+static int parse_number(const char *s, double *v, const char **rest) {
+  if (!s || !((*s >= '0' && *s <= '9') || (*s == '.' && s[1] >= '0' && s[1] <= '9')))
+    return -1;
+  for (const char *p = s; *p && *p != ' '; p++)
+    if (*p == 'x' || *p == 'X') return -1; /* strtod would read 0x10 as hex */
+  char *end;
+  double x = strtod(s, &end);
+  if (end == s || !isfinite(x) || x < 0) return -1;
+  if (*end == ' ' && end[1]) end++;
+  *v = x;
+  *rest = end;
+  return 0;
+}
+
+/* An optional SI prefix (k K M G T P E) or binary prefix (Ki Mi Gi Ti Pi Ei). */
+static double parse_prefix(const char *u, const char **rest) {
+  static const char letters[] = "kMGTPE";
+  const char *l = *u ? strchr(letters, *u == 'K' ? 'k' : *u) : NULL;
+  if (!l) {
+    *rest = u;
+    return 1;
+  }
+  int power = (int)(l - letters) + 1;
+  if (u[1] == 'i') {
+    *rest = u + 2;
+    return ldexp(1.0, 10 * power);
+  }
+  *rest = u + 1;
+  return pow(10.0, 3 * power);
+}
+
+int ps__parse_bytes(const char *s, double *out) {
+  const char *u;
+  double v;
+  if (parse_number(s, &v, &u)) return -1;
+  if (!*u) {
+    *out = v;
+    return 0;
+  }
+  double mult = parse_prefix(u, &u);
+  if (strcmp(u, "B") != 0) return -1;
+  *out = v * mult;
+  return 0;
+}
+
+int ps__parse_rate(const char *s, double *out) {
+  static const struct {
+    const char *unit;
+    double bytes; /* bytes per unit */
+  } units[] = {{"bit/s", 0.125}, {"b/s", 0.125}, {"bps", 0.125}, {"B/s", 1}, {"Bps", 1}};
+  const char *u;
+  double v;
+  if (parse_number(s, &v, &u) || !*u) return -1;
+  double mult = parse_prefix(u, &u);
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (!strcmp(u, units[i].unit)) {
+      *out = v * mult * units[i].bytes;
+      return 0;
+    }
+  }
+  return -1;
+}
+
+int ps__parse_duration(const char *s, double *out) {
+  static const struct {
+    const char *unit;
+    double seconds;
+  } units[] = {{"ns", 1e-9}, {"us", 1e-6},  {"\xc2\xb5s", 1e-6}, {"ms", 1e-3},
+               {"s", 1},     {"m", 60},     {"min", 60},         {"h", 3600},
+               {"d", 86400}, {"w", 604800}};
+  const char *u;
+  double v;
+  if (parse_number(s, &v, &u) || !*u) return -1;
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+    if (!strcmp(u, units[i].unit)) {
+      *out = v * units[i].seconds;
+      return 0;
+    }
+  }
+  return -1;
+}
