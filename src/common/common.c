@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 static const char *const err_msgs[] = {
@@ -147,3 +148,15 @@ void *ps__malloc(size_t n) { return malloc(n ? n : 1); }
 void *ps__calloc(size_t n, size_t m) { return calloc(n ? n : 1, m ? m : 1); }
 void *ps__realloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
 char *ps__strdup(const char *s) { return s ? strdup(s) : NULL; }
+
+/* An identifier of this host (boot id, else host name): peers with the same one may use
+ * AF_UNIX sockets. */
+void ps__hostid(char *out, size_t n) {
+  FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+  out[0] = '\0';
+  if (f) {
+    if (fgets(out, (int)n, f)) out[strcspn(out, "\n")] = '\0';
+    fclose(f);
+  }
+  if (!out[0] && gethostname(out, n) != 0) snprintf(out, n, "unknown");
+}

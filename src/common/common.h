@@ -56,5 +56,7 @@ void *ps__malloc(size_t n);
 void *ps__calloc(size_t n, size_t m);
 void *ps__realloc(void *p, size_t n);
 char *ps__strdup(const char *s);
+/* This host's identity for same-host transport selection. */
+void ps__hostid(char *out, size_t n);
 
 #endif

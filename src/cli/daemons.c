@@ -1,0 +1,254 @@
+/*
+ * daemons.c - `pshard scheduler` and `pshard server`: run one role in the foreground.
+ *
+ * Flags override PSHARD_* environment variables. SIGINT/SIGTERM stop the role cleanly
+ * (a signal thread calls the thread-safe stop function). A bad flag prints usage and
+ * exits 2.
+ */
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/common.h"
+#include "common/config.h"
+#include "sched/sched.h"
+#include "server/server.h"
+
+typedef struct sigctx {
+  sigset_t set;
+  void (*stop)(void *);
+  void *arg;
+} sigctx;
+
+static void *signal_thread(void *arg) {
+  sigctx *s = arg;
+  int sig;
+  if (sigwait(&s->set, &sig) == 0 && sig != SIGUSR2) {
+    if (__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE))
+      s->stop(s->arg);
+    else
+      _exit(128 + sig); /* nothing to stop cleanly yet */
+  }
+  return NULL;
+}
+
+static pthread_t start_signal_thread(sigctx *s) {
+  pthread_t t;
+  sigemptyset(&s->set);
+  sigaddset(&s->set, SIGINT);
+  sigaddset(&s->set, SIGTERM);
+  sigaddset(&s->set, SIGUSR2); /* used to end the thread after a normal exit */
+  pthread_sigmask(SIG_BLOCK, &s->set, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  pthread_create(&t, NULL, signal_thread, s);
+  return t;
+}
+
+static void end_signal_thread(pthread_t t) {
+  pthread_kill(t, SIGUSR2);
+  pthread_join(t, NULL);
+}
+
+static int env_uint(const char *name, uint64_t *out) {
+  const char *v = getenv(name);
+  return v && *v && !ps__parse_u64(v, out);
+}
+
+static int parse_uint_flag(const char *flag, const char *v, uint64_t max, uint64_t *out) {
+  if (ps__parse_u64(v, out) || *out > max) {
+    fprintf(stderr, "pshard: bad value '%s' for %s (an integer up to %llu)\n", v, flag, (unsigned long long)max);
+    return -1;
+  }
+  return 0;
+}
+
+static void sched_usage(FILE *f) {
+  fprintf(f,
+          "usage: pshard scheduler --servers S --workers K [options]\n\n"
+          "Run the scheduler of a job. It prints 'listening on HOST:PORT' once bound.\n\n"
+          "options (environment variable in brackets):\n"
+          "  --servers S               servers expected before the job starts [PSHARD_SERVERS]\n"
+          "  --workers K               workers expected before the job starts [PSHARD_WORKERS]\n"
+          "  --host H                  address to bind (127.0.0.1) [PSHARD_HOST]\n"
+          "  --port P                  port to bind, 0 = any (0) [PSHARD_PORT]\n"
+          "  --heartbeat-ms N          check period (200) [PSHARD_HEARTBEAT_MS]\n"
+          "  --heartbeat-timeout-ms N  a silent node is dead after N ms (3000) [PSHARD_HEARTBEAT_TIMEOUT_MS]\n"
+          "  --addr-file F             also write HOST:PORT to F\n"
+          "  --verbose                 log registrations and membership changes\n"
+          "  --help                    this text\n");
+}
+
+static void stop_sched(void *arg) { ps__sched_stop(arg); }
+static void stop_server(void *arg) { ps__server_stop(arg); }
+
+int ps_cli_scheduler(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"servers", required_argument, 0, 's'}, {"workers", required_argument, 0, 'w'},
+      {"host", required_argument, 0, 'H'},    {"port", required_argument, 0, 'p'},
+      {"heartbeat-ms", required_argument, 0, 'b'}, {"heartbeat-timeout-ms", required_argument, 0, 't'},
+      {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
+      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000;
+  int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
+  const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
+  const char *addr_file = NULL;
+  int verbose = 0, c;
+  env_uint("PSHARD_PORT", &port);
+  env_uint("PSHARD_HEARTBEAT_MS", &hb);
+  env_uint("PSHARD_HEARTBEAT_TIMEOUT_MS", &hbt);
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+    case 's': if (parse_uint_flag("--servers", optarg, 4096, &servers)) return 2; have_s = 1; break;
+    case 'w': if (parse_uint_flag("--workers", optarg, 4096, &workers)) return 2; have_w = 1; break;
+    case 'H': host = optarg; break;
+    case 'p': if (parse_uint_flag("--port", optarg, 65535, &port)) return 2; break;
+    case 'b': if (parse_uint_flag("--heartbeat-ms", optarg, 600000, &hb) || !hb) return 2; break;
+    case 't': if (parse_uint_flag("--heartbeat-timeout-ms", optarg, 86400000, &hbt) || !hbt) return 2; break;
+    case 'a': addr_file = optarg; break;
+    case 'v': verbose = 1; break;
+    case 'h': sched_usage(stdout); return 0;
+    default:
+      fprintf(stderr, "pshard scheduler: unknown or incomplete option '%s'\n", argv[optind - 1]);
+      sched_usage(stderr);
+      return 2;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "pshard scheduler: unexpected argument '%s'\n", argv[optind]);
+    sched_usage(stderr);
+    return 2;
+  }
+  if (!have_s || !have_w || servers == 0 || workers == 0) {
+    fprintf(stderr, "pshard scheduler: --servers and --workers are required (at least 1 each)\n");
+    sched_usage(stderr);
+    return 2;
+  }
+  ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "[scheduler] ");
+  sigctx sc = {0};
+  pthread_t st = start_signal_thread(&sc);
+  ps__sched_opts o = {.host = host, .port = (int)port, .servers = (uint32_t)servers, .workers = (uint32_t)workers,
+                      .heartbeat_ms = (uint32_t)hb, .heartbeat_timeout_ms = (uint32_t)hbt};
+  ps__sched *s;
+  if (ps__sched_create(&o, &s)) {
+    fprintf(stderr, "pshard scheduler: %s\n", ps_errmsg());
+    end_signal_thread(st);
+    return 1;
+  }
+  printf("listening on %s:%d\n", host, ps__sched_port(s));
+  fflush(stdout);
+  if (addr_file) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", addr_file);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%s:%d\n", host, ps__sched_port(s)) < 0 || fclose(f) != 0 || rename(tmp, addr_file) != 0) {
+      fprintf(stderr, "pshard scheduler: cannot write %s\n", addr_file);
+      ps__sched_destroy(s);
+      end_signal_thread(st);
+      return 1;
+    }
+  }
+  sc.arg = s;
+  __atomic_store_n(&sc.stop, stop_sched, __ATOMIC_RELEASE);
+  ps__sched_run(s);
+  ps__sched_destroy(s);
+  end_signal_thread(st);
+  return 0;
+}
+
+static void server_usage(FILE *f) {
+  fprintf(f,
+          "usage: pshard server --scheduler HOST:PORT [options]\n\n"
+          "Run a parameter server: register with the scheduler, hold a shard of every table.\n\n"
+          "options (environment variable in brackets):\n"
+          "  --scheduler HOST:PORT   the scheduler [PSHARD_SCHEDULER]\n"
+          "  --host H                address to bind and advertise (127.0.0.1) [PSHARD_HOST]\n"
+          "  --port P                port, 0 = any (0)\n"
+          "  --transport auto|tcp    auto also serves same-host peers over AF_UNIX (auto) [PSHARD_TRANSPORT]\n"
+          "  --heartbeat-ms N        heartbeat period (200) [PSHARD_HEARTBEAT_MS]\n"
+          "  --vnodes N              ring points per server (128) [PSHARD_VNODES]\n"
+          "  --max-frame-mb N        largest accepted frame (2048) [PSHARD_MAX_FRAME_MB]\n"
+          "  --connect-timeout-ms N  give up registering after N ms (60000) [PSHARD_CONNECT_TIMEOUT_MS]\n"
+          "  --verbose               log table creation and membership changes\n"
+          "  --help                  this text\n");
+}
+
+int ps_cli_server(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"scheduler", required_argument, 0, 'S'}, {"host", required_argument, 0, 'H'},
+      {"port", required_argument, 0, 'p'},      {"transport", required_argument, 0, 'T'},
+      {"heartbeat-ms", required_argument, 0, 'b'}, {"vnodes", required_argument, 0, 'n'},
+      {"max-frame-mb", required_argument, 0, 'm'}, {"connect-timeout-ms", required_argument, 0, 'c'},
+      {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  const char *sched = getenv("PSHARD_SCHEDULER");
+  const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
+  const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
+  uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000;
+  int verbose = 0, c;
+  env_uint("PSHARD_HEARTBEAT_MS", &hb);
+  env_uint("PSHARD_VNODES", &vnodes);
+  env_uint("PSHARD_MAX_FRAME_MB", &maxmb);
+  env_uint("PSHARD_CONNECT_TIMEOUT_MS", &cto);
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    switch (c) {
+    case 'S': sched = optarg; break;
+    case 'H': host = optarg; break;
+    case 'p': if (parse_uint_flag("--port", optarg, 65535, &port)) return 2; break;
+    case 'T': transport = optarg; break;
+    case 'b': if (parse_uint_flag("--heartbeat-ms", optarg, 600000, &hb) || !hb) return 2; break;
+    case 'n': if (parse_uint_flag("--vnodes", optarg, 4096, &vnodes) || !vnodes) return 2; break;
+    case 'm': if (parse_uint_flag("--max-frame-mb", optarg, 1u << 20, &maxmb) || !maxmb) return 2; break;
+    case 'c': if (parse_uint_flag("--connect-timeout-ms", optarg, 86400000, &cto) || !cto) return 2; break;
+    case 'v': verbose = 1; break;
+    case 'h': server_usage(stdout); return 0;
+    default:
+      fprintf(stderr, "pshard server: unknown or incomplete option '%s'\n", argv[optind - 1]);
+      server_usage(stderr);
+      return 2;
+    }
+  }
+  char shost[PS_CFG_HOST_MAX];
+  int sport;
+  if (optind < argc) {
+    fprintf(stderr, "pshard server: unexpected argument '%s'\n", argv[optind]);
+    server_usage(stderr);
+    return 2;
+  }
+  if (!sched || ps__parse_hostport(sched, shost, sizeof shost, &sport) || sport == 0) {
+    fprintf(stderr, "pshard server: %s\n", sched ? "bad --scheduler address (HOST:PORT)" : "--scheduler is required");
+    server_usage(stderr);
+    return 2;
+  }
+  if (strcmp(transport, "auto") && strcmp(transport, "tcp")) {
+    fprintf(stderr, "pshard server: bad --transport '%s' (auto or tcp)\n", transport);
+    server_usage(stderr);
+    return 2;
+  }
+  ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "[server] ");
+  sigctx sc = {0};
+  pthread_t st = start_signal_thread(&sc);
+  ps__server_opts o = {.host = host, .port = (int)port, .sched_host = shost, .sched_port = sport,
+                       .use_unix = strcmp(transport, "tcp") != 0, .heartbeat_ms = (uint32_t)hb,
+                       .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto};
+  ps__server *s;
+  if (ps__server_create(&o, &s)) {
+    fprintf(stderr, "pshard server: %s\n", ps_errmsg());
+    end_signal_thread(st);
+    return 1;
+  }
+  sc.arg = s;
+  __atomic_store_n(&sc.stop, stop_server, __ATOMIC_RELEASE);
+  int rc = ps__server_run(s);
+  ps__server_destroy(s);
+  end_signal_thread(st);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,1522 @@
+/*
+ * client.c - the worker side: ps_ctx, tables, push/pull, clock, barrier, metrics.
+ *
+ * Threads. A context owns one I/O thread running a libuv loop; every connection (to
+ * the scheduler and to each server) lives there. API calls run on the caller's thread:
+ * they route keys with the ring, build a request (ps_req) of one part per server, and
+ * post it to the loop through the mailbox. The loop sends each part, matches replies
+ * by request id, reads pull replies straight into their destination (the caller's
+ * array when the keys need no reordering), and completes the request under its mutex.
+ * Every part carries a deadline swept by a loop timer, so every request ends.
+ *
+ * Ownership. A part's payload regions are borrowed from the caller (or owned by the
+ * request when keys had to be partitioned). A request that must stop early (timeout of
+ * a blocking call, ps_req_free of a running one) is canceled on the loop: a reply
+ * being read into it is switched to discard, and a connection with an unfinished write
+ * of its buffers is closed, so the library no longer touches the caller's memory once
+ * the cancel is acknowledged.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/config.h"
+#include "common/ring.h"
+#include "net/net.h"
+#include "proto/msg.h"
+#include "sched/sched.h"
+#include "server/server.h"
+#include "store/store.h"
+
+#define SCHED_LINK 0u /* link id of the scheduler */
+
+typedef struct peer peer;
+typedef struct part part;
+
+struct part {
+  ps_req *req;
+  uint32_t target;         /* server id, or SCHED_LINK */
+  ps__frame_hdr hdr;
+  uv_buf_t *send;          /* payload regions (borrowed) */
+  unsigned nsend;
+  uv_buf_t *recv;          /* reply destinations; NULL = control reply */
+  unsigned nrecv;
+  size_t recv_len;
+  uint64_t deadline_ms;
+  int queued, sent, write_done, reply_done, finished;
+  int status;
+  uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
+  peer *lk;
+  part *prev, *next;       /* in the link's in-flight or queue list */
+};
+
+struct ps_req {
+  ps_ctx *ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+  int canceled;
+  int status;
+  char msg[256];
+  unsigned nparts, remaining;
+  part *parts;
+  uv_buf_t *bufs;          /* storage for all parts' send/recv regions */
+  /* owned buffers */
+  void *own_keys, *own_vals, *own_recv, *own_segs;
+  uint32_t *pos;           /* sparse pull scatter: caller index of each routed key */
+  float *out;              /* caller destination for a scattered pull */
+  unsigned width;
+  size_t nkeys;
+  int cancel_acked;
+};
+
+struct peer {
+  uint32_t id;             /* server id or SCHED_LINK */
+  ps__member m;
+  int alive;
+  ps__conn *conn;
+  int connecting;
+  part *inflight;          /* sent, awaiting reply or write completion */
+  part *queue_head, *queue_tail; /* waiting for the connection */
+  part *reading;           /* part whose reply body is being read */
+  peer *next;
+};
+
+typedef struct table_info {
+  int kind;
+  uint64_t size;
+  uint32_t width;
+  uint64_t nrows;
+  ps__update_mode update;
+} table_info;
+
+struct ps_ctx {
+  /* configuration */
+  uint32_t timeout_ms, connect_timeout_ms, heartbeat_ms, vnodes;
+  uint64_t max_payload;
+  int use_unix;
+  char sched_host[PS_CFG_HOST_MAX];
+  int sched_port;
+  char hostid[PS_HOST_MAX];
+
+  /* the loop */
+  uv_loop_t loop;
+  pthread_t thread;
+  int thread_started;
+  ps__mailbox *mail;
+  ps__pool *pool;
+  uv_timer_t hb_timer, sweep_timer;
+  peer *links;             /* scheduler link first */
+  peer *sched;
+
+  /* shared state under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int registered, started, failed, closing;
+  int fail_err;
+  char fail_msg[256];
+  uint32_t id;
+  int rank, nworkers, nservers;
+  uint64_t epoch;
+  ps__ring *ring;          /* current ring; replaced rings are retired, freed at close */
+  ps__ring **retired;
+  size_t nretired;
+  table_info *tables;
+  size_t ntables;
+  int64_t clock;
+  int64_t barrier_seq;
+  uint64_t next_req_id;
+
+  /* embedded mode */
+  ps__sched *emb_sched;
+  pthread_t emb_sched_thread;
+  ps__server **emb_servers;
+  pthread_t *emb_server_threads;
+  unsigned n_emb;
+};
+
+/* ================================================================== loop side */
+
+static void part_finish(part *p);
+
+static void list_remove(part **head, part *p) {
+  if (p->prev)
+    p->prev->next = p->next;
+  else if (*head == p)
+    *head = p->next;
+  if (p->next) p->next->prev = p->prev;
+  p->prev = p->next = NULL;
+}
+
+static void list_push(part **head, part *p) {
+  p->prev = NULL;
+  p->next = *head;
+  if (*head) (*head)->prev = p;
+  *head = p;
+}
+
+static peer *find_link(ps_ctx *ctx, uint32_t id) {
+  for (peer *l = ctx->links; l; l = l->next)
+    if (l->id == id) return l;
+  return NULL;
+}
+
+static void req_set_error(ps_req *r, int status, const char *msg) {
+  pthread_mutex_lock(&r->mu);
+  if (r->status == 0) {
+    r->status = status;
+    snprintf(r->msg, sizeof r->msg, "%.255s", msg ? msg : ps_strerror(status));
+  }
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* Scatter routed pull rows back into the caller's order. */
+static void req_scatter(ps_req *r) {
+  const float *src = r->own_recv;
+  size_t w = r->width;
+  for (size_t j = 0; j < r->nkeys; j++) memcpy(r->out + (size_t)r->pos[j] * w, src + j * w, w * sizeof(float));
+}
+
+static void req_complete(ps_req *r) {
+  if (r->status == 0 && r->pos && !r->canceled) req_scatter(r);
+  pthread_mutex_lock(&r->mu);
+  r->done = 1;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+/* A part is finished when its reply arrived (or it failed) and its write completed. */
+static void part_finish(part *p) {
+  if (p->finished) return;
+  p->finished = 1;
+  ps_req *r = p->req;
+  if (--r->remaining == 0) req_complete(r);
+}
+
+static void part_fail(part *p, int status, const char *msg) {
+  if (p->finished) return;
+  req_set_error(p->req, status, msg);
+  p->reply_done = 1;
+  p->write_done = 1;
+  part_finish(p);
+}
+
+static void link_fail_all(peer *l, int status, const char *why) {
+  while (l->queue_head) {
+    part *p = l->queue_head;
+    l->queue_head = p->next;
+    p->prev = p->next = NULL;
+    p->queued = 0;
+    part_fail(p, status, why);
+  }
+  l->queue_tail = NULL;
+  while (l->inflight) {
+    part *p = l->inflight;
+    list_remove(&l->inflight, p);
+    p->lk = NULL;
+    part_fail(p, status, why);
+  }
+  l->reading = NULL;
+}
+
+static void on_write_done(void *arg, int status) {
+  part *p = arg;
+  p->write_done = 1;
+  if (status != 0 && !p->finished) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "sending to node %u failed: %s", p->target, ps_strerror(status));
+    if (p->lk) list_remove(&p->lk->inflight, p);
+    p->lk = NULL;
+    part_fail(p, status == PS_ERR_CANCELED ? PS_ERR_UNAVAILABLE : status, msg);
+    return;
+  }
+  if (p->reply_done) part_finish(p);
+}
+
+static void part_send(ps_ctx *ctx, peer *l, part *p) {
+  (void)ctx;
+  p->hdr.sender = ctx->id;
+  p->lk = l;
+  list_push(&l->inflight, p);
+  p->sent = 1;
+  if (ps__conn_send(l->conn, &p->hdr, p->send, p->nsend, on_write_done, p) != 0) {
+    list_remove(&l->inflight, p);
+    p->lk = NULL;
+    part_fail(p, PS_ERR_UNAVAILABLE, ps_errmsg());
+  }
+}
+
+static void link_connect(ps_ctx *ctx, peer *l);
+
+static void part_submit(ps_ctx *ctx, part *p) {
+  peer *l = find_link(ctx, p->target);
+  if (!l || !l->alive) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "server %u is not in the job", p->target);
+    part_fail(p, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
+  if (l->conn) {
+    part_send(ctx, l, p);
+    return;
+  }
+  p->queued = 1;
+  p->prev = l->queue_tail;
+  p->next = NULL;
+  if (l->queue_tail)
+    l->queue_tail->next = p;
+  else
+    l->queue_head = p;
+  l->queue_tail = p;
+  if (!l->connecting) link_connect(ctx, l);
+}
+
+static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+static void link_on_close(ps__conn *c, int status);
+static const ps__conn_ops link_ops = {link_on_header, link_on_frame, link_on_close};
+
+typedef struct conn_arg {
+  ps_ctx *ctx;
+  uint32_t id;
+} conn_arg;
+
+static void on_link_connected(void *arg, ps__conn *c, int status) {
+  conn_arg *ca = arg;
+  ps_ctx *ctx = ca->ctx;
+  peer *l = find_link(ctx, ca->id);
+  free(ca);
+  if (!l) {
+    if (c) ps__conn_close(c, 0);
+    return;
+  }
+  l->connecting = 0;
+  if (status || !c) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "cannot connect to server %u at %s:%u: %s", l->id, l->m.host, l->m.port,
+             ps_strerror(status));
+    link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
+  if (!l->alive || ctx->closing) {
+    ps__conn_close(c, 0);
+    link_fail_all(l, PS_ERR_UNAVAILABLE, "server left the job");
+    return;
+  }
+  c->udata = l;
+  l->conn = c;
+  while (l->queue_head) {
+    part *p = l->queue_head;
+    l->queue_head = p->next;
+    if (l->queue_head) l->queue_head->prev = NULL;
+    p->prev = p->next = NULL;
+    p->queued = 0;
+    part_send(ctx, l, p);
+  }
+  l->queue_tail = NULL;
+}
+
+static void link_connect(ps_ctx *ctx, peer *l) {
+  conn_arg *ca = ps__malloc(sizeof *ca);
+  int rc;
+  if (!ca) {
+    link_fail_all(l, PS_ERR_NOMEM, "out of memory");
+    return;
+  }
+  ca->ctx = ctx;
+  ca->id = l->id;
+  l->connecting = 1;
+  if (ctx->use_unix && l->m.unix_path[0] && !strcmp(l->m.hostid, ctx->hostid))
+    rc = ps__connect_unix(&ctx->loop, l->m.unix_path, &link_ops, NULL, ctx->pool, ctx->max_payload, on_link_connected, ca);
+  else
+    rc = ps__connect_tcp(&ctx->loop, l->m.host, l->m.port, &link_ops, NULL, ctx->pool, ctx->max_payload,
+                         on_link_connected, ca);
+  if (rc) {
+    free(ca);
+    l->connecting = 0;
+    link_fail_all(l, rc, ps_errmsg());
+  }
+}
+
+static part *inflight_find(peer *l, uint64_t req_id) {
+  for (part *p = l->inflight; p; p = p->next)
+    if (p->hdr.req_id == req_id) return p;
+  return NULL;
+}
+
+static void ctx_fail(ps_ctx *ctx, int err, const char *msg) {
+  pthread_mutex_lock(&ctx->mu);
+  if (!ctx->failed) {
+    ctx->failed = 1;
+    ctx->fail_err = err;
+    snprintf(ctx->fail_msg, sizeof ctx->fail_msg, "%s", msg);
+  }
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
+}
+
+static void on_membership(ps_ctx *ctx, const ps__body *b) {
+  ps__membership m;
+  if (ps__membership_decode(b->buf, b->len, &m)) {
+    ps__log(PS_LOG_ERROR, "bad membership frame: %s", ps_errmsg());
+    return;
+  }
+  uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
+  size_t nsrv = 0;
+  int nwork = 0;
+  if (!ids) {
+    ps__membership_clear(&m);
+    return;
+  }
+  for (uint32_t i = 0; i < m.n; i++) {
+    ps__member *x = &m.m[i];
+    if (x->role == PS_ROLE_WORKER && x->alive) nwork++;
+    if (x->role != PS_ROLE_SERVER) continue;
+    peer *l = find_link(ctx, x->id);
+    if (!l && x->alive) {
+      l = ps__calloc(1, sizeof *l);
+      if (!l) continue;
+      l->id = x->id;
+      l->next = ctx->links->next; /* keep the scheduler link first */
+      ctx->links->next = l;
+    }
+    if (!l) continue;
+    l->m = *x;
+    if (x->alive) {
+      l->alive = 1;
+      ids[nsrv++] = x->id;
+    } else if (l->alive) {
+      l->alive = 0;
+      char msg[96];
+      snprintf(msg, sizeof msg, "server %u left the job", x->id);
+      link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
+      if (l->conn) {
+        l->conn->udata = NULL;
+        ps__conn_close(l->conn, 0);
+        l->conn = NULL;
+      }
+    }
+  }
+  ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, ctx->vnodes, m.epoch) : NULL;
+  free(ids);
+  pthread_mutex_lock(&ctx->mu);
+  if (m.epoch >= ctx->epoch) {
+    ctx->epoch = m.epoch;
+    ctx->started = m.started;
+    ctx->nworkers = nwork;
+    ctx->nservers = (int)nsrv;
+    if (ring) {
+      ps__ring **rt = ps__realloc(ctx->retired, (ctx->nretired + 1) * sizeof *rt);
+      if (rt) {
+        ctx->retired = rt;
+        if (ctx->ring) ctx->retired[ctx->nretired++] = ctx->ring;
+        ctx->ring = ring;
+        ring = NULL;
+      }
+    }
+  }
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
+  ps__ring_free(ring);
+  ps__membership_clear(&m);
+}
+
+static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  peer *l = c->udata;
+  if (!l) {
+    b->discard = 1;
+    return 0;
+  }
+  if (h->type == PS_MSG_MEMBERSHIP && l->id == SCHED_LINK) return 0;
+  if (h->type == PS_MSG_ERROR) return 0;
+  if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request", ps__frame_type_name(h->type));
+  part *p = inflight_find(l, h->req_id);
+  if (!p) {
+    b->discard = 1; /* a reply to a canceled or timed-out request */
+    return 0;
+  }
+  if (h->status == 0 && p->recv) {
+    if (h->payload_len != p->recv_len) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len,
+               p->recv_len);
+      list_remove(&l->inflight, p);
+      p->lk = NULL;
+      part_fail(p, PS_ERR_SIZE, msg);
+      b->discard = 1;
+      return 0;
+    }
+    b->iov = p->recv;
+    b->niov = p->nrecv;
+    l->reading = p;
+  }
+  b->udata = p;
+  return 0;
+}
+
+static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  peer *l = c->udata;
+  ps_ctx *ctx = c->loop->data;
+  if (!l) return;
+  if (h->type == PS_MSG_MEMBERSHIP) {
+    on_membership(ctx, b);
+    return;
+  }
+  if (h->type == PS_MSG_ERROR) {
+    ps__log(PS_LOG_ERROR, "node %u: %.*s", l->id, (int)b->len, b->buf ? (const char *)b->buf : "");
+    return;
+  }
+  part *p = b->udata;
+  l->reading = NULL;
+  if (!p) return;
+  list_remove(&l->inflight, p);
+  p->lk = NULL;
+  if (h->status) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
+    part_fail(p, h->status, msg[0] ? msg : ps_strerror(h->status));
+    return;
+  }
+  p->reply_table = h->table;
+  if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
+    pthread_mutex_lock(&ctx->mu);
+    ctx->id = h->table;
+    ctx->rank = (int)h->batch;
+    ctx->registered = 1;
+    pthread_cond_broadcast(&ctx->cv);
+    pthread_mutex_unlock(&ctx->mu);
+  }
+  p->reply_done = 1;
+  if (p->write_done) part_finish(p);
+}
+
+static void link_on_close(ps__conn *c, int status) {
+  peer *l = c->udata;
+  ps_ctx *ctx = c->loop->data;
+  if (!l) return;
+  l->conn = NULL;
+  char msg[160];
+  snprintf(msg, sizeof msg, "connection to %s %u closed: %s", l->id == SCHED_LINK ? "scheduler" : "server", l->id,
+           ps_strerror(status));
+  link_fail_all(l, status ? PS_ERR_UNAVAILABLE : PS_ERR_CANCELED, msg);
+  if (l->id == SCHED_LINK && !ctx->closing) ctx_fail(ctx, PS_ERR_UNAVAILABLE, "lost the scheduler");
+}
+
+static void hb_tick(uv_timer_t *t) {
+  ps_ctx *ctx = t->data;
+  if (!ctx->sched->conn) return;
+  ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = ctx->id};
+  ps__conn_send_ctrl(ctx->sched->conn, &h, NULL, 0);
+}
+
+/* Fail parts whose deadline passed. A part whose payload is still being written
+ * forces its connection closed (its buffers must be released). */
+static void sweep_tick(uv_timer_t *t) {
+  ps_ctx *ctx = t->data;
+  uint64_t now = ps__now_ms();
+  for (peer *l = ctx->links; l; l = l->next) {
+    int close_conn = 0;
+    for (part *p = l->queue_head; p;) {
+      part *next = p->next;
+      if (now >= p->deadline_ms) {
+        if (p->prev) p->prev->next = p->next; else l->queue_head = p->next;
+        if (p->next) p->next->prev = p->prev; else l->queue_tail = p->prev;
+        p->prev = p->next = NULL;
+        p->queued = 0;
+        part_fail(p, PS_ERR_TIMEOUT, "deadline exceeded waiting for a connection");
+      }
+      p = next;
+    }
+    for (part *p = l->inflight; p;) {
+      part *next = p->next;
+      if (now >= p->deadline_ms) {
+        if (!p->write_done || l->reading == p) close_conn = 1;
+        list_remove(&l->inflight, p);
+        p->lk = NULL;
+        char msg[96];
+        snprintf(msg, sizeof msg, "no answer from node %u before the deadline", l->id);
+        part_fail(p, PS_ERR_TIMEOUT, msg);
+      }
+      p = next;
+    }
+    if (close_conn && l->conn) {
+      l->conn->udata = NULL;
+      ps__conn_close(l->conn, PS_ERR_TIMEOUT);
+      l->conn = NULL;
+      l->reading = NULL;
+      link_fail_all(l, PS_ERR_UNAVAILABLE, "connection reset after a deadline");
+    }
+  }
+}
+
+/* ---- mail handlers (run on the loop) */
+
+static void mail_submit(void *arg) {
+  ps_req *r = arg;
+  ps_ctx *ctx = r->ctx;
+  if (r->nparts == 0) {
+    req_complete(r);
+    return;
+  }
+  for (unsigned i = 0; i < r->nparts; i++) part_submit(ctx, &r->parts[i]);
+}
+
+static void mail_cancel(void *arg) {
+  ps_req *r = arg;
+  for (unsigned i = 0; i < r->nparts; i++) {
+    part *p = &r->parts[i];
+    if (p->finished) continue;
+    peer *l = p->lk;
+    if (p->queued) {
+      l = find_link(r->ctx, p->target);
+      if (l) {
+        if (p->prev) p->prev->next = p->next; else l->queue_head = p->next;
+        if (p->next) p->next->prev = p->prev; else l->queue_tail = p->prev;
+      }
+      p->prev = p->next = NULL;
+      p->queued = 0;
+    } else if (l) {
+      if (l->reading == p && l->conn) {
+        l->conn->body.discard = 1;
+        l->conn->body.udata = NULL;
+        l->reading = NULL;
+      }
+      list_remove(&l->inflight, p);
+      p->lk = NULL;
+      if (!p->write_done && l->conn) {
+        l->conn->udata = NULL;
+        ps__conn_close(l->conn, PS_ERR_CANCELED);
+        l->conn = NULL;
+        link_fail_all(l, PS_ERR_UNAVAILABLE, "connection reset by a canceled request");
+      }
+    }
+    part_fail(p, PS_ERR_CANCELED, "canceled");
+  }
+  pthread_mutex_lock(&r->mu);
+  r->cancel_acked = 1;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
+}
+
+typedef struct fire {
+  ps_ctx *ctx;
+  uint32_t target; /* SCHED_LINK or 0xffffffff for every server */
+  ps__frame_hdr h;
+  size_t len;
+  uint8_t body[];
+} fire;
+
+/* Fire-and-forget frames (clock, metric). Ordered after earlier parts on each link:
+ * a link still connecting gets the frame queued as a part of a detached request. */
+static void mail_fire(void *arg) {
+  fire *f = arg;
+  ps_ctx *ctx = f->ctx;
+  for (peer *l = ctx->links; l; l = l->next) {
+    if (f->target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
+    ps__frame_hdr h = f->h;
+    h.sender = ctx->id;
+    if (l->conn) {
+      ps__conn_send_ctrl(l->conn, &h, f->body, f->len);
+    } else if (l->alive) {
+      /* Not connected yet: queue a one-part request that frees itself. */
+      ps_req *r = ps__calloc(1, sizeof *r);
+      if (!r) continue;
+      r->ctx = ctx;
+      r->nparts = r->remaining = 1;
+      r->parts = ps__calloc(1, sizeof *r->parts);
+      r->bufs = ps__calloc(1, sizeof *r->bufs);
+      r->own_keys = f->len ? ps__malloc(f->len) : NULL;
+      if (!r->parts || !r->bufs || (f->len && !r->own_keys)) {
+        free(r->parts); free(r->bufs); free(r->own_keys); free(r);
+        continue;
+      }
+      pthread_mutex_init(&r->mu, NULL);
+      pthread_cond_init(&r->cv, NULL);
+      r->canceled = 2; /* detached: freed by the loop when done */
+      if (f->len) memcpy(r->own_keys, f->body, f->len);
+      r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)f->len);
+      part *p = &r->parts[0];
+      p->req = r;
+      p->target = l->id;
+      p->hdr = h;
+      p->send = r->bufs;
+      p->nsend = f->len ? 1 : 0;
+      p->deadline_ms = ps__now_ms() + ctx->timeout_ms;
+      p->reply_done = 1; /* no reply expected */
+      part_submit(ctx, p);
+    }
+  }
+  free(f);
+}
+
+static void *io_main(void *arg) {
+  ps_ctx *ctx = arg;
+  uv_run(&ctx->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (uv_is_closing(h)) return;
+  if (h->type == UV_TCP || h->type == UV_NAMED_PIPE) {
+    ps__conn *c = h->data;
+    if (c) {
+      ps__conn_close(c, 0);
+      return;
+    }
+  }
+  if (h->type == UV_ASYNC) return;
+  uv_close(h, NULL);
+}
+
+static void mail_shutdown(void *arg) {
+  ps_ctx *ctx = arg;
+  ctx->closing = 1;
+  for (peer *l = ctx->links; l; l = l->next) {
+    link_fail_all(l, PS_ERR_CLOSED, "context closed");
+    if (l->conn) {
+      if (l->id == SCHED_LINK) {
+        ps__frame_hdr h = {.type = PS_MSG_LEAVE, .sender = ctx->id};
+        ps__conn_send_ctrl(l->conn, &h, NULL, 0);
+        ps__conn_close_after_flush(l->conn, 0);
+      } else {
+        ps__conn_close(l->conn, 0);
+      }
+    }
+  }
+  uv_walk(&ctx->loop, walk_close, NULL);
+  ps__mailbox_close(ctx->mail);
+}
+
+/* ================================================================== caller side */
+
+static int ctx_check(const ps_ctx *ctx) {
+  if (!ctx) return ps__fail(PS_ERR_INVALID, "NULL context");
+  return 0;
+}
+
+static int ctx_state_err(ps_ctx *ctx) {
+  int rc = 0;
+  pthread_mutex_lock(&ctx->mu);
+  if (ctx->closing) rc = ps__fail(PS_ERR_CLOSED, "context is closed");
+  else if (ctx->failed) rc = ps__fail(ctx->fail_err, "%s", ctx->fail_msg);
+  pthread_mutex_unlock(&ctx->mu);
+  return rc;
+}
+
+static ps_req *req_new(ps_ctx *ctx, unsigned nparts, unsigned nbufs) {
+  ps_req *r = ps__calloc(1, sizeof *r);
+  if (!r) return NULL;
+  r->ctx = ctx;
+  r->nparts = r->remaining = nparts;
+  r->parts = ps__calloc(nparts ? nparts : 1, sizeof *r->parts);
+  r->bufs = ps__calloc(nbufs ? nbufs : 1, sizeof *r->bufs);
+  if (!r->parts || !r->bufs) {
+    free(r->parts);
+    free(r->bufs);
+    free(r);
+    return NULL;
+  }
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  return r;
+}
+
+static void req_destroy(ps_req *r) {
+  pthread_mutex_destroy(&r->mu);
+  pthread_cond_destroy(&r->cv);
+  free(r->parts);
+  free(r->bufs);
+  free(r->own_keys);
+  free(r->own_vals);
+  free(r->own_recv);
+  free(r->own_segs);
+  free(r->pos);
+  free(r);
+}
+
+static void part_init(ps_ctx *ctx, ps_req *r, unsigned i, uint32_t target, uint8_t type, uint32_t table,
+                      uint64_t deadline_ms) {
+  part *p = &r->parts[i];
+  p->req = r;
+  p->target = target;
+  p->hdr.type = type;
+  p->hdr.table = table;
+  p->hdr.req_id = __atomic_add_fetch(&ctx->next_req_id, 1, __ATOMIC_RELAXED);
+  p->hdr.lr = PS_LR_SCHEDULE;
+  p->deadline_ms = deadline_ms;
+}
+
+static int req_post(ps_ctx *ctx, ps_req *r) {
+  int rc = ps__mailbox_post(ctx->mail, mail_submit, r);
+  if (rc) return ps__fail(rc, "context is closed");
+  return 0;
+}
+
+int ps_req_wait(ps_req *r, int timeout_ms) {
+  if (!r) return ps__fail(PS_ERR_INVALID, "NULL request");
+  uint64_t tmo = timeout_ms < 0 ? r->ctx->timeout_ms : (uint64_t)timeout_ms;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + (tmo % 1000) * 1000000ull;
+  ts.tv_sec += (time_t)(tmo / 1000 + ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  pthread_mutex_lock(&r->mu);
+  while (!r->done) {
+    if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0 && !r->done) {
+      pthread_mutex_unlock(&r->mu);
+      return ps__fail(PS_ERR_TIMEOUT, "request still running after %llu ms", (unsigned long long)tmo);
+    }
+  }
+  int st = r->status;
+  if (st) ps__fail(st, "%s", r->msg);
+  pthread_mutex_unlock(&r->mu);
+  return st;
+}
+
+/* Cancel a running request and wait until the loop has let go of its buffers. */
+static void req_cancel_sync(ps_req *r) {
+  pthread_mutex_lock(&r->mu);
+  int done = r->done;
+  r->canceled = 1;
+  pthread_mutex_unlock(&r->mu);
+  if (done) return;
+  if (ps__mailbox_post(r->ctx->mail, mail_cancel, r) != 0) return; /* loop gone: nothing runs */
+  pthread_mutex_lock(&r->mu);
+  while (!r->cancel_acked && !r->done) pthread_cond_wait(&r->cv, &r->mu);
+  pthread_mutex_unlock(&r->mu);
+}
+
+void ps_req_free(ps_req *r) {
+  if (!r) return;
+  req_cancel_sync(r);
+  /* After a cancel the loop may still be finishing parts; wait for done. */
+  pthread_mutex_lock(&r->mu);
+  while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+  pthread_mutex_unlock(&r->mu);
+  req_destroy(r);
+}
+
+/* Run a request to completion within timeout_ms; cancel it on timeout. */
+static int req_run(ps_ctx *ctx, ps_req *r, int timeout_ms) {
+  int rc = req_post(ctx, r);
+  if (rc) {
+    req_destroy(r);
+    return rc;
+  }
+  rc = ps_req_wait(r, timeout_ms);
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ps_req_free(r);
+  if (rc) ps__fail(rc, "%s", msg);
+  return rc;
+}
+
+static uint64_t deadline_for(ps_ctx *ctx, int timeout_ms) {
+  return ps__now_ms() + (timeout_ms < 0 ? ctx->timeout_ms : (uint64_t)timeout_ms) + 50;
+}
+
+/* Snapshot of routing state for one request. */
+static int route_state(ps_ctx *ctx, uint32_t table, table_info *ti, ps__ring **ring) {
+  int rc = ctx_state_err(ctx);
+  if (rc) return rc;
+  pthread_mutex_lock(&ctx->mu);
+  if (table == 0 || table >= ctx->ntables || ctx->tables[table].kind == 0) {
+    pthread_mutex_unlock(&ctx->mu);
+    return ps__fail(PS_ERR_NO_TABLE, "unknown table %u (declare it with ps_table_declare)", table);
+  }
+  *ti = ctx->tables[table];
+  *ring = ctx->ring;
+  pthread_mutex_unlock(&ctx->mu);
+  if (!*ring) return ps__fail(PS_ERR_UNAVAILABLE, "no servers in the job");
+  return 0;
+}
+
+/* ---- sparse */
+
+static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t *keys, size_t nkeys,
+                        const float *grads, float *out, uint32_t batch, float lr, uint64_t deadline, ps_req **out_req) {
+  table_info ti = {0};
+  ps__ring *ring = NULL;
+  int rc = ctx_check(ctx);
+  if (rc || (rc = route_state(ctx, table, &ti, &ring))) return rc;
+  if (ti.kind != PS_SPARSE) return ps__fail(PS_ERR_INVALID, "table %u is dense: use ps_%s_range", table, is_push ? "push" : "pull");
+  if (nkeys && !keys) return ps__fail(PS_ERR_INVALID, "keys is NULL");
+  if (nkeys && is_push && !grads) return ps__fail(PS_ERR_INVALID, "grads is NULL");
+  if (nkeys && !is_push && !out) return ps__fail(PS_ERR_INVALID, "out is NULL");
+  if (nkeys > UINT32_MAX) return ps__fail(PS_ERR_TOO_LARGE, "%zu keys in one call (at most %u)", nkeys, UINT32_MAX);
+  if (is_push && ti.update == PS__UPDATE_MEAN && batch == 0 && nkeys)
+    return ps__fail(PS_ERR_INVALID, "push with batch size 0 to a mean-mode table");
+  size_t S = ps__ring_size(ring);
+  size_t w = ti.width;
+  uint64_t bytes = (uint64_t)nkeys * (8 + 4 * w);
+  if (bytes > ctx->max_payload) return ps__fail(PS_ERR_TOO_LARGE, "request of %llu bytes exceeds max_frame_mb", (unsigned long long)bytes);
+  int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
+
+  /* Route: owner index per key. */
+  uint32_t *owner = NULL;
+  size_t *count = ps__calloc(S, sizeof *count);
+  if (!count) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  size_t single = SIZE_MAX; /* the one server holding every key, if so */
+  if (S == 1) {
+    count[0] = nkeys;
+    single = 0;
+  } else if (nkeys) {
+    owner = ps__malloc(nkeys * sizeof *owner);
+    if (!owner) {
+      free(count);
+      return ps__fail(PS_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < nkeys; i++) {
+      owner[i] = (uint32_t)ps__ring_owner_index(ring, table, keys[i]);
+      count[owner[i]]++;
+    }
+    for (size_t s = 0; s < S; s++)
+      if (count[s] == nkeys) single = s;
+  }
+  /* Pushes go to every server (empty where no keys): each server must count this
+   * worker's batch in the round's denominator. Pulls go only where keys are. */
+  unsigned nparts = 0;
+  for (size_t s = 0; s < S; s++) nparts += (is_push || count[s]) ? 1 : 0;
+  ps_req *r = req_new(ctx, nparts, 2 * nparts);
+  if (!r) {
+    free(owner);
+    free(count);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  const uint64_t *pkeys = keys;
+  const float *pvals = grads;
+  float *precv = out;
+  if (single == SIZE_MAX && nkeys) {
+    /* Partition keys (and values or reply slots) by server, contiguous per server. */
+    size_t *start = ps__calloc(S, sizeof *start);
+    uint64_t *k2 = ps__malloc(nkeys * 8);
+    float *v2 = is_push ? ps__malloc(nkeys * w * 4) : NULL;
+    float *rv = !is_push ? ps__malloc(nkeys * w * 4) : NULL;
+    uint32_t *pos = !is_push ? ps__malloc(nkeys * sizeof *pos) : NULL;
+    if (!start || !k2 || (is_push && !v2) || (!is_push && (!rv || !pos))) {
+      free(start); free(k2); free(v2); free(rv); free(pos); free(owner); free(count);
+      req_destroy(r);
+      return ps__fail(PS_ERR_NOMEM, "out of memory");
+    }
+    for (size_t s = 1; s < S; s++) start[s] = start[s - 1] + count[s - 1];
+    for (size_t i = 0; i < nkeys; i++) {
+      size_t j = start[owner[i]]++;
+      k2[j] = keys[i];
+      if (is_push)
+        memcpy(v2 + j * w, grads + i * w, w * 4);
+      else
+        pos[j] = (uint32_t)i;
+    }
+    free(start);
+    r->own_keys = k2;
+    r->own_vals = v2;
+    r->own_recv = rv;
+    r->pos = pos;
+    r->out = out;
+    r->width = (unsigned)w;
+    r->nkeys = nkeys;
+    pkeys = k2;
+    pvals = v2;
+    precv = rv;
+  }
+  size_t base = 0;
+  unsigned pi = 0;
+  for (size_t s = 0; s < S; s++) {
+    size_t n = (single == SIZE_MAX) ? count[s] : (s == single ? nkeys : 0);
+    if (!is_push && n == 0) continue;
+    part_init(ctx, r, pi, ps__ring_server_at(ring, s), is_push ? PS_MSG_PUSH : PS_MSG_PULL, table, deadline);
+    part *p = &r->parts[pi];
+    p->hdr.nkeys = (uint32_t)n;
+    p->hdr.clock = clock;
+    p->send = &r->bufs[2 * pi];
+    p->nsend = 0;
+    if (n) {
+      p->send[p->nsend].base = (char *)(pkeys + base);
+      p->send[p->nsend++].len = n * 8;
+      if (is_push) {
+        p->send[p->nsend].base = (char *)(pvals + base * w);
+        p->send[p->nsend++].len = n * w * 4;
+      }
+    }
+    if (is_push) {
+      p->hdr.batch = batch;
+      p->hdr.lr = lr < 0 ? PS_LR_SCHEDULE : lr;
+    } else {
+      p->recv = &r->bufs[2 * pi + 1];
+      p->recv->base = (char *)(precv + base * w);
+      p->recv->len = n * w * 4;
+      p->nrecv = 1;
+      p->recv_len = n * w * 4;
+    }
+    base += n;
+    pi++;
+  }
+  free(owner);
+  free(count);
+  *out_req = r;
+  return 0;
+}
+
+/* ---- dense */
+
+static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset, uint64_t cnt, const float *grads,
+                       float *out, uint32_t batch, float lr, uint64_t deadline, ps_req **out_req) {
+  table_info ti = {0};
+  ps__ring *ring = NULL;
+  int rc = ctx_check(ctx);
+  if (rc || (rc = route_state(ctx, table, &ti, &ring))) return rc;
+  if (ti.kind != PS_DENSE) return ps__fail(PS_ERR_INVALID, "table %u is sparse: use ps_%s", table, is_push ? "push" : "pull");
+  if (cnt == 0 || offset >= ti.size || cnt > ti.size - offset)
+    return ps__fail(PS_ERR_RANGE, "range [%llu, %llu) outside a table of %llu floats", (unsigned long long)offset,
+                    (unsigned long long)(offset + cnt), (unsigned long long)ti.size);
+  if (is_push ? !grads : !out) return ps__fail(PS_ERR_INVALID, "%s is NULL", is_push ? "grads" : "out");
+  if (is_push && ti.update == PS__UPDATE_MEAN && batch == 0)
+    return ps__fail(PS_ERR_INVALID, "push with batch size 0 to a mean-mode table");
+  if (cnt * 4 > ctx->max_payload) return ps__fail(PS_ERR_TOO_LARGE, "range of %llu floats exceeds max_frame_mb", (unsigned long long)cnt);
+  size_t S = ps__ring_size(ring);
+  uint64_t w = ti.width;
+  uint64_t first = offset / w, last = (offset + cnt - 1) / w;
+  /* Segments: runs of consecutive slices with the same owner. */
+  size_t maxseg = (size_t)(last - first + 1);
+  uint64_t *segs = ps__malloc(maxseg * 2 * 8);
+  uint32_t *segown = ps__malloc(maxseg * sizeof *segown);
+  size_t *nseg_of = ps__calloc(S, sizeof *nseg_of);
+  if (!segs || !segown || !nseg_of) {
+    free(segs); free(segown); free(nseg_of);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  size_t nseg = 0;
+  for (uint64_t sl = first; sl <= last; sl++) {
+    uint32_t o = S == 1 ? 0 : (uint32_t)ps__ring_owner_index(ring, table, sl);
+    uint64_t a = sl == first ? offset : sl * w;
+    uint64_t b = sl == last ? offset + cnt : (sl + 1) * w;
+    if (nseg && segown[nseg - 1] == o && segs[2 * (nseg - 1)] + segs[2 * (nseg - 1) + 1] == a) {
+      segs[2 * (nseg - 1) + 1] += b - a;
+    } else {
+      segs[2 * nseg] = a;
+      segs[2 * nseg + 1] = b - a;
+      segown[nseg] = o;
+      nseg_of[o]++;
+      nseg++;
+    }
+  }
+  unsigned nparts = 0;
+  for (size_t s = 0; s < S; s++) nparts += (is_push || nseg_of[s]) ? 1 : 0;
+  /* Per part: 1 buffer for its segment list, plus one region per segment. */
+  ps_req *r = req_new(ctx, nparts, nparts + (unsigned)nseg);
+  uint64_t *segbuf = ps__malloc((nseg ? nseg : 1) * 2 * 8);
+  if (!r || !segbuf) {
+    free(segs); free(segown); free(nseg_of); free(segbuf);
+    if (r) req_destroy(r);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  r->own_segs = segbuf;
+  int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
+  unsigned pi = 0, bi = 0;
+  size_t sb = 0;
+  for (size_t s = 0; s < S; s++) {
+    if (!is_push && !nseg_of[s]) continue;
+    part_init(ctx, r, pi, ps__ring_server_at(ring, s), is_push ? PS_MSG_PUSH_DENSE : PS_MSG_PULL_DENSE, table, deadline);
+    part *p = &r->parts[pi];
+    p->hdr.clock = clock;
+    p->hdr.nkeys = (uint32_t)(2 * nseg_of[s]);
+    uv_buf_t *regs = &r->bufs[bi];
+    unsigned nreg = 0;
+    regs[nreg++] = uv_buf_init((char *)(segbuf + 2 * sb), (unsigned)(nseg_of[s] * 16));
+    size_t bytes = 0;
+    for (size_t k = 0; k < nseg; k++) {
+      if (segown[k] != s) continue;
+      segbuf[2 * sb] = segs[2 * k];
+      segbuf[2 * sb + 1] = segs[2 * k + 1];
+      sb++;
+      uint64_t rel = segs[2 * k] - offset;
+      uv_buf_t rb;
+      rb.base = is_push ? (char *)(grads + rel) : (char *)(out + rel);
+      rb.len = segs[2 * k + 1] * 4;
+      bytes += rb.len;
+      regs[nreg++] = rb;
+    }
+    bi += nreg;
+    if (is_push) {
+      p->send = regs;
+      p->nsend = nseg_of[s] ? nreg : 0;
+      p->hdr.batch = batch;
+      p->hdr.lr = lr < 0 ? PS_LR_SCHEDULE : lr;
+    } else {
+      p->send = regs;
+      p->nsend = 1;
+      p->recv = regs + 1;
+      p->nrecv = nreg - 1;
+      p->recv_len = bytes;
+    }
+    pi++;
+  }
+  free(segs);
+  free(segown);
+  free(nseg_of);
+  *out_req = r;
+  return 0;
+}
+
+#define CTX_DEADLINE(ctx) deadline_for(ctx, -1)
+
+int ps_pull_start(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys, float *out, ps_req **req) {
+  if (!req) return ps__fail(PS_ERR_INVALID, "req is NULL");
+  int rc = sparse_start(ctx, 0, table, keys, nkeys, NULL, out, 0, 0, CTX_DEADLINE(ctx), req);
+  if (!rc && (rc = req_post(ctx, *req))) req_destroy(*req);
+  return rc;
+}
+
+int ps_push_start(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys, const float *grads, uint32_t batch,
+                  float lr, ps_req **req) {
+  if (!req) return ps__fail(PS_ERR_INVALID, "req is NULL");
+  int rc = sparse_start(ctx, 1, table, keys, nkeys, grads, NULL, batch, lr, CTX_DEADLINE(ctx), req);
+  if (!rc && (rc = req_post(ctx, *req))) req_destroy(*req);
+  return rc;
+}
+
+int ps_pull_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count, float *out, ps_req **req) {
+  if (!req) return ps__fail(PS_ERR_INVALID, "req is NULL");
+  int rc = dense_start(ctx, 0, table, offset, count, NULL, out, 0, 0, CTX_DEADLINE(ctx), req);
+  if (!rc && (rc = req_post(ctx, *req))) req_destroy(*req);
+  return rc;
+}
+
+int ps_push_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count, const float *grads,
+                        uint32_t batch, float lr, ps_req **req) {
+  if (!req) return ps__fail(PS_ERR_INVALID, "req is NULL");
+  int rc = dense_start(ctx, 1, table, offset, count, grads, NULL, batch, lr, CTX_DEADLINE(ctx), req);
+  if (!rc && (rc = req_post(ctx, *req))) req_destroy(*req);
+  return rc;
+}
+
+int ps_pull(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys, float *out, int timeout_ms) {
+  ps_req *r;
+  int rc = sparse_start(ctx, 0, table, keys, nkeys, NULL, out, 0, 0, deadline_for(ctx, timeout_ms), &r);
+  return rc ? rc : req_run(ctx, r, timeout_ms);
+}
+
+int ps_push(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys, const float *grads, uint32_t batch,
+            float lr, int timeout_ms) {
+  ps_req *r;
+  int rc = sparse_start(ctx, 1, table, keys, nkeys, grads, NULL, batch, lr, deadline_for(ctx, timeout_ms), &r);
+  return rc ? rc : req_run(ctx, r, timeout_ms);
+}
+
+int ps_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count, float *out, int timeout_ms) {
+  ps_req *r;
+  int rc = dense_start(ctx, 0, table, offset, count, NULL, out, 0, 0, deadline_for(ctx, timeout_ms), &r);
+  return rc ? rc : req_run(ctx, r, timeout_ms);
+}
+
+int ps_push_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count, const float *grads, uint32_t batch,
+                  float lr, int timeout_ms) {
+  ps_req *r;
+  int rc = dense_start(ctx, 1, table, offset, count, grads, NULL, batch, lr, deadline_for(ctx, timeout_ms), &r);
+  return rc ? rc : req_run(ctx, r, timeout_ms);
+}
+
+/* ---- control requests */
+
+/* One request with a single control part to `target` carrying body (copied). */
+static ps_req *ctrl_req(ps_ctx *ctx, uint32_t target, uint8_t type, const void *body, size_t len, uint64_t deadline) {
+  ps_req *r = req_new(ctx, 1, 1);
+  if (!r) return NULL;
+  if (len) {
+    r->own_keys = ps__malloc(len);
+    if (!r->own_keys) {
+      req_destroy(r);
+      return NULL;
+    }
+    memcpy(r->own_keys, body, len);
+  }
+  part_init(ctx, r, 0, target, type, 0, deadline);
+  r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)len);
+  r->parts[0].send = r->bufs;
+  r->parts[0].nsend = len ? 1 : 0;
+  return r;
+}
+
+int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t size, const char *options,
+                     uint32_t *id_out) {
+  ps__declare d;
+  ps__table_spec spec;
+  char err[256];
+  ps__wbuf w;
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  if (!name || !*name || strlen(name) >= PS_NAME_MAX) return ps__fail(PS_ERR_INVALID, "table name must be 1..%d bytes", PS_NAME_MAX - 1);
+  if (options && strlen(options) >= PS_OPTS_MAX) return ps__fail(PS_ERR_CONFIG, "table options longer than %d bytes", PS_OPTS_MAX - 1);
+  rc = ps__table_spec_parse(&spec, name, (int)kind, size, options ? options : "", err, sizeof err);
+  if (rc) return ps__fail(rc, "table '%s': %s", name, err);
+  memset(&d, 0, sizeof d);
+  d.kind = (uint8_t)kind;
+  d.size = size;
+  snprintf(d.name, sizeof d.name, "%s", name);
+  snprintf(d.options, sizeof d.options, "%s", options ? options : "");
+  ps__wbuf_init(&w);
+  ps__declare_encode(&w, &d);
+  if (w.oom) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_DECLARE, w.data, w.len, deadline_for(ctx, -1));
+  ps__wbuf_free(&w);
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  rc = req_post(ctx, r);
+  if (rc) {
+    req_destroy(r);
+    return rc;
+  }
+  rc = ps_req_wait(r, -1);
+  uint32_t id = r->parts[0].reply_table;
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ps_req_free(r);
+  if (rc) return ps__fail(rc, "%s", msg);
+  if (id == 0 || id >= 65536) return ps__fail(PS_ERR_PROTO, "scheduler returned a bad table id %u", id);
+
+  /* Create it on every server (idempotent). */
+  d.id = id;
+  ps__wbuf_init(&w);
+  ps__declare_encode(&w, &d);
+  pthread_mutex_lock(&ctx->mu);
+  ps__ring *ring = ctx->ring;
+  pthread_mutex_unlock(&ctx->mu);
+  size_t S = ring ? ps__ring_size(ring) : 0;
+  r = req_new(ctx, (unsigned)S, 1);
+  if (w.oom || !r || !(r->own_keys = ps__malloc(w.len))) {
+    ps__wbuf_free(&w);
+    if (r) req_destroy(r);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  memcpy(r->own_keys, w.data, w.len);
+  r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)w.len);
+  ps__wbuf_free(&w);
+  for (size_t s = 0; s < S; s++) {
+    part_init(ctx, r, (unsigned)s, ps__ring_server_at(ring, s), PS_MSG_CREATE, id, deadline_for(ctx, -1));
+    r->parts[s].send = r->bufs;
+    r->parts[s].nsend = 1;
+  }
+  rc = req_run(ctx, r, -1);
+  if (rc) return rc;
+  pthread_mutex_lock(&ctx->mu);
+  if (id >= ctx->ntables) {
+    table_info *nt = ps__realloc(ctx->tables, (id + 1u) * sizeof *nt);
+    if (!nt) {
+      pthread_mutex_unlock(&ctx->mu);
+      return ps__fail(PS_ERR_NOMEM, "out of memory");
+    }
+    memset(nt + ctx->ntables, 0, (id + 1u - ctx->ntables) * sizeof *nt);
+    ctx->tables = nt;
+    ctx->ntables = id + 1u;
+  }
+  ctx->tables[id].kind = (int)kind;
+  ctx->tables[id].size = size;
+  ctx->tables[id].width = spec.width;
+  ctx->tables[id].nrows = spec.nrows;
+  ctx->tables[id].update = spec.update;
+  pthread_mutex_unlock(&ctx->mu);
+  if (id_out) *id_out = id;
+  return 0;
+}
+
+static int post_fire(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *h, const void *body, size_t len) {
+  fire *f = ps__malloc(sizeof *f + len);
+  if (!f) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  f->ctx = ctx;
+  f->target = target;
+  f->h = *h;
+  f->len = len;
+  if (len) memcpy(f->body, body, len);
+  if (ps__mailbox_post(ctx->mail, mail_fire, f)) {
+    free(f);
+    return ps__fail(PS_ERR_CLOSED, "context is closed");
+  }
+  return 0;
+}
+
+int ps_clock(ps_ctx *ctx) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  int64_t c = __atomic_add_fetch(&ctx->clock, 1, __ATOMIC_RELAXED);
+  ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = c};
+  return post_fire(ctx, 0xffffffffu, &h, NULL, 0);
+}
+
+int ps_barrier(ps_ctx *ctx, int timeout_ms) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_BARRIER, NULL, 0, deadline_for(ctx, timeout_ms));
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  r->parts[0].hdr.clock = __atomic_add_fetch(&ctx->barrier_seq, 1, __ATOMIC_RELAXED);
+  return req_run(ctx, r, timeout_ms);
+}
+
+int ps_metric(ps_ctx *ctx, const char *name, double value) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  if (!name || !*name || strlen(name) >= 64) return ps__fail(PS_ERR_INVALID, "metric name must be 1..63 bytes");
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__wbuf_str(&w, name);
+  ps__wbuf_f64(&w, value);
+  ps__frame_hdr h = {.type = PS_MSG_METRIC, .clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED)};
+  rc = w.oom ? ps__fail(PS_ERR_NOMEM, "out of memory") : post_fire(ctx, SCHED_LINK, &h, w.data, w.len);
+  ps__wbuf_free(&w);
+  return rc;
+}
+
+/* ---- context lifecycle */
+
+int ps_ctx_rank(const ps_ctx *ctx) { return ctx ? ctx->rank : -1; }
+int ps_ctx_num_workers(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->nworkers, __ATOMIC_RELAXED) : 0; }
+int ps_ctx_num_servers(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->nservers, __ATOMIC_RELAXED) : 0; }
+int64_t ps_ctx_clock(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED) : 0; }
+uint64_t ps_ctx_epoch(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->epoch, __ATOMIC_RELAXED) : 0; }
+
+static void *emb_sched_main(void *arg) {
+  ps__sched_run(arg);
+  return NULL;
+}
+
+static void *emb_server_main(void *arg) {
+  ps__server_run(arg);
+  return NULL;
+}
+
+static void stop_embedded(ps_ctx *ctx) {
+  for (unsigned i = 0; i < ctx->n_emb; i++) {
+    if (!ctx->emb_servers[i]) continue;
+    ps__server_stop(ctx->emb_servers[i]);
+    pthread_join(ctx->emb_server_threads[i], NULL);
+    ps__server_destroy(ctx->emb_servers[i]);
+  }
+  free(ctx->emb_servers);
+  free(ctx->emb_server_threads);
+  ctx->emb_servers = NULL;
+  ctx->n_emb = 0;
+  if (ctx->emb_sched) {
+    ps__sched_stop(ctx->emb_sched);
+    pthread_join(ctx->emb_sched_thread, NULL);
+    ps__sched_destroy(ctx->emb_sched);
+    ctx->emb_sched = NULL;
+  }
+}
+
+static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, uint32_t nworkers) {
+  ps__sched_opts so = {.host = "127.0.0.1", .port = 0, .servers = nservers, .workers = nworkers,
+                       .heartbeat_ms = ctx->heartbeat_ms,
+                       .heartbeat_timeout_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_timeout_ms", 3000),
+                       .max_payload = ctx->max_payload};
+  int rc = ps__sched_create(&so, &ctx->emb_sched);
+  if (rc) return rc;
+  if (pthread_create(&ctx->emb_sched_thread, NULL, emb_sched_main, ctx->emb_sched)) {
+    ps__sched_destroy(ctx->emb_sched);
+    ctx->emb_sched = NULL;
+    return ps__fail(PS_ERR_NOMEM, "cannot start the embedded scheduler thread");
+  }
+  snprintf(ctx->sched_host, sizeof ctx->sched_host, "127.0.0.1");
+  ctx->sched_port = ps__sched_port(ctx->emb_sched);
+  ctx->emb_servers = ps__calloc(nservers, sizeof *ctx->emb_servers);
+  ctx->emb_server_threads = ps__calloc(nservers, sizeof *ctx->emb_server_threads);
+  if (!ctx->emb_servers || !ctx->emb_server_threads) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  for (unsigned i = 0; i < nservers; i++) {
+    ps__server_opts o = {.host = "127.0.0.1", .sched_host = "127.0.0.1", .sched_port = ctx->sched_port,
+                         .use_unix = ctx->use_unix, .heartbeat_ms = ctx->heartbeat_ms, .vnodes = ctx->vnodes,
+                         .max_payload = ctx->max_payload, .connect_timeout_ms = ctx->connect_timeout_ms};
+    rc = ps__server_create(&o, &ctx->emb_servers[i]);
+    if (rc) return rc;
+    ctx->n_emb = i + 1;
+    if (pthread_create(&ctx->emb_server_threads[i], NULL, emb_server_main, ctx->emb_servers[i])) {
+      ps__server_destroy(ctx->emb_servers[i]);
+      ctx->emb_servers[i] = NULL;
+      return ps__fail(PS_ERR_NOMEM, "cannot start an embedded server thread");
+    }
+  }
+  return 0;
+}
+
+static void on_sched_connected(void *arg, ps__conn *c, int status) {
+  ps_ctx *ctx = arg;
+  if (status || !c) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "cannot reach the scheduler at %s:%d: %s", ctx->sched_host, ctx->sched_port,
+             ps_strerror(status));
+    ctx_fail(ctx, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
+  c->udata = ctx->sched;
+  ctx->sched->conn = c;
+  ps__hello hello;
+  ps__wbuf w;
+  memset(&hello, 0, sizeof hello);
+  hello.role = PS_ROLE_WORKER;
+  hello.pid = (uint32_t)getpid();
+  snprintf(hello.hostid, sizeof hello.hostid, "%s", ctx->hostid);
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &hello);
+  /* The HELLO is a part of a detached request so its reply is matched like any other. */
+  ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_HELLO, w.data, w.len, ps__now_ms() + ctx->connect_timeout_ms);
+  ps__wbuf_free(&w);
+  if (!r) {
+    ctx_fail(ctx, PS_ERR_NOMEM, "out of memory");
+    return;
+  }
+  r->canceled = 2;
+  part_send(ctx, ctx->sched, &r->parts[0]);
+  uv_timer_start(&ctx->hb_timer, hb_tick, ctx->heartbeat_ms, ctx->heartbeat_ms);
+}
+
+static void mail_connect(void *arg) {
+  ps_ctx *ctx = arg;
+  int rc = ps__connect_tcp(&ctx->loop, ctx->sched_host, ctx->sched_port, &link_ops, NULL, ctx->pool, 1u << 24,
+                           on_sched_connected, ctx);
+  if (rc) ctx_fail(ctx, rc, ps_errmsg());
+}
+
+int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
+  int rc;
+  if (!out) return ps__fail(PS_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  ps_config *empty = NULL;
+  if (!cfg) {
+    if ((rc = ps_config_new(&empty))) return rc;
+    cfg = empty;
+  }
+  const char *role = ps__config_str(cfg, "role", "worker");
+  if (strcmp(role, "worker")) {
+    ps_config_free(empty);
+    return ps__fail(PS_ERR_ROLE, "ps_ctx_open opens a worker; role is '%s' (start servers with `pshard server`)", role);
+  }
+  ps_ctx *ctx = ps__calloc(1, sizeof *ctx);
+  if (!ctx) {
+    ps_config_free(empty);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  pthread_mutex_init(&ctx->mu, NULL);
+  pthread_cond_init(&ctx->cv, NULL);
+  ctx->timeout_ms = (uint32_t)ps__config_uint(cfg, "timeout_ms", 30000);
+  ctx->connect_timeout_ms = (uint32_t)ps__config_uint(cfg, "connect_timeout_ms", 60000);
+  ctx->heartbeat_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_ms", 200);
+  ctx->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
+  ctx->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
+  ctx->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
+  if (!ctx->heartbeat_ms) ctx->heartbeat_ms = 200;
+  if (!ctx->vnodes) ctx->vnodes = 128;
+  ps__hostid(ctx->hostid, sizeof ctx->hostid);
+  unsigned emb = (unsigned)ps__config_uint(cfg, "embedded", 0);
+  uv_loop_init(&ctx->loop);
+  ctx->loop.data = ctx;
+  ctx->pool = ps__pool_new(256u << 20);
+  ctx->mail = ps__mailbox_new(&ctx->loop);
+  ctx->sched = ps__calloc(1, sizeof *ctx->sched);
+  if (!ctx->pool || !ctx->mail || !ctx->sched) {
+    rc = ps__fail(PS_ERR_NOMEM, "out of memory");
+    goto fail;
+  }
+  ctx->sched->id = SCHED_LINK;
+  ctx->sched->alive = 1;
+  ctx->links = ctx->sched;
+  uv_timer_init(&ctx->loop, &ctx->hb_timer);
+  ctx->hb_timer.data = ctx;
+  uv_timer_init(&ctx->loop, &ctx->sweep_timer);
+  ctx->sweep_timer.data = ctx;
+  uv_timer_start(&ctx->sweep_timer, sweep_tick, 50, 50);
+  if (emb) {
+    rc = start_embedded(ctx, cfg, emb, (uint32_t)ps__config_uint(cfg, "workers", 1));
+    if (rc) goto fail;
+  } else {
+    const char *addr = ps_config_get(cfg, "scheduler");
+    if (!addr) {
+      rc = ps__fail(PS_ERR_CONFIG, "no scheduler address: set 'scheduler' (PSHARD_SCHEDULER) or 'embedded'");
+      goto fail;
+    }
+    if (ps__parse_hostport(addr, ctx->sched_host, sizeof ctx->sched_host, &ctx->sched_port)) {
+      rc = ps__fail(PS_ERR_CONFIG, "bad scheduler address '%s'", addr);
+      goto fail;
+    }
+  }
+  ps__mailbox_post(ctx->mail, mail_connect, ctx);
+  if (pthread_create(&ctx->thread, NULL, io_main, ctx)) {
+    rc = ps__fail(PS_ERR_NOMEM, "cannot start the I/O thread");
+    goto fail;
+  }
+  ctx->thread_started = 1;
+
+  /* Wait for registration and the job start. */
+  uint64_t deadline = ps__now_ms() + ctx->connect_timeout_ms;
+  pthread_mutex_lock(&ctx->mu);
+  while (!ctx->failed && !(ctx->registered && ctx->started && ctx->ring)) {
+    uint64_t now = ps__now_ms();
+    if (now >= deadline) break;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t wait = deadline - now < 100 ? deadline - now : 100;
+    ts.tv_nsec += (long)(wait * 1000000);
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
+  }
+  if (ctx->failed) {
+    rc = ps__fail(ctx->fail_err, "%s", ctx->fail_msg);
+  } else if (!(ctx->registered && ctx->started && ctx->ring)) {
+    rc = ps__fail(PS_ERR_TIMEOUT, "the job did not start within %u ms (%s)", ctx->connect_timeout_ms,
+                  ctx->registered ? "waiting for the other servers and workers" : "no answer from the scheduler");
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (rc) goto fail;
+  ps_config_free(empty);
+  *out = ctx;
+  return 0;
+fail: {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ps_ctx_close(ctx);
+  ps_config_free(empty);
+  return ps__fail(rc, "%s", msg);
+}
+}
+
+int ps_ctx_open_env(ps_ctx **out) {
+  ps_config *cfg;
+  int rc = ps_config_new(&cfg);
+  if (rc) return rc;
+  rc = ps_config_from_env(cfg);
+  if (!rc) rc = ps_ctx_open(cfg, out);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ps_config_free(cfg);
+  if (rc) ps__fail(rc, "%s", msg);
+  return rc;
+}
+
+void ps_ctx_close(ps_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->thread_started) {
+    if (ps__mailbox_post(ctx->mail, mail_shutdown, ctx) == 0) pthread_join(ctx->thread, NULL);
+  } else if (ctx->mail) {
+    ctx->closing = 1;
+    ps__mailbox_close(ctx->mail);
+    uv_walk(&ctx->loop, walk_close, NULL);
+    uv_run(&ctx->loop, UV_RUN_DEFAULT);
+  } else {
+    uv_walk(&ctx->loop, walk_close, NULL);
+    uv_run(&ctx->loop, UV_RUN_DEFAULT);
+  }
+  uv_loop_close(&ctx->loop);
+  stop_embedded(ctx);
+  while (ctx->links) {
+    peer *l = ctx->links;
+    ctx->links = l->next;
+    free(l);
+  }
+  for (size_t i = 0; i < ctx->nretired; i++) ps__ring_free(ctx->retired[i]);
+  free(ctx->retired);
+  ps__ring_free(ctx->ring);
+  ps__pool_free(ctx->pool);
+  free(ctx->tables);
+  pthread_mutex_destroy(&ctx->mu);
+  pthread_cond_destroy(&ctx->cv);
+  free(ctx);
+}

@@ -1,0 +1,128 @@
+/*
+ * config.c - ps_config: string options with validation, and PSHARD_* environment.
+ */
+#include <ctype.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "common/config.h"
+
+typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT } kind_t;
+
+static const struct {
+  const char *key;
+  kind_t kind;
+  uint64_t max;
+} keys[] = {
+    {"role", K_ROLE, 0},           {"scheduler", K_HOSTPORT, 0}, {"servers", K_UINT, 4096},
+    {"workers", K_UINT, 4096},     {"embedded", K_UINT, 256},    {"mode", K_MODE, 0},
+    {"timeout_ms", K_UINT, 86400000}, {"connect_timeout_ms", K_UINT, 86400000},
+    {"heartbeat_ms", K_UINT, 600000}, {"heartbeat_timeout_ms", K_UINT, 86400000},
+    {"transport", K_TRANSPORT, 0}, {"host", K_STR, 0},           {"vnodes", K_UINT, 4096},
+    {"max_frame_mb", K_UINT, 1u << 20}, {"port", K_UINT, 65535}, {"rank", K_UINT, 1u << 20},
+};
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+struct ps_config {
+  char *val[NKEYS];
+};
+
+static int key_index(const char *k) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (!strcmp(keys[i].key, k)) return (int)i;
+  return -1;
+}
+
+int ps_config_new(ps_config **out) {
+  if (!out) return ps__fail(PS_ERR_INVALID, "ps_config_new: out is NULL");
+  *out = ps__calloc(1, sizeof **out);
+  return *out ? 0 : ps__fail(PS_ERR_NOMEM, "out of memory");
+}
+
+void ps_config_free(ps_config *c) {
+  if (!c) return;
+  for (size_t i = 0; i < NKEYS; i++) free(c->val[i]);
+  free(c);
+}
+
+int ps__mode_parse(const char *v, ps__mode *m) {
+  if (!strcmp(v, "sync")) {
+    m->kind = PS__MODE_SYNC;
+    m->param = 0;
+    return 0;
+  }
+  return -1;
+}
+
+int ps_config_set(ps_config *c, const char *key, const char *value) {
+  if (!c || !key || !value) return ps__fail(PS_ERR_INVALID, "ps_config_set: NULL argument");
+  int i = key_index(key);
+  if (i < 0) return ps__fail(PS_ERR_CONFIG, "unknown configuration key '%s'", key);
+  uint64_t u;
+  char host[PS_CFG_HOST_MAX];
+  int port;
+  ps__mode mode;
+  switch (keys[i].kind) {
+  case K_UINT:
+    if (ps__parse_u64(value, &u) || u > keys[i].max)
+      return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s' (an integer in [0, %llu] is expected)", value, key,
+                      (unsigned long long)keys[i].max);
+    break;
+  case K_ROLE:
+    if (strcmp(value, "worker") && strcmp(value, "server") && strcmp(value, "scheduler"))
+      return ps__fail(PS_ERR_CONFIG, "bad role '%s' (worker, server or scheduler)", value);
+    break;
+  case K_MODE:
+    if (ps__mode_parse(value, &mode)) return ps__fail(PS_ERR_CONFIG, "unknown consistency mode '%s' (sync)", value);
+    break;
+  case K_TRANSPORT:
+    if (strcmp(value, "auto") && strcmp(value, "tcp"))
+      return ps__fail(PS_ERR_CONFIG, "bad transport '%s' (auto or tcp)", value);
+    break;
+  case K_HOSTPORT:
+    if (ps__parse_hostport(value, host, sizeof host, &port) || port == 0)
+      return ps__fail(PS_ERR_CONFIG, "bad scheduler address '%s' (host:port expected)", value);
+    break;
+  case K_STR:
+    if (!*value || strlen(value) >= PS_CFG_HOST_MAX) return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s'", value, key);
+    break;
+  }
+  char *dup = ps__strdup(value);
+  if (!dup) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  free(c->val[i]);
+  c->val[i] = dup;
+  return 0;
+}
+
+const char *ps_config_get(const ps_config *c, const char *key) {
+  int i = c && key ? key_index(key) : -1;
+  return i < 0 ? NULL : c->val[i];
+}
+
+int ps_config_from_env(ps_config *c) {
+  char name[64];
+  if (!c) return ps__fail(PS_ERR_INVALID, "ps_config_from_env: NULL config");
+  for (size_t i = 0; i < NKEYS; i++) {
+    size_t j = 0;
+    j = (size_t)snprintf(name, sizeof name, "PSHARD_");
+    for (const char *k = keys[i].key; *k && j + 1 < sizeof name; k++) name[j++] = (char)toupper((unsigned char)*k);
+    name[j] = '\0';
+    const char *v = getenv(name);
+    if (v && *v) {
+      int rc = ps_config_set(c, keys[i].key, v);
+      if (rc) return ps__fail(rc, "%s: %s", name, ps_errmsg());
+    }
+  }
+  return 0;
+}
+
+uint64_t ps__config_uint(const ps_config *c, const char *key, uint64_t dflt) {
+  const char *v = ps_config_get(c, key);
+  uint64_t u;
+  return (v && !ps__parse_u64(v, &u)) ? u : dflt;
+}
+
+const char *ps__config_str(const ps_config *c, const char *key, const char *dflt) {
+  const char *v = ps_config_get(c, key);
+  return v ? v : dflt;
+}

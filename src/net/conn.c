@@ -1,0 +1,400 @@
+/*
+ * conn.c - framed connections over libuv streams (TCP and AF_UNIX alike).
+ *
+ * All functions run on the connection's loop thread. See net.h for the read path
+ * (staging buffer for headers and small bodies, direct reads into destinations for
+ * large ones) and the write path (one scatter/gather uv_write per frame).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "net/net.h"
+
+#define STAGE_CAP (256u * 1024u)
+#define DIRECT_MIN (32u * 1024u) /* bodies with this much left are read in place */
+#define DISCARD_CAP (64u * 1024u)
+
+typedef struct write_req {
+  uv_write_t req;
+  ps__conn *conn;
+  ps__send_cb cb;
+  void *arg;
+  size_t bytes;
+  void *owned;       /* copied control body, freed on completion */
+  uint8_t hdr[PS_FRAME_HDR_SIZE];
+} write_req;
+
+int ps__uv_err(int e) {
+  switch (e) {
+  case 0: return PS_OK;
+  case UV_ENOMEM: return PS_ERR_NOMEM;
+  case UV_ETIMEDOUT: return PS_ERR_TIMEOUT;
+  case UV_ECANCELED: return PS_ERR_CANCELED;
+  case UV_EOF:
+  case UV_ECONNRESET:
+  case UV_EPIPE: return PS_ERR_CLOSED;
+  case UV_ECONNREFUSED:
+  case UV_ENOENT:
+  case UV_EHOSTUNREACH:
+  case UV_ENETUNREACH: return PS_ERR_UNAVAILABLE;
+  default: return PS_ERR_IO;
+  }
+}
+
+ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, ps__pool *pool,
+                         uint64_t max_payload) {
+  ps__conn *c = ps__calloc(1, sizeof *c);
+  if (!c) return NULL;
+  c->stage = ps__malloc(STAGE_CAP);
+  if (!c->stage) {
+    free(c);
+    return NULL;
+  }
+  c->stage_cap = STAGE_CAP;
+  c->loop = loop;
+  c->ops = ops;
+  c->udata = udata;
+  c->pool = pool;
+  c->max_payload = max_payload;
+  c->h.handle.data = c;
+  return c;
+}
+
+static void conn_free_cb(uv_handle_t *h) {
+  ps__conn *c = h->data;
+  if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body.len);
+  if (c->ops && c->ops->on_close) c->ops->on_close(c, c->close_status);
+  free(c->discard_buf);
+  free(c->stage);
+  free(c);
+}
+
+void ps__conn_close(ps__conn *c, int status) {
+  if (!c || c->closing) return;
+  c->closing = 1;
+  c->close_status = status;
+  uv_read_stop(&c->h.stream);
+  uv_close(&c->h.handle, conn_free_cb);
+}
+
+static void shutdown_cb(uv_shutdown_t *req, int status) {
+  ps__conn *c = req->data;
+  (void)status;
+  free(req);
+  int st = c->close_status;
+  c->closing = 0;
+  ps__conn_close(c, st);
+}
+
+void ps__conn_close_after_flush(ps__conn *c, int status) {
+  if (!c || c->closing) return;
+  uv_read_stop(&c->h.stream);
+  uv_shutdown_t *req = ps__malloc(sizeof *req);
+  if (!req) {
+    ps__conn_close(c, status);
+    return;
+  }
+  req->data = c;
+  c->close_status = status;
+  if (uv_shutdown(req, &c->h.stream, shutdown_cb) != 0) {
+    free(req);
+    ps__conn_close(c, status);
+    return;
+  }
+  c->closing = 1; /* no further reads or sends; shutdown_cb finishes the close */
+}
+
+/* ------------------------------------------------------------------ writing */
+
+static void write_cb(uv_write_t *req, int status) {
+  write_req *w = (write_req *)req;
+  ps__conn *c = w->conn;
+  c->write_queue_bytes -= w->bytes;
+  if (status == 0) {
+    c->bytes_out += w->bytes;
+    c->frames_out++;
+  }
+  if (w->cb) w->cb(w->arg, ps__uv_err(status));
+  free(w->owned);
+  free(w);
+  if (status != 0 && status != UV_ECANCELED) ps__conn_close(c, ps__uv_err(status));
+}
+
+static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
+                     ps__send_cb cb, void *arg, void *owned) {
+  uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV];
+  uv_buf_t *v = iov;
+  uint64_t total = 0;
+  if (c->closing) {
+    free(owned);
+    return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
+  }
+  write_req *w = ps__malloc(sizeof *w);
+  if (nbufs + 1 > sizeof iov / sizeof iov[0]) v = ps__malloc((nbufs + 1) * sizeof *v);
+  if (!w || !v) {
+    free(w);
+    if (v != iov) free(v);
+    free(owned);
+    return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
+  }
+  for (unsigned i = 0; i < nbufs; i++) {
+    v[i + 1] = bufs[i];
+    total += bufs[i].len;
+  }
+  h->payload_len = total;
+  ps__frame_encode(h, w->hdr);
+  v[0] = uv_buf_init((char *)w->hdr, PS_FRAME_HDR_SIZE);
+  w->conn = c;
+  w->cb = cb;
+  w->arg = arg;
+  w->owned = owned;
+  w->bytes = PS_FRAME_HDR_SIZE + total;
+  int rc = uv_write(&w->req, &c->h.stream, v, nbufs + 1, write_cb);
+  if (v != iov) free(v);
+  if (rc != 0) {
+    free(w->owned);
+    free(w);
+    return ps__fail(ps__uv_err(rc), "write to %s failed: %s", c->peer, uv_strerror(rc));
+  }
+  c->write_queue_bytes += w->bytes;
+  return 0;
+}
+
+int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
+                  ps__send_cb cb, void *arg) {
+  return send_impl(c, h, bufs, nbufs, cb, arg, NULL);
+}
+
+int ps__conn_send_ctrl(ps__conn *c, ps__frame_hdr *h, const void *body, size_t len) {
+  void *copy = NULL;
+  uv_buf_t b;
+  if (len) {
+    copy = ps__malloc(len);
+    if (!copy) return ps__fail(PS_ERR_NOMEM, "out of memory");
+    memcpy(copy, body, len);
+  }
+  b = uv_buf_init(copy, (unsigned)len);
+  return send_impl(c, h, &b, len ? 1 : 0, NULL, NULL, copy);
+}
+
+int ps__conn_send_error(ps__conn *c, const ps__frame_hdr *req, int status, const char *msg) {
+  ps__frame_hdr h;
+  memset(&h, 0, sizeof h);
+  if (req && req->req_id) {
+    h.type = (uint8_t)(req->type | PS_FRAME_REPLY);
+    h.req_id = req->req_id;
+    h.table = req->table;
+    h.clock = req->clock;
+  } else {
+    h.type = PS_MSG_ERROR;
+  }
+  h.status = status;
+  size_t n = msg ? strlen(msg) : 0;
+  if (n > 1024) n = 1024;
+  return ps__conn_send_ctrl(c, &h, msg, n);
+}
+
+/* ------------------------------------------------------------------ reading */
+
+static void reset_body(ps__conn *c) {
+  memset(&c->body, 0, sizeof c->body);
+  c->in_body = 0;
+  c->cur_iov = 0;
+  c->cur_off = 0;
+  c->body_left = 0;
+}
+
+static void finish_frame(ps__conn *c) {
+  ps__body *b = &c->body;
+  ps__frame_hdr h = c->cur;
+  c->bytes_in += PS_FRAME_HDR_SIZE + h.payload_len;
+  c->frames_in++;
+  if (!b->discard && c->ops->on_frame) c->ops->on_frame(c, &h, b);
+  if (b->buf) ps__pool_put(c->pool, b->buf, b->len);
+  reset_body(c);
+}
+
+/* Protocol violation: answer with an error frame, then close. */
+static void reject(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
+  ps__log(PS_LOG_WARN, "closing connection from %s: %s", c->peer, msg);
+  if (!c->closing) {
+    ps__conn_send_error(c, h, err, msg);
+    ps__conn_close_after_flush(c, err);
+  }
+}
+
+/* Copy up to n bytes from src into the body destinations. Returns bytes consumed. */
+static size_t body_fill(ps__conn *c, const uint8_t *src, size_t n) {
+  ps__body *b = &c->body;
+  size_t used = 0;
+  while (used < n && c->body_left > 0) {
+    size_t take;
+    if (b->discard) {
+      take = n - used;
+      if (take > c->body_left) take = (size_t)c->body_left;
+    } else {
+      uv_buf_t *d = &b->iov[c->cur_iov];
+      take = d->len - c->cur_off;
+      if (take > n - used) take = n - used;
+      memcpy(d->base + c->cur_off, src + used, take);
+      c->cur_off += take;
+      if (c->cur_off == d->len) {
+        c->cur_iov++;
+        c->cur_off = 0;
+      }
+    }
+    used += take;
+    c->body_left -= take;
+  }
+  return used;
+}
+
+static void skip_empty_iov(ps__conn *c) {
+  while (!c->body.discard && c->cur_iov < c->body.niov && c->body.iov[c->cur_iov].len == 0) c->cur_iov++;
+}
+
+/* Start a body after a header: ask the owner for destinations. 0 or error. */
+static int begin_body(ps__conn *c) {
+  ps__body *b = &c->body;
+  reset_body(c);
+  int rc = c->ops->on_header(c, &c->cur, b);
+  if (rc != 0) return rc;
+  c->in_body = 1;
+  c->body_left = c->cur.payload_len;
+  if (b->discard || c->cur.payload_len == 0) return 0;
+  if (b->niov == 0) {
+    b->buf = ps__pool_get(c->pool, c->cur.payload_len);
+    if (!b->buf) return ps__fail(PS_ERR_NOMEM, "no memory for a %llu-byte body", (unsigned long long)c->cur.payload_len);
+    b->len = c->cur.payload_len;
+    b->iov_small[0] = uv_buf_init(b->buf, (unsigned)0);
+    b->iov_small[0].len = b->len;
+    b->iov = b->iov_small;
+    b->niov = 1;
+  } else {
+    uint64_t sum = 0;
+    for (unsigned i = 0; i < b->niov; i++) sum += b->iov[i].len;
+    if (sum != c->cur.payload_len)
+      return ps__fail(PS_ERR_SIZE, "%s body of %llu bytes where %llu were expected",
+                      ps__frame_type_name(c->cur.type), (unsigned long long)c->cur.payload_len,
+                      (unsigned long long)sum);
+  }
+  skip_empty_iov(c);
+  return 0;
+}
+
+/* Consume the staging buffer: headers and small bodies. */
+static void process_stage(ps__conn *c) {
+  while (!c->closing) {
+    size_t avail = c->wpos - c->rpos;
+    if (c->in_body) {
+      if (c->body_left > 0) {
+        if (avail == 0) break;
+        c->rpos += body_fill(c, c->stage + c->rpos, avail);
+        skip_empty_iov(c);
+      }
+      if (c->body_left == 0) finish_frame(c);
+      continue;
+    }
+    if (avail < PS_FRAME_HDR_SIZE) break;
+    int rc = ps__frame_decode(c->stage + c->rpos, c->max_payload, &c->cur);
+    if (rc != 0) {
+      reject(c, NULL, rc, ps_errmsg());
+      return;
+    }
+    c->rpos += PS_FRAME_HDR_SIZE;
+    rc = begin_body(c);
+    if (rc != 0) {
+      char msg[512];
+      snprintf(msg, sizeof msg, "%s", ps_errmsg()[0] ? ps_errmsg() : ps_strerror(rc));
+      ps__frame_hdr h = c->cur;
+      reset_body(c);
+      reject(c, &h, rc, msg);
+      return;
+    }
+  }
+  if (c->rpos == c->wpos) c->rpos = c->wpos = 0;
+}
+
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
+  ps__conn *c = h->data;
+  (void)suggested;
+  c->direct = 0;
+  if (c->in_body && c->body_left >= DIRECT_MIN && c->rpos == c->wpos) {
+    if (c->body.discard) {
+      if (!c->discard_buf) c->discard_buf = ps__malloc(DISCARD_CAP);
+      if (c->discard_buf) {
+        size_t n = c->body_left < DISCARD_CAP ? (size_t)c->body_left : DISCARD_CAP;
+        *out = uv_buf_init((char *)c->discard_buf, (unsigned)n);
+        c->direct = 1;
+        return;
+      }
+    } else {
+      uv_buf_t *d = &c->body.iov[c->cur_iov];
+      size_t n = d->len - c->cur_off;
+      if (n > (1u << 30)) n = 1u << 30;
+      out->base = d->base + c->cur_off;
+      out->len = n;
+      c->direct = 1;
+      return;
+    }
+  }
+  if (c->rpos > 0 && c->rpos == c->wpos) c->rpos = c->wpos = 0;
+  if (c->stage_cap - c->wpos < 4096 && c->rpos > 0) {
+    memmove(c->stage, c->stage + c->rpos, c->wpos - c->rpos);
+    c->wpos -= c->rpos;
+    c->rpos = 0;
+  }
+  out->base = (char *)c->stage + c->wpos;
+  out->len = c->stage_cap - c->wpos;
+}
+
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
+  ps__conn *c = s->data;
+  (void)buf;
+  if (nread < 0) {
+    ps__conn_close(c, nread == UV_EOF ? PS_ERR_CLOSED : ps__uv_err((int)nread));
+    return;
+  }
+  if (nread == 0 || c->closing) return;
+  if (c->direct) {
+    c->direct = 0;
+    if (!c->body.discard) {
+      c->cur_off += (size_t)nread;
+      if (c->cur_off == c->body.iov[c->cur_iov].len) {
+        c->cur_iov++;
+        c->cur_off = 0;
+      }
+    }
+    c->body_left -= (uint64_t)nread;
+    skip_empty_iov(c);
+    if (c->body_left == 0) finish_frame(c);
+    return;
+  }
+  c->wpos += (size_t)nread;
+  process_stage(c);
+}
+
+int ps__conn_start(ps__conn *c) {
+  struct sockaddr_storage ss;
+  int len = sizeof ss;
+  if (!c->is_unix) {
+    uv_tcp_nodelay(&c->h.tcp, 1);
+    if (uv_tcp_getpeername(&c->h.tcp, (struct sockaddr *)&ss, &len) == 0) {
+      char ip[64] = "?";
+      int port = 0;
+      if (ss.ss_family == AF_INET) {
+        uv_ip4_name((struct sockaddr_in *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+      } else if (ss.ss_family == AF_INET6) {
+        uv_ip6_name((struct sockaddr_in6 *)&ss, ip, sizeof ip);
+        port = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+      }
+      snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
+    }
+  } else if (!c->peer[0]) {
+    snprintf(c->peer, sizeof c->peer, "unix socket");
+  }
+  int rc = uv_read_start(&c->h.stream, alloc_cb, read_cb);
+  return rc ? ps__fail(ps__uv_err(rc), "cannot read from %s: %s", c->peer, uv_strerror(rc)) : 0;
+}

@@ -1,0 +1,184 @@
+/*
+ * listen.c - listeners and outgoing connections for TCP and AF_UNIX sockets.
+ * Loop thread only.
+ */
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "net/net.h"
+
+static void on_connection(uv_stream_t *server, int status) {
+  ps__listener *l = server->data;
+  if (status != 0) {
+    ps__log(PS_LOG_WARN, "accept failed: %s", uv_strerror(status));
+    return;
+  }
+  ps__conn *c = ps__conn_alloc(l->loop, l->ops, NULL, l->pool, l->max_payload);
+  if (!c) return;
+  int rc = l->is_unix ? uv_pipe_init(l->loop, &c->h.pipe, 0) : uv_tcp_init(l->loop, &c->h.tcp);
+  if (rc != 0) {
+    free(c->stage);
+    free(c);
+    return;
+  }
+  c->h.handle.data = c;
+  c->is_unix = l->is_unix;
+  if (uv_accept(server, &c->h.stream) != 0) {
+    ps__conn_close(c, PS_ERR_IO);
+    return;
+  }
+  if (l->is_unix) snprintf(c->peer, sizeof c->peer, "unix:%s", l->path);
+  if (ps__conn_start(c) != 0) {
+    ps__conn_close(c, PS_ERR_IO);
+    return;
+  }
+  l->on_accept(l->arg, c);
+}
+
+static void listener_set(ps__listener *l, uv_loop_t *loop, const ps__conn_ops *ops, ps__accept_cb cb,
+                         void *arg, ps__pool *pool, uint64_t max_payload) {
+  memset(l, 0, sizeof *l);
+  l->loop = loop;
+  l->ops = ops;
+  l->on_accept = cb;
+  l->arg = arg;
+  l->pool = pool;
+  l->max_payload = max_payload;
+}
+
+int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port, const ps__conn_ops *ops,
+                   ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
+  struct sockaddr_storage addr;
+  int rc;
+  listener_set(l, loop, ops, cb, arg, pool, max_payload);
+  if (strchr(host, ':'))
+    rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+  else
+    rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+  if (rc) return ps__fail(PS_ERR_CONFIG, "bad listen address '%s'", host);
+  uv_tcp_init(loop, &l->h.tcp);
+  l->h.handle.data = l;
+  rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&addr, 0);
+  if (rc == 0) rc = uv_listen(&l->h.stream, 512, on_connection);
+  if (rc != 0) {
+    uv_close(&l->h.handle, NULL);
+    return ps__fail(PS_ERR_IO, "cannot listen on %s:%d: %s", host, port, uv_strerror(rc));
+  }
+  int len = sizeof addr;
+  uv_tcp_getsockname(&l->h.tcp, (struct sockaddr *)&addr, &len);
+  l->port = addr.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&addr)->sin6_port)
+                                       : ntohs(((struct sockaddr_in *)&addr)->sin_port);
+  return 0;
+}
+
+int ps__listen_unix(ps__listener *l, uv_loop_t *loop, const char *path, const ps__conn_ops *ops,
+                    ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
+  listener_set(l, loop, ops, cb, arg, pool, max_payload);
+  l->is_unix = 1;
+  if (strlen(path) >= sizeof l->path) return ps__fail(PS_ERR_CONFIG, "unix socket path too long: %s", path);
+  snprintf(l->path, sizeof l->path, "%s", path);
+  unlink(path);
+  uv_pipe_init(loop, &l->h.pipe, 0);
+  l->h.handle.data = l;
+  int rc = uv_pipe_bind(&l->h.pipe, path);
+  if (rc == 0) rc = uv_listen(&l->h.stream, 512, on_connection);
+  if (rc != 0) {
+    uv_close(&l->h.handle, NULL);
+    l->path[0] = '\0';
+    return ps__fail(PS_ERR_IO, "cannot listen on %s: %s", path, uv_strerror(rc));
+  }
+  return 0;
+}
+
+void ps__listener_close(ps__listener *l) {
+  if (!l->loop || uv_is_closing(&l->h.handle)) return;
+  uv_close(&l->h.handle, NULL);
+  if (l->is_unix && l->path[0]) unlink(l->path);
+}
+
+typedef struct connect_req {
+  uv_connect_t req;
+  ps__conn *conn;
+  ps__connect_cb cb;
+  void *arg;
+} connect_req;
+
+
+static void free_unstarted(uv_handle_t *h) {
+  ps__conn *c = h->data;
+  free(c->stage);
+  free(c);
+}
+
+static void on_connect(uv_connect_t *req, int status) {
+  connect_req *cr = (connect_req *)req;
+  ps__conn *c = cr->conn;
+  if (status == 0 && ps__conn_start(c) == 0) {
+    cr->cb(cr->arg, c, 0);
+  } else {
+    c->closing = 1;
+    uv_close(&c->h.handle, free_unstarted);
+    cr->cb(cr->arg, NULL, status ? ps__uv_err(status) : PS_ERR_IO);
+  }
+  free(cr);
+}
+
+__attribute__((noinline)) static int connect_common(uv_loop_t *loop, const char *host, int port, const char *path,
+                          const ps__conn_ops *ops, void *udata, ps__pool *pool, uint64_t max_payload,
+                          ps__connect_cb cb, void *arg) {
+  ps__conn *c = ps__conn_alloc(loop, ops, udata, pool, max_payload);
+  connect_req *cr = ps__malloc(sizeof *cr);
+  int rc;
+  if (!c || !cr) {
+    if (c) {
+      free(c->stage);
+      free(c);
+    }
+    free(cr);
+    return ps__fail(PS_ERR_NOMEM, "out of memory connecting");
+  }
+  cr->conn = c;
+  cr->cb = cb;
+  cr->arg = arg;
+  if (path) {
+    c->is_unix = 1;
+    snprintf(c->peer, sizeof c->peer, "unix:%s", path);
+    uv_pipe_init(loop, &c->h.pipe, 0);
+    c->h.handle.data = c;
+    uv_pipe_connect(&cr->req, &c->h.pipe, path, on_connect);
+    return 0;
+  }
+  struct sockaddr_storage addr;
+  if (strchr(host, ':'))
+    rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
+  else
+    rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
+  if (rc) {
+    free(c->stage);
+    free(c);
+    free(cr);
+    return ps__fail(PS_ERR_CONFIG, "bad address '%s' (a numeric IP address is expected)", host);
+  }
+  snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
+  uv_tcp_init(loop, &c->h.tcp);
+  c->h.handle.data = c;
+  rc = uv_tcp_connect(&cr->req, &c->h.tcp, (struct sockaddr *)&addr, on_connect);
+  if (rc) {
+    free(cr);
+    c->closing = 1;
+    uv_close(&c->h.handle, free_unstarted);
+    return ps__fail(ps__uv_err(rc), "cannot connect to %s:%d: %s", host, port, uv_strerror(rc));
+  }
+  return 0;
+}
+
+int ps__connect_tcp(uv_loop_t *loop, const char *host, int port, const ps__conn_ops *ops, void *udata,
+                    ps__pool *pool, uint64_t max_payload, ps__connect_cb cb, void *arg) {
+  return connect_common(loop, host, port, NULL, ops, udata, pool, max_payload, cb, arg);
+}
+
+int ps__connect_unix(uv_loop_t *loop, const char *path, const ps__conn_ops *ops, void *udata,
+                     ps__pool *pool, uint64_t max_payload, ps__connect_cb cb, void *arg) {
+  return connect_common(loop, NULL, 0, path, ops, udata, pool, max_payload, cb, arg);
+}

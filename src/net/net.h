@@ -1,0 +1,173 @@
+/*
+ * net.h - framed connections on a libuv event loop, and the payload buffer pool.
+ *
+ * Threads: a connection, its listener and its pool belong to one loop and are used
+ * only from that loop's thread. Other threads reach a loop through ps__mailbox (a
+ * mutex-protected queue and one uv_async wake-up).
+ *
+ * Transports: TCP between hosts and AF_UNIX stream sockets on one host share this code
+ * path (both are uv_stream_t). Reading: a connection parses the 64-byte header from a
+ * staging buffer, then asks its owner where the body goes (ps__conn_ops.on_header):
+ * into caller-supplied regions (a pull reply lands straight in the user's array) or a
+ * pooled buffer. Large bodies are read by the kernel directly into the destination;
+ * small ones are copied out of the staging buffer. Writing uses scatter/gather: the
+ * header and any number of borrowed payload regions go out in one uv_write.
+ */
+#ifndef PS_NET_H
+#define PS_NET_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "proto/frame.h"
+
+/* ---------------------------------------------------------------- buffer pool */
+
+/* A per-loop cache of payload buffers in power-of-two size classes (4 KiB .. 4 GiB),
+ * so repeated large messages reuse warm pages instead of fresh ones. */
+typedef struct ps__pool ps__pool;
+ps__pool *ps__pool_new(size_t max_cached_bytes);
+void ps__pool_free(ps__pool *p);
+/* A buffer of at least n bytes, or NULL. */
+void *ps__pool_get(ps__pool *p, size_t n);
+/* Return a buffer obtained with ps__pool_get(p, n) (same n). NULL is a no-op. */
+void ps__pool_put(ps__pool *p, void *buf, size_t n);
+
+/* ---------------------------------------------------------------- connections */
+
+typedef struct ps__conn ps__conn;
+
+#define PS_BODY_MAX_IOV 8
+
+/* Where a frame body goes, decided by on_header. */
+typedef struct ps__body {
+  /* Destinations chosen by the owner: regions filled in order; their lengths must add up
+   * to the payload length. Left empty, the connection reads into a pooled buffer. */
+  uv_buf_t *iov;
+  unsigned niov;
+  uv_buf_t iov_small[PS_BODY_MAX_IOV]; /* storage the owner may point iov at */
+  int discard;  /* set by on_header: read and drop the body */
+  void *buf;    /* pooled body (when iov is empty); on_frame may take it (set NULL) */
+  size_t len;   /* its length (the payload length) */
+  void *udata;  /* passed from on_header to on_frame */
+} ps__body;
+
+typedef struct ps__conn_ops {
+  /* A valid header arrived. Return 0 to accept (optionally setting body->iov/discard),
+   * or a ps_err code to answer with an error frame and close the connection. */
+  int (*on_header)(ps__conn *c, const ps__frame_hdr *h, ps__body *body);
+  /* The whole frame arrived. body->buf (if any) is returned to the pool afterwards
+   * unless on_frame set it to NULL (then it owns it, size body->len). */
+  void (*on_frame)(ps__conn *c, const ps__frame_hdr *h, ps__body *body);
+  /* The connection is closed and about to be freed; status is 0 for a local close or
+   * a ps_err code. Called once. Do not touch c after it returns. */
+  void (*on_close)(ps__conn *c, int status);
+} ps__conn_ops;
+
+/* Completion of a send: status 0 or a ps_err code. */
+typedef void (*ps__send_cb)(void *arg, int status);
+
+struct ps__conn {
+  uv_loop_t *loop;
+  union {
+    uv_stream_t stream;
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+    uv_handle_t handle;
+  } h;
+  const ps__conn_ops *ops;
+  void *udata;       /* owner's pointer */
+  ps__pool *pool;
+  uint64_t max_payload;
+  int closing;
+  int close_status;
+  int is_unix;
+  /* read state */
+  uint8_t *stage;
+  size_t stage_cap, rpos, wpos;
+  int in_body;
+  int direct;            /* last alloc_cb handed out a body region */
+  ps__frame_hdr cur;
+  ps__body body;
+  unsigned cur_iov;
+  size_t cur_off;        /* offset within iov[cur_iov] */
+  uint64_t body_left;
+  uint8_t *discard_buf;
+  /* accounting */
+  uint64_t bytes_in, bytes_out, frames_in, frames_out;
+  size_t write_queue_bytes;
+  char peer[128];
+};
+
+/* Wrap an accepted or connected stream. The conn starts reading at once. */
+int ps__conn_start(ps__conn *c);
+/* Allocate a conn for a stream to be initialised by the caller (tcp or pipe). */
+ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, ps__pool *pool,
+                         uint64_t max_payload);
+/* Send a frame: header h (payload_len is set from bufs) and borrowed payload regions
+ * (valid until cb). cb may be NULL. Returns 0, or an error (cb is then not called). */
+int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
+                  ps__send_cb cb, void *arg);
+/* Send a control frame whose body is copied. */
+int ps__conn_send_ctrl(ps__conn *c, ps__frame_hdr *h, const void *body, size_t len);
+/* Answer request h with an error frame carrying msg. */
+int ps__conn_send_error(ps__conn *c, const ps__frame_hdr *req, int status, const char *msg);
+/* Close (idempotent). on_close runs later on the loop with status. */
+void ps__conn_close(ps__conn *c, int status);
+/* Close after the writes queued so far are flushed. */
+void ps__conn_close_after_flush(ps__conn *c, int status);
+
+/* ---------------------------------------------------------------- listening and connecting */
+
+typedef void (*ps__accept_cb)(void *arg, ps__conn *c);
+
+typedef struct ps__listener {
+  uv_loop_t *loop;
+  union {
+    uv_tcp_t tcp;
+    uv_pipe_t pipe;
+    uv_handle_t handle;
+    uv_stream_t stream;
+  } h;
+  int is_unix;
+  const ps__conn_ops *ops;
+  ps__accept_cb on_accept;
+  void *arg;
+  ps__pool *pool;
+  uint64_t max_payload;
+  int port;            /* bound TCP port */
+  char path[108];      /* bound unix path */
+} ps__listener;
+
+/* Listen on host:port (port 0 = ephemeral; the bound port is in l->port). */
+int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port,
+                   const ps__conn_ops *ops, ps__accept_cb cb, void *arg, ps__pool *pool,
+                   uint64_t max_payload);
+/* Listen on a unix socket path (unlinked first and on close). */
+int ps__listen_unix(ps__listener *l, uv_loop_t *loop, const char *path, const ps__conn_ops *ops,
+                    ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload);
+void ps__listener_close(ps__listener *l);
+
+/* Connect; on completion cb(arg, conn or NULL, status). The conn reads once connected. */
+typedef void (*ps__connect_cb)(void *arg, ps__conn *c, int status);
+int ps__connect_tcp(uv_loop_t *loop, const char *host, int port, const ps__conn_ops *ops,
+                    void *udata, ps__pool *pool, uint64_t max_payload, ps__connect_cb cb, void *arg);
+int ps__connect_unix(uv_loop_t *loop, const char *path, const ps__conn_ops *ops, void *udata,
+                     ps__pool *pool, uint64_t max_payload, ps__connect_cb cb, void *arg);
+
+/* ---------------------------------------------------------------- mailbox */
+
+/* Run functions on a loop's thread, posted from any thread. */
+typedef struct ps__mailbox ps__mailbox;
+typedef void (*ps__mail_fn)(void *arg);
+ps__mailbox *ps__mailbox_new(uv_loop_t *loop);
+/* Queue fn(arg) to run on the loop; returns 0 or PS_ERR_NOMEM / PS_ERR_CLOSED. */
+int ps__mailbox_post(ps__mailbox *m, ps__mail_fn fn, void *arg);
+/* Close from the loop thread; queued mail is run first. */
+void ps__mailbox_close(ps__mailbox *m);
+
+/* Translate a libuv error into a ps_err code. */
+int ps__uv_err(int uverr);
+
+#endif

@@ -1,0 +1,119 @@
+/*
+ * frame.h - the pshard wire format: frame header encode/decode and body helpers.
+ *
+ * No I/O. Every frame is a fixed 64-byte little-endian header followed by
+ * `payload_len` bytes: for data frames the key array (nkeys x u64) then the values
+ * (f32); for control frames a body written with the ps__wbuf/ps__rbuf helpers.
+ * docs/protocol.md is the normative description; keep the two in step.
+ */
+#ifndef PS_FRAME_H
+#define PS_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PS_FRAME_MAGIC 0x44485350u /* "PSHD" little-endian */
+#define PS_FRAME_VERSION 1
+#define PS_FRAME_HDR_SIZE 64
+#define PS_FRAME_REPLY 0x80       /* type bit: this frame answers a request */
+#define PS_CTRL_MAX_BODY (1u << 20) /* control bodies are small */
+
+/* Frame types. Opcodes are never reused. */
+enum {
+  PS_MSG_HELLO = 1,      /* node -> scheduler: register */
+  PS_MSG_MEMBERSHIP = 2, /* scheduler -> node: members, ring epoch, counts */
+  PS_MSG_HEARTBEAT = 3,  /* node -> scheduler */
+  PS_MSG_DECLARE = 4,    /* worker -> scheduler: declare a table, get its id */
+  PS_MSG_CREATE = 5,     /* worker -> server: create table (idempotent) */
+  PS_MSG_BARRIER = 6,    /* worker -> scheduler */
+  PS_MSG_METRIC = 7,     /* worker -> scheduler (no reply) */
+  PS_MSG_LEAVE = 8,      /* node -> scheduler: clean exit (no reply) */
+  PS_MSG_PUSH = 9,       /* sparse push: keys + rows */
+  PS_MSG_PULL = 10,      /* sparse pull: keys; reply: rows */
+  PS_MSG_PUSH_DENSE = 11,/* dense push: segments (offset,count pairs) + values */
+  PS_MSG_PULL_DENSE = 12,/* dense pull: segments; reply: values */
+  PS_MSG_CLOCK = 13,     /* worker -> server: clock advanced (no reply) */
+  PS_MSG_ERROR = 14,     /* reply-less error notice before a close */
+  PS_MSG_STATS = 15,     /* anyone -> node: counters as text (reply) */
+  PS_MSG__MAX = 16
+};
+
+enum { PS_FLAG_NONE = 0 };
+
+typedef struct ps__frame_hdr {
+  uint8_t type;      /* PS_MSG_* , | PS_FRAME_REPLY for answers */
+  uint8_t flags;
+  uint8_t codec;     /* value encoding: 0 = raw f32 */
+  int32_t status;    /* ps_err code in replies, 0 in requests */
+  uint32_t sender;   /* node id of the sender (0 before registration) */
+  uint64_t req_id;   /* matches a reply to its request; 0 = no reply wanted */
+  uint32_t table;
+  uint32_t batch;    /* examples behind a push */
+  int64_t clock;     /* worker clock of a push/pull/clock */
+  uint64_t epoch;    /* membership epoch the sender routed with */
+  uint32_t nkeys;    /* u64 entries in the key array */
+  float lr;          /* push learning rate; negative = table's schedule */
+  uint64_t payload_len; /* bytes after the header */
+} ps__frame_hdr;
+
+/* Write h into out[PS_FRAME_HDR_SIZE]. */
+void ps__frame_encode(const ps__frame_hdr *h, uint8_t *out);
+/* Parse and validate a header: magic, version, known type, payload_len <= max_payload,
+ * key array fits the payload, values a whole number of floats for data frames,
+ * control bodies <= PS_CTRL_MAX_BODY. Returns 0 or PS_ERR_PROTO / PS_ERR_TOO_LARGE
+ * (with a message via ps__fail). */
+int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h);
+/* Does this type carry keys and float values? */
+int ps__frame_is_data(uint8_t type);
+const char *ps__frame_type_name(uint8_t type);
+
+/* Little-endian put/get. */
+static inline void ps__put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void ps__put_u32(uint8_t *p, uint32_t v) {
+  for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void ps__put_u64(uint8_t *p, uint64_t v) {
+  for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t ps__get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t ps__get_u32(const uint8_t *p) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+static inline uint64_t ps__get_u64(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+/* A growable write buffer for control bodies. */
+typedef struct ps__wbuf {
+  uint8_t *data;
+  size_t len, cap;
+  int oom; /* set when a growth failed; later puts are ignored */
+} ps__wbuf;
+void ps__wbuf_init(ps__wbuf *w);
+void ps__wbuf_free(ps__wbuf *w);
+void ps__wbuf_u8(ps__wbuf *w, uint8_t v);
+void ps__wbuf_u32(ps__wbuf *w, uint32_t v);
+void ps__wbuf_u64(ps__wbuf *w, uint64_t v);
+void ps__wbuf_f64(ps__wbuf *w, double v);
+void ps__wbuf_str(ps__wbuf *w, const char *s); /* u32 length + bytes */
+void ps__wbuf_bytes(ps__wbuf *w, const void *p, size_t n);
+
+/* A bounds-checked reader: every get fails (returns -1, sets err) past the end. */
+typedef struct ps__rbuf {
+  const uint8_t *p;
+  size_t len, off;
+  int err;
+} ps__rbuf;
+void ps__rbuf_init(ps__rbuf *r, const void *p, size_t len);
+uint8_t ps__rbuf_u8(ps__rbuf *r);
+uint32_t ps__rbuf_u32(ps__rbuf *r);
+uint64_t ps__rbuf_u64(ps__rbuf *r);
+double ps__rbuf_f64(ps__rbuf *r);
+/* Copy a string of at most cap-1 bytes into out (NUL-terminated); longer fails. */
+void ps__rbuf_str(ps__rbuf *r, char *out, size_t cap);
+
+#endif

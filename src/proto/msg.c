@@ -1,0 +1,113 @@
+/*
+ * msg.c - control-frame bodies.
+ */
+#include "proto/msg.h"
+
+#include <string.h>
+
+#include "common/common.h"
+
+void ps__hello_encode(ps__wbuf *w, const ps__hello *h) {
+  ps__wbuf_u8(w, h->role);
+  ps__wbuf_u32(w, h->port);
+  ps__wbuf_u32(w, h->pid);
+  ps__wbuf_str(w, h->host);
+  ps__wbuf_str(w, h->unix_path);
+  ps__wbuf_str(w, h->hostid);
+}
+
+int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, n);
+  memset(h, 0, sizeof *h);
+  h->role = ps__rbuf_u8(&r);
+  uint32_t port = ps__rbuf_u32(&r);
+  h->pid = ps__rbuf_u32(&r);
+  ps__rbuf_str(&r, h->host, sizeof h->host);
+  ps__rbuf_str(&r, h->unix_path, sizeof h->unix_path);
+  ps__rbuf_str(&r, h->hostid, sizeof h->hostid);
+  if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed hello body");
+  if (h->role < PS_ROLE_SERVER || h->role > PS_ROLE_WORKER) return ps__fail(PS_ERR_PROTO, "bad role %u in hello", h->role);
+  if (port > 65535) return ps__fail(PS_ERR_PROTO, "bad port %u in hello", port);
+  h->port = (uint16_t)port;
+  return 0;
+}
+
+void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
+  ps__wbuf_u64(w, m->epoch);
+  ps__wbuf_u32(w, m->servers_expected);
+  ps__wbuf_u32(w, m->workers_expected);
+  ps__wbuf_u8(w, m->started);
+  ps__wbuf_u32(w, m->n);
+  for (uint32_t i = 0; i < m->n; i++) {
+    const ps__member *x = &m->m[i];
+    ps__wbuf_u32(w, x->id);
+    ps__wbuf_u8(w, x->role);
+    ps__wbuf_u8(w, x->alive);
+    ps__wbuf_u32(w, x->rank);
+    ps__wbuf_u32(w, x->port);
+    ps__wbuf_str(w, x->host);
+    ps__wbuf_str(w, x->unix_path);
+    ps__wbuf_str(w, x->hostid);
+  }
+}
+
+void ps__membership_clear(ps__membership *m) {
+  free(m->m);
+  memset(m, 0, sizeof *m);
+}
+
+int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, n);
+  memset(m, 0, sizeof *m);
+  m->epoch = ps__rbuf_u64(&r);
+  m->servers_expected = ps__rbuf_u32(&r);
+  m->workers_expected = ps__rbuf_u32(&r);
+  m->started = ps__rbuf_u8(&r);
+  uint32_t cnt = ps__rbuf_u32(&r);
+  if (r.err || cnt > PS_MAX_MEMBERS) return ps__fail(PS_ERR_PROTO, "malformed membership body");
+  m->m = ps__calloc(cnt ? cnt : 1, sizeof *m->m);
+  if (!m->m) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  m->n = cnt;
+  for (uint32_t i = 0; i < cnt; i++) {
+    ps__member *x = &m->m[i];
+    x->id = ps__rbuf_u32(&r);
+    x->role = ps__rbuf_u8(&r);
+    x->alive = ps__rbuf_u8(&r);
+    x->rank = ps__rbuf_u32(&r);
+    uint32_t port = ps__rbuf_u32(&r);
+    x->port = (uint16_t)port;
+    ps__rbuf_str(&r, x->host, sizeof x->host);
+    ps__rbuf_str(&r, x->unix_path, sizeof x->unix_path);
+    ps__rbuf_str(&r, x->hostid, sizeof x->hostid);
+    if (port > 65535) r.err = 1;
+  }
+  if (r.err || r.off != n) {
+    ps__membership_clear(m);
+    return ps__fail(PS_ERR_PROTO, "malformed membership body");
+  }
+  return 0;
+}
+
+void ps__declare_encode(ps__wbuf *w, const ps__declare *d) {
+  ps__wbuf_u32(w, d->id);
+  ps__wbuf_u8(w, d->kind);
+  ps__wbuf_u64(w, d->size);
+  ps__wbuf_str(w, d->name);
+  ps__wbuf_str(w, d->options);
+}
+
+int ps__declare_decode(const void *p, size_t n, ps__declare *d) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, n);
+  memset(d, 0, sizeof *d);
+  d->id = ps__rbuf_u32(&r);
+  d->kind = ps__rbuf_u8(&r);
+  d->size = ps__rbuf_u64(&r);
+  ps__rbuf_str(&r, d->name, sizeof d->name);
+  ps__rbuf_str(&r, d->options, sizeof d->options);
+  if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed table declaration");
+  if (!d->name[0]) return ps__fail(PS_ERR_INVALID, "empty table name");
+  return 0;
+}

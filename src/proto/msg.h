@@ -1,0 +1,66 @@
+/*
+ * msg.h - bodies of control frames (hello, membership, declare, create, metric).
+ * Encoded with ps__wbuf and decoded with bounds-checked ps__rbuf; no I/O.
+ */
+#ifndef PS_MSG_H
+#define PS_MSG_H
+
+#include <stdint.h>
+
+#include "proto/frame.h"
+
+enum { PS_ROLE_SCHEDULER = 1, PS_ROLE_SERVER = 2, PS_ROLE_WORKER = 3 };
+
+#define PS_HOST_MAX 64
+#define PS_PATH_MAX 108
+#define PS_NAME_MAX 128
+#define PS_OPTS_MAX 1024
+#define PS_MAX_MEMBERS 4096
+
+typedef struct ps__member {
+  uint32_t id;
+  uint8_t role;
+  uint8_t alive;
+  uint32_t rank;
+  uint16_t port;
+  char host[PS_HOST_MAX];
+  char unix_path[PS_PATH_MAX];
+  char hostid[PS_HOST_MAX];
+} ps__member;
+
+/* hello: who is registering and where it can be reached. */
+typedef struct ps__hello {
+  uint8_t role;
+  uint16_t port;
+  uint32_t pid;
+  char host[PS_HOST_MAX];
+  char unix_path[PS_PATH_MAX];
+  char hostid[PS_HOST_MAX];
+} ps__hello;
+
+typedef struct ps__membership {
+  uint64_t epoch;
+  uint32_t servers_expected, workers_expected;
+  uint8_t started;
+  uint32_t n;
+  ps__member *m; /* n entries, owned (free with ps__membership_clear) */
+} ps__membership;
+
+typedef struct ps__declare {
+  uint32_t id;   /* create: the table id; declare: 0 */
+  uint8_t kind;
+  uint64_t size;
+  char name[PS_NAME_MAX];
+  char options[PS_OPTS_MAX];
+} ps__declare;
+
+void ps__hello_encode(ps__wbuf *w, const ps__hello *h);
+int ps__hello_decode(const void *p, size_t n, ps__hello *h);
+void ps__membership_encode(ps__wbuf *w, const ps__membership *m);
+/* Allocates m->m; returns 0 or PS_ERR_PROTO / PS_ERR_NOMEM. */
+int ps__membership_decode(const void *p, size_t n, ps__membership *m);
+void ps__membership_clear(ps__membership *m);
+void ps__declare_encode(ps__wbuf *w, const ps__declare *d);
+int ps__declare_decode(const void *p, size_t n, ps__declare *d);
+
+#endif

@@ -1,0 +1,447 @@
+/*
+ * sched.c - the scheduler.
+ *
+ * One loop thread owns everything. Nodes connect and send HELLO; the scheduler gives
+ * each a node id and a rank within its role. When the expected servers and workers
+ * have registered the job starts: a MEMBERSHIP frame (epoch, members, liveness) goes to
+ * every node. Any later change (a node dies, leaves or joins) bumps the epoch and is
+ * broadcast again. A node is dead when its connection closes or when it has sent
+ * nothing for heartbeat_timeout_ms. Barriers complete when every live worker arrived;
+ * a death re-checks them so no barrier waits on a dead worker.
+ */
+#include "sched/sched.h"
+
+#include <string.h>
+
+#include "common/common.h"
+#include "net/net.h"
+#include "proto/msg.h"
+#include "store/store.h"
+
+typedef struct node {
+  ps__member m;
+  ps__conn *conn;
+  uint64_t last_seen_ms;
+  int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
+  uint64_t barrier_req;
+} node;
+
+typedef struct table_entry {
+  ps__declare d;
+  ps__table_spec spec;
+} table_entry;
+
+typedef struct metric {
+  uint32_t node;
+  char name[64];
+  double value;
+  int64_t clock;
+  uint64_t count;
+} metric;
+
+struct ps__sched {
+  ps__sched_opts o;
+  uv_loop_t loop;
+  ps__listener listener;
+  ps__mailbox *mail;
+  uv_timer_t hb_timer;
+  ps__pool *pool;
+  node *nodes;
+  size_t nnodes, cap;
+  uint32_t next_id;
+  uint32_t nserver_ranks, nworker_ranks;
+  uint64_t epoch;
+  int started;
+  table_entry *tables;
+  size_t ntables;
+  metric *metrics;
+  size_t nmetrics, mcap;
+  int stopping;
+};
+
+static node *node_by_conn(ps__sched *s, ps__conn *c) {
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].conn == c) return &s->nodes[i];
+  return NULL;
+}
+
+static size_t count_alive(ps__sched *s, uint8_t role) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->nnodes; i++) n += s->nodes[i].m.alive && s->nodes[i].m.role == role;
+  return n;
+}
+
+static void broadcast_membership(ps__sched *s) {
+  ps__membership m;
+  ps__wbuf w;
+  memset(&m, 0, sizeof m);
+  m.epoch = s->epoch;
+  m.servers_expected = s->o.servers;
+  m.workers_expected = s->o.workers;
+  m.started = (uint8_t)s->started;
+  m.n = (uint32_t)s->nnodes;
+  m.m = ps__calloc(s->nnodes ? s->nnodes : 1, sizeof *m.m);
+  if (!m.m) return;
+  for (size_t i = 0; i < s->nnodes; i++) m.m[i] = s->nodes[i].m;
+  ps__wbuf_init(&w);
+  ps__membership_encode(&w, &m);
+  free(m.m);
+  if (w.oom) return;
+  for (size_t i = 0; i < s->nnodes; i++) {
+    node *n = &s->nodes[i];
+    if (!n->m.alive || !n->conn) continue;
+    ps__frame_hdr h = {.type = PS_MSG_MEMBERSHIP, .epoch = s->epoch};
+    ps__conn_send_ctrl(n->conn, &h, w.data, w.len);
+  }
+  ps__wbuf_free(&w);
+}
+
+static void maybe_start(ps__sched *s) {
+  if (s->started) return;
+  if (count_alive(s, PS_ROLE_SERVER) >= s->o.servers && count_alive(s, PS_ROLE_WORKER) >= s->o.workers) {
+    s->started = 1;
+    ps__log(PS_LOG_INFO, "job started: %u servers, %u workers", s->o.servers, s->o.workers);
+  }
+}
+
+static void check_barriers(ps__sched *s) {
+  /* A barrier completes when every live worker waits in it. Sequences are per worker
+   * and advance in step, so the smallest waiting sequence is the one to check. */
+  int64_t seq = -1;
+  size_t alive = 0, waiting = 0;
+  for (size_t i = 0; i < s->nnodes; i++) {
+    node *n = &s->nodes[i];
+    if (!n->m.alive || n->m.role != PS_ROLE_WORKER) continue;
+    alive++;
+    if (n->barrier_seq >= 0) {
+      waiting++;
+      if (seq < 0 || n->barrier_seq < seq) seq = n->barrier_seq;
+    }
+  }
+  if (alive == 0 || waiting < alive) return;
+  for (size_t i = 0; i < s->nnodes; i++) {
+    node *n = &s->nodes[i];
+    if (!n->m.alive || n->m.role != PS_ROLE_WORKER || n->barrier_seq != seq) continue;
+    ps__frame_hdr h = {.type = PS_MSG_BARRIER | PS_FRAME_REPLY, .req_id = n->barrier_req, .clock = seq};
+    ps__conn_send_ctrl(n->conn, &h, NULL, 0);
+    n->barrier_seq = -1;
+  }
+}
+
+static void mark_dead(ps__sched *s, node *n, const char *why) {
+  if (!n->m.alive) return;
+  n->m.alive = 0;
+  n->barrier_seq = -1;
+  s->epoch++;
+  ps__log(PS_LOG_WARN, "%s %u (rank %u) removed: %s; epoch %llu", n->m.role == PS_ROLE_SERVER ? "server" : "worker",
+          n->m.id, n->m.rank, why, (unsigned long long)s->epoch);
+  if (n->conn) {
+    n->conn->udata = NULL;
+    ps__conn_close(n->conn, PS_ERR_CLOSED);
+    n->conn = NULL;
+  }
+  if (s->started) broadcast_membership(s);
+  check_barriers(s);
+}
+
+static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
+  ps__hello hello;
+  if (node_by_conn(s, c)) {
+    ps__conn_send_error(c, h, PS_ERR_PROTO, "already registered");
+    return;
+  }
+  if (ps__hello_decode(b->buf, b->len, &hello)) {
+    ps__conn_send_error(c, h, PS_ERR_PROTO, ps_errmsg());
+    ps__conn_close_after_flush(c, PS_ERR_PROTO);
+    return;
+  }
+  if (s->nnodes == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 16;
+    node *nn = ps__realloc(s->nodes, cap * sizeof *nn);
+    if (!nn) {
+      ps__conn_send_error(c, h, PS_ERR_NOMEM, "scheduler out of memory");
+      return;
+    }
+    s->nodes = nn;
+    s->cap = cap;
+  }
+  node *n = &s->nodes[s->nnodes++];
+  memset(n, 0, sizeof *n);
+  n->m.id = s->next_id++;
+  n->m.role = hello.role;
+  n->m.alive = 1;
+  n->m.rank = hello.role == PS_ROLE_SERVER ? s->nserver_ranks++ : s->nworker_ranks++;
+  n->m.port = hello.port;
+  memcpy(n->m.host, hello.host, sizeof n->m.host);
+  memcpy(n->m.unix_path, hello.unix_path, sizeof n->m.unix_path);
+  memcpy(n->m.hostid, hello.hostid, sizeof n->m.hostid);
+  n->conn = c;
+  c->udata = n; /* only used as a marker; lookups go through node_by_conn */
+  n->last_seen_ms = ps__now_ms();
+  n->barrier_seq = -1;
+  ps__log(PS_LOG_INFO, "%s %u registered as rank %u from %s", hello.role == PS_ROLE_SERVER ? "server" : "worker",
+          n->m.id, n->m.rank, c->peer);
+  ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .sender = 0,
+                     .table = n->m.id, .batch = n->m.rank, .epoch = s->epoch};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+  int was = s->started;
+  maybe_start(s);
+  if (s->started) {
+    s->epoch++;
+    (void)was;
+    broadcast_membership(s);
+  }
+}
+
+static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
+  ps__declare d;
+  ps__table_spec spec;
+  char err[256];
+  if (ps__declare_decode(b->buf, b->len, &d)) {
+    ps__conn_send_error(c, h, PS_ERR_PROTO, ps_errmsg());
+    return;
+  }
+  int rc = ps__table_spec_parse(&spec, d.name, d.kind, d.size, d.options, err, sizeof err);
+  if (rc) {
+    ps__conn_send_error(c, h, rc, err);
+    return;
+  }
+  for (size_t i = 0; i < s->ntables; i++) {
+    table_entry *t = &s->tables[i];
+    if (strcmp(t->d.name, d.name)) continue;
+    if (memcmp(&t->spec, &spec, sizeof spec)) {
+      snprintf(err, sizeof err, "table '%s' already declared as %s %llu '%s'", d.name,
+               t->d.kind == 1 ? "dense" : "sparse", (unsigned long long)t->d.size, t->d.options);
+      ps__conn_send_error(c, h, PS_ERR_CONFLICT, err);
+      return;
+    }
+    ps__frame_hdr r = {.type = PS_MSG_DECLARE | PS_FRAME_REPLY, .req_id = h->req_id, .table = t->d.id};
+    ps__conn_send_ctrl(c, &r, NULL, 0);
+    return;
+  }
+  table_entry *nt = ps__realloc(s->tables, (s->ntables + 1) * sizeof *nt);
+  if (!nt) {
+    ps__conn_send_error(c, h, PS_ERR_NOMEM, "scheduler out of memory");
+    return;
+  }
+  s->tables = nt;
+  d.id = (uint32_t)s->ntables + 1;
+  s->tables[s->ntables].d = d;
+  s->tables[s->ntables].spec = spec;
+  s->ntables++;
+  ps__frame_hdr r = {.type = PS_MSG_DECLARE | PS_FRAME_REPLY, .req_id = h->req_id, .table = d.id};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+}
+
+static void on_metric(ps__sched *s, node *n, const ps__frame_hdr *h, const ps__body *b) {
+  ps__rbuf r;
+  char name[64];
+  ps__rbuf_init(&r, b->buf, b->len);
+  ps__rbuf_str(&r, name, sizeof name);
+  double v = ps__rbuf_f64(&r);
+  if (r.err) return;
+  for (size_t i = 0; i < s->nmetrics; i++) {
+    metric *m = &s->metrics[i];
+    if (m->node == n->m.id && !strcmp(m->name, name)) {
+      m->value = v;
+      m->clock = h->clock;
+      m->count++;
+      return;
+    }
+  }
+  if (s->nmetrics == s->mcap) {
+    size_t cap = s->mcap ? s->mcap * 2 : 32;
+    metric *mm = ps__realloc(s->metrics, cap * sizeof *mm);
+    if (!mm) return;
+    s->metrics = mm;
+    s->mcap = cap;
+  }
+  metric *m = &s->metrics[s->nmetrics++];
+  memset(m, 0, sizeof *m);
+  m->node = n->m.id;
+  snprintf(m->name, sizeof m->name, "%s", name);
+  m->value = v;
+  m->clock = h->clock;
+  m->count = 1;
+}
+
+static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
+  ps__wbuf w;
+  char line[256];
+  ps__wbuf_init(&w);
+  int n = snprintf(line, sizeof line, "epoch %llu\nstarted %d\nservers_alive %zu\nworkers_alive %zu\n",
+                   (unsigned long long)s->epoch, s->started, count_alive(s, PS_ROLE_SERVER),
+                   count_alive(s, PS_ROLE_WORKER));
+  ps__wbuf_bytes(&w, line, (size_t)n);
+  for (size_t i = 0; i < s->nmetrics; i++) {
+    metric *m = &s->metrics[i];
+    n = snprintf(line, sizeof line, "metric node=%u name=%s value=%.9g clock=%lld count=%llu\n", m->node, m->name,
+                 m->value, (long long)m->clock, (unsigned long long)m->count);
+    ps__wbuf_bytes(&w, line, (size_t)n);
+  }
+  ps__frame_hdr r = {.type = PS_MSG_STATS | PS_FRAME_REPLY, .req_id = h->req_id};
+  if (!w.oom) ps__conn_send_ctrl(c, &r, w.data, w.len);
+  ps__wbuf_free(&w);
+}
+
+static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  if (h->type & PS_FRAME_REPLY) return ps__fail(PS_ERR_PROTO, "unexpected %s reply", ps__frame_type_name(h->type));
+  switch (h->type) {
+  case PS_MSG_HELLO: case PS_MSG_HEARTBEAT: case PS_MSG_DECLARE: case PS_MSG_BARRIER:
+  case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS:
+    return 0;
+  default:
+    return ps__fail(PS_ERR_PROTO, "%s frame not accepted by the scheduler", ps__frame_type_name(h->type));
+  }
+}
+
+static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__sched *s = c->loop->data;
+  node *n = node_by_conn(s, c);
+  if (h->type == PS_MSG_HELLO) {
+    on_hello(s, c, h, b);
+    return;
+  }
+  if (h->type == PS_MSG_STATS) {
+    on_stats(s, c, h);
+    return;
+  }
+  if (!n) {
+    ps__conn_send_error(c, h, PS_ERR_PROTO, "not registered: send hello first");
+    ps__conn_close_after_flush(c, PS_ERR_PROTO);
+    return;
+  }
+  n->last_seen_ms = ps__now_ms();
+  switch (h->type) {
+  case PS_MSG_HEARTBEAT:
+    break;
+  case PS_MSG_DECLARE:
+    on_declare(s, c, h, b);
+    break;
+  case PS_MSG_BARRIER:
+    if (n->m.role != PS_ROLE_WORKER) {
+      ps__conn_send_error(c, h, PS_ERR_ROLE, "only workers take part in barriers");
+      break;
+    }
+    n->barrier_seq = h->clock;
+    n->barrier_req = h->req_id;
+    check_barriers(s);
+    break;
+  case PS_MSG_METRIC:
+    on_metric(s, n, h, b);
+    break;
+  case PS_MSG_LEAVE:
+    mark_dead(s, n, "left the job");
+    break;
+  default:
+    break;
+  }
+}
+
+static void sched_on_close(ps__conn *c, int status) {
+  ps__sched *s = c->loop->data;
+  if (s->stopping) return;
+  node *n = node_by_conn(s, c);
+  if (n) {
+    n->conn = NULL;
+    mark_dead(s, n, status == PS_ERR_CLOSED ? "connection closed" : ps_strerror(status));
+  }
+}
+
+static const ps__conn_ops sched_ops = {sched_on_header, sched_on_frame, sched_on_close};
+
+static void on_accept(void *arg, ps__conn *c) { (void)arg; (void)c; }
+
+static void hb_tick(uv_timer_t *t) {
+  ps__sched *s = t->data;
+  uint64_t now = ps__now_ms();
+  for (size_t i = 0; i < s->nnodes; i++) {
+    node *n = &s->nodes[i];
+    if (n->m.alive && now - n->last_seen_ms > s->o.heartbeat_timeout_ms) mark_dead(s, n, "missed heartbeats");
+  }
+}
+
+int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
+  ps__sched *s = ps__calloc(1, sizeof *s);
+  if (!s) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  s->o = *o;
+  if (!s->o.host) s->o.host = "127.0.0.1";
+  if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 200;
+  if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 3000;
+  if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
+  s->next_id = 1;
+  s->epoch = 1;
+  uv_loop_init(&s->loop);
+  s->loop.data = s;
+  s->pool = ps__pool_new(16u << 20);
+  s->mail = ps__mailbox_new(&s->loop);
+  int rc = ps__listen_tcp(&s->listener, &s->loop, s->o.host, o->port, &sched_ops, on_accept, s, s->pool,
+                          s->o.max_payload);
+  if (rc || !s->pool || !s->mail) {
+    if (!rc) rc = ps__fail(PS_ERR_NOMEM, "out of memory");
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    ps__sched_destroy(s);
+    return ps__fail(rc, "%s", msg);
+  }
+  uv_timer_init(&s->loop, &s->hb_timer);
+  s->hb_timer.data = s;
+  uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
+  *out = s;
+  return 0;
+}
+
+int ps__sched_port(const ps__sched *s) { return s->listener.port; }
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (uv_is_closing(h)) return;
+  if (h->type == UV_TCP || h->type == UV_NAMED_PIPE) {
+    ps__conn *c = h->data;
+    ps__sched *s = h->loop->data;
+    if (h != &s->listener.h.handle && c) {
+      ps__conn_close(c, 0);
+      return;
+    }
+  }
+  if (h->type == UV_ASYNC) return; /* the mailbox closes itself */
+  uv_close(h, NULL);
+}
+
+static void do_stop(void *arg) {
+  ps__sched *s = arg;
+  if (s->stopping) return;
+  s->stopping = 1;
+  ps__listener_close(&s->listener);
+  uv_timer_stop(&s->hb_timer);
+  uv_walk(&s->loop, walk_close, NULL);
+  ps__mailbox_close(s->mail);
+  s->mail = NULL;
+}
+
+int ps__sched_run(ps__sched *s) {
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  return 0;
+}
+
+void ps__sched_stop(ps__sched *s) {
+  if (s && s->mail) ps__mailbox_post(s->mail, do_stop, s);
+}
+
+void ps__sched_destroy(ps__sched *s) {
+  if (!s) return;
+  if (!s->stopping) {
+    s->stopping = 1;
+    if (s->listener.loop) ps__listener_close(&s->listener);
+    if (s->mail) ps__mailbox_close(s->mail);
+    s->mail = NULL;
+    uv_walk(&s->loop, walk_close, NULL);
+  }
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&s->loop);
+  ps__pool_free(s->pool);
+  free(s->nodes);
+  free(s->tables);
+  free(s->metrics);
+  free(s);
+}

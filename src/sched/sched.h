@@ -1,0 +1,31 @@
+/*
+ * sched.h - the scheduler role: registration, membership epochs, heartbeats,
+ * barriers, the table registry and metrics.
+ *
+ * Threads: the scheduler owns one libuv loop and all its state; ps__sched_run runs that
+ * loop in the calling thread, ps__sched_stop may be called from any thread.
+ */
+#ifndef PS_SCHED_H
+#define PS_SCHED_H
+
+#include <stdint.h>
+
+typedef struct ps__sched ps__sched;
+
+typedef struct ps__sched_opts {
+  const char *host;          /* bind address (127.0.0.1) */
+  int port;                  /* 0 = ephemeral */
+  uint32_t servers, workers; /* expected counts before the job starts */
+  uint32_t heartbeat_ms;     /* check period */
+  uint32_t heartbeat_timeout_ms;
+  uint64_t max_payload;
+} ps__sched_opts;
+
+int ps__sched_create(const ps__sched_opts *o, ps__sched **out);
+int ps__sched_port(const ps__sched *s);
+/* Run until stopped. Returns 0. */
+int ps__sched_run(ps__sched *s);
+void ps__sched_stop(ps__sched *s);
+void ps__sched_destroy(ps__sched *s);
+
+#endif

@@ -1,0 +1,890 @@
+/*
+ * server.c - the parameter server.
+ *
+ * Design. One loop thread owns all state. A server registers with the scheduler, then
+ * accepts workers over TCP and (same host) AF_UNIX. Tables are row maps (store.h):
+ * sparse rows keyed by row id, dense slices keyed by slice index. Every key a request
+ * names must be owned by this server under the current ring (else PS_ERR_MOVED).
+ *
+ * Sync (BSP) rounds. A push for clock c is accumulated into round c's accumulator of
+ * its table (batch-weighted: acc += b_k * g_k in mean mode, acc += g_k in sum mode);
+ * the batch of a worker's first push to (table, round) is added to the round's
+ * denominator. Each worker sends CLOCK c+1 to every server when it finishes clock c;
+ * since frames on one connection arrive in order, all of a worker's pushes for c are
+ * in once its CLOCK is. The server's version v is the number of rounds applied; round
+ * v is applied when every live worker's clock exceeds v: each touched row gets
+ * g = acc / denominator (mean) or acc (sum) and one optimiser step. A pull at clock c
+ * is answered once v >= c (deferred, not polled). A dead worker is dropped from the
+ * live set, so no round waits on it; what it pushed before dying stays in its round.
+ */
+#include "server/server.h"
+
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "common/ring.h"
+#include "net/net.h"
+#include "proto/msg.h"
+#include "store/store.h"
+
+#define ROUND_WINDOW 8 /* rounds a push may run ahead of the applied version */
+#define MAX_TABLES 65536
+
+typedef struct round_acc {
+  int64_t round;     /* which round this slot holds, -1 none */
+  ps__rowmap *acc;   /* key -> accumulated gradient (width floats) */
+  double batch_sum;
+  float lr;
+  int has_lr;
+  uint32_t *pushers; /* workers that pushed this (table, round) */
+  size_t npushers, cap;
+} round_acc;
+
+typedef struct table {
+  ps__table_spec spec;
+  ps__declare decl;
+  ps__rowmap *params;
+  uint64_t step;       /* updates applied (adam bias correction) */
+  round_acc rounds[ROUND_WINDOW];
+  uint64_t pushes, pulls;
+} table;
+
+typedef struct worker {
+  uint32_t id;
+  int alive;
+  int64_t clock;
+} worker;
+
+typedef struct pending_pull {
+  struct pending_pull *next;
+  ps__conn *conn;
+  ps__frame_hdr h;
+  void *buf;   /* request body (keys), pooled */
+  size_t len;
+} pending_pull;
+
+struct ps__server {
+  ps__server_opts o;
+  uv_loop_t loop;
+  ps__pool *pool;
+  ps__mailbox *mail;
+  ps__listener tcp, unix_l;
+  ps__conn *sched;
+  uv_timer_t hb_timer, connect_timer;
+  uint32_t id, rank;
+  uint64_t epoch;
+  int started;
+  int stopping;
+  int result;
+  ps__ring *ring;
+  worker *workers;
+  size_t nworkers, wcap;
+  int64_t version;
+  table **tables; /* indexed by table id */
+  size_t ntables;
+  pending_pull *pulls;
+  char unix_path[PS_PATH_MAX];
+  uint64_t rejected_clock;
+};
+
+/* ------------------------------------------------------------------ helpers */
+
+static table *get_table(ps__server *s, uint32_t id) {
+  return id < s->ntables ? s->tables[id] : NULL;
+}
+
+static worker *find_worker(ps__server *s, uint32_t id) {
+  for (size_t i = 0; i < s->nworkers; i++)
+    if (s->workers[i].id == id) return &s->workers[i];
+  return NULL;
+}
+
+static worker *add_worker(ps__server *s, uint32_t id, int64_t clock) {
+  if (s->nworkers == s->wcap) {
+    size_t cap = s->wcap ? s->wcap * 2 : 8;
+    worker *w = ps__realloc(s->workers, cap * sizeof *w);
+    if (!w) return NULL;
+    s->workers = w;
+    s->wcap = cap;
+  }
+  worker *w = &s->workers[s->nworkers++];
+  w->id = id;
+  w->alive = 1;
+  w->clock = clock;
+  return w;
+}
+
+static int owns(ps__server *s, uint32_t tid, uint64_t key) {
+  return !s->ring || ps__ring_size(s->ring) <= 1 || ps__ring_owner(s->ring, tid, key) == s->id;
+}
+
+typedef struct send_done {
+  ps__pool *pool;
+  void *buf;
+  size_t len;
+} send_done;
+
+static void release_buf(void *arg, int status) {
+  send_done *d = arg;
+  (void)status;
+  ps__pool_put(d->pool, d->buf, d->len);
+  free(d);
+}
+
+/* Send a reply whose payload is a pooled buffer (released when written). */
+static void reply_pooled(ps__server *s, ps__conn *c, ps__frame_hdr *h, void *buf, size_t len) {
+  send_done *d = ps__malloc(sizeof *d);
+  uv_buf_t b = uv_buf_init(buf, 0);
+  b.len = len;
+  if (!d) {
+    ps__pool_put(s->pool, buf, len);
+    ps__conn_send_error(c, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  d->pool = s->pool;
+  d->buf = buf;
+  d->len = len;
+  if (ps__conn_send(c, h, &b, len ? 1 : 0, release_buf, d) != 0) release_buf(d, PS_ERR_CLOSED);
+}
+
+static void reply_ok(ps__conn *c, const ps__frame_hdr *req) {
+  ps__frame_hdr h = {.type = (uint8_t)(req->type | PS_FRAME_REPLY), .req_id = req->req_id, .table = req->table,
+                     .clock = req->clock};
+  ps__conn_send_ctrl(c, &h, NULL, 0);
+}
+
+static void reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  ps__conn_send_error(c, req, err, msg);
+}
+
+/* ------------------------------------------------------------------ tables */
+
+static void table_free(table *t) {
+  if (!t) return;
+  ps__rowmap_free(t->params);
+  for (int i = 0; i < ROUND_WINDOW; i++) {
+    ps__rowmap_free(t->rounds[i].acc);
+    free(t->rounds[i].pushers);
+  }
+  free(t);
+}
+
+static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
+  ps__declare d;
+  ps__table_spec spec;
+  char err[256];
+  if (ps__declare_decode(b->buf, b->len, &d)) {
+    reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
+    return;
+  }
+  if (d.id == 0 || d.id >= MAX_TABLES) {
+    reply_err(c, h, PS_ERR_INVALID, "bad table id %u", d.id);
+    return;
+  }
+  int rc = ps__table_spec_parse(&spec, d.name, d.kind, d.size, d.options, err, sizeof err);
+  if (rc) {
+    reply_err(c, h, rc, "%s", err);
+    return;
+  }
+  table *t = get_table(s, d.id);
+  if (t) {
+    if (memcmp(&t->spec, &spec, sizeof spec) || strcmp(t->decl.name, d.name))
+      reply_err(c, h, PS_ERR_CONFLICT, "table %u exists as '%s' with other options", d.id, t->decl.name);
+    else
+      reply_ok(c, h);
+    return;
+  }
+  if (d.id >= s->ntables) {
+    size_t n = d.id + 1u;
+    table **nt = ps__realloc(s->tables, n * sizeof *nt);
+    if (!nt) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
+    }
+    memset(nt + s->ntables, 0, (n - s->ntables) * sizeof *nt);
+    s->tables = nt;
+    s->ntables = n;
+  }
+  t = ps__calloc(1, sizeof *t);
+  if (!t || !(t->params = ps__rowmap_new(ps__spec_row_floats(&spec)))) {
+    free(t);
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  t->spec = spec;
+  t->decl = d;
+  for (int i = 0; i < ROUND_WINDOW; i++) t->rounds[i].round = -1;
+  s->tables[d.id] = t;
+  ps__log(PS_LOG_INFO, "table %u '%s' created (%s, size %llu)", d.id, d.name, d.kind == PS_DENSE ? "dense" : "sparse",
+          (unsigned long long)d.size);
+  reply_ok(c, h);
+}
+
+/* The parameter row for key, created from the initialiser on first touch. */
+static float *param_row(table *t, uint64_t key) {
+  int created = 0;
+  float *row = ps__rowmap_upsert(t->params, key, &created);
+  if (row && created) ps__row_init(&t->spec, key, row);
+  return row;
+}
+
+static round_acc *get_round(table *t, int64_t round) {
+  round_acc *r = &t->rounds[round % ROUND_WINDOW];
+  if (r->round != round) {
+    PS_ASSERT(r->round < round);
+    if (!r->acc) {
+      r->acc = ps__rowmap_new(t->spec.width);
+      if (!r->acc) return NULL;
+    } else {
+      ps__rowmap_clear(r->acc);
+    }
+    r->round = round;
+    r->batch_sum = 0;
+    r->has_lr = 0;
+    r->npushers = 0;
+  }
+  return r;
+}
+
+/* Record a worker's batch in the round (once per worker and round). 0 or NOMEM. */
+static int round_add_pusher(round_acc *r, uint32_t worker_id, uint32_t batch) {
+  for (size_t i = 0; i < r->npushers; i++)
+    if (r->pushers[i] == worker_id) return 0;
+  if (r->npushers == r->cap) {
+    size_t cap = r->cap ? r->cap * 2 : 8;
+    uint32_t *p = ps__realloc(r->pushers, cap * sizeof *p);
+    if (!p) return PS_ERR_NOMEM;
+    r->pushers = p;
+    r->cap = cap;
+  }
+  r->pushers[r->npushers++] = worker_id;
+  r->batch_sum += batch;
+  return 0;
+}
+
+/* Apply one round of one table. */
+static void apply_round(table *t, round_acc *r) {
+  size_t n = ps__rowmap_count(r->acc);
+  if (n == 0) return;
+  double denom = t->spec.update == PS__UPDATE_MEAN ? r->batch_sum : 1.0;
+  if (denom <= 0) return;
+  float scale = (float)(1.0 / denom);
+  float lr = r->has_lr ? r->lr : t->spec.opt.lr;
+  uint64_t step = ++t->step;
+  unsigned width = t->spec.width;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t key = ps__rowmap_key_at(r->acc, i);
+    float *g = ps__rowmap_row_at(r->acc, i);
+    float *w = param_row(t, key);
+    if (!w) {
+      ps__log(PS_LOG_ERROR, "out of memory applying table '%s'", t->decl.name);
+      return;
+    }
+    uint32_t len = ps__spec_row_len(&t->spec, key);
+    if (scale != 1.0f) ps__vscale(g, scale, len);
+    ps__optim_apply(&t->spec.opt, lr, step, w, w + width, width, g, len);
+  }
+}
+
+/* ------------------------------------------------------------------ pulls */
+
+static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen);
+
+static void answer_ready_pulls(ps__server *s) {
+  pending_pull **pp = &s->pulls;
+  while (*pp) {
+    pending_pull *p = *pp;
+    if (p->h.clock <= s->version) {
+      *pp = p->next;
+      answer_pull(s, p->conn, &p->h, p->buf, p->len);
+      ps__pool_put(s->pool, p->buf, p->len);
+      free(p);
+    } else {
+      pp = &p->next;
+    }
+  }
+}
+
+static void drop_pulls_of(ps__server *s, ps__conn *c) {
+  pending_pull **pp = &s->pulls;
+  while (*pp) {
+    pending_pull *p = *pp;
+    if (p->conn == c) {
+      *pp = p->next;
+      ps__pool_put(s->pool, p->buf, p->len);
+      free(p);
+    } else {
+      pp = &p->next;
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ rounds */
+
+static void try_advance(ps__server *s) {
+  if (!s->started) return;
+  int64_t minc = INT64_MAX;
+  size_t alive = 0;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    if (!s->workers[i].alive) continue;
+    alive++;
+    if (s->workers[i].clock < minc) minc = s->workers[i].clock;
+  }
+  if (alive == 0) return;
+  int advanced = 0;
+  while (s->version < minc) {
+    for (size_t i = 0; i < s->ntables; i++) {
+      table *t = s->tables[i];
+      if (!t) continue;
+      round_acc *r = &t->rounds[s->version % ROUND_WINDOW];
+      if (r->round != s->version) continue;
+      apply_round(t, r);
+      r->round = -1;
+      if (r->acc) ps__rowmap_clear(r->acc);
+    }
+    s->version++;
+    advanced = 1;
+  }
+  if (advanced) answer_ready_pulls(s);
+}
+
+/* ------------------------------------------------------------------ data requests */
+
+/* Validate a request's table and sender; 0 or an error already answered. */
+static int check_request(ps__server *s, ps__conn *c, const ps__frame_hdr *h, int kind, table **out) {
+  table *t = get_table(s, h->table);
+  if (!t) {
+    reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
+    return -1;
+  }
+  if (t->spec.kind != kind) {
+    reply_err(c, h, PS_ERR_INVALID, "table '%s' is %s; use the %s calls", t->decl.name,
+              t->spec.kind == PS_DENSE ? "dense" : "sparse", t->spec.kind == PS_DENSE ? "range" : "key");
+    return -1;
+  }
+  *out = t;
+  return 0;
+}
+
+/* Check a dense segment list: in range, owned. Returns total elements or -1 (answered). */
+static int64_t check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t, const uint8_t *keys) {
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < h->nkeys; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
+    if (cnt == 0 || off >= t->spec.size || cnt > t->spec.size - off) {
+      reply_err(c, h, PS_ERR_RANGE, "range [%llu, +%llu) outside table '%s' of %llu floats", (unsigned long long)off,
+                (unsigned long long)cnt, t->decl.name, (unsigned long long)t->spec.size);
+      return -1;
+    }
+    for (uint64_t sl = off / t->spec.width; sl <= (off + cnt - 1) / t->spec.width; sl++) {
+      if (!owns(s, h->table, sl)) {
+        reply_err(c, h, PS_ERR_MOVED, "slice %llu of table '%s' is not on this server (epoch %llu)",
+                  (unsigned long long)sl, t->decl.name, (unsigned long long)s->epoch);
+        return -1;
+      }
+    }
+    total += cnt;
+  }
+  return (int64_t)total;
+}
+
+static int check_clock_for_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, worker **wout) {
+  worker *w = find_worker(s, h->sender);
+  if (w && !w->alive) {
+    reply_err(c, h, PS_ERR_UNAVAILABLE, "worker %u was removed from the job", h->sender);
+    return -1;
+  }
+  if (h->clock < s->version || h->clock >= s->version + ROUND_WINDOW) {
+    s->rejected_clock++;
+    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld rejected: server is at round %lld (window %d)",
+              (long long)h->clock, (long long)s->version, ROUND_WINDOW);
+    return -1;
+  }
+  if (!w && !(w = add_worker(s, h->sender, s->version))) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return -1;
+  }
+  *wout = w;
+  return 0;
+}
+
+static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int dense) {
+  table *t;
+  worker *w;
+  if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
+  const uint8_t *keys = b->buf;
+  const float *vals = (const float *)((const uint8_t *)b->buf + 8u * h->nkeys);
+  uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
+  unsigned width = t->spec.width;
+  if (t->spec.update == PS__UPDATE_MEAN && h->batch == 0 && h->nkeys > 0) {
+    reply_err(c, h, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
+    return;
+  }
+  if (dense) {
+    int64_t total = check_segments(s, c, h, t, keys);
+    if (total < 0) return;
+    if ((uint64_t)total != nvals) {
+      reply_err(c, h, PS_ERR_SIZE, "push of %llu floats for segments covering %lld", (unsigned long long)nvals,
+                (long long)total);
+      return;
+    }
+  } else {
+    if (nvals != (uint64_t)h->nkeys * width) {
+      reply_err(c, h, PS_ERR_DIM, "push of %llu floats for %u keys of table '%s' with dim %u",
+                (unsigned long long)nvals, h->nkeys, t->decl.name, width);
+      return;
+    }
+    for (uint32_t i = 0; i < h->nkeys; i++) {
+      if (!owns(s, h->table, ps__get_u64(keys + 8 * i))) {
+        reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                  (unsigned long long)ps__get_u64(keys + 8 * i), t->decl.name, (unsigned long long)s->epoch);
+        return;
+      }
+    }
+  }
+  if (check_clock_for_push(s, c, h, &w)) return;
+  round_acc *r = get_round(t, h->clock);
+  if (!r || round_add_pusher(r, h->sender, h->batch)) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  if (h->lr >= 0) {
+    r->lr = h->lr;
+    r->has_lr = 1;
+  }
+  float weight = t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f;
+  int created = 0;
+  if (dense) {
+    const float *g = vals;
+    for (uint32_t i = 0; i < h->nkeys; i += 2) {
+      uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
+      while (cnt > 0) {
+        uint64_t sl = off / width, within = off % width;
+        uint64_t n = width - within < cnt ? width - within : cnt;
+        float *row = ps__rowmap_upsert(r->acc, sl, &created);
+        if (!row) {
+          reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+          return;
+        }
+        ps__axpy(row + within, weight, g, n);
+        g += n;
+        off += n;
+        cnt -= n;
+      }
+    }
+  } else {
+    for (uint32_t i = 0; i < h->nkeys; i++) {
+      float *row = ps__rowmap_upsert(r->acc, ps__get_u64(keys + 8 * i), &created);
+      if (!row) {
+        reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+        return;
+      }
+      ps__axpy(row, weight, vals + (size_t)i * width, width);
+    }
+  }
+  t->pushes++;
+  reply_ok(c, h);
+}
+
+/* Copy the requested parameters into a pooled buffer and send them. */
+static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
+  table *t = get_table(s, h->table);
+  const uint8_t *keys = body;
+  (void)blen;
+  if (!t) {
+    reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
+    return;
+  }
+  unsigned width = t->spec.width;
+  ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
+                     .clock = s->version, .epoch = s->epoch};
+  size_t nfloats = 0;
+  if (t->spec.kind == PS_DENSE) {
+    for (uint32_t i = 0; i < h->nkeys; i += 2) nfloats += ps__get_u64(keys + 8 * (i + 1));
+  } else {
+    nfloats = (size_t)h->nkeys * width;
+  }
+  size_t len = nfloats * 4;
+  float *out = len ? ps__pool_get(s->pool, len) : NULL;
+  if (len && !out) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte reply", len);
+    return;
+  }
+  float *o = out;
+  if (t->spec.kind == PS_DENSE) {
+    for (uint32_t i = 0; i < h->nkeys; i += 2) {
+      uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
+      while (cnt > 0) {
+        uint64_t sl = off / width, within = off % width;
+        uint64_t n = width - within < cnt ? width - within : cnt;
+        float *row = param_row(t, sl);
+        if (!row) goto oom;
+        memcpy(o, row + within, n * 4);
+        o += n;
+        off += n;
+        cnt -= n;
+      }
+    }
+  } else {
+    for (uint32_t i = 0; i < h->nkeys; i++) {
+      float *row = param_row(t, ps__get_u64(keys + 8 * i));
+      if (!row) goto oom;
+      memcpy(o, row, (size_t)width * 4);
+      o += width;
+    }
+  }
+  t->pulls++;
+  reply_pooled(s, c, &r, out, len);
+  return;
+oom:
+  ps__pool_put(s->pool, out, len);
+  reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+}
+
+static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
+  table *t;
+  if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
+  if (h->payload_len != 8u * h->nkeys) {
+    reply_err(c, h, PS_ERR_SIZE, "pull request carries %llu bytes of values", (unsigned long long)(h->payload_len - 8u * h->nkeys));
+    return;
+  }
+  if (dense) {
+    if (check_segments(s, c, h, t, b->buf) < 0) return;
+  } else {
+    for (uint32_t i = 0; i < h->nkeys; i++) {
+      uint64_t k = ps__get_u64((const uint8_t *)b->buf + 8 * i);
+      if (!owns(s, h->table, k)) {
+        reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                  (unsigned long long)k, t->decl.name, (unsigned long long)s->epoch);
+        return;
+      }
+    }
+  }
+  if (h->clock <= s->version) {
+    answer_pull(s, c, h, b->buf, b->len);
+    return;
+  }
+  /* Defer until the round for this clock is applied; keep the body. */
+  pending_pull *p = ps__malloc(sizeof *p);
+  if (!p) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  p->conn = c;
+  p->h = *h;
+  p->buf = b->buf;
+  p->len = b->len;
+  b->buf = NULL; /* taken */
+  p->next = s->pulls;
+  s->pulls = p;
+}
+
+static void on_clock(ps__server *s, const ps__frame_hdr *h) {
+  worker *w = find_worker(s, h->sender);
+  if (!w) w = add_worker(s, h->sender, 0);
+  if (!w || !w->alive) return;
+  if (h->clock > w->clock) w->clock = h->clock;
+  try_advance(s);
+}
+
+static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
+  ps__wbuf w;
+  char line[256];
+  size_t rows = 0, bytes = 0, payload = 0;
+  ps__wbuf_init(&w);
+  for (size_t i = 0; i < s->ntables; i++) {
+    table *t = s->tables[i];
+    if (!t) continue;
+    size_t n = ps__rowmap_count(t->params);
+    rows += n;
+    bytes += ps__rowmap_bytes(t->params);
+    payload += n * ps__spec_row_floats(&t->spec) * 4;
+    int m = snprintf(line, sizeof line, "table %zu name=%s rows=%zu bytes=%zu pushes=%llu pulls=%llu step=%llu\n", i,
+                     t->decl.name, n, ps__rowmap_bytes(t->params), (unsigned long long)t->pushes,
+                     (unsigned long long)t->pulls, (unsigned long long)t->step);
+    ps__wbuf_bytes(&w, line, (size_t)m);
+  }
+  int m = snprintf(line, sizeof line, "server %u\nrank %u\nepoch %llu\nversion %lld\nrows %zu\nstore_bytes %zu\npayload_bytes %zu\nrejected_clock %llu\n",
+                   s->id, s->rank, (unsigned long long)s->epoch, (long long)s->version, rows, bytes, payload,
+                   (unsigned long long)s->rejected_clock);
+  ps__wbuf_bytes(&w, line, (size_t)m);
+  ps__frame_hdr r = {.type = PS_MSG_STATS | PS_FRAME_REPLY, .req_id = h->req_id};
+  if (!w.oom) ps__conn_send_ctrl(c, &r, w.data, w.len);
+  ps__wbuf_free(&w);
+}
+
+/* ------------------------------------------------------------------ worker connections */
+
+static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  (void)c;
+  (void)b;
+  switch (h->type) {
+  case PS_MSG_CREATE: case PS_MSG_PUSH: case PS_MSG_PULL: case PS_MSG_PUSH_DENSE:
+  case PS_MSG_PULL_DENSE: case PS_MSG_CLOCK: case PS_MSG_STATS:
+    return 0;
+  default:
+    return ps__fail(PS_ERR_PROTO, "%s frame not accepted by a server", ps__frame_type_name(h->type));
+  }
+}
+
+static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__server *s = c->loop->data;
+  if (s->stopping) return;
+  switch (h->type) {
+  case PS_MSG_CREATE: on_create(s, c, h, b); break;
+  case PS_MSG_PUSH: on_push(s, c, h, b, 0); break;
+  case PS_MSG_PUSH_DENSE: on_push(s, c, h, b, 1); break;
+  case PS_MSG_PULL: on_pull(s, c, h, b, 0); break;
+  case PS_MSG_PULL_DENSE: on_pull(s, c, h, b, 1); break;
+  case PS_MSG_CLOCK: on_clock(s, h); break;
+  case PS_MSG_STATS: on_stats(s, c, h); break;
+  default: break;
+  }
+}
+
+static void data_on_close(ps__conn *c, int status) {
+  ps__server *s = c->loop->data;
+  (void)status;
+  drop_pulls_of(s, c);
+}
+
+static const ps__conn_ops data_ops = {data_on_header, data_on_frame, data_on_close};
+
+static void on_accept(void *arg, ps__conn *c) { (void)arg; (void)c; }
+
+/* ------------------------------------------------------------------ scheduler link */
+
+static void server_shutdown(ps__server *s, int result);
+
+static void on_membership(ps__server *s, const ps__body *b) {
+  ps__membership m;
+  if (ps__membership_decode(b->buf, b->len, &m)) {
+    ps__log(PS_LOG_ERROR, "bad membership from the scheduler: %s", ps_errmsg());
+    return;
+  }
+  if (m.epoch < s->epoch) {
+    ps__membership_clear(&m);
+    return;
+  }
+  uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
+  size_t nsrv = 0;
+  if (!ids) {
+    ps__membership_clear(&m);
+    return;
+  }
+  for (uint32_t i = 0; i < m.n; i++) {
+    ps__member *x = &m.m[i];
+    if (x->role == PS_ROLE_SERVER && x->alive) ids[nsrv++] = x->id;
+    if (x->role != PS_ROLE_WORKER) continue;
+    worker *w = find_worker(s, x->id);
+    if (!w && x->alive) w = add_worker(s, x->id, s->started ? s->version : 0);
+    if (w && !x->alive && w->alive) {
+      w->alive = 0;
+      ps__log(PS_LOG_WARN, "worker %u left the active set (epoch %llu)", x->id, (unsigned long long)m.epoch);
+    }
+  }
+  ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, s->o.vnodes, m.epoch) : NULL;
+  if (ring) {
+    ps__ring_free(s->ring);
+    s->ring = ring;
+  }
+  free(ids);
+  s->epoch = m.epoch;
+  s->started = m.started;
+  ps__membership_clear(&m);
+  try_advance(s);
+}
+
+static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  (void)c;
+  (void)b;
+  if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY) || h->type == PS_MSG_MEMBERSHIP || h->type == PS_MSG_ERROR) return 0;
+  return ps__fail(PS_ERR_PROTO, "unexpected %s frame from the scheduler", ps__frame_type_name(h->type));
+}
+
+static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__server *s = c->loop->data;
+  if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
+    if (h->status) {
+      ps__log(PS_LOG_ERROR, "registration refused: %s", ps_strerror(h->status));
+      server_shutdown(s, h->status);
+      return;
+    }
+    s->id = h->table;
+    s->rank = h->batch;
+    uv_timer_stop(&s->connect_timer);
+    ps__log(PS_LOG_INFO, "registered as server %u (rank %u)", s->id, s->rank);
+  } else if (h->type == PS_MSG_MEMBERSHIP) {
+    on_membership(s, b);
+  } else if (h->type == PS_MSG_ERROR) {
+    ps__log(PS_LOG_ERROR, "scheduler: %.*s", (int)b->len, b->buf ? (const char *)b->buf : "");
+  }
+}
+
+static void sched_on_close(ps__conn *c, int status) {
+  ps__server *s = c->loop->data;
+  s->sched = NULL;
+  if (!s->stopping) {
+    ps__log(PS_LOG_ERROR, "lost the scheduler (%s); stopping", ps_strerror(status));
+    server_shutdown(s, PS_ERR_UNAVAILABLE);
+  }
+}
+
+static const ps__conn_ops sched_link_ops = {sched_on_header, sched_on_frame, sched_on_close};
+
+static void hb_tick(uv_timer_t *t) {
+  ps__server *s = t->data;
+  if (!s->sched) return;
+  ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = s->id};
+  ps__conn_send_ctrl(s->sched, &h, NULL, 0);
+}
+
+static void connect_timeout(uv_timer_t *t) {
+  ps__server *s = t->data;
+  ps__log(PS_LOG_ERROR, "could not register with the scheduler at %s:%d in time", s->o.sched_host, s->o.sched_port);
+  server_shutdown(s, PS_ERR_TIMEOUT);
+}
+
+static void on_sched_connected(void *arg, ps__conn *c, int status) {
+  ps__server *s = arg;
+  if (status) {
+    ps__log(PS_LOG_ERROR, "cannot reach the scheduler at %s:%d: %s", s->o.sched_host, s->o.sched_port,
+            ps_strerror(status));
+    server_shutdown(s, status);
+    return;
+  }
+  if (s->stopping) {
+    ps__conn_close(c, 0);
+    return;
+  }
+  s->sched = c;
+  ps__hello hello;
+  ps__wbuf w;
+  memset(&hello, 0, sizeof hello);
+  hello.role = PS_ROLE_SERVER;
+  hello.port = (uint16_t)s->tcp.port;
+  hello.pid = (uint32_t)getpid();
+  snprintf(hello.host, sizeof hello.host, "%s", s->o.host);
+  snprintf(hello.unix_path, sizeof hello.unix_path, "%s", s->unix_path);
+  ps__hostid(hello.hostid, sizeof hello.hostid);
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &hello);
+  ps__frame_hdr h = {.type = PS_MSG_HELLO, .req_id = 1};
+  if (w.oom || ps__conn_send_ctrl(c, &h, w.data, w.len)) server_shutdown(s, PS_ERR_NOMEM);
+  ps__wbuf_free(&w);
+  uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
+}
+
+/* ------------------------------------------------------------------ lifecycle */
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  ps__server *s = arg;
+  if (uv_is_closing(h)) return;
+  if (h == &s->tcp.h.handle || h == &s->unix_l.h.handle) return;
+  if (h->type == UV_TCP || h->type == UV_NAMED_PIPE) {
+    ps__conn_close(h->data, 0);
+    return;
+  }
+  if (h->type == UV_ASYNC) return;
+  uv_close(h, NULL);
+}
+
+static void server_shutdown(ps__server *s, int result) {
+  if (s->stopping) return;
+  s->stopping = 1;
+  s->result = result;
+  ps__listener_close(&s->tcp);
+  if (s->unix_path[0]) ps__listener_close(&s->unix_l);
+  uv_walk(&s->loop, walk_close, s);
+  if (s->mail) ps__mailbox_close(s->mail);
+  s->mail = NULL;
+}
+
+static void do_stop(void *arg) { server_shutdown(arg, 0); }
+
+int ps__server_create(const ps__server_opts *o, ps__server **out) {
+  ps__server *s = ps__calloc(1, sizeof *s);
+  int rc;
+  if (!s) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  s->o = *o;
+  if (!s->o.host) s->o.host = "127.0.0.1";
+  if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 200;
+  if (!s->o.vnodes) s->o.vnodes = 128;
+  if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
+  if (!s->o.connect_timeout_ms) s->o.connect_timeout_ms = 60000;
+  uv_loop_init(&s->loop);
+  s->loop.data = s;
+  s->pool = ps__pool_new(1ull << 30);
+  s->mail = ps__mailbox_new(&s->loop);
+  uv_timer_init(&s->loop, &s->hb_timer);
+  s->hb_timer.data = s;
+  uv_timer_init(&s->loop, &s->connect_timer);
+  s->connect_timer.data = s;
+  if (!s->pool || !s->mail) {
+    rc = ps__fail(PS_ERR_NOMEM, "out of memory");
+    goto fail;
+  }
+  rc = ps__listen_tcp(&s->tcp, &s->loop, s->o.host, s->o.port, &data_ops, on_accept, s, s->pool, s->o.max_payload);
+  if (rc) goto fail;
+  if (s->o.use_unix) {
+    static int seq;
+    snprintf(s->unix_path, sizeof s->unix_path, "/tmp/pshard-%d-%d-%d.sock", (int)getpid(), s->tcp.port,
+             __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED));
+    if (ps__listen_unix(&s->unix_l, &s->loop, s->unix_path, &data_ops, on_accept, s, s->pool, s->o.max_payload)) {
+      ps__log(PS_LOG_WARN, "no AF_UNIX listener: %s", ps_errmsg());
+      s->unix_path[0] = '\0';
+    }
+  }
+  rc = ps__connect_tcp(&s->loop, s->o.sched_host, s->o.sched_port, &sched_link_ops, s, s->pool, 1u << 24,
+                       on_sched_connected, s);
+  if (rc) goto fail;
+  uv_timer_start(&s->connect_timer, connect_timeout, s->o.connect_timeout_ms, 0);
+  *out = s;
+  return 0;
+fail: {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  server_shutdown(s, rc);
+  ps__server_destroy(s);
+  return ps__fail(rc, "%s", msg);
+}
+}
+
+int ps__server_port(const ps__server *s) { return s->tcp.port; }
+
+int ps__server_run(ps__server *s) {
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  return s->result;
+}
+
+void ps__server_stop(ps__server *s) {
+  if (s && s->mail) ps__mailbox_post(s->mail, do_stop, s);
+}
+
+void ps__server_destroy(ps__server *s) {
+  if (!s) return;
+  server_shutdown(s, s->result);
+  uv_run(&s->loop, UV_RUN_DEFAULT);
+  uv_loop_close(&s->loop);
+  while (s->pulls) {
+    pending_pull *p = s->pulls;
+    s->pulls = p->next;
+    ps__pool_put(s->pool, p->buf, p->len);
+    free(p);
+  }
+  for (size_t i = 0; i < s->ntables; i++) table_free(s->tables[i]);
+  free(s->tables);
+  free(s->workers);
+  ps__ring_free(s->ring);
+  ps__pool_free(s->pool);
+  free(s);
+}

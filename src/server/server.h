@@ -1,0 +1,33 @@
+/*
+ * server.h - the server role: holds shards of the tables and applies updates.
+ *
+ * Threads: one libuv loop owns all state (tables, rounds, connections); ps__server_run
+ * runs it in the calling thread; ps__server_stop may be called from any thread.
+ */
+#ifndef PS_SERVER_H
+#define PS_SERVER_H
+
+#include <stdint.h>
+
+typedef struct ps__server ps__server;
+
+typedef struct ps__server_opts {
+  const char *host;          /* address to bind and advertise (127.0.0.1) */
+  int port;                  /* 0 = ephemeral */
+  const char *sched_host;
+  int sched_port;
+  int use_unix;              /* also listen on an AF_UNIX socket for same-host peers */
+  uint32_t heartbeat_ms;
+  uint32_t vnodes;
+  uint64_t max_payload;
+  uint32_t connect_timeout_ms;
+} ps__server_opts;
+
+int ps__server_create(const ps__server_opts *o, ps__server **out);
+/* Run until stopped or the scheduler is lost. Returns 0 after a stop, or an error. */
+int ps__server_run(ps__server *s);
+void ps__server_stop(ps__server *s);
+void ps__server_destroy(ps__server *s);
+int ps__server_port(const ps__server *s);
+
+#endif
