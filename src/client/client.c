@@ -179,7 +179,13 @@ static void req_scatter(ps_req *r) {
   for (size_t j = 0; j < r->nkeys; j++) memcpy(r->out + (size_t)r->pos[j] * w, src + j * w, w * sizeof(float));
 }
 
+static void req_destroy(ps_req *r);
+
 static void req_complete(ps_req *r) {
+  if (r->canceled == 2) { /* detached (hello, queued fire-and-forget): nobody waits */
+    req_destroy(r);
+    return;
+  }
   if (r->status == 0 && r->pos && !r->canceled) req_scatter(r);
   pthread_mutex_lock(&r->mu);
   r->done = 1;
