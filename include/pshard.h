@@ -60,7 +60,8 @@ extern "C" {
   X(ERR_CANCELED, 16, "canceled")                                              \
   X(ERR_ROLE, 17, "not allowed in this role")                                  \
   X(ERR_RANGE, 18, "out of range")                                             \
-  X(ERR_INTERNAL, 19, "internal error")
+  X(ERR_INTERNAL, 19, "internal error")                                       \
+  X(ERR_DONE, 20, "no more tasks")
 
 typedef enum ps_err {
 #define PS__ERR_ENUM(name, code, msg) PS_##name = code,
@@ -203,6 +204,29 @@ PS_API int ps_clock(ps_ctx *ctx);
 PS_API int ps_barrier(ps_ctx *ctx, int timeout_ms);
 /* Report a named metric (e.g. "loss") to the scheduler. */
 PS_API int ps_metric(ps_ctx *ctx, const char *name, double value);
+
+/* ---------------------------------------------------------------- data-partition tasks */
+
+/* The scheduler hands out a job's data partitions as tasks: a worker asks for the next
+ * partition, processes it, reports it done. An epoch ends when every partition is done;
+ * a dead worker's unfinished partitions go back to the queue. Without failures every
+ * partition is processed exactly once per epoch. */
+typedef struct ps_task {
+  uint32_t partition; /* in [0, partitions) */
+  uint32_t epoch;     /* in [0, epochs) */
+} ps_task;
+
+/* Declare the job's partitions and epochs. Every worker may call it; the first call
+ * defines them and later calls must agree (PS_ERR_CONFLICT otherwise). */
+PS_API int ps_tasks_init(ps_ctx *ctx, uint32_t partitions, uint32_t epochs);
+/* The next partition for this worker. If every partition of the current epoch is
+ * handed out but some are still running elsewhere, waits up to timeout_ms for one to
+ * come back or for the epoch to end (0 polls). Returns PS_ERR_TIMEOUT if none came,
+ * PS_ERR_DONE once every epoch is finished. */
+PS_API int ps_task_next(ps_ctx *ctx, ps_task *task, int timeout_ms);
+/* Report a partition processed. PS_ERR_INVALID if it is not assigned to this worker
+ * (for instance it was taken back after this worker was declared dead). */
+PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
 
 /* ---------------------------------------------------------------- logging */
 

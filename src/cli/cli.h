@@ -8,5 +8,7 @@
 int ps_cli_scheduler(int argc, char **argv);
 int ps_cli_server(int argc, char **argv);
 int ps_cli_plan(int argc, char **argv);
+int ps_cli_run(int argc, char **argv);
+int ps_cli_exec(int argc, char **argv);
 
 #endif

@@ -130,7 +130,7 @@ int ps_cli_scheduler(int argc, char **argv) {
     sched_usage(stderr);
     return 2;
   }
-  ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "[scheduler] ");
+  ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
   ps__sched_opts o = {.host = host, .port = (int)port, .servers = (uint32_t)servers, .workers = (uint32_t)workers,
@@ -233,7 +233,7 @@ int ps_cli_server(int argc, char **argv) {
     server_usage(stderr);
     return 2;
   }
-  ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "[server] ");
+  ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
   ps__server_opts o = {.host = host, .port = (int)port, .sched_host = shost, .sched_port = sport,

@@ -11,6 +11,8 @@ static const struct {
   int (*fn)(int, char **);
   const char *help;
 } commands[] = {
+    {"run", ps_cli_run, "start a scheduler, servers and workers on this machine"},
+    {"exec", ps_cli_exec, "take a role from an mpirun or Slurm rank"},
     {"scheduler", ps_cli_scheduler, "run the scheduler of a job"},
     {"server", ps_cli_server, "run a parameter server"},
     {"plan", ps_cli_plan, "estimate memory, traffic, time and learning rate of a job"},

@@ -48,6 +48,7 @@ struct part {
   int queued, sent, write_done, reply_done, finished;
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
+  int64_t reply_clock;     /* hdr.clock of the reply */
   peer *lk;
   part *prev, *next;       /* in the link's in-flight or queue list */
 };
@@ -486,6 +487,7 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     return;
   }
   p->reply_table = h->table;
+  p->reply_clock = h->clock;
   if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
     pthread_mutex_lock(&ctx->mu);
     ctx->id = h->table;
@@ -1525,4 +1527,55 @@ void ps_ctx_close(ps_ctx *ctx) {
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
   free(ctx);
+}
+
+/* ---- data-partition tasks */
+
+int ps_tasks_init(ps_ctx *ctx, uint32_t partitions, uint32_t epochs) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  if (partitions == 0 || epochs == 0) return ps__fail(PS_ERR_INVALID, "tasks need at least one partition and one epoch");
+  ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_TASK_INIT, NULL, 0, deadline_for(ctx, -1));
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  r->parts[0].hdr.table = partitions;
+  r->parts[0].hdr.batch = epochs;
+  return req_run(ctx, r, -1);
+}
+
+int ps_task_next(ps_ctx *ctx, ps_task *task, int timeout_ms) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  if (!task) return ps__fail(PS_ERR_INVALID, "task is NULL");
+  uint64_t tmo = timeout_ms < 0 ? ctx->timeout_ms : (uint64_t)timeout_ms;
+  if (tmo > UINT32_MAX) tmo = UINT32_MAX;
+  /* The scheduler answers TIMEOUT itself after tmo; our deadline comes later. */
+  ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_TASK_NEXT, NULL, 0, ps__now_ms() + tmo + 2000);
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  r->parts[0].hdr.batch = (uint32_t)tmo;
+  rc = req_post(ctx, r);
+  if (rc) {
+    req_destroy(r);
+    return rc;
+  }
+  rc = ps_req_wait(r, (int)(tmo + 2000 > INT32_MAX ? INT32_MAX : tmo + 2000));
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  if (rc == 0) {
+    task->partition = r->parts[0].reply_table;
+    task->epoch = (uint32_t)r->parts[0].reply_clock;
+  }
+  ps_req_free(r);
+  if (rc) return ps__fail(rc, "%s", rc == PS_ERR_DONE ? "every epoch is finished" : msg);
+  return 0;
+}
+
+int ps_task_done(ps_ctx *ctx, const ps_task *task) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  if (!task) return ps__fail(PS_ERR_INVALID, "task is NULL");
+  ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_TASK_DONE, NULL, 0, deadline_for(ctx, -1));
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  r->parts[0].hdr.table = task->partition;
+  r->parts[0].hdr.clock = task->epoch;
+  return req_run(ctx, r, -1);
 }

@@ -15,7 +15,8 @@ static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_PUSH] = "push",       [PS_MSG_PULL] = "pull",
     [PS_MSG_PUSH_DENSE] = "push-dense", [PS_MSG_PULL_DENSE] = "pull-dense",
     [PS_MSG_CLOCK] = "clock",     [PS_MSG_ERROR] = "error",
-    [PS_MSG_STATS] = "stats",
+    [PS_MSG_STATS] = "stats",     [PS_MSG_TASK_INIT] = "task-init",
+    [PS_MSG_TASK_NEXT] = "task-next", [PS_MSG_TASK_DONE] = "task-done",
 };
 
 const char *ps__frame_type_name(uint8_t type) {

@@ -35,7 +35,10 @@ enum {
   PS_MSG_CLOCK = 13,     /* worker -> server: clock advanced (no reply) */
   PS_MSG_ERROR = 14,     /* reply-less error notice before a close */
   PS_MSG_STATS = 15,     /* anyone -> node: counters as text (reply) */
-  PS_MSG__MAX = 16
+  PS_MSG_TASK_INIT = 16, /* worker -> scheduler: partitions (table), epochs (batch) */
+  PS_MSG_TASK_NEXT = 17, /* worker -> scheduler; reply: partition (table), epoch (clock) */
+  PS_MSG_TASK_DONE = 18, /* worker -> scheduler: partition (table), epoch (clock) */
+  PS_MSG__MAX = 19
 };
 
 enum { PS_FLAG_NONE = 0 };

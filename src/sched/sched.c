@@ -39,7 +39,29 @@ typedef struct metric {
   uint64_t count;
 } metric;
 
+/* Data-partition tasks (DESIGN 6). */
+enum { TASK_PENDING = 0, TASK_ASSIGNED = 1, TASK_DONE = 2 };
+
+typedef struct task_waiter {
+  struct task_waiter *next;
+  ps__conn *conn;
+  uint32_t node;
+  uint64_t req_id;
+  uint64_t deadline_ms;
+} task_waiter;
+
+typedef struct tasks {
+  int init;
+  uint32_t parts, epochs, epoch;
+  uint8_t *state;
+  uint32_t *owner;
+  uint32_t ndone;
+  uint64_t handed, completed, requeued;
+  task_waiter *waiters;
+} tasks;
+
 struct ps__sched {
+  tasks tk;
   ps__sched_opts o;
   uv_loop_t loop;
   ps__listener listener;
@@ -128,18 +150,171 @@ static void check_barriers(ps__sched *s) {
   }
 }
 
+/* ------------------------------------------------------------------ tasks */
+
+static void task_reply(ps__conn *c, uint64_t req_id, int status, uint32_t part, uint32_t epoch) {
+  ps__frame_hdr h = {.type = PS_MSG_TASK_NEXT | PS_FRAME_REPLY, .req_id = req_id, .status = status,
+                     .table = part, .clock = epoch};
+  ps__conn_send_ctrl(c, &h, NULL, 0);
+}
+
+/* Try to give node a partition. Returns 1 if answered (a task or DONE), 0 if it must wait. */
+static int task_assign(ps__sched *s, ps__conn *c, uint32_t node_id, uint64_t req_id) {
+  tasks *t = &s->tk;
+  if (t->epoch >= t->epochs) {
+    task_reply(c, req_id, PS_ERR_DONE, 0, t->epoch);
+    return 1;
+  }
+  for (uint32_t p = 0; p < t->parts; p++) {
+    if (t->state[p] != TASK_PENDING) continue;
+    t->state[p] = TASK_ASSIGNED;
+    t->owner[p] = node_id;
+    t->handed++;
+    task_reply(c, req_id, 0, p, t->epoch);
+    return 1;
+  }
+  return 0;
+}
+
+/* Serve waiting workers after partitions came back or an epoch ended. */
+static void task_serve_waiters(ps__sched *s) {
+  task_waiter **pp = &s->tk.waiters;
+  while (*pp) {
+    task_waiter *w = *pp;
+    if (task_assign(s, w->conn, w->node, w->req_id)) {
+      *pp = w->next;
+      free(w);
+    } else {
+      pp = &w->next;
+    }
+  }
+}
+
+static void task_drop_waiters(ps__sched *s, ps__conn *c, int expired_only) {
+  uint64_t now = ps__now_ms();
+  task_waiter **pp = &s->tk.waiters;
+  while (*pp) {
+    task_waiter *w = *pp;
+    if ((c && w->conn == c) || (expired_only && now >= w->deadline_ms)) {
+      if (expired_only) task_reply(w->conn, w->req_id, PS_ERR_TIMEOUT, 0, s->tk.epoch);
+      *pp = w->next;
+      free(w);
+    } else {
+      pp = &w->next;
+    }
+  }
+}
+
+static void on_task_init(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
+  tasks *t = &s->tk;
+  uint32_t parts = h->table, epochs = h->batch;
+  if (parts == 0 || epochs == 0 || parts > (1u << 24)) {
+    ps__conn_send_error(c, h, PS_ERR_INVALID, "tasks need 1..16777216 partitions and at least one epoch");
+    return;
+  }
+  if (t->init) {
+    if (t->parts != parts || t->epochs != epochs) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "tasks already declared with %u partitions and %u epochs", t->parts, t->epochs);
+      ps__conn_send_error(c, h, PS_ERR_CONFLICT, msg);
+      return;
+    }
+  } else {
+    t->state = ps__calloc(parts, 1);
+    t->owner = ps__calloc(parts, sizeof *t->owner);
+    if (!t->state || !t->owner) {
+      free(t->state);
+      free(t->owner);
+      t->state = NULL;
+      t->owner = NULL;
+      ps__conn_send_error(c, h, PS_ERR_NOMEM, "scheduler out of memory");
+      return;
+    }
+    t->init = 1;
+    t->parts = parts;
+    t->epochs = epochs;
+  }
+  ps__frame_hdr r = {.type = PS_MSG_TASK_INIT | PS_FRAME_REPLY, .req_id = h->req_id};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+}
+
+static void on_task_next(ps__sched *s, node *n, ps__conn *c, const ps__frame_hdr *h) {
+  tasks *t = &s->tk;
+  if (!t->init) {
+    ps__conn_send_error(c, h, PS_ERR_INVALID, "no tasks declared (call ps_tasks_init first)");
+    return;
+  }
+  if (task_assign(s, c, n->m.id, h->req_id)) return;
+  /* Everything of this epoch is handed out: wait up to the caller's timeout (ms in batch). */
+  if (h->batch == 0) {
+    task_reply(c, h->req_id, PS_ERR_TIMEOUT, 0, t->epoch);
+    return;
+  }
+  task_waiter *w = ps__malloc(sizeof *w);
+  if (!w) {
+    ps__conn_send_error(c, h, PS_ERR_NOMEM, "scheduler out of memory");
+    return;
+  }
+  w->conn = c;
+  w->node = n->m.id;
+  w->req_id = h->req_id;
+  w->deadline_ms = ps__now_ms() + h->batch;
+  w->next = t->waiters;
+  t->waiters = w;
+}
+
+static void on_task_done(ps__sched *s, node *n, ps__conn *c, const ps__frame_hdr *h) {
+  tasks *t = &s->tk;
+  uint32_t p = h->table;
+  if (!t->init || p >= t->parts || (uint64_t)h->clock != t->epoch || t->state[p] != TASK_ASSIGNED ||
+      t->owner[p] != n->m.id) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "partition %u of epoch %lld is not assigned to this worker", p, (long long)h->clock);
+    ps__conn_send_error(c, h, PS_ERR_INVALID, msg);
+    return;
+  }
+  t->state[p] = TASK_DONE;
+  t->ndone++;
+  t->completed++;
+  ps__frame_hdr r = {.type = PS_MSG_TASK_DONE | PS_FRAME_REPLY, .req_id = h->req_id};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+  if (t->ndone == t->parts) {
+    ps__log(PS_LOG_INFO, "epoch %u finished (%u partitions)", t->epoch, t->parts);
+    t->epoch++;
+    t->ndone = 0;
+    memset(t->state, TASK_PENDING, t->parts);
+    task_serve_waiters(s);
+  }
+}
+
+/* A dead worker's unfinished partitions go back to the queue. */
+static void task_requeue(ps__sched *s, uint32_t node_id) {
+  tasks *t = &s->tk;
+  int any = 0;
+  for (uint32_t p = 0; t->init && p < t->parts; p++) {
+    if (t->state[p] == TASK_ASSIGNED && t->owner[p] == node_id) {
+      t->state[p] = TASK_PENDING;
+      t->requeued++;
+      any = 1;
+    }
+  }
+  if (any) task_serve_waiters(s);
+}
+
 static void mark_dead(ps__sched *s, node *n, const char *why) {
   if (!n->m.alive) return;
   n->m.alive = 0;
   n->barrier_seq = -1;
   s->epoch++;
-  ps__log(PS_LOG_WARN, "%s %u (rank %u) removed: %s; epoch %llu", n->m.role == PS_ROLE_SERVER ? "server" : "worker",
+  ps__log(strcmp(why, "left the job") ? PS_LOG_WARN : PS_LOG_INFO, "%s %u (rank %u) removed: %s; epoch %llu", n->m.role == PS_ROLE_SERVER ? "server" : "worker",
           n->m.id, n->m.rank, why, (unsigned long long)s->epoch);
   if (n->conn) {
+    task_drop_waiters(s, n->conn, 0);
     n->conn->udata = NULL;
     ps__conn_close(n->conn, PS_ERR_CLOSED);
     n->conn = NULL;
   }
+  if (n->m.role == PS_ROLE_WORKER) task_requeue(s, n->m.id);
   if (s->started) broadcast_membership(s);
   check_barriers(s);
 }
@@ -273,6 +448,12 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
                    (unsigned long long)s->epoch, s->started, count_alive(s, PS_ROLE_SERVER),
                    count_alive(s, PS_ROLE_WORKER));
   ps__wbuf_bytes(&w, line, (size_t)n);
+  if (s->tk.init) {
+    n = snprintf(line, sizeof line, "tasks partitions=%u epochs=%u epoch=%u done=%u handed=%llu completed=%llu requeued=%llu\n",
+                 s->tk.parts, s->tk.epochs, s->tk.epoch, s->tk.ndone, (unsigned long long)s->tk.handed,
+                 (unsigned long long)s->tk.completed, (unsigned long long)s->tk.requeued);
+    ps__wbuf_bytes(&w, line, (size_t)n);
+  }
   for (size_t i = 0; i < s->nmetrics; i++) {
     metric *m = &s->metrics[i];
     n = snprintf(line, sizeof line, "metric node=%u name=%s value=%.9g clock=%lld count=%llu\n", m->node, m->name,
@@ -288,7 +469,8 @@ static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (h->type & PS_FRAME_REPLY) return ps__fail(PS_ERR_PROTO, "unexpected %s reply", ps__frame_type_name(h->type));
   switch (h->type) {
   case PS_MSG_HELLO: case PS_MSG_HEARTBEAT: case PS_MSG_DECLARE: case PS_MSG_BARRIER:
-  case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS:
+  case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS: case PS_MSG_TASK_INIT:
+  case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE:
     return 0;
   default:
     return ps__fail(PS_ERR_PROTO, "%s frame not accepted by the scheduler", ps__frame_type_name(h->type));
@@ -333,6 +515,20 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   case PS_MSG_LEAVE:
     mark_dead(s, n, "left the job");
     break;
+  case PS_MSG_TASK_INIT:
+    on_task_init(s, c, h);
+    break;
+  case PS_MSG_TASK_NEXT:
+  case PS_MSG_TASK_DONE:
+    if (n->m.role != PS_ROLE_WORKER) {
+      ps__conn_send_error(c, h, PS_ERR_ROLE, "only workers take tasks");
+      break;
+    }
+    if (h->type == PS_MSG_TASK_NEXT)
+      on_task_next(s, n, c, h);
+    else
+      on_task_done(s, n, c, h);
+    break;
   default:
     break;
   }
@@ -341,6 +537,7 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
 static void sched_on_close(ps__conn *c, int status) {
   ps__sched *s = c->loop->data;
   if (s->stopping) return;
+  task_drop_waiters(s, c, 0);
   node *n = node_by_conn(s, c);
   if (n) {
     n->conn = NULL;
@@ -359,6 +556,7 @@ static void hb_tick(uv_timer_t *t) {
     node *n = &s->nodes[i];
     if (n->m.alive && now - n->last_seen_ms > s->o.heartbeat_timeout_ms) mark_dead(s, n, "missed heartbeats");
   }
+  task_drop_waiters(s, NULL, 1);
 }
 
 int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
@@ -443,5 +641,12 @@ void ps__sched_destroy(ps__sched *s) {
   free(s->nodes);
   free(s->tables);
   free(s->metrics);
+  while (s->tk.waiters) {
+    task_waiter *w = s->tk.waiters;
+    s->tk.waiters = w->next;
+    free(w);
+  }
+  free(s->tk.state);
+  free(s->tk.owner);
   free(s);
 }

@@ -689,7 +689,7 @@ static void on_membership(ps__server *s, const ps__body *b) {
     if (!w && x->alive) w = add_worker(s, x->id, s->started ? s->version : 0);
     if (w && !x->alive && w->alive) {
       w->alive = 0;
-      ps__log(PS_LOG_WARN, "worker %u left the active set (epoch %llu)", x->id, (unsigned long long)m.epoch);
+      ps__log(PS_LOG_INFO, "worker %u left the active set (epoch %llu)", x->id, (unsigned long long)m.epoch);
     }
   }
   ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, s->o.vnodes, m.epoch) : NULL;
@@ -802,6 +802,11 @@ static void server_shutdown(ps__server *s, int result) {
   if (s->stopping) return;
   s->stopping = 1;
   s->result = result;
+  if (s->sched && result == 0) { /* a requested stop: leave the job cleanly */
+    ps__frame_hdr h = {.type = PS_MSG_LEAVE, .sender = s->id};
+    ps__conn_send_ctrl(s->sched, &h, NULL, 0);
+    ps__conn_close_after_flush(s->sched, 0);
+  }
   ps__listener_close(&s->tcp);
   if (s->unix_path[0]) ps__listener_close(&s->unix_l);
   uv_walk(&s->loop, walk_close, s);

@@ -1,0 +1,642 @@
+/*
+ * run.c - `pshard run` (the local launcher) and `pshard exec` (roles under mpirun or
+ * Slurm).
+ *
+ * `pshard run -s S -w K -- COMMAND ARGS...` starts a scheduler, S servers and K workers
+ * (each worker runs COMMAND with PSHARD_* role variables set), each in its own process
+ * group, with stdout and stderr on a pipe. One poll loop prefixes every line with its
+ * role ("[worker 1] ..."), prints a progress line from the scheduler's counters, and
+ * watches the children: when every worker has exited 0 the servers and scheduler are
+ * stopped and run exits 0; when any process fails first (or Ctrl-C arrives) everything
+ * is stopped (SIGTERM, SIGKILL after a grace period) and run exits with the first
+ * failure's status (128+N for a signal).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "common/common.h"
+
+#define MAX_PROCS 1024
+#define LINE_MAX_BYTES 8192
+
+typedef struct proc {
+  char name[32];
+  int is_worker;
+  pid_t pid;
+  int fd;          /* read end of its output pipe, -1 once closed */
+  char buf[LINE_MAX_BYTES];
+  size_t len;
+  int exited;
+  int status;      /* exit code, or 128 + signal */
+} proc;
+
+static proc procs[MAX_PROCS];
+static int nprocs;
+static int sig_pipe[2] = {-1, -1};
+static volatile sig_atomic_t got_signal;
+
+static void on_signal(int sig) {
+  int saved = errno;
+  if (sig != SIGCHLD) got_signal = sig;
+  char c = (char)sig;
+  if (write(sig_pipe[1], &c, 1) < 0) { /* the loop polls anyway */ }
+  errno = saved;
+}
+
+static void emit_line(proc *p, const char *line, size_t n) {
+  printf("[%s] %.*s\n", p->name, (int)n, line);
+}
+
+static void drain(proc *p, int final) {
+  for (;;) {
+    if (p->fd < 0) break;
+    ssize_t n = read(p->fd, p->buf + p->len, sizeof p->buf - p->len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) break;
+    if (n <= 0) {
+      close(p->fd);
+      p->fd = -1;
+      break;
+    }
+    p->len += (size_t)n;
+    size_t start = 0;
+    for (size_t i = 0; i < p->len; i++) {
+      if (p->buf[i] == '\n') {
+        emit_line(p, p->buf + start, i - start);
+        start = i + 1;
+      }
+    }
+    memmove(p->buf, p->buf + start, p->len - start);
+    p->len -= start;
+    if (p->len == sizeof p->buf) { /* an over-long line: emit what we have */
+      emit_line(p, p->buf, p->len);
+      p->len = 0;
+    }
+  }
+  if ((final || p->fd < 0) && p->len) {
+    emit_line(p, p->buf, p->len);
+    p->len = 0;
+  }
+  fflush(stdout);
+}
+
+/* Start argv with extra environment (NAME=VALUE strings, NULL-terminated). */
+static proc *spawn(const char *name, int is_worker, char *const argv[], char *const env[]) {
+  int fds[2];
+  if (nprocs == MAX_PROCS || pipe(fds) != 0) return NULL;
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return NULL;
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    dup2(fds[1], 1);
+    dup2(fds[1], 2);
+    close(fds[0]);
+    close(fds[1]);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGPIPE, SIG_DFL);
+    for (int i = 0; env && env[i]; i++) putenv(env[i]);
+    execvp(argv[0], argv);
+    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+  proc *p = &procs[nprocs++];
+  memset(p, 0, sizeof *p);
+  snprintf(p->name, sizeof p->name, "%s", name);
+  p->is_worker = is_worker;
+  p->pid = pid;
+  p->fd = fds[0];
+  return p;
+}
+
+static void reap(void) {
+  int st;
+  pid_t pid;
+  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+    for (int i = 0; i < nprocs; i++) {
+      if (procs[i].pid != pid) continue;
+      procs[i].exited = 1;
+      procs[i].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+  }
+}
+
+static void signal_all(int sig) {
+  for (int i = 0; i < nprocs; i++)
+    if (!procs[i].exited) kill(-procs[i].pid, sig);
+}
+
+/* Wait for every child to exit, draining output; SIGKILL after grace_ms. */
+static void stop_all(int grace_ms) {
+  signal_all(SIGTERM);
+  uint64_t deadline = ps__now_ms() + (uint64_t)grace_ms;
+  int killed = 0;
+  for (;;) {
+    reap();
+    int alive = 0;
+    for (int i = 0; i < nprocs; i++) {
+      drain(&procs[i], 0);
+      alive += !procs[i].exited;
+    }
+    if (!alive) break;
+    if (!killed && ps__now_ms() >= deadline) {
+      signal_all(SIGKILL);
+      killed = 1;
+    }
+    usleep(20000);
+  }
+  for (int i = 0; i < nprocs; i++) {
+    drain(&procs[i], 1);
+    /* the process group may still hold the pipe open (grandchildren) */
+    if (procs[i].fd >= 0) {
+      kill(-procs[i].pid, SIGKILL);
+      close(procs[i].fd);
+      procs[i].fd = -1;
+    }
+  }
+}
+
+/* Ask the scheduler for its counters (text) with a short deadline. */
+static int fetch_stats(const char *addr, char *out, size_t cap);
+
+static double metric_sum(const char *stats, const char *name, int *count) {
+  double sum = 0;
+  char key[80];
+  *count = 0;
+  snprintf(key, sizeof key, " name=%s value=", name);
+  for (const char *p = strstr(stats, key); p; p = strstr(p + 1, key)) {
+    sum += strtod(p + strlen(key), NULL);
+    (*count)++;
+  }
+  return sum;
+}
+
+static void progress(const char *addr, uint64_t t0, int tty) {
+  char stats[16384];
+  if (fetch_stats(addr, stats, sizeof stats)) return;
+  char line[256];
+  size_t n = (size_t)snprintf(line, sizeof line, "[pshard] %6.1fs", (double)(ps__now_ms() - t0) / 1000.0);
+  const char *tk = strstr(stats, "tasks partitions=");
+  if (tk) {
+    unsigned parts = 0, epochs = 0, epoch = 0, done = 0;
+    if (sscanf(tk, "tasks partitions=%u epochs=%u epoch=%u done=%u", &parts, &epochs, &epoch, &done) == 4) {
+      if (epoch >= epochs)
+        n += (size_t)snprintf(line + n, sizeof line - n, "  epochs done");
+      else
+        n += (size_t)snprintf(line + n, sizeof line - n, "  epoch %u/%u  partitions %u/%u", epoch + 1, epochs, done, parts);
+    }
+  }
+  int c1, c2;
+  double loss = metric_sum(stats, "loss", &c1);
+  double eps = metric_sum(stats, "examples_per_s", &c2);
+  if (c2) n += (size_t)snprintf(line + n, sizeof line - n, "  %.0f examples/s", eps);
+  if (c1) n += (size_t)snprintf(line + n, sizeof line - n, "  loss %.4f", loss / c1);
+  if (n >= sizeof line) n = sizeof line - 1;
+  if (tty)
+    fprintf(stderr, "\r%-100s", line);
+  else
+    fprintf(stderr, "%s\n", line);
+  fflush(stderr);
+}
+
+static void run_usage(FILE *f) {
+  fprintf(f,
+          "usage: pshard run -s S -w K [options] -- COMMAND [ARGS...]\n\n"
+          "Start a scheduler, S servers and K workers on this machine; every worker runs COMMAND\n"
+          "with PSHARD_ROLE=worker, PSHARD_SCHEDULER, PSHARD_SERVERS, PSHARD_WORKERS and\n"
+          "PSHARD_WORKER_INDEX set. Output lines are prefixed with their role. Stops everything\n"
+          "on Ctrl-C or when a process fails, and exits with the first failure's status.\n\n"
+          "options:\n"
+          "  -s, --servers S               number of servers (1)\n"
+          "  -w, --workers K               number of workers (1)\n"
+          "      --heartbeat-timeout-ms N  a silent node is dead after N ms (3000)\n"
+          "      --progress-ms N           progress line period, 0 = none (1000)\n"
+          "      --transport auto|tcp      same-host transport (auto = AF_UNIX)\n"
+          "      --grace-ms N              SIGTERM to SIGKILL grace when stopping (3000)\n"
+          "      --verbose                 servers and scheduler log their events\n"
+          "  -h, --help                    this text\n");
+}
+
+static const char *self_exe(void) {
+  static char path[4096];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return "pshard";
+  path[n] = '\0';
+  return path;
+}
+
+int ps_cli_run(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"servers", required_argument, 0, 's'}, {"workers", required_argument, 0, 'w'},
+      {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"progress-ms", required_argument, 0, 'P'},
+      {"transport", required_argument, 0, 'T'}, {"grace-ms", required_argument, 0, 'g'},
+      {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  uint64_t S = 1, K = 1, hbt = 3000, prog = 1000, grace = 3000;
+  const char *transport = "auto";
+  int verbose = 0, c;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+s:w:h", opts, NULL)) != -1) {
+    uint64_t *dst = NULL, max = 0;
+    switch (c) {
+    case 's': dst = &S; max = 256; break;
+    case 'w': dst = &K; max = 512; break;
+    case 't': dst = &hbt; max = 86400000; break;
+    case 'P': dst = &prog; max = 3600000; break;
+    case 'g': dst = &grace; max = 600000; break;
+    case 'T': transport = optarg; break;
+    case 'v': verbose = 1; break;
+    case 'h': run_usage(stdout); return 0;
+    default:
+      fprintf(stderr, "pshard run: unknown or incomplete option '%s'\n", argv[optind - 1]);
+      run_usage(stderr);
+      return 2;
+    }
+    if (dst && (ps__parse_u64(optarg, dst) || *dst > max)) {
+      fprintf(stderr, "pshard run: bad value '%s' for %s\n", optarg, argv[optind - 2]);
+      run_usage(stderr);
+      return 2;
+    }
+  }
+  if (S == 0 || K == 0 || hbt == 0) {
+    fprintf(stderr, "pshard run: servers, workers and the heartbeat timeout must be at least 1\n");
+    return 2;
+  }
+  if (strcmp(transport, "auto") && strcmp(transport, "tcp")) {
+    fprintf(stderr, "pshard run: bad --transport '%s' (auto or tcp)\n", transport);
+    return 2;
+  }
+  if (optind >= argc) {
+    fprintf(stderr, "pshard run: no worker command (put it after --)\n");
+    run_usage(stderr);
+    return 2;
+  }
+  char **cmd = argv + optind;
+
+  char dir[] = "/tmp/pshard-run-XXXXXX";
+  if (!mkdtemp(dir)) {
+    fprintf(stderr, "pshard run: cannot create a temporary directory: %s\n", strerror(errno));
+    return 1;
+  }
+  char addr_file[256], addr[128] = "";
+  snprintf(addr_file, sizeof addr_file, "%s/addr", dir);
+
+  if (pipe(sig_pipe) != 0) return 1;
+  fcntl(sig_pipe[0], F_SETFL, O_NONBLOCK);
+  fcntl(sig_pipe[1], F_SETFL, O_NONBLOCK);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGCHLD, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+
+  const char *exe = self_exe();
+  char s_s[16], s_k[16], s_hbt[24];
+  snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)S);
+  snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
+  snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)hbt);
+  char *sched_argv[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
+                        "--heartbeat-timeout-ms", s_hbt, verbose ? "--verbose" : NULL, NULL};
+  int status = 0;
+  uint64_t t0 = ps__now_ms();
+  if (!spawn("scheduler", 0, sched_argv, NULL)) {
+    fprintf(stderr, "pshard run: cannot start the scheduler\n");
+    return 1;
+  }
+  /* Wait for the scheduler's address. */
+  while (ps__now_ms() - t0 < 10000) {
+    FILE *f = fopen(addr_file, "r");
+    if (f) {
+      if (fgets(addr, sizeof addr, f)) addr[strcspn(addr, "\n")] = '\0';
+      fclose(f);
+      if (addr[0]) break;
+    }
+    reap();
+    drain(&procs[0], 0);
+    if (procs[0].exited) break;
+    usleep(10000);
+  }
+  if (!addr[0]) {
+    fprintf(stderr, "pshard run: the scheduler did not start\n");
+    stop_all((int)grace);
+    return procs[0].exited && procs[0].status ? procs[0].status : 1;
+  }
+  char *srv_argv[] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)transport,
+                      verbose ? "--verbose" : NULL, NULL};
+  for (uint64_t i = 0; i < S; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "server %llu", (unsigned long long)i);
+    if (!spawn(name, 0, srv_argv, NULL)) {
+      fprintf(stderr, "pshard run: cannot start %s\n", name);
+      stop_all((int)grace);
+      return 1;
+    }
+  }
+  static char env_role[] = "PSHARD_ROLE=worker";
+  char env_sched[160], env_s[48], env_k[48], env_t[48];
+  snprintf(env_sched, sizeof env_sched, "PSHARD_SCHEDULER=%s", addr);
+  snprintf(env_s, sizeof env_s, "PSHARD_SERVERS=%llu", (unsigned long long)S);
+  snprintf(env_k, sizeof env_k, "PSHARD_WORKERS=%llu", (unsigned long long)K);
+  snprintf(env_t, sizeof env_t, "PSHARD_TRANSPORT=%s", transport);
+  for (uint64_t i = 0; i < K; i++) {
+    char name[32], *env_i = ps__malloc(48);
+    if (!env_i) break;
+    snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
+    snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
+    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, NULL};
+    if (!spawn(name, 1, cmd, env)) {
+      fprintf(stderr, "pshard run: cannot start %s\n", name);
+      stop_all((int)grace);
+      return 1;
+    }
+    free(env_i); /* the child has its own copy */
+  }
+
+  int tty = isatty(2);
+  uint64_t last_prog = ps__now_ms();
+  const char *failed = NULL;
+  for (;;) {
+    struct pollfd pf[MAX_PROCS + 1];
+    int map[MAX_PROCS + 1], n = 0;
+    pf[n].fd = sig_pipe[0];
+    pf[n].events = POLLIN;
+    map[n++] = -1;
+    for (int i = 0; i < nprocs; i++) {
+      if (procs[i].fd < 0) continue;
+      pf[n].fd = procs[i].fd;
+      pf[n].events = POLLIN;
+      map[n++] = i;
+    }
+    int r = poll(pf, (nfds_t)n, 200);
+    if (r > 0) {
+      for (int i = 0; i < n; i++) {
+        if (!pf[i].revents) continue;
+        if (map[i] < 0) {
+          char b[64];
+          while (read(sig_pipe[0], b, sizeof b) > 0) {}
+        } else {
+          drain(&procs[map[i]], 0);
+        }
+      }
+    }
+    reap();
+    if (got_signal) {
+      if (tty && prog) fprintf(stderr, "\n");
+      fprintf(stderr, "[pshard] interrupted; stopping every process\n");
+      stop_all((int)grace);
+      return 128 + got_signal;
+    }
+    int workers_left = 0;
+    for (int i = 0; i < nprocs; i++) {
+      proc *p = &procs[i];
+      if (p->is_worker && !p->exited) workers_left++;
+      if (!p->exited || failed) continue;
+      if (p->status != 0 || !p->is_worker) {
+        failed = p->name;
+        status = p->status ? p->status : 1;
+      }
+    }
+    if (failed) {
+      if (tty && prog) fprintf(stderr, "\n");
+      fprintf(stderr, "[pshard] %s exited with status %d; stopping every process\n", failed, status);
+      stop_all((int)grace);
+      return status;
+    }
+    if (workers_left == 0) {
+      if (tty && prog) fprintf(stderr, "\n");
+      /* Servers first, so they do not report the scheduler's exit as a loss. */
+      for (int i = 1; i < nprocs; i++)
+        if (!procs[i].exited && !procs[i].is_worker) kill(-procs[i].pid, SIGTERM);
+      for (uint64_t t1 = ps__now_ms(); ps__now_ms() - t1 < grace;) {
+        reap();
+        int up = 0;
+        for (int i = 1; i < nprocs; i++) {
+          drain(&procs[i], 0);
+          up += !procs[i].exited && !procs[i].is_worker;
+        }
+        if (!up) break;
+        usleep(10000);
+      }
+      stop_all((int)grace);
+      fprintf(stderr, "[pshard] all %llu workers finished in %.1f s\n", (unsigned long long)K,
+              (double)(ps__now_ms() - t0) / 1000.0);
+      return 0;
+    }
+    if (prog && ps__now_ms() - last_prog >= prog) {
+      last_prog = ps__now_ms();
+      progress(addr, t0, tty);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------ stats query */
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include "proto/frame.h"
+
+static int read_full(int fd, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = read(fd, (char *)buf + got, n - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
+static int fetch_stats(const char *addr, char *out, size_t cap) {
+  char host[64];
+  int port;
+  if (ps__parse_hostport(addr, host, sizeof host, &port)) return -1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct timeval tv = {.tv_sec = 0, .tv_usec = 500000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+  uint8_t hdr[PS_FRAME_HDR_SIZE];
+  ps__frame_hdr h = {.type = PS_MSG_STATS, .req_id = 1};
+  int rc = -1;
+  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) goto done;
+  ps__frame_encode(&h, hdr);
+  if (write(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr) goto done;
+  if (read_full(fd, hdr, sizeof hdr) || ps__frame_decode(hdr, cap - 1, &h) || h.status) goto done;
+  if (read_full(fd, out, h.payload_len)) goto done;
+  out[h.payload_len] = '\0';
+  rc = 0;
+done:
+  close(fd);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ exec */
+
+static const char *first_env(const char *const names[]) {
+  for (int i = 0; names[i]; i++) {
+    const char *v = getenv(names[i]);
+    if (v && *v) return v;
+  }
+  return NULL;
+}
+
+static void exec_usage(FILE *f) {
+  fprintf(f,
+          "usage: pshard exec -s S (--scheduler HOST:PORT | --addr-file FILE) [--host H] -- COMMAND [ARGS...]\n\n"
+          "Take a role from the launcher's rank: rank 0 runs the scheduler, ranks 1..S the servers,\n"
+          "every other rank runs COMMAND as a worker. Ranks come from Open MPI\n"
+          "(OMPI_COMM_WORLD_RANK/SIZE), MPICH/PMI (PMI_RANK/SIZE), PMIx or Slurm\n"
+          "(SLURM_PROCID/SLURM_NTASKS).\n\n"
+          "  -s, --servers S           number of servers among the ranks\n"
+          "      --scheduler HOST:PORT rank 0 listens there; the others connect to it\n"
+          "      --addr-file FILE      rank 0 binds any port and writes HOST:PORT to FILE (on a\n"
+          "                            file system every rank sees); the others read it\n"
+          "      --host H              this rank's address to bind and advertise (127.0.0.1)\n"
+          "      --wait-ms N           how long ranks wait for the address file (60000)\n"
+          "  -h, --help                this text\n");
+}
+
+int ps_cli_exec(int argc, char **argv) {
+  static const struct option opts[] = {
+      {"servers", required_argument, 0, 's'}, {"scheduler", required_argument, 0, 'S'},
+      {"addr-file", required_argument, 0, 'a'}, {"host", required_argument, 0, 'H'},
+      {"wait-ms", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  uint64_t S = 0, wait_ms = 60000;
+  const char *sched = NULL, *addr_file = NULL, *host = "127.0.0.1";
+  int c;
+  optind = 1;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+s:h", opts, NULL)) != -1) {
+    switch (c) {
+    case 's':
+      if (ps__parse_u64(optarg, &S) || S == 0 || S > 4096) {
+        fprintf(stderr, "pshard exec: bad --servers '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'S': sched = optarg; break;
+    case 'a': addr_file = optarg; break;
+    case 'H': host = optarg; break;
+    case 'W':
+      if (ps__parse_u64(optarg, &wait_ms)) {
+        fprintf(stderr, "pshard exec: bad --wait-ms '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'h': exec_usage(stdout); return 0;
+    default:
+      fprintf(stderr, "pshard exec: unknown or incomplete option '%s'\n", argv[optind - 1]);
+      exec_usage(stderr);
+      return 2;
+    }
+  }
+  if (S == 0 || (!sched == !addr_file) || optind >= argc) {
+    fprintf(stderr, "pshard exec: need --servers, exactly one of --scheduler/--addr-file, and a command\n");
+    exec_usage(stderr);
+    return 2;
+  }
+  static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", NULL};
+  static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", NULL};
+  const char *rs = first_env(rank_vars), *ss = first_env(size_vars);
+  uint64_t rank, size;
+  if (!rs || !ss || ps__parse_u64(rs, &rank) || ps__parse_u64(ss, &size) || rank >= size) {
+    fprintf(stderr, "pshard exec: no launcher rank found (run under mpirun or srun)\n");
+    return 2;
+  }
+  if (size < S + 2) {
+    fprintf(stderr, "pshard exec: %llu ranks cannot hold a scheduler, %llu servers and a worker\n",
+            (unsigned long long)size, (unsigned long long)S);
+    return 2;
+  }
+  uint64_t K = size - 1 - S;
+  char s_s[16], s_k[16], addr[160];
+  snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)S);
+  snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
+  const char *exe = self_exe();
+  if (rank == 0) {
+    char port[16] = "0", shost[64];
+    int p;
+    if (sched) {
+      if (ps__parse_hostport(sched, shost, sizeof shost, &p)) {
+        fprintf(stderr, "pshard exec: bad --scheduler '%s'\n", sched);
+        return 2;
+      }
+      snprintf(port, sizeof port, "%d", p);
+      host = shost;
+      char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host, "--port", port, NULL};
+      execv(exe, a);
+    } else {
+      unlink(addr_file);
+      char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host,
+                   "--addr-file", (char *)addr_file, NULL};
+      execv(exe, a);
+    }
+    fprintf(stderr, "pshard exec: cannot run the scheduler: %s\n", strerror(errno));
+    return 1;
+  }
+  if (sched) {
+    snprintf(addr, sizeof addr, "%s", sched);
+  } else {
+    uint64_t t0 = ps__now_ms();
+    addr[0] = '\0';
+    while (!addr[0]) {
+      FILE *f = fopen(addr_file, "r");
+      if (f) {
+        if (fgets(addr, sizeof addr, f)) addr[strcspn(addr, "\n")] = '\0';
+        fclose(f);
+      }
+      if (addr[0]) break;
+      if (ps__now_ms() - t0 > wait_ms) {
+        fprintf(stderr, "pshard exec: no scheduler address in %s after %llu ms\n", addr_file, (unsigned long long)wait_ms);
+        return 1;
+      }
+      usleep(20000);
+    }
+  }
+  if (rank <= S) {
+    char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)host, NULL};
+    execv(exe, a);
+    fprintf(stderr, "pshard exec: cannot run the server: %s\n", strerror(errno));
+    return 1;
+  }
+  setenv("PSHARD_ROLE", "worker", 1);
+  setenv("PSHARD_SCHEDULER", addr, 1);
+  setenv("PSHARD_SERVERS", s_s, 1);
+  setenv("PSHARD_WORKERS", s_k, 1);
+  char idx[24];
+  snprintf(idx, sizeof idx, "%llu", (unsigned long long)(rank - 1 - S));
+  setenv("PSHARD_WORKER_INDEX", idx, 1);
+  execvp(argv[optind], argv + optind);
+  fprintf(stderr, "pshard exec: cannot run %s: %s\n", argv[optind], strerror(errno));
+  return 127;
+}
