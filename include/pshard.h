@@ -89,7 +89,10 @@ typedef struct ps_config ps_config;
  *   workers            expected number of workers K           [PSHARD_WORKERS]
  *   embedded           run a scheduler and this many servers as threads in the
  *                      calling process (0 = off)              [PSHARD_EMBEDDED]
- *   mode               consistency model: sync                [PSHARD_MODE]
+ *   mode               consistency model of tables declared without their own
+ *                      mode= option: sync (BSP), sync:M (a round needs the first M
+ *                      workers; later pushes are dropped and counted), ssp:S (bounded
+ *                      staleness S), async                    [PSHARD_MODE]
  *   timeout_ms         default request deadline (30000)       [PSHARD_TIMEOUT_MS]
  *   connect_timeout_ms deadline to join the job (60000)       [PSHARD_CONNECT_TIMEOUT_MS]
  *   heartbeat_ms       heartbeat period (200)                 [PSHARD_HEARTBEAT_MS]
@@ -150,6 +153,11 @@ typedef enum ps_table_kind { PS_DENSE = 1, PS_SPARSE = 2 } ps_table_kind;
  *     init=zero | const:V | uniform:A (in [-A,A]) | normal:SD    (zero)
  *     seed=N               initialiser seed (0)
  *     slice=N              dense: elements per slice, the unit of placement (65536)
+ *     mode=sync|sync:M|ssp:S|async   consistency model (default: the job's `mode`)
+ *     every=N              sync modes: apply a round every N clocks (layer-wise
+ *                          frequencies: a table synchronised less often) (1)
+ *     agg_n=N agg_ms=T     async/ssp: buffer pushes and apply, per row, their
+ *                          batch-weighted mean after N pushes or T ms (off)
  * The same name declared again with different options fails with PS_ERR_CONFLICT.
  * *id_out receives the table id used by push and pull. */
 PS_API int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind,
@@ -227,6 +235,29 @@ PS_API int ps_task_next(ps_ctx *ctx, ps_task *task, int timeout_ms);
 /* Report a partition processed. PS_ERR_INVALID if it is not assigned to this worker
  * (for instance it was taken back after this worker was declared dead). */
 PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
+
+/* ---------------------------------------------------------------- statistics */
+
+/* A counter of this worker, by name:
+ *   uptime_s         seconds since ps_ctx_open
+ *   pull_wait_s      seconds blocked waiting for pulls (blocking calls and ps_req_wait)
+ *   push_wait_s      seconds blocked waiting for pushes
+ *   other_wait_s     seconds blocked in control calls (declare, barrier, tasks)
+ *   compute_s        uptime minus all waits: the time the worker spent on its own work
+ *   pulls, pushes    requests started
+ *   bytes_pushed, bytes_pulled   payload bytes (keys and values) sent and received
+ *   dropped_pushes   pushes acknowledged but not applied (late under sync:M)
+ *   fast_forwards    times the clock jumped ahead to the servers' round (sync:M)
+ *   clock            the worker's clock
+ * PS_ERR_INVALID for an unknown name. Thread-safe. */
+PS_API int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value);
+/* The counters of server i (0 <= i < ps_ctx_num_servers) as text, one "key value" line
+ * each: tables (mode, rows, bytes, pushes, pulls, dropped and rejected pushes), clocks,
+ * and staleness histograms ("push_staleness_max N", "push_staleness c0 c1 ...": counts
+ * of applied async/ssp pushes by staleness in clocks, and the same for pulls, where
+ * staleness is the pull's clock minus the slowest live worker's). The text is cut to
+ * cap-1 bytes and NUL-terminated. */
+PS_API int ps_server_stats(ps_ctx *ctx, int server, char *buf, size_t cap, int timeout_ms);
 
 /* ---------------------------------------------------------------- logging */
 

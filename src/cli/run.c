@@ -26,6 +26,7 @@
 
 #include "cli/cli.h"
 #include "common/common.h"
+#include "common/config.h"
 
 #define MAX_PROCS 1024
 #define LINE_MAX_BYTES 8192
@@ -234,6 +235,8 @@ static void run_usage(FILE *f) {
           "  -w, --workers K               number of workers (1)\n"
           "      --heartbeat-timeout-ms N  a silent node is dead after N ms (3000)\n"
           "      --progress-ms N           progress line period, 0 = none (1000)\n"
+          "      --mode M                  consistency model for the job's tables: sync, sync:M,\n"
+          "                                ssp:S or async (sync); sets PSHARD_MODE\n"
           "      --transport auto|tcp      same-host transport (auto = AF_UNIX)\n"
           "      --grace-ms N              SIGTERM to SIGKILL grace when stopping (3000)\n"
           "      --verbose                 servers and scheduler log their events\n"
@@ -254,8 +257,9 @@ int ps_cli_run(int argc, char **argv) {
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"progress-ms", required_argument, 0, 'P'},
       {"transport", required_argument, 0, 'T'}, {"grace-ms", required_argument, 0, 'g'},
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+      {"mode", required_argument, 0, 'm'},    {0, 0, 0, 0}};
   uint64_t S = 1, K = 1, hbt = 3000, prog = 1000, grace = 3000;
+  const char *mode = NULL;
   const char *transport = "auto";
   int verbose = 0, c;
   optind = 1;
@@ -269,6 +273,16 @@ int ps_cli_run(int argc, char **argv) {
     case 'P': dst = &prog; max = 3600000; break;
     case 'g': dst = &grace; max = 600000; break;
     case 'T': transport = optarg; break;
+    case 'm': {
+      ps__mode m;
+      char msg[160];
+      if (ps__mode_parse(optarg, &m, msg, sizeof msg)) {
+        fprintf(stderr, "pshard run: --mode: %s\n", msg);
+        return 2;
+      }
+      mode = optarg;
+      break;
+    }
     case 'v': verbose = 1; break;
     case 'h': run_usage(stdout); return 0;
     default:
@@ -359,7 +373,8 @@ int ps_cli_run(int argc, char **argv) {
     }
   }
   static char env_role[] = "PSHARD_ROLE=worker";
-  char env_sched[160], env_s[48], env_k[48], env_t[48];
+  char env_sched[160], env_s[48], env_k[48], env_t[48], env_m[64];
+  snprintf(env_m, sizeof env_m, "PSHARD_MODE=%s", mode ? mode : "sync");
   snprintf(env_sched, sizeof env_sched, "PSHARD_SCHEDULER=%s", addr);
   snprintf(env_s, sizeof env_s, "PSHARD_SERVERS=%llu", (unsigned long long)S);
   snprintf(env_k, sizeof env_k, "PSHARD_WORKERS=%llu", (unsigned long long)K);
@@ -369,7 +384,7 @@ int ps_cli_run(int argc, char **argv) {
     if (!env_i) break;
     snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
     snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
-    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, NULL};
+    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m, NULL};
     if (!spawn(name, 1, cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
       stop_all((int)grace);

@@ -49,6 +49,8 @@ struct part {
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
   int64_t reply_clock;     /* hdr.clock of the reply */
+  char *stats_buf;         /* STATS reply text destination (control body copied here) */
+  size_t stats_cap;
   peer *lk;
   part *prev, *next;       /* in the link's in-flight or queue list */
 };
@@ -71,6 +73,7 @@ struct ps_req {
   unsigned width;
   size_t nkeys;
   int cancel_acked;
+  int kind;                /* 0 pull, 1 push, 2 control: for the wait-time counters */
 };
 
 struct peer {
@@ -128,6 +131,13 @@ struct ps_ctx {
   size_t ntables;
   int64_t clock;
   int64_t barrier_seq;
+  char mode[32];           /* job consistency mode, added to tables declared without one */
+  /* counters (atomics): time blocked waiting, by kind; requests; bytes */
+  uint64_t wait_ns[3];     /* 0 pull, 1 push, 2 other */
+  uint64_t nreq[3];
+  uint64_t dropped_pushes, fast_forwards;
+  uint64_t bytes_pushed, bytes_pulled;
+  uint64_t opened_ns;
   uint64_t next_req_id;
 
   /* embedded mode */
@@ -488,6 +498,17 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   }
   p->reply_table = h->table;
   p->reply_clock = h->clock;
+  uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
+  if (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE) {
+    /* A worker behind the table's applied rounds (sync:M straggler, late joiner)
+     * resumes at the round the servers are at. */
+    int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
+    while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ctx->bytes_pulled, h->payload_len, __ATOMIC_RELAXED);
+  } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
+    if (h->flags & PS_FLAG_DROPPED) __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
+  }
   if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
     pthread_mutex_lock(&ctx->mu);
     ctx->id = h->table;
@@ -495,6 +516,11 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     ctx->registered = 1;
     pthread_cond_broadcast(&ctx->cv);
     pthread_mutex_unlock(&ctx->mu);
+  }
+  if (p->stats_buf) {
+    size_t n = b->len < p->stats_cap - 1 ? b->len : p->stats_cap - 1;
+    if (n) memcpy(p->stats_buf, b->buf, n);
+    p->stats_buf[n] = '\0';
   }
   p->reply_done = 1;
   if (p->write_done) part_finish(p);
@@ -771,13 +797,16 @@ int ps_req_wait(ps_req *r, int timeout_ms) {
   uint64_t ns = (uint64_t)ts.tv_nsec + (tmo % 1000) * 1000000ull;
   ts.tv_sec += (time_t)(tmo / 1000 + ns / 1000000000ull);
   ts.tv_nsec = (long)(ns % 1000000000ull);
+  uint64_t t0 = ps__now_ns();
   pthread_mutex_lock(&r->mu);
   while (!r->done) {
     if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0 && !r->done) {
       pthread_mutex_unlock(&r->mu);
+      __atomic_add_fetch(&r->ctx->wait_ns[r->kind], ps__now_ns() - t0, __ATOMIC_RELAXED);
       return ps__fail(PS_ERR_TIMEOUT, "request still running after %llu ms", (unsigned long long)tmo);
     }
   }
+  __atomic_add_fetch(&r->ctx->wait_ns[r->kind], ps__now_ns() - t0, __ATOMIC_RELAXED);
   int st = r->status;
   if (st) ps__fail(st, "%s", r->msg);
   pthread_mutex_unlock(&r->mu);
@@ -894,6 +923,9 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
     free(count);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
+  r->kind = is_push ? 1 : 0;
+  __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
+  if (is_push) __atomic_add_fetch(&ctx->bytes_pushed, bytes, __ATOMIC_RELAXED);
   const uint64_t *pkeys = keys;
   const float *pvals = grads;
   float *precv = out;
@@ -1022,6 +1054,9 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
   r->own_segs = segbuf;
+  r->kind = is_push ? 1 : 0;
+  __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
+  if (is_push) __atomic_add_fetch(&ctx->bytes_pushed, cnt * 4, __ATOMIC_RELAXED);
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   unsigned pi = 0, bi = 0;
   size_t sb = 0;
@@ -1142,6 +1177,7 @@ static ps_req *ctrl_req(ps_ctx *ctx, uint32_t target, uint8_t type, const void *
     memcpy(r->own_keys, body, len);
   }
   part_init(ctx, r, 0, target, type, 0, deadline);
+  r->kind = 2;
   r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)len);
   r->parts[0].send = r->bufs;
   r->parts[0].nsend = len ? 1 : 0;
@@ -1158,13 +1194,23 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
   if (rc || (rc = ctx_state_err(ctx))) return rc;
   if (!name || !*name || strlen(name) >= PS_NAME_MAX) return ps__fail(PS_ERR_INVALID, "table name must be 1..%d bytes", PS_NAME_MAX - 1);
   if (options && strlen(options) >= PS_OPTS_MAX) return ps__fail(PS_ERR_CONFIG, "table options longer than %d bytes", PS_OPTS_MAX - 1);
-  rc = ps__table_spec_parse(&spec, name, (int)kind, size, options ? options : "", err, sizeof err);
+  /* A table without its own mode= gets the job's (config key `mode`). */
+  char opts[PS_OPTS_MAX];
+  const char *o = options ? options : "";
+  int has_mode = !strncmp(o, "mode=", 5) || strstr(o, " mode=") || strstr(o, "\tmode=");
+  if (!has_mode && ctx->mode[0]) {
+    if ((size_t)snprintf(opts, sizeof opts, "%s%smode=%s", o, *o ? " " : "", ctx->mode) >= sizeof opts)
+      return ps__fail(PS_ERR_CONFIG, "table options too long");
+  } else {
+    snprintf(opts, sizeof opts, "%s", o);
+  }
+  rc = ps__table_spec_parse(&spec, name, (int)kind, size, opts, err, sizeof err);
   if (rc) return ps__fail(rc, "table '%s': %s", name, err);
   memset(&d, 0, sizeof d);
   d.kind = (uint8_t)kind;
   d.size = size;
   snprintf(d.name, sizeof d.name, "%s", name);
-  snprintf(d.options, sizeof d.options, "%s", options ? options : "");
+  snprintf(d.options, sizeof d.options, "%s", opts);
   ps__wbuf_init(&w);
   ps__declare_encode(&w, &d);
   if (w.oom) return ps__fail(PS_ERR_NOMEM, "out of memory");
@@ -1410,6 +1456,8 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   ctx->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
   ctx->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
   ctx->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
+  snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
+  ctx->opened_ns = ps__now_ns();
   if (!ctx->heartbeat_ms) ctx->heartbeat_ms = 200;
   if (!ctx->vnodes) ctx->vnodes = 128;
   ps__hostid(ctx->hostid, sizeof ctx->hostid);
@@ -1578,4 +1626,46 @@ int ps_task_done(ps_ctx *ctx, const ps_task *task) {
   r->parts[0].hdr.table = task->partition;
   r->parts[0].hdr.clock = task->epoch;
   return req_run(ctx, r, -1);
+}
+
+/* ---- statistics */
+
+int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
+  if (!ctx || !name || !value) return ps__fail(PS_ERR_INVALID, "NULL argument");
+  ps_ctx *c = (ps_ctx *)ctx;
+  double up = (double)(ps__now_ns() - c->opened_ns) * 1e-9;
+  double wp = (double)__atomic_load_n(&c->wait_ns[0], __ATOMIC_RELAXED) * 1e-9;
+  double ws = (double)__atomic_load_n(&c->wait_ns[1], __ATOMIC_RELAXED) * 1e-9;
+  double wo = (double)__atomic_load_n(&c->wait_ns[2], __ATOMIC_RELAXED) * 1e-9;
+  if (!strcmp(name, "uptime_s")) *value = up;
+  else if (!strcmp(name, "pull_wait_s")) *value = wp;
+  else if (!strcmp(name, "push_wait_s")) *value = ws;
+  else if (!strcmp(name, "other_wait_s")) *value = wo;
+  else if (!strcmp(name, "compute_s")) *value = up - wp - ws - wo;
+  else if (!strcmp(name, "pulls")) *value = (double)__atomic_load_n(&c->nreq[0], __ATOMIC_RELAXED);
+  else if (!strcmp(name, "pushes")) *value = (double)__atomic_load_n(&c->nreq[1], __ATOMIC_RELAXED);
+  else if (!strcmp(name, "bytes_pushed")) *value = (double)__atomic_load_n(&c->bytes_pushed, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "bytes_pulled")) *value = (double)__atomic_load_n(&c->bytes_pulled, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "dropped_pushes")) *value = (double)__atomic_load_n(&c->dropped_pushes, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "fast_forwards")) *value = (double)__atomic_load_n(&c->fast_forwards, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "clock")) *value = (double)__atomic_load_n(&c->clock, __ATOMIC_RELAXED);
+  else return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
+  return 0;
+}
+
+int ps_server_stats(ps_ctx *ctx, int server, char *buf, size_t cap, int timeout_ms) {
+  int rc = ctx_check(ctx);
+  if (rc || (rc = ctx_state_err(ctx))) return rc;
+  if (!buf || cap == 0) return ps__fail(PS_ERR_INVALID, "no buffer");
+  pthread_mutex_lock(&ctx->mu);
+  ps__ring *ring = ctx->ring;
+  pthread_mutex_unlock(&ctx->mu);
+  if (!ring || server < 0 || (size_t)server >= ps__ring_size(ring))
+    return ps__fail(PS_ERR_RANGE, "no server %d (the job has %zu)", server, ring ? ps__ring_size(ring) : (size_t)0);
+  ps_req *r = ctrl_req(ctx, ps__ring_server_at(ring, (size_t)server), PS_MSG_STATS, NULL, 0, deadline_for(ctx, timeout_ms));
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  /* The text reply lands in a buffer of the caller's size (one byte kept for the NUL). */
+  r->parts[0].stats_buf = buf;
+  r->parts[0].stats_cap = cap;
+  return req_run(ctx, r, timeout_ms);
 }

@@ -45,13 +45,42 @@ void ps_config_free(ps_config *c) {
   free(c);
 }
 
-int ps__mode_parse(const char *v, ps__mode *m) {
-  if (!strcmp(v, "sync")) {
-    m->kind = PS__MODE_SYNC;
-    m->param = 0;
-    return 0;
+int ps__mode_parse(const char *v, ps__mode *m, char *msg, size_t msglen) {
+  const char *colon = strchr(v, ':');
+  size_t n = colon ? (size_t)(colon - v) : strlen(v);
+  int64_t p = 0;
+  if (colon && ps__parse_i64(colon + 1, &p)) {
+    snprintf(msg, msglen, "bad parameter '%s' in consistency mode '%s'", colon + 1, v);
+    return -1;
   }
-  return -1;
+  if (n == 4 && !strncmp(v, "sync", 4)) {
+    if (colon && p < 1) {
+      snprintf(msg, msglen, "sync:M needs M >= 1 (got %lld)", (long long)p);
+      return -1;
+    }
+    m->kind = colon ? PS__MODE_SYNC_M : PS__MODE_SYNC;
+  } else if (n == 3 && !strncmp(v, "ssp", 3)) {
+    if (!colon) {
+      snprintf(msg, msglen, "ssp needs a staleness bound: ssp:S");
+      return -1;
+    }
+    if (p < 0) {
+      snprintf(msg, msglen, "negative staleness bound %lld in '%s'", (long long)p, v);
+      return -1;
+    }
+    m->kind = PS__MODE_SSP;
+  } else if (n == 5 && !strncmp(v, "async", 5) && !colon) {
+    m->kind = PS__MODE_ASYNC;
+  } else {
+    snprintf(msg, msglen, "unknown consistency mode '%s' (sync, sync:M, ssp:S or async)", v);
+    return -1;
+  }
+  if (p > 1000000) {
+    snprintf(msg, msglen, "mode parameter %lld too large", (long long)p);
+    return -1;
+  }
+  m->param = (uint32_t)p;
+  return 0;
 }
 
 int ps_config_set(ps_config *c, const char *key, const char *value) {
@@ -72,9 +101,11 @@ int ps_config_set(ps_config *c, const char *key, const char *value) {
     if (strcmp(value, "worker") && strcmp(value, "server") && strcmp(value, "scheduler"))
       return ps__fail(PS_ERR_CONFIG, "bad role '%s' (worker, server or scheduler)", value);
     break;
-  case K_MODE:
-    if (ps__mode_parse(value, &mode)) return ps__fail(PS_ERR_CONFIG, "unknown consistency mode '%s' (sync)", value);
+  case K_MODE: {
+    char msg[160];
+    if (ps__mode_parse(value, &mode, msg, sizeof msg)) return ps__fail(PS_ERR_CONFIG, "%s", msg);
     break;
+  }
   case K_TRANSPORT:
     if (strcmp(value, "auto") && strcmp(value, "tcp"))
       return ps__fail(PS_ERR_CONFIG, "bad transport '%s' (auto or tcp)", value);

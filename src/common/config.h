@@ -4,19 +4,24 @@
 #ifndef PS_CONFIG_H
 #define PS_CONFIG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "pshard.h"
 
 #define PS_CFG_HOST_MAX 64
 
-typedef enum { PS__MODE_SYNC = 0 } ps__mode_kind;
+/* Consistency models (DESIGN 5): sync (BSP), sync:M (first M of K), ssp:S (bounded
+ * staleness S), async. */
+typedef enum { PS__MODE_SYNC = 0, PS__MODE_SYNC_M = 1, PS__MODE_SSP = 2, PS__MODE_ASYNC = 3 } ps__mode_kind;
 typedef struct ps__mode {
   ps__mode_kind kind;
   uint32_t param;
 } ps__mode;
 
-int ps__mode_parse(const char *v, ps__mode *m);
+/* Parse "sync", "sync:M" (M >= 1), "ssp:S" (S >= 0) or "async". 0 or -1 (with a
+ * message for ps__fail describing the problem in msg). */
+int ps__mode_parse(const char *v, ps__mode *m, char *msg, size_t msglen);
 uint64_t ps__config_uint(const ps_config *c, const char *key, uint64_t dflt);
 const char *ps__config_str(const ps_config *c, const char *key, const char *dflt);
 

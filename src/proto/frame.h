@@ -41,7 +41,10 @@ enum {
   PS_MSG__MAX = 19
 };
 
-enum { PS_FLAG_NONE = 0 };
+enum {
+  PS_FLAG_NONE = 0,
+  PS_FLAG_DROPPED = 1 /* push reply: acknowledged but not applied (late under sync:M) */
+};
 
 typedef struct ps__frame_hdr {
   uint8_t type;      /* PS_MSG_* , | PS_FRAME_REPLY for answers */

@@ -24,13 +24,16 @@
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/config.h"
 #include "common/ring.h"
 #include "net/net.h"
 #include "proto/msg.h"
 #include "store/store.h"
 
-#define ROUND_WINDOW 8 /* rounds a push may run ahead of the applied version */
+#define ROUND_WINDOW 8   /* rounds a sync push may run ahead of the applied version */
 #define MAX_TABLES 65536
+#define MAX_DELAY 10000  /* async/ssp: a push more clocks behind than this is rejected */
+#define STALE_BUCKETS 64 /* staleness histogram: 0..62, and >= 63 */
 
 typedef struct round_acc {
   int64_t round;     /* which round this slot holds, -1 none */
@@ -43,12 +46,24 @@ typedef struct round_acc {
 } round_acc;
 
 typedef struct table {
+  ps__server *srv;
+  uint32_t id;
   ps__table_spec spec;
   ps__declare decl;
   ps__rowmap *params;
   uint64_t step;       /* updates applied (adam bias correction) */
+  /* sync and sync:M */
+  int64_t version;     /* rounds applied; round r covers clocks [r*every, (r+1)*every) */
   round_acc rounds[ROUND_WINDOW];
-  uint64_t pushes, pulls;
+  /* async and ssp: buffered pushes (server-side aggregation) */
+  ps__rowmap *agg;     /* key -> sum of weighted gradients (width floats) + weight sum (1 float) */
+  uint32_t agg_count;
+  float agg_lr;
+  int agg_has_lr;
+  uv_timer_t agg_timer;
+  int agg_timer_init, agg_timer_on;
+  /* counters */
+  uint64_t pushes, pulls, dropped, rejected, applied;
 } table;
 
 typedef struct worker {
@@ -81,12 +96,15 @@ struct ps__server {
   ps__ring *ring;
   worker *workers;
   size_t nworkers, wcap;
-  int64_t version;
   table **tables; /* indexed by table id */
   size_t ntables;
   pending_pull *pulls;
   char unix_path[PS_PATH_MAX];
   uint64_t rejected_clock;
+  /* staleness of applied pushes (max worker clock - push clock) and of answered pulls
+   * (pull clock - slowest live worker's clock), async and ssp tables */
+  uint64_t push_stale[STALE_BUCKETS], pull_stale[STALE_BUCKETS];
+  int64_t push_stale_max, pull_stale_max;
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -99,6 +117,22 @@ static worker *find_worker(ps__server *s, uint32_t id) {
   for (size_t i = 0; i < s->nworkers; i++)
     if (s->workers[i].id == id) return &s->workers[i];
   return NULL;
+}
+
+/* Clocks of the live workers: slowest, fastest and count. */
+static size_t live_clocks(ps__server *s, int64_t *minc, int64_t *maxc) {
+  size_t n = 0;
+  *minc = INT64_MAX;
+  *maxc = 0;
+  for (size_t i = 0; i < s->nworkers; i++) {
+    worker *w = &s->workers[i];
+    if (!w->alive) continue;
+    n++;
+    if (w->clock < *minc) *minc = w->clock;
+    if (w->clock > *maxc) *maxc = w->clock;
+  }
+  if (!n) *minc = 0;
+  return n;
 }
 
 static worker *add_worker(ps__server *s, uint32_t id, int64_t clock) {
@@ -118,6 +152,14 @@ static worker *add_worker(ps__server *s, uint32_t id, int64_t clock) {
 
 static int owns(ps__server *s, uint32_t tid, uint64_t key) {
   return !s->ring || ps__ring_size(s->ring) <= 1 || ps__ring_owner(s->ring, tid, key) == s->id;
+}
+
+static int is_sync(const table *t) { return t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M; }
+
+static void stale_record(uint64_t *hist, int64_t *max, int64_t v) {
+  if (v < 0) v = 0;
+  hist[v < STALE_BUCKETS - 1 ? v : STALE_BUCKETS - 1]++;
+  if (v > *max) *max = v;
 }
 
 typedef struct send_done {
@@ -149,9 +191,9 @@ static void reply_pooled(ps__server *s, ps__conn *c, ps__frame_hdr *h, void *buf
   if (ps__conn_send(c, h, &b, len ? 1 : 0, release_buf, d) != 0) release_buf(d, PS_ERR_CLOSED);
 }
 
-static void reply_ok(ps__conn *c, const ps__frame_hdr *req) {
+static void reply_ok(ps__conn *c, const ps__frame_hdr *req, uint8_t flags) {
   ps__frame_hdr h = {.type = (uint8_t)(req->type | PS_FRAME_REPLY), .req_id = req->req_id, .table = req->table,
-                     .clock = req->clock};
+                     .clock = req->clock, .flags = flags};
   ps__conn_send_ctrl(c, &h, NULL, 0);
 }
 
@@ -171,6 +213,7 @@ static void reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const char
 static void table_free(table *t) {
   if (!t) return;
   ps__rowmap_free(t->params);
+  ps__rowmap_free(t->agg);
   for (int i = 0; i < ROUND_WINDOW; i++) {
     ps__rowmap_free(t->rounds[i].acc);
     free(t->rounds[i].pushers);
@@ -200,7 +243,7 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     if (memcmp(&t->spec, &spec, sizeof spec) || strcmp(t->decl.name, d.name))
       reply_err(c, h, PS_ERR_CONFLICT, "table %u exists as '%s' with other options", d.id, t->decl.name);
     else
-      reply_ok(c, h);
+      reply_ok(c, h, 0);
     return;
   }
   if (d.id >= s->ntables) {
@@ -220,13 +263,19 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
     return;
   }
+  t->srv = s;
+  t->id = d.id;
   t->spec = spec;
   t->decl = d;
   for (int i = 0; i < ROUND_WINDOW; i++) t->rounds[i].round = -1;
+  /* A table created after the job ran starts at the current round. */
+  int64_t minc, maxc;
+  live_clocks(s, &minc, &maxc);
+  t->version = minc / (int64_t)spec.every;
   s->tables[d.id] = t;
   ps__log(PS_LOG_INFO, "table %u '%s' created (%s, size %llu)", d.id, d.name, d.kind == PS_DENSE ? "dense" : "sparse",
           (unsigned long long)d.size);
-  reply_ok(c, h);
+  reply_ok(c, h, 0);
 }
 
 /* The parameter row for key, created from the initialiser on first touch. */
@@ -271,39 +320,80 @@ static int round_add_pusher(round_acc *r, uint32_t worker_id, uint32_t batch) {
   return 0;
 }
 
-/* Apply one round of one table. */
-static void apply_round(table *t, round_acc *r) {
-  size_t n = ps__rowmap_count(r->acc);
+/* One optimiser step for every row of an accumulator. Rows hold `width` floats of
+ * gradient sum, and (if per_row_denom) one more float: that row's denominator. */
+static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr) {
+  size_t n = ps__rowmap_count(acc);
   if (n == 0) return;
-  double denom = t->spec.update == PS__UPDATE_MEAN ? r->batch_sum : 1.0;
-  if (denom <= 0) return;
-  float scale = (float)(1.0 / denom);
-  float lr = r->has_lr ? r->lr : t->spec.opt.lr;
   uint64_t step = ++t->step;
   unsigned width = t->spec.width;
   for (size_t i = 0; i < n; i++) {
-    uint64_t key = ps__rowmap_key_at(r->acc, i);
-    float *g = ps__rowmap_row_at(r->acc, i);
+    uint64_t key = ps__rowmap_key_at(acc, i);
+    float *g = ps__rowmap_row_at(acc, i);
+    double d = per_row_denom ? g[width] : denom;
+    if (d <= 0) continue;
     float *w = param_row(t, key);
     if (!w) {
       ps__log(PS_LOG_ERROR, "out of memory applying table '%s'", t->decl.name);
       return;
     }
     uint32_t len = ps__spec_row_len(&t->spec, key);
-    if (scale != 1.0f) ps__vscale(g, scale, len);
+    if (d != 1.0) ps__vscale(g, (float)(1.0 / d), len);
     ps__optim_apply(&t->spec.opt, lr, step, w, w + width, width, g, len);
   }
+  t->applied++;
+}
+
+/* Apply one sync round of a table. */
+static void apply_round(table *t, round_acc *r) {
+  double denom = t->spec.update == PS__UPDATE_MEAN ? r->batch_sum : 1.0;
+  apply_acc(t, r->acc, denom, 0, r->has_lr ? r->lr : t->spec.opt.lr);
+}
+
+/* Apply the buffered async/ssp pushes: per row, the batch-weighted mean (or the sum). */
+static void agg_flush(table *t) {
+  if (t->agg_timer_on) {
+    uv_timer_stop(&t->agg_timer);
+    t->agg_timer_on = 0;
+  }
+  if (!t->agg || t->agg_count == 0) return;
+  apply_acc(t, t->agg, 1.0, t->spec.update == PS__UPDATE_MEAN, t->agg_has_lr ? t->agg_lr : t->spec.opt.lr);
+  ps__rowmap_clear(t->agg);
+  t->agg_count = 0;
+  t->agg_has_lr = 0;
+}
+
+static void agg_timeout(uv_timer_t *tm) {
+  table *t = tm->data;
+  t->agg_timer_on = 0;
+  agg_flush(t);
 }
 
 /* ------------------------------------------------------------------ pulls */
 
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen);
 
+/* May a pull at clock c of table t be answered now? */
+static int pull_ready(ps__server *s, table *t, int64_t c) {
+  int64_t minc, maxc;
+  switch (t->spec.mode) {
+  case PS__MODE_SYNC:
+  case PS__MODE_SYNC_M:
+    return t->version >= c / (int64_t)t->spec.every;
+  case PS__MODE_SSP:
+    if (!live_clocks(s, &minc, &maxc)) return 1;
+    return minc >= c - (int64_t)t->spec.mode_param;
+  default:
+    return 1;
+  }
+}
+
 static void answer_ready_pulls(ps__server *s) {
   pending_pull **pp = &s->pulls;
   while (*pp) {
     pending_pull *p = *pp;
-    if (p->h.clock <= s->version) {
+    table *t = get_table(s, p->h.table);
+    if (!t || pull_ready(s, t, p->h.clock)) {
       *pp = p->next;
       answer_pull(s, p->conn, &p->h, p->buf, p->len);
       ps__pool_put(s->pool, p->buf, p->len);
@@ -330,31 +420,34 @@ static void drop_pulls_of(ps__server *s, ps__conn *c) {
 
 /* ------------------------------------------------------------------ rounds */
 
+/* Apply every sync round that is complete: all live workers (sync) or the first M of
+ * them (sync:M) have clocks past the round's last clock. */
 static void try_advance(ps__server *s) {
   if (!s->started) return;
-  int64_t minc = INT64_MAX;
-  size_t alive = 0;
-  for (size_t i = 0; i < s->nworkers; i++) {
-    if (!s->workers[i].alive) continue;
-    alive++;
-    if (s->workers[i].clock < minc) minc = s->workers[i].clock;
-  }
+  int64_t minc, maxc;
+  size_t alive = live_clocks(s, &minc, &maxc);
   if (alive == 0) return;
-  int advanced = 0;
-  while (s->version < minc) {
-    for (size_t i = 0; i < s->ntables; i++) {
-      table *t = s->tables[i];
-      if (!t) continue;
-      round_acc *r = &t->rounds[s->version % ROUND_WINDOW];
-      if (r->round != s->version) continue;
-      apply_round(t, r);
-      r->round = -1;
-      if (r->acc) ps__rowmap_clear(r->acc);
+  for (size_t i = 0; i < s->ntables; i++) {
+    table *t = s->tables[i];
+    if (!t || !is_sync(t)) continue;
+    int64_t every = (int64_t)t->spec.every;
+    for (;;) {
+      int64_t need = (t->version + 1) * every; /* clocks past the round's last clock */
+      size_t past = 0;
+      for (size_t k = 0; k < s->nworkers; k++) past += s->workers[k].alive && s->workers[k].clock >= need;
+      size_t quorum = alive;
+      if (t->spec.mode == PS__MODE_SYNC_M && t->spec.mode_param < alive) quorum = t->spec.mode_param;
+      if (past < quorum) break;
+      round_acc *r = &t->rounds[t->version % ROUND_WINDOW];
+      if (r->round == t->version) {
+        apply_round(t, r);
+        r->round = -1;
+        ps__rowmap_clear(r->acc);
+      }
+      t->version++;
     }
-    s->version++;
-    advanced = 1;
   }
-  if (advanced) answer_ready_pulls(s);
+  answer_ready_pulls(s);
 }
 
 /* ------------------------------------------------------------------ data requests */
@@ -397,35 +490,79 @@ static int64_t check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   return (int64_t)total;
 }
 
-static int check_clock_for_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, worker **wout) {
+enum { PUSH_OK = 0, PUSH_DROP = 1, PUSH_REJECTED = -1 };
+
+/* Check a push's clock against the table's mode. Returns PUSH_OK, PUSH_DROP (a late
+ * push under sync:M: counted, acknowledged, not applied) or PUSH_REJECTED (answered). */
+static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t) {
   worker *w = find_worker(s, h->sender);
   if (w && !w->alive) {
     reply_err(c, h, PS_ERR_UNAVAILABLE, "worker %u was removed from the job", h->sender);
-    return -1;
+    return PUSH_REJECTED;
   }
-  if (h->clock < s->version || h->clock >= s->version + ROUND_WINDOW) {
+  if (!w) {
+    int64_t minc, maxc;
+    live_clocks(s, &minc, &maxc);
+    if (!(w = add_worker(s, h->sender, minc))) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return PUSH_REJECTED;
+    }
+  }
+  /* From the future: ahead of every live worker's clock. (A worker may be ahead of its
+   * own last CLOCK here: a sync:M straggler fast-forwards to the servers' round.) */
+  int64_t lo, hi;
+  live_clocks(s, &lo, &hi);
+  if (h->clock < 0 || h->clock > (w->clock > hi ? w->clock : hi)) {
     s->rejected_clock++;
-    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld rejected: server is at round %lld (window %d)",
-              (long long)h->clock, (long long)s->version, ROUND_WINDOW);
-    return -1;
+    t->rejected++;
+    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld is from the future: the fastest worker is at %lld",
+              (long long)h->clock, (long long)(w->clock > hi ? w->clock : hi));
+    return PUSH_REJECTED;
   }
-  if (!w && !(w = add_worker(s, h->sender, s->version))) {
-    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
-    return -1;
+  if (is_sync(t)) {
+    int64_t round = h->clock / (int64_t)t->spec.every;
+    if (round < t->version) {
+      if (t->spec.mode == PS__MODE_SYNC_M) {
+        t->dropped++;
+        return PUSH_DROP;
+      }
+      s->rejected_clock++;
+      t->rejected++;
+      reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld rejected: table '%s' already applied round %lld",
+                (long long)h->clock, t->decl.name, (long long)t->version - 1);
+      return PUSH_REJECTED;
+    }
+    if (round >= t->version + ROUND_WINDOW) {
+      s->rejected_clock++;
+      t->rejected++;
+      reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld rejected: table '%s' is at round %lld (window %d)",
+                (long long)h->clock, t->decl.name, (long long)t->version, ROUND_WINDOW);
+      return PUSH_REJECTED;
+    }
+    return PUSH_OK;
   }
-  *wout = w;
-  return 0;
+  int64_t minc, maxc;
+  live_clocks(s, &minc, &maxc);
+  if (maxc - h->clock > MAX_DELAY) {
+    s->rejected_clock++;
+    t->rejected++;
+    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld is more than %d clocks behind the fastest worker (%lld)",
+              (long long)h->clock, MAX_DELAY, (long long)maxc);
+    return PUSH_REJECTED;
+  }
+  stale_record(s->push_stale, &s->push_stale_max, maxc - h->clock);
+  return PUSH_OK;
 }
 
 static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int dense) {
   table *t;
-  worker *w;
   if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
   const uint8_t *keys = b->buf;
   const float *vals = (const float *)((const uint8_t *)b->buf + 8u * h->nkeys);
   uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
   unsigned width = t->spec.width;
-  if (t->spec.update == PS__UPDATE_MEAN && h->batch == 0 && h->nkeys > 0) {
+  int mean = t->spec.update == PS__UPDATE_MEAN;
+  if (mean && h->batch == 0 && h->nkeys > 0) {
     reply_err(c, h, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
     return;
   }
@@ -451,31 +588,57 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
       }
     }
   }
-  if (check_clock_for_push(s, c, h, &w)) return;
-  round_acc *r = get_round(t, h->clock);
-  if (!r || round_add_pusher(r, h->sender, h->batch)) {
-    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+  int st = check_push_clock(s, c, h, t);
+  if (st == PUSH_REJECTED) return;
+  if (st == PUSH_DROP) {
+    reply_ok(c, h, PS_FLAG_DROPPED);
     return;
   }
-  if (h->lr >= 0) {
-    r->lr = h->lr;
-    r->has_lr = 1;
+
+  /* Where the gradient goes: the round's accumulator (sync) or the aggregation buffer
+   * (async, ssp), whose rows carry one more float, the row's weight sum. */
+  ps__rowmap *acc;
+  int sync = is_sync(t);
+  float weight = mean ? (float)h->batch : 1.0f;
+  if (sync) {
+    round_acc *r = get_round(t, h->clock / (int64_t)t->spec.every);
+    if (!r || round_add_pusher(r, h->sender, h->batch)) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
+    }
+    if (h->lr >= 0) {
+      r->lr = h->lr;
+      r->has_lr = 1;
+    }
+    acc = r->acc;
+  } else {
+    if (!t->agg && !(t->agg = ps__rowmap_new((size_t)width + 1))) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
+    }
+    if (h->lr >= 0) {
+      t->agg_lr = h->lr;
+      t->agg_has_lr = 1;
+    }
+    acc = t->agg;
   }
-  float weight = t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f;
   int created = 0;
   if (dense) {
     const float *g = vals;
+    uint64_t last_slice = UINT64_MAX;
     for (uint32_t i = 0; i < h->nkeys; i += 2) {
       uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
       while (cnt > 0) {
         uint64_t sl = off / width, within = off % width;
         uint64_t n = width - within < cnt ? width - within : cnt;
-        float *row = ps__rowmap_upsert(r->acc, sl, &created);
+        float *row = ps__rowmap_upsert(acc, sl, &created);
         if (!row) {
           reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
           return;
         }
         ps__axpy(row + within, weight, g, n);
+        if (!sync && sl != last_slice) row[width] += weight;
+        last_slice = sl;
         g += n;
         off += n;
         cnt -= n;
@@ -483,16 +646,44 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
     }
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
-      float *row = ps__rowmap_upsert(r->acc, ps__get_u64(keys + 8 * i), &created);
+      float *row = ps__rowmap_upsert(acc, ps__get_u64(keys + 8 * i), &created);
       if (!row) {
         reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
         return;
       }
       ps__axpy(row, weight, vals + (size_t)i * width, width);
     }
+    if (!sync) {
+      /* Add this push's weight once to every row it touched, even for keys repeated in
+       * the push: a first pass marks counted rows negative (weights are >= 0), a second
+       * restores them. */
+      for (uint32_t i = 0; i < h->nkeys; i++) {
+        float *row = ps__rowmap_get(acc, ps__get_u64(keys + 8 * i));
+        if (row[width] >= 0) row[width] = -(row[width] + weight) - 1.0f;
+      }
+      for (uint32_t i = 0; i < h->nkeys; i++) {
+        float *row = ps__rowmap_get(acc, ps__get_u64(keys + 8 * i));
+        if (row[width] < 0) row[width] = -(row[width] + 1.0f);
+      }
+    }
   }
   t->pushes++;
-  reply_ok(c, h);
+  if (!sync) {
+    t->agg_count++;
+    uint32_t n = t->spec.agg_n ? t->spec.agg_n : (t->spec.agg_ms ? UINT32_MAX : 1);
+    if (t->agg_count >= n) {
+      agg_flush(t);
+    } else if (t->spec.agg_ms && !t->agg_timer_on) {
+      if (!t->agg_timer_init) {
+        uv_timer_init(&s->loop, &t->agg_timer);
+        t->agg_timer.data = t;
+        t->agg_timer_init = 1;
+      }
+      uv_timer_start(&t->agg_timer, agg_timeout, t->spec.agg_ms, 0);
+      t->agg_timer_on = 1;
+    }
+  }
+  reply_ok(c, h, 0);
 }
 
 /* Copy the requested parameters into a pooled buffer and send them. */
@@ -505,8 +696,13 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
     return;
   }
   unsigned width = t->spec.width;
+  int64_t minc, maxc;
+  live_clocks(s, &minc, &maxc);
+  /* The reply's clock tells a worker that fell behind a sync:M job where to resume. */
+  int64_t at = is_sync(t) ? t->version * (int64_t)t->spec.every : h->clock;
+  if (!is_sync(t)) stale_record(s->pull_stale, &s->pull_stale_max, h->clock - minc);
   ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
-                     .clock = s->version, .epoch = s->epoch};
+                     .clock = at, .epoch = s->epoch};
   size_t nfloats = 0;
   if (t->spec.kind == PS_DENSE) {
     for (uint32_t i = 0; i < h->nkeys; i += 2) nfloats += ps__get_u64(keys + 8 * (i + 1));
@@ -569,11 +765,11 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
       }
     }
   }
-  if (h->clock <= s->version) {
+  if (!s->started || pull_ready(s, t, h->clock)) {
     answer_pull(s, c, h, b->buf, b->len);
     return;
   }
-  /* Defer until the round for this clock is applied; keep the body. */
+  /* Defer until the table reaches this clock; keep the body. */
   pending_pull *p = ps__malloc(sizeof *p);
   if (!p) {
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
@@ -596,10 +792,25 @@ static void on_clock(ps__server *s, const ps__frame_hdr *h) {
   try_advance(s);
 }
 
+static void hist_line(ps__wbuf *w, const char *name, const uint64_t *hist, int64_t max) {
+  char line[64];
+  int n = snprintf(line, sizeof line, "%s_max %lld\n%s", name, (long long)max, name);
+  ps__wbuf_bytes(w, line, (size_t)n);
+  int last = STALE_BUCKETS - 1;
+  while (last > 0 && !hist[last]) last--;
+  for (int i = 0; i <= last; i++) {
+    n = snprintf(line, sizeof line, " %llu", (unsigned long long)hist[i]);
+    ps__wbuf_bytes(w, line, (size_t)n);
+  }
+  ps__wbuf_bytes(w, "\n", 1);
+}
+
 static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf w;
-  char line[256];
+  char line[384];
   size_t rows = 0, bytes = 0, payload = 0;
+  uint64_t dropped = 0;
+  static const char *const modes[] = {"sync", "sync:M", "ssp", "async"};
   ps__wbuf_init(&w);
   for (size_t i = 0; i < s->ntables; i++) {
     table *t = s->tables[i];
@@ -608,15 +819,26 @@ static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
     rows += n;
     bytes += ps__rowmap_bytes(t->params);
     payload += n * ps__spec_row_floats(&t->spec) * 4;
-    int m = snprintf(line, sizeof line, "table %zu name=%s rows=%zu bytes=%zu pushes=%llu pulls=%llu step=%llu\n", i,
-                     t->decl.name, n, ps__rowmap_bytes(t->params), (unsigned long long)t->pushes,
-                     (unsigned long long)t->pulls, (unsigned long long)t->step);
+    dropped += t->dropped;
+    int m = snprintf(line, sizeof line,
+                     "table %zu name=%s mode=%s param=%u rows=%zu bytes=%zu pushes=%llu pulls=%llu applied=%llu "
+                     "step=%llu version=%lld dropped=%llu rejected=%llu\n",
+                     i, t->decl.name, modes[t->spec.mode & 3], t->spec.mode_param, n, ps__rowmap_bytes(t->params),
+                     (unsigned long long)t->pushes, (unsigned long long)t->pulls, (unsigned long long)t->applied,
+                     (unsigned long long)t->step, (long long)t->version, (unsigned long long)t->dropped,
+                     (unsigned long long)t->rejected);
     ps__wbuf_bytes(&w, line, (size_t)m);
   }
-  int m = snprintf(line, sizeof line, "server %u\nrank %u\nepoch %llu\nversion %lld\nrows %zu\nstore_bytes %zu\npayload_bytes %zu\nrejected_clock %llu\n",
-                   s->id, s->rank, (unsigned long long)s->epoch, (long long)s->version, rows, bytes, payload,
-                   (unsigned long long)s->rejected_clock);
+  int64_t minc, maxc;
+  live_clocks(s, &minc, &maxc);
+  int m = snprintf(line, sizeof line,
+                   "server %u\nrank %u\nepoch %llu\nmin_clock %lld\nmax_clock %lld\nrows %zu\nstore_bytes %zu\n"
+                   "payload_bytes %zu\nrejected_clock %llu\ndropped_pushes %llu\n",
+                   s->id, s->rank, (unsigned long long)s->epoch, (long long)minc, (long long)maxc, rows, bytes,
+                   payload, (unsigned long long)s->rejected_clock, (unsigned long long)dropped);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  hist_line(&w, "push_staleness", s->push_stale, s->push_stale_max);
+  hist_line(&w, "pull_staleness", s->pull_stale, s->pull_stale_max);
   ps__frame_hdr r = {.type = PS_MSG_STATS | PS_FRAME_REPLY, .req_id = h->req_id};
   if (!w.oom) ps__conn_send_ctrl(c, &r, w.data, w.len);
   ps__wbuf_free(&w);
@@ -686,7 +908,11 @@ static void on_membership(ps__server *s, const ps__body *b) {
     if (x->role == PS_ROLE_SERVER && x->alive) ids[nsrv++] = x->id;
     if (x->role != PS_ROLE_WORKER) continue;
     worker *w = find_worker(s, x->id);
-    if (!w && x->alive) w = add_worker(s, x->id, s->started ? s->version : 0);
+    if (!w && x->alive) {
+      int64_t minc, maxc;
+      live_clocks(s, &minc, &maxc);
+      w = add_worker(s, x->id, s->started ? minc : 0);
+    }
     if (w && !x->alive && w->alive) {
       w->alive = 0;
       ps__log(PS_LOG_INFO, "worker %u left the active set (epoch %llu)", x->id, (unsigned long long)m.epoch);

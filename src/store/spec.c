@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/config.h"
 
 #define MAX_DIM (1u << 20)            /* widest row: sparse dim or dense slice */
 #define MAX_DENSE (1ull << 40)        /* largest dense table, in floats */
@@ -21,11 +22,11 @@
 /* Option keys, in the order of pshard.h; a bit per key catches repeats. */
 enum {
   K_OPT, K_LR, K_MOMENTUM, K_BETA1, K_BETA2, K_EPS, K_ACC0, K_L1, K_L2, K_BETA,
-  K_UPDATE, K_INIT, K_SEED, K_SLICE, K_COUNT
+  K_UPDATE, K_INIT, K_SEED, K_SLICE, K_MODE, K_EVERY, K_AGG_N, K_AGG_MS, K_COUNT
 };
 static const char *const key_names[K_COUNT] = {
     "opt", "lr", "momentum", "beta1", "beta2", "eps", "acc0",
-    "l1", "l2", "beta", "update", "init", "seed", "slice",
+    "l1", "l2", "beta", "update", "init", "seed", "slice", "mode", "every", "agg_n", "agg_ms",
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -133,6 +134,25 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
       return fail(err, errlen, PS_ERR_CONFIG,
                   "bad value '%s' for option 'slice': must be 1..%u", val, MAX_DIM);
     return 0;
+  case K_MODE: {
+    ps__mode m;
+    char msg[160];
+    if (ps__mode_parse(val, &m, msg, sizeof msg)) return fail(err, errlen, PS_ERR_CONFIG, "option 'mode': %s", msg);
+    s->mode = (uint32_t)m.kind;
+    s->mode_param = m.param;
+    return 0;
+  }
+  case K_EVERY:
+  case K_AGG_N:
+  case K_AGG_MS: {
+    uint64_t v;
+    uint32_t *dst = k == K_EVERY ? &s->every : k == K_AGG_N ? &s->agg_n : &s->agg_ms;
+    if (ps__parse_u64(val, &v) || v > 1000000 || (k == K_EVERY && v == 0))
+      return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s': must be %s..1000000", val, name,
+                  k == K_EVERY ? "1" : "0");
+    *dst = (uint32_t)v;
+    return 0;
+  }
   case K_LR: fp = &s->opt.lr; break;
   case K_MOMENTUM: fp = &s->opt.momentum; break;
   case K_BETA1: fp = &s->opt.beta1; has_hi = 1; range = "must be in [0, 1)"; break;
@@ -187,6 +207,8 @@ int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint6
   s.opt.beta = 1.0f;
   s.init.kind = PS__INIT_ZERO;
   s.update = PS__UPDATE_MEAN;
+  s.mode = PS__MODE_SYNC;
+  s.every = 1;
 
   for (;;) {
     char tok[MAX_TOKEN];
@@ -219,6 +241,10 @@ int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint6
     if (rc) return rc;
   }
 
+  if ((s.agg_n || s.agg_ms) && s.mode != PS__MODE_ASYNC && s.mode != PS__MODE_SSP)
+    return fail(err, errlen, PS_ERR_CONFIG, "options 'agg_n' and 'agg_ms' apply to async and ssp tables");
+  if (s.every > 1 && s.mode != PS__MODE_SYNC && s.mode != PS__MODE_SYNC_M)
+    return fail(err, errlen, PS_ERR_CONFIG, "option 'every' applies to sync and sync:M tables");
   if (!(seen & (1u << K_EPS))) s.opt.eps = s.opt.kind == PS__OPT_ADAGRAD ? 1e-10f : 1e-8f;
 
   if (kind == PS_DENSE) {

@@ -51,6 +51,11 @@ typedef struct ps__table_spec {
   ps__init init;
   ps__update_mode update;
   uint64_t name_hash;  /* xxh64 of the table name; seeds the initialiser */
+  uint32_t mode;       /* ps__mode_kind (common/config.h): mode= (sync) */
+  uint32_t mode_param; /* M of sync:M, S of ssp:S */
+  uint32_t every;      /* every=N: sync modes apply a round every N clocks (1) */
+  uint32_t agg_n;      /* agg_n=N: async/ssp buffer N pushes before applying (0 = off) */
+  uint32_t agg_ms;     /* agg_ms=T: ... or T milliseconds after the first (0 = off) */
 } ps__table_spec;
 
 /* Parse `options` (see ps_table_declare in pshard.h) for a table of the given kind and
