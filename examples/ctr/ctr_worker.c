@@ -32,6 +32,10 @@
 typedef struct opts {
   const char *data, *test, *opt;
   int epochs, batch, quiet;
+  int slow_worker;      /* PSHARD_WORKER_INDEX of a worker to slow down (-1 none) */
+  double slow_factor;   /* its steps take this many times as long */
+  int eval_every;       /* rank 0: evaluate on the test set every N of its steps (0 off) */
+  size_t eval_rows;     /* rows of the test set used by --eval-every (all) */
   double lr, l1, l2, beta;
   const char *pred_out;
 } opts;
@@ -194,7 +198,8 @@ static void empty_step(model *m) {
   usleep(1000);
 }
 
-static int evaluate(model *m, const char *path, int batch, double *logloss, double *auc, double *acc, size_t *rows) {
+static int evaluate(model *m, const char *path, int batch, size_t max_rows, double *logloss, double *auc, double *acc,
+                    size_t *rows) {
   ctr_reader *r;
   ctr_batch b;
   size_t n = 0, cap = 0;
@@ -213,7 +218,7 @@ static int evaluate(model *m, const char *path, int batch, double *logloss, doub
       free(p);
       return 1;
     }
-    if (b.rows == 0) break;
+    if (b.rows == 0 || (max_rows && n >= max_rows)) break;
     if (n + b.rows > cap) {
       cap = (n + b.rows) * 2;
       y = realloc(y, cap * 4);
@@ -292,11 +297,16 @@ static void usage(FILE *f) {
           "  --batch N       examples per mini-batch (1000)\n"
           "  --opt ftrl|adagrad  server-side optimiser (ftrl)\n"
           "  --lr X --l1 X --l2 X --beta X   optimiser settings (ftrl: 0.1 1 1 1; adagrad: 0.1)\n"
-          "  --quiet         no per-epoch lines from workers other than rank 0\n");
+          "  --quiet         no per-epoch lines from workers other than rank 0\n"
+          "  --slow-worker I --slow-factor F   worker index I (PSHARD_WORKER_INDEX) takes F times\n"
+          "                  as long per step (it sleeps (F-1) x its step time), to study stragglers\n"
+          "  --eval-every N  rank 0 prints 'eval t=SECONDS examples=N logloss=X auc=Y' every N of\n"
+          "                  its steps, on the first --eval-rows test rows (10000)\n");
 }
 
 int main(int argc, char **argv) {
-  opts o = {.epochs = 1, .batch = 1000, .opt = "ftrl", .lr = -1, .l1 = 1, .l2 = 1, .beta = 1};
+  opts o = {.epochs = 1, .batch = 1000, .opt = "ftrl", .lr = -1, .l1 = 1, .l2 = 1, .beta = 1,
+            .slow_worker = -1, .slow_factor = 1, .eval_rows = 10000};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -323,6 +333,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--l1")) o.l1 = strtod(v, &end);
     else if (!strcmp(a, "--l2")) o.l2 = strtod(v, &end);
     else if (!strcmp(a, "--beta")) o.beta = strtod(v, &end);
+    else if (!strcmp(a, "--slow-worker")) o.slow_worker = (int)strtol(v, &end, 10);
+    else if (!strcmp(a, "--slow-factor")) o.slow_factor = strtod(v, &end);
+    else if (!strcmp(a, "--eval-every")) o.eval_every = (int)strtol(v, &end, 10);
+    else if (!strcmp(a, "--eval-rows")) o.eval_rows = (size_t)strtoull(v, &end, 10);
     else {
       fprintf(stderr, "ctr_worker: unknown option %s\n", a);
       usage(stderr);
@@ -333,7 +347,8 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (!o.data || o.epochs < 1 || o.batch < 1 || (strcmp(o.opt, "ftrl") && strcmp(o.opt, "adagrad"))) {
+  if (!o.data || o.epochs < 1 || o.batch < 1 || (strcmp(o.opt, "ftrl") && strcmp(o.opt, "adagrad")) ||
+      o.slow_factor < 1 || o.eval_every < 0) {
     fprintf(stderr, "ctr_worker: need --data, epochs >= 1, batch >= 1, --opt ftrl or adagrad\n");
     usage(stderr);
     return 2;
@@ -352,6 +367,9 @@ int main(int argc, char **argv) {
   memset(&m, 0, sizeof m);
   PS_CHECK("connect", ps_ctx_open_env(&m.ctx));
   int rank = ps_ctx_rank(m.ctx);
+  const char *idx_env = getenv("PSHARD_WORKER_INDEX");
+  int slow = o.slow_worker >= 0 && idx_env && atoi(idx_env) == o.slow_worker && o.slow_factor > 1;
+  uint64_t steps = 0;
   char topts[256];
   if (!strcmp(o.opt, "ftrl"))
     snprintf(topts, sizeof topts, "opt=ftrl lr=%g l1=%g l2=%g beta=%g", o.lr, o.l1, o.l2, o.beta);
@@ -381,7 +399,7 @@ int main(int argc, char **argv) {
       if (rank == 0) {
         double ll, auc, acc;
         size_t n;
-        if (evaluate(&m, o.test, 10000, &ll, &auc, &acc, &n)) return 1;
+        if (evaluate(&m, o.test, 10000, 0, &ll, &auc, &acc, &n)) return 1;
         printf("epoch %d: test logloss %.4f  auc %.4f  accuracy %.4f  (%zu examples, %.1f s)\n", cur_epoch + 1, ll,
                auc, acc, n, now_s() - t0);
         fflush(stdout);
@@ -402,7 +420,17 @@ int main(int argc, char **argv) {
         return 1;
       }
       if (b.rows == 0) break;
+      double ts = now_s();
       loss_acc += train_step(&m, &b, &pbuf, &pcap);
+      steps++;
+      if (slow) usleep((useconds_t)((now_s() - ts) * (o.slow_factor - 1) * 1e6));
+      if (rank == 0 && o.eval_every && steps % (uint64_t)o.eval_every == 0) {
+        double ll, auc, acc;
+        size_t n;
+        if (evaluate(&m, o.test, 10000, o.eval_rows, &ll, &auc, &acc, &n)) return 1;
+        printf("eval t=%.3f examples=%llu logloss=%.5f auc=%.5f\n", now_s() - t0, (unsigned long long)examples, ll, auc);
+        fflush(stdout);
+      }
       loss_n++;
       examples += b.rows;
       ex_since += b.rows;
