@@ -79,6 +79,8 @@ static void sched_usage(FILE *f) {
           "  --heartbeat-ms N          check period (200) [PSHARD_HEARTBEAT_MS]\n"
           "  --heartbeat-timeout-ms N  a silent node is dead after N ms (3000) [PSHARD_HEARTBEAT_TIMEOUT_MS]\n"
           "  --addr-file F             also write HOST:PORT to F\n"
+          "  --exit-when-done          stop (and stop the servers) once every worker has left;\n"
+          "                            exit 1 if a worker died instead of leaving\n"
           "  --verbose                 log registrations and membership changes\n"
           "  --help                    this text\n");
 }
@@ -92,7 +94,9 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"host", required_argument, 0, 'H'},    {"port", required_argument, 0, 'p'},
       {"heartbeat-ms", required_argument, 0, 'b'}, {"heartbeat-timeout-ms", required_argument, 0, 't'},
       {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
-      {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+      {"help", no_argument, 0, 'h'},          {"exit-when-done", no_argument, 0, 'x'},
+      {0, 0, 0, 0}};
+  int exit_when_done = 0;
   uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000;
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
@@ -112,6 +116,7 @@ int ps_cli_scheduler(int argc, char **argv) {
     case 'b': if (parse_uint_flag("--heartbeat-ms", optarg, 600000, &hb) || !hb) return 2; break;
     case 't': if (parse_uint_flag("--heartbeat-timeout-ms", optarg, 86400000, &hbt) || !hbt) return 2; break;
     case 'a': addr_file = optarg; break;
+    case 'x': exit_when_done = 1; break;
     case 'v': verbose = 1; break;
     case 'h': sched_usage(stdout); return 0;
     default:
@@ -134,7 +139,8 @@ int ps_cli_scheduler(int argc, char **argv) {
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
   ps__sched_opts o = {.host = host, .port = (int)port, .servers = (uint32_t)servers, .workers = (uint32_t)workers,
-                      .heartbeat_ms = (uint32_t)hb, .heartbeat_timeout_ms = (uint32_t)hbt};
+                      .heartbeat_ms = (uint32_t)hb, .heartbeat_timeout_ms = (uint32_t)hbt,
+                      .exit_when_done = exit_when_done};
   ps__sched *s;
   if (ps__sched_create(&o, &s)) {
     fprintf(stderr, "pshard scheduler: %s\n", ps_errmsg());
@@ -156,10 +162,10 @@ int ps_cli_scheduler(int argc, char **argv) {
   }
   sc.arg = s;
   __atomic_store_n(&sc.stop, stop_sched, __ATOMIC_RELEASE);
-  ps__sched_run(s);
+  int rc = ps__sched_run(s);
   ps__sched_destroy(s);
   end_signal_thread(st);
-  return 0;
+  return rc;
 }
 
 static void server_usage(FILE *f) {

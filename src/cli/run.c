@@ -528,7 +528,8 @@ static void exec_usage(FILE *f) {
   fprintf(f,
           "usage: pshard exec -s S (--scheduler HOST:PORT | --addr-file FILE) [--host H] -- COMMAND [ARGS...]\n\n"
           "Take a role from the launcher's rank: rank 0 runs the scheduler, ranks 1..S the servers,\n"
-          "every other rank runs COMMAND as a worker. Ranks come from Open MPI\n"
+          "every other rank runs COMMAND as a worker; the scheduler and servers exit once every\n"
+          "worker has left. Ranks come from Open MPI\n"
           "(OMPI_COMM_WORLD_RANK/SIZE), MPICH/PMI (PMI_RANK/SIZE), PMIx or Slurm\n"
           "(SLURM_PROCID/SLURM_NTASKS).\n\n"
           "  -s, --servers S           number of servers among the ranks\n"
@@ -608,12 +609,13 @@ int ps_cli_exec(int argc, char **argv) {
       }
       snprintf(port, sizeof port, "%d", p);
       host = shost;
-      char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host, "--port", port, NULL};
+      char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host, "--port", port,
+                   "--exit-when-done", NULL};
       execv(exe, a);
     } else {
       unlink(addr_file);
       char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host,
-                   "--addr-file", (char *)addr_file, NULL};
+                   "--addr-file", (char *)addr_file, "--exit-when-done", NULL};
       execv(exe, a);
     }
     fprintf(stderr, "pshard exec: cannot run the scheduler: %s\n", strerror(errno));

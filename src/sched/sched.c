@@ -79,6 +79,10 @@ struct ps__sched {
   metric *metrics;
   size_t nmetrics, mcap;
   int stopping;
+  int finished;     /* every worker left (exit_when_done): stopping soon */
+  int worker_failed;/* a worker died rather than leaving */
+  int result;
+  uv_timer_t finish_timer;
 };
 
 static node *node_by_conn(ps__sched *s, ps__conn *c) {
@@ -301,8 +305,13 @@ static void task_requeue(ps__sched *s, uint32_t node_id) {
   if (any) task_serve_waiters(s);
 }
 
+static void do_stop(void *arg);
+
+static void finish_tick(uv_timer_t *t) { do_stop(t->data); }
+
 static void mark_dead(ps__sched *s, node *n, const char *why) {
   if (!n->m.alive) return;
+  if (n->m.role == PS_ROLE_WORKER && strcmp(why, "left the job")) s->worker_failed = 1;
   n->m.alive = 0;
   n->barrier_seq = -1;
   s->epoch++;
@@ -315,6 +324,15 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
     n->conn = NULL;
   }
   if (n->m.role == PS_ROLE_WORKER) task_requeue(s, n->m.id);
+  if (s->o.exit_when_done && s->started && !s->finished && n->m.role == PS_ROLE_WORKER &&
+      count_alive(s, PS_ROLE_WORKER) == 0) {
+    /* The job is over: tell the servers (started = 2), then stop shortly after. */
+    s->finished = 1;
+    s->started = 2;
+    s->result = s->worker_failed ? 1 : 0;
+    ps__log(PS_LOG_INFO, "every worker has left; the job is finished");
+    uv_timer_start(&s->finish_timer, finish_tick, 300, 0);
+  }
   if (s->started) broadcast_membership(s);
   check_barriers(s);
 }
@@ -584,6 +602,8 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   }
   uv_timer_init(&s->loop, &s->hb_timer);
   s->hb_timer.data = s;
+  uv_timer_init(&s->loop, &s->finish_timer);
+  s->finish_timer.data = s;
   uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
   *out = s;
   return 0;
@@ -612,6 +632,7 @@ static void do_stop(void *arg) {
   s->stopping = 1;
   ps__listener_close(&s->listener);
   uv_timer_stop(&s->hb_timer);
+  uv_timer_stop(&s->finish_timer);
   uv_walk(&s->loop, walk_close, NULL);
   ps__mailbox_close(s->mail);
   s->mail = NULL;
@@ -619,7 +640,7 @@ static void do_stop(void *arg) {
 
 int ps__sched_run(ps__sched *s) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
-  return 0;
+  return s->result;
 }
 
 void ps__sched_stop(ps__sched *s) {

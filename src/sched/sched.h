@@ -19,11 +19,13 @@ typedef struct ps__sched_opts {
   uint32_t heartbeat_ms;     /* check period */
   uint32_t heartbeat_timeout_ms;
   uint64_t max_payload;
+  int exit_when_done;        /* stop once every worker has left a started job */
 } ps__sched_opts;
 
 int ps__sched_create(const ps__sched_opts *o, ps__sched **out);
 int ps__sched_port(const ps__sched *s);
-/* Run until stopped. Returns 0. */
+/* Run until stopped. Returns 0, or 1 when it stopped on its own (exit_when_done)
+ * after a worker failed. */
 int ps__sched_run(ps__sched *s);
 void ps__sched_stop(ps__sched *s);
 void ps__sched_destroy(ps__sched *s);

@@ -927,6 +927,11 @@ static void on_membership(ps__server *s, const ps__body *b) {
   s->epoch = m.epoch;
   s->started = m.started;
   ps__membership_clear(&m);
+  if (s->started == 2) { /* the scheduler finished the job */
+    ps__log(PS_LOG_INFO, "the job is finished; stopping");
+    server_shutdown(s, 0);
+    return;
+  }
   try_advance(s);
 }
 

@@ -1,0 +1,148 @@
+"""Launching and data-partition tasks: `pshard run`, `pshard exec` under Open MPI,
+tasks processed exactly once per epoch, a dead worker's partitions re-queued."""
+import collections
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import Cluster, binary  # noqa: E402
+
+SLOW = 3 if os.environ.get("PSHARD_SANITIZED") else 1
+
+
+def run(argv, timeout=60, **kw):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout * SLOW, **kw)
+
+
+def records(paths):
+    done = collections.Counter()
+    started = collections.Counter()
+    for p in paths:
+        if not os.path.exists(p):
+            continue
+        for line in open(p):
+            what, e, part = line.split()
+            (done if what == "done" else started)[(int(e), int(part))] += 1
+    return started, done
+
+
+def test_run_prefixes_output_and_succeeds():
+    r = run([binary("pshard"), "run", "-s", "2", "-w", "3", "--progress-ms", "0", "--",
+             binary("sync_worker"), "--steps", "5"])
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stdout.splitlines() if l.startswith("[worker ")]
+    assert len(lines) == 3, r.stdout
+    for i in range(3):
+        assert any(l.startswith(f"[worker {i}] ") for l in lines)
+    assert "all 3 workers finished" in r.stderr
+
+
+def test_run_propagates_first_failure_status():
+    r = run([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--", "sh", "-c", "exit 7"])
+    assert r.returncode == 7
+    assert "exited with status 7" in r.stderr
+
+
+def test_run_bad_flags_exit_2():
+    for argv in (["run", "--bogus"], ["run", "-s", "x", "--", "true"], ["run", "-s", "1"],
+                 ["run", "--mode", "nonsense", "--", "true"], ["run", "--mode", "ssp:-2", "--", "true"]):
+        r = run([binary("pshard")] + argv)
+        assert r.returncode == 2, (argv, r.stderr)
+        assert "usage" in r.stderr or "mode" in r.stderr
+
+
+def test_run_ctrl_c_stops_everything():
+    p = subprocess.Popen([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--",
+                          binary("sync_worker"), "--steps", "100000", "--sleep-ms", "5"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(1.0 * SLOW)
+        os.kill(p.pid, signal.SIGINT)
+        out, err = p.communicate(timeout=20 * SLOW)
+        assert p.returncode == 128 + signal.SIGINT
+        assert "interrupted" in err
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    # no process of the job survives (they ran in their own process groups)
+    r = run(["pgrep", "-f", "sync_worker --steps 100000"])
+    assert r.stdout.strip() == ""
+
+
+def test_tasks_exactly_once_per_epoch():
+    d = tempfile.mkdtemp(prefix="pshard-tasks-")
+    try:
+        with Cluster(1, 3) as c:
+            recs = [os.path.join(d, f"w{i}") for i in range(3)]
+            ws = [c.worker([binary("task_worker"), "13", "3", recs[i], "2"], f"w{i}") for i in range(3)]
+            assert c.wait(ws, 60 * SLOW) == [0, 0, 0], [c.log(f"w{i}") for i in range(3)]
+        started, done = records(recs)
+        expected = {(e, p) for e in range(3) for p in range(13)}
+        assert set(done) == expected
+        assert all(n == 1 for n in done.values()), done
+        assert all(n == 1 for n in started.values()), started
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_dead_workers_partitions_are_requeued():
+    d = tempfile.mkdtemp(prefix="pshard-tasks-")
+    try:
+        with Cluster(1, 3, heartbeat_timeout_ms=1000) as c:
+            recs = [os.path.join(d, f"w{i}") for i in range(3)]
+            ws = [c.worker([binary("task_worker"), "20", "2", recs[i], "50"], f"w{i}") for i in range(3)]
+            # kill worker 0 while it holds a partition (after its second start line)
+            deadline = time.time() + 20 * SLOW
+            while time.time() < deadline:
+                started, _ = records([recs[0]])
+                if sum(started.values()) >= 2:
+                    break
+                time.sleep(0.01)
+            os.killpg(ws[0].pid, signal.SIGKILL)
+            ws[0].wait()
+            assert c.wait(ws[1:], 60 * SLOW) == [0, 0], [c.log(f"w{i}") for i in range(3)]
+        started, done = records(recs)
+        expected = {(e, p) for e in range(2) for p in range(20)}
+        assert set(done) == expected, expected - set(done)
+        assert all(n == 1 for n in done.values()), done
+        # the partition the dead worker held was started twice: once by it, once again
+        killed_started, killed_done = records([recs[0]])
+        interrupted = set(killed_started) - set(killed_done)
+        assert interrupted, "worker 0 was not holding a partition when killed"
+        for k in interrupted:
+            assert started[k] == 2
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (openmpi-bin) is not installed")
+def test_exec_under_mpirun():
+    d = tempfile.mkdtemp(prefix="pshard-mpi-")
+    try:
+        out = os.path.join(d, "params.txt")
+        r = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "5",
+                 binary("pshard"), "exec", "-s", "2", "--addr-file", os.path.join(d, "addr"), "--",
+                 binary("sync_worker"), "--steps", "10", "--out", out], timeout=120,
+                env=dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1"))
+        # the scheduler and servers do not exit by themselves: mpirun returns when they
+        # are stopped, so the workers' success is read from their output
+        assert r.stdout.count("done after 10 steps") == 2, r.stdout + r.stderr
+        assert os.path.getsize(out) > 0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_exec_without_launcher_fails_cleanly():
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))}
+    r = run([binary("pshard"), "exec", "-s", "1", "--addr-file", "/nonexistent/x", "--", "true"], env=env)
+    assert r.returncode == 2
+    assert "rank" in r.stderr
