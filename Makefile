@@ -8,7 +8,11 @@ PYTHON      := /usr/bin/python3
 APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libcriterion-dev \
                 python3-pytest python3-numpy python3-cffi liblinear-tools openmpi-bin libopenmpi-dev
 
-.PHONY: all deps build build-asan test test-unit test-asan test-integration demo bench clean
+DEMO_DATA   ?= data/ctr
+DEMO_ROWS   ?= 1000000
+DEMO_EPOCHS ?= 2
+
+.PHONY: all deps build build-asan test test-unit test-asan test-integration demo demo-data bench clean
 
 all: build
 
@@ -44,6 +48,17 @@ test-unit: build
 
 test-integration: build
 	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# The main job: a click-through model on a generated Criteo-like log, 2 servers, 2 workers.
+demo: build demo-data
+	$(BUILD)/pshard run -s 2 -w 2 -- $(BUILD)/examples/ctr/ctr_worker --data $(DEMO_DATA) --epochs $(DEMO_EPOCHS)
+
+# Generated once and cached: meta.txt is written last, so its presence means complete.
+demo-data: build
+	@if [ ! -f $(DEMO_DATA)/meta.txt ]; then \
+	  $(BUILD)/examples/ctr/ctr_gen --rows $(DEMO_ROWS) --test-rows 100000 --parts 16 \
+	    --signal-top 300 --format bin --out $(DEMO_DATA); \
+	else echo "using cached data in $(DEMO_DATA) (delete it to regenerate)"; fi
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -146,6 +146,7 @@ typedef struct field {
 typedef struct gen {
   uint64_t seed, wseed;
   int nfields, nint, ncat, id_bits;
+  uint64_t signal_top; /* only values of rank <= this carry planted weight (0 = all) */
   field f[MAX_FIELDS];
   double bias;
 } gen;
@@ -221,7 +222,9 @@ static size_t gen_row(const gen *g, uint64_t stream, uint64_t row, uint64_t *ids
       v = k;
     }
     uint64_t id = feature_id(g, (uint64_t)i, v);
-    s += weight(g, id);
+    /* With --signal-top, the long tail of rare values is noise (weight 0): a model can
+     * learn only what the data shows often enough, so the planted optimum is reachable. */
+    if (!g->signal_top || f->is_int || k <= g->signal_top) s += weight(g, id);
     ids[n++] = id;
   }
   sort_ids(ids, n);
@@ -383,6 +386,8 @@ static void usage(FILE *f) {
           "  --ctr R         target click rate, 0 < R < 1 (0.22)\n"
           "  --id-bits B     keep the top B bits of each feature hash, 8..64 (64)\n"
           "  --max-vocab V   cap every field's vocabulary at V values (no cap)\n"
+          "  --signal-top N  only each field's N most frequent values carry planted weight;\n"
+          "                  rarer ones are pure noise (0 = all values carry weight)\n"
           "  --threads T     threads writing files in parallel (CPUs)\n"
           "  --quiet         print only errors\n");
 }
@@ -444,7 +449,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
   static gen g;
   uint64_t rows = 1000000, test_rows = 100000, parts = 1, seed = 1, id_bits = 64,
-           max_vocab = 0, threads = 0;
+           max_vocab = 0, threads = 0, signal_top = 0;
   const char *dir = "ctr-data";
   int format = CTR_FMT_LIBSVM, quiet = 0;
   double ctr = 0.22;
@@ -502,6 +507,8 @@ int main(int argc, char **argv) {
         BAD("--id-bits: '%s' is not in 8..64", v);
     } else if (!strcmp(key, "--max-vocab")) {
       if (parse_count(v, &max_vocab) || max_vocab < 1) BAD("--max-vocab: '%s' is not a count >= 1", v);
+    } else if (!strcmp(key, "--signal-top")) {
+      if (parse_count(v, &signal_top)) BAD("--signal-top: '%s' is not a count", v);
     } else if (!strcmp(key, "--threads")) {
       if (parse_count(v, &threads) || threads < 1 || threads > 256)
         BAD("--threads: '%s' is not in 1..256", v);
@@ -518,6 +525,7 @@ int main(int argc, char **argv) {
   g.seed = seed;
   g.wseed = mix64(seed ^ (uint64_t)STREAM_WEIGHT << 60);
   g.id_bits = (int)id_bits;
+  g.signal_top = signal_top;
   fields_init(&g, max_vocab);
 
   if (mkdirs(dir) != 0) {
@@ -614,6 +622,7 @@ int main(int argc, char **argv) {
           "id_bits=%d\n"
           "id_hash=xxh64(le64 field, le64 value; seed 0)\n"
           "max_vocab=%llu\n"
+          "signal_top=%llu\n"
           "target_ctr=%.6f\n"
           "bias=%.9f\n"
           "nnz=%llu\n"
@@ -628,7 +637,7 @@ int main(int argc, char **argv) {
           GEN_VERSION, (unsigned long long)seed, ctr_format_name(format),
           (unsigned long long)rows, (unsigned long long)test_rows, (unsigned long long)parts,
           ext(format), ext(format), g.nint, g.ncat, g.nfields, g.id_bits,
-          (unsigned long long)max_vocab, ctr, g.bias, (unsigned long long)tr.nnz,
+          (unsigned long long)max_vocab, (unsigned long long)signal_top, ctr, g.bias, (unsigned long long)tr.nnz,
           (unsigned long long)te->nnz, pos_rate, test_rate, j.t_logloss, auc, acc, base,
           j.t_score ? "exact" : "histogram");
   if (fflush(m) != 0 || ferror(m) || fclose(m) != 0) {

@@ -296,7 +296,9 @@ static void usage(FILE *f) {
           "  --epochs N      passes over the data (1)\n"
           "  --batch N       examples per mini-batch (1000)\n"
           "  --opt ftrl|adagrad  server-side optimiser (ftrl)\n"
-          "  --lr X --l1 X --l2 X --beta X   optimiser settings (ftrl: 0.1 1 1 1; adagrad: 0.1)\n"
+          "  --lr X --l1 X --l2 X --beta X   optimiser settings (ftrl: 0.1 0.003 0.001 0.001;\n"
+          "                  adagrad: 0.1). The servers see the batch-mean gradient, so l1, l2 and\n"
+          "                  beta are in its units (per-example FTRL values divided by the batch)\n"
           "  --quiet         no per-epoch lines from workers other than rank 0\n"
           "  --slow-worker I --slow-factor F   worker index I (PSHARD_WORKER_INDEX) takes F times\n"
           "                  as long per step (it sleeps (F-1) x its step time), to study stragglers\n"
@@ -305,7 +307,7 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  opts o = {.epochs = 1, .batch = 1000, .opt = "ftrl", .lr = -1, .l1 = 1, .l2 = 1, .beta = 1,
+  opts o = {.epochs = 1, .batch = 1000, .opt = "ftrl", .lr = -1, .l1 = 0.003, .l2 = 0.001, .beta = 0.001,
             .slow_worker = -1, .slow_factor = 1, .eval_rows = 10000};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
