@@ -158,6 +158,14 @@ typedef enum ps_table_kind { PS_DENSE = 1, PS_SPARSE = 2 } ps_table_kind;
  *                          frequencies: a table synchronised less often) (1)
  *     agg_n=N agg_ms=T     async/ssp: buffer pushes and apply, per row, their
  *                          batch-weighted mean after N pushes or T ms (off)
+ *   The learning-rate schedule applied by the servers (a push's own lr overrides it):
+ *     ref_batch=B          linear scaling: lr * B_global / B, where B_global is the
+ *                          examples behind the update (sync: the round's batches, so it
+ *                          changes when workers join or leave; async: the buffered
+ *                          pushes' mean batch times the live workers) (off)
+ *     warmup=N             linear warm-up: step t <= N uses t/N of the rate (off)
+ *     decay=const | step:S:G | cos:T[:MIN]   after warm-up: constant; times G every S
+ *                          steps; or cosine from the peak to MIN x peak over T steps
  * The same name declared again with different options fails with PS_ERR_CONFLICT.
  * *id_out receives the table id used by push and pull. */
 PS_API int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind,

@@ -73,6 +73,10 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
   if (t == 0 || t >= PS_MSG__MAX) return ps__fail(PS_ERR_PROTO, "unknown frame type %u", h->type);
   if (h->status < 0 || h->status >= PS_ERR__COUNT)
     return ps__fail(PS_ERR_PROTO, "bad status %d in %s frame", h->status, ps__frame_type_name(h->type));
+  /* Only replies and ERROR frames carry a status. A request with one would be checked
+   * as a control frame below and skip the data-frame rules its handler relies on. */
+  if (h->status != 0 && !(h->type & PS_FRAME_REPLY) && h->type != PS_MSG_ERROR)
+    return ps__fail(PS_ERR_PROTO, "status %d in a %s request", h->status, ps__frame_type_name(h->type));
   if (h->codec != 0) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
   if (h->payload_len > max_payload)
     return ps__fail(PS_ERR_TOO_LARGE, "%s frame payload of %llu bytes exceeds the limit of %llu",
@@ -106,7 +110,7 @@ void ps__wbuf_free(ps__wbuf *w) {
 }
 
 static uint8_t *wbuf_grow(ps__wbuf *w, size_t n) {
-  if (w->oom) return NULL;
+  if (w->oom || n == 0) return NULL; /* n == 0 on an empty buffer: no NULL + 0 */
   if (w->len + n > w->cap) {
     size_t cap = w->cap ? w->cap : 64;
     while (cap < w->len + n) cap *= 2;

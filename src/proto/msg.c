@@ -33,6 +33,9 @@ int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
   return 0;
 }
 
+/* id u32, role u8, alive u8, rank u32, port u32, three str (u32 length each). */
+#define MEMBER_MIN_BYTES (4u + 1u + 1u + 4u + 4u + 3u * 4u)
+
 void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
   ps__wbuf_u64(w, m->epoch);
   ps__wbuf_u32(w, m->servers_expected);
@@ -66,7 +69,10 @@ int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
   m->workers_expected = ps__rbuf_u32(&r);
   m->started = ps__rbuf_u8(&r);
   uint32_t cnt = ps__rbuf_u32(&r);
-  if (r.err || cnt > PS_MAX_MEMBERS) return ps__fail(PS_ERR_PROTO, "malformed membership body");
+  /* A member takes at least MEMBER_MIN_BYTES (three empty strings): a count the rest of
+   * the body cannot hold fails before the member array (up to 1 MiB) is allocated. */
+  if (r.err || cnt > PS_MAX_MEMBERS || cnt > (r.len - r.off) / MEMBER_MIN_BYTES)
+    return ps__fail(PS_ERR_PROTO, "malformed membership body");
   m->m = ps__calloc(cnt ? cnt : 1, sizeof *m->m);
   if (!m->m) return ps__fail(PS_ERR_NOMEM, "out of memory");
   m->n = cnt;

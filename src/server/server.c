@@ -58,12 +58,15 @@ typedef struct table {
   /* async and ssp: buffered pushes (server-side aggregation) */
   ps__rowmap *agg;     /* key -> sum of weighted gradients (width floats) + weight sum (1 float) */
   uint32_t agg_count;
+  double agg_batch;    /* sum of the buffered pushes' batches */
   float agg_lr;
   int agg_has_lr;
   uv_timer_t agg_timer;
   int agg_timer_init, agg_timer_on;
   /* counters */
   uint64_t pushes, pulls, dropped, rejected, applied;
+  float last_lr;       /* learning rate of the last update */
+  double last_batch;   /* global batch of the last update */
 } table;
 
 typedef struct worker {
@@ -322,10 +325,14 @@ static int round_add_pusher(round_acc *r, uint32_t worker_id, uint32_t batch) {
 
 /* One optimiser step for every row of an accumulator. Rows hold `width` floats of
  * gradient sum, and (if per_row_denom) one more float: that row's denominator. */
-static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr) {
+/* lr < 0: the table's schedule at this step for a global batch of global_batch. */
+static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr, double global_batch) {
   size_t n = ps__rowmap_count(acc);
   if (n == 0) return;
   uint64_t step = ++t->step;
+  if (lr < 0) lr = ps__lr_at(&t->spec, step, global_batch);
+  t->last_lr = lr;
+  t->last_batch = global_batch;
   unsigned width = t->spec.width;
   for (size_t i = 0; i < n; i++) {
     uint64_t key = ps__rowmap_key_at(acc, i);
@@ -347,7 +354,9 @@ static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom
 /* Apply one sync round of a table. */
 static void apply_round(table *t, round_acc *r) {
   double denom = t->spec.update == PS__UPDATE_MEAN ? r->batch_sum : 1.0;
-  apply_acc(t, r->acc, denom, 0, r->has_lr ? r->lr : t->spec.opt.lr);
+  /* The round's global batch is the batches of the workers that pushed to it: it
+   * shrinks when a worker leaves, and the scaled learning rate with it. */
+  apply_acc(t, r->acc, denom, 0, r->has_lr ? r->lr : -1.0f, r->batch_sum);
 }
 
 /* Apply the buffered async/ssp pushes: per row, the batch-weighted mean (or the sum). */
@@ -357,7 +366,13 @@ static void agg_flush(table *t) {
     t->agg_timer_on = 0;
   }
   if (!t->agg || t->agg_count == 0) return;
-  apply_acc(t, t->agg, 1.0, t->spec.update == PS__UPDATE_MEAN, t->agg_has_lr ? t->agg_lr : t->spec.opt.lr);
+  /* Async: the global batch is estimated as the mean buffered batch times the live
+   * workers (what a sync round over the same workers would combine). */
+  int64_t minc, maxc;
+  size_t k = live_clocks(t->srv, &minc, &maxc);
+  double gb = t->agg_count ? t->agg_batch / t->agg_count * (double)(k ? k : 1) : 0;
+  apply_acc(t, t->agg, 1.0, t->spec.update == PS__UPDATE_MEAN, t->agg_has_lr ? t->agg_lr : -1.0f, gb);
+  t->agg_batch = 0;
   ps__rowmap_clear(t->agg);
   t->agg_count = 0;
   t->agg_has_lr = 0;
@@ -670,6 +685,7 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   t->pushes++;
   if (!sync) {
     t->agg_count++;
+    t->agg_batch += h->batch;
     uint32_t n = t->spec.agg_n ? t->spec.agg_n : (t->spec.agg_ms ? UINT32_MAX : 1);
     if (t->agg_count >= n) {
       agg_flush(t);
@@ -822,11 +838,11 @@ static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
     dropped += t->dropped;
     int m = snprintf(line, sizeof line,
                      "table %zu name=%s mode=%s param=%u rows=%zu bytes=%zu pushes=%llu pulls=%llu applied=%llu "
-                     "step=%llu version=%lld dropped=%llu rejected=%llu\n",
+                     "step=%llu version=%lld dropped=%llu rejected=%llu lr=%.9g global_batch=%.0f\n",
                      i, t->decl.name, modes[t->spec.mode & 3], t->spec.mode_param, n, ps__rowmap_bytes(t->params),
                      (unsigned long long)t->pushes, (unsigned long long)t->pulls, (unsigned long long)t->applied,
                      (unsigned long long)t->step, (long long)t->version, (unsigned long long)t->dropped,
-                     (unsigned long long)t->rejected);
+                     (unsigned long long)t->rejected, (double)t->last_lr, t->last_batch);
     ps__wbuf_bytes(&w, line, (size_t)m);
   }
   int64_t minc, maxc;

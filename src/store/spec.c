@@ -8,6 +8,7 @@
  */
 #include "store/store.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -22,11 +23,13 @@
 /* Option keys, in the order of pshard.h; a bit per key catches repeats. */
 enum {
   K_OPT, K_LR, K_MOMENTUM, K_BETA1, K_BETA2, K_EPS, K_ACC0, K_L1, K_L2, K_BETA,
-  K_UPDATE, K_INIT, K_SEED, K_SLICE, K_MODE, K_EVERY, K_AGG_N, K_AGG_MS, K_COUNT
+  K_UPDATE, K_INIT, K_SEED, K_SLICE, K_MODE, K_EVERY, K_AGG_N, K_AGG_MS, K_REF_BATCH, K_WARMUP,
+  K_DECAY, K_COUNT
 };
 static const char *const key_names[K_COUNT] = {
     "opt", "lr", "momentum", "beta1", "beta2", "eps", "acc0",
     "l1", "l2", "beta", "update", "init", "seed", "slice", "mode", "every", "agg_n", "agg_ms",
+    "ref_batch", "warmup", "decay",
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -142,14 +145,43 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
     s->mode_param = m.param;
     return 0;
   }
+  case K_DECAY: {
+    unsigned long a = 0;
+    float g = 0;
+    char extra;
+    if (!strcmp(val, "const")) {
+      s->decay = PS__DECAY_CONST;
+    } else if (sscanf(val, "step:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g > 0 && g <= 1) {
+      s->decay = PS__DECAY_STEP;
+      s->decay_every = (uint32_t)a;
+      s->decay_gamma = g;
+    } else if (sscanf(val, "cos:%lu%c", &a, &extra) == 1 && a >= 1 && a <= 1000000000ul) {
+      s->decay = PS__DECAY_COS;
+      s->decay_steps = (uint32_t)a;
+      s->decay_gamma = 0;
+    } else if (sscanf(val, "cos:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g >= 0 && g <= 1) {
+      s->decay = PS__DECAY_COS;
+      s->decay_steps = (uint32_t)a;
+      s->decay_gamma = g;
+    } else {
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option 'decay': expected const, step:S:G (every S steps times G, "
+                  "0 < G <= 1) or cos:T[:MIN] (cosine over T steps down to MIN times the peak)", val);
+    }
+    return 0;
+  }
   case K_EVERY:
   case K_AGG_N:
-  case K_AGG_MS: {
+  case K_AGG_MS:
+  case K_REF_BATCH:
+  case K_WARMUP: {
     uint64_t v;
-    uint32_t *dst = k == K_EVERY ? &s->every : k == K_AGG_N ? &s->agg_n : &s->agg_ms;
-    if (ps__parse_u64(val, &v) || v > 1000000 || (k == K_EVERY && v == 0))
-      return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s': must be %s..1000000", val, name,
-                  k == K_EVERY ? "1" : "0");
+    uint32_t *dst = k == K_EVERY ? &s->every : k == K_AGG_N ? &s->agg_n : k == K_AGG_MS ? &s->agg_ms
+                  : k == K_REF_BATCH ? &s->ref_batch : &s->warmup;
+    uint64_t max = k == K_WARMUP ? 1000000000u : 1000000u;
+    if (ps__parse_u64(val, &v) || v > max || (k == K_EVERY && v == 0))
+      return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s': must be %s..%llu", val, name,
+                  k == K_EVERY ? "1" : "0", (unsigned long long)max);
     *dst = (uint32_t)v;
     return 0;
   }
@@ -279,4 +311,26 @@ uint32_t ps__spec_row_len(const ps__table_spec *spec, uint64_t row) {
   if (row + 1 < spec->nrows) return spec->width;
   if (row + 1 == spec->nrows) return (uint32_t)(spec->size - row * spec->width);
   return 0;
+}
+
+float ps__lr_at(const ps__table_spec *spec, uint64_t step, double global_batch) {
+  double lr = spec->opt.lr;
+  if (spec->ref_batch && global_batch > 0) lr *= global_batch / (double)spec->ref_batch;
+  if (step == 0) step = 1;
+  if (spec->warmup && step <= spec->warmup) return (float)(lr * (double)step / (double)spec->warmup);
+  uint64_t t = step - spec->warmup; /* steps after warm-up, 1-based */
+  switch (spec->decay) {
+  case PS__DECAY_STEP:
+    lr *= pow((double)spec->decay_gamma, (double)((t - 1) / spec->decay_every));
+    break;
+  case PS__DECAY_COS: {
+    double x = t - 1 >= spec->decay_steps ? 1.0 : (double)(t - 1) / (double)spec->decay_steps;
+    double lo = spec->decay_gamma;
+    lr *= lo + (1.0 - lo) * 0.5 * (1.0 + cos(3.14159265358979323846 * x));
+    break;
+  }
+  default:
+    break;
+  }
+  return (float)lr;
 }

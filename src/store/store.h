@@ -56,7 +56,21 @@ typedef struct ps__table_spec {
   uint32_t every;      /* every=N: sync modes apply a round every N clocks (1) */
   uint32_t agg_n;      /* agg_n=N: async/ssp buffer N pushes before applying (0 = off) */
   uint32_t agg_ms;     /* agg_ms=T: ... or T milliseconds after the first (0 = off) */
+  /* learning-rate schedule (DESIGN 4): lr = base * (B_global / ref_batch if ref_batch)
+   * * warm-up factor * decay factor */
+  uint32_t ref_batch;  /* ref_batch=B: linear scaling with the global batch (0 = off) */
+  uint32_t warmup;     /* warmup=N: linear warm-up over the first N steps (0 = off) */
+  uint32_t decay;      /* PS__DECAY_* from decay=const|step:S:G|cos:T */
+  uint32_t decay_every;/* step: every S steps ... */
+  float decay_gamma;   /* ... multiply by G; cos: lr_min as a fraction of the peak */
+  uint32_t decay_steps;/* cos: steps T of the cosine after warm-up */
 } ps__table_spec;
+
+enum { PS__DECAY_CONST = 0, PS__DECAY_STEP = 1, PS__DECAY_COS = 2 };
+
+/* The learning rate of the table's schedule for 1-based update `step` when the global
+ * batch (examples behind the update, over all workers) is global_batch. */
+float ps__lr_at(const ps__table_spec *spec, uint64_t step, double global_batch);
 
 /* Parse `options` (see ps_table_declare in pshard.h) for a table of the given kind and
  * size. On failure returns PS_ERR_CONFIG (or PS_ERR_INVALID for a bad kind/size) and

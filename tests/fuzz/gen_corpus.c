@@ -1,0 +1,319 @@
+/*
+ * gen_corpus.c - write the seed corpus for the frame and connection fuzz targets.
+ *
+ * Usage: fuzz_gen_corpus DIR. Writes one valid frame of each request and reply type
+ * (bodies built with the real encoders), plus a few multi-frame streams for the
+ * connection target: a session, a dense push large enough for the direct-read path,
+ * and a valid frame followed by garbage. The output is committed under
+ * tests/fuzz/corpus/frame; rerun after a wire change and commit the difference.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "proto/frame.h"
+#include "proto/msg.h"
+
+static const char *dir;
+
+/* A growing byte stream of frames. */
+typedef struct stream {
+  uint8_t *p;
+  size_t len;
+} stream;
+
+static void append(stream *s, const void *p, size_t n) {
+  s->p = realloc(s->p, s->len + n + 1);
+  if (!s->p) abort();
+  if (n) memcpy(s->p + s->len, p, n);
+  s->len += n;
+}
+
+static void frame(stream *s, ps__frame_hdr h, const void *body, size_t len) {
+  uint8_t hdr[PS_FRAME_HDR_SIZE];
+  h.payload_len = len;
+  ps__frame_encode(&h, hdr);
+  append(s, hdr, sizeof hdr);
+  append(s, body, len);
+}
+
+static void save(const char *name, const stream *s) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  if (!f || fwrite(s->p, 1, s->len, f) != s->len || fclose(f) != 0) {
+    fprintf(stderr, "cannot write %s\n", path);
+    exit(1);
+  }
+}
+
+/* Write one frame as its own file and append it to a session stream. */
+static void one(const char *name, ps__frame_hdr h, const void *body, size_t len, stream *session) {
+  stream s = {0};
+  frame(&s, h, body, len);
+  save(name, &s);
+  if (session) append(session, s.p, s.len);
+  free(s.p);
+}
+
+static ps__frame_hdr hdr(uint8_t type, uint64_t req_id) {
+  ps__frame_hdr h;
+  memset(&h, 0, sizeof h);
+  h.type = type;
+  h.req_id = req_id;
+  h.lr = -1.0f;
+  return h;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) {
+    fprintf(stderr, "usage: %s DIR\n", argv[0]);
+    return 2;
+  }
+  dir = argv[1];
+  stream session = {0};
+  ps__wbuf w;
+
+  /* hello: a server and a worker; the reply carries id (table) and rank (batch). */
+  ps__hello hello;
+  memset(&hello, 0, sizeof hello);
+  hello.role = PS_ROLE_SERVER;
+  hello.port = 7001;
+  hello.pid = 4242;
+  strcpy(hello.host, "127.0.0.1");
+  strcpy(hello.unix_path, "/tmp/pshard-4242-7001-0.sock");
+  strcpy(hello.hostid, "3f2a9c1e");
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &hello);
+  one("hello-server.bin", hdr(PS_MSG_HELLO, 1), w.data, w.len, NULL);
+  ps__wbuf_free(&w);
+  memset(&hello, 0, sizeof hello);
+  hello.role = PS_ROLE_WORKER;
+  hello.pid = 4243;
+  strcpy(hello.hostid, "3f2a9c1e");
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &hello);
+  one("hello-worker.bin", hdr(PS_MSG_HELLO, 1), w.data, w.len, &session);
+  ps__wbuf_free(&w);
+  ps__frame_hdr h = hdr(PS_MSG_HELLO | PS_FRAME_REPLY, 1);
+  h.table = 3;
+  h.batch = 0;
+  h.epoch = 1;
+  one("hello-reply.bin", h, NULL, 0, NULL);
+
+  /* membership: two servers and a dead worker. */
+  ps__member mem[3];
+  memset(mem, 0, sizeof mem);
+  for (int i = 0; i < 3; i++) {
+    mem[i].id = (uint32_t)i + 1;
+    mem[i].role = i < 2 ? PS_ROLE_SERVER : PS_ROLE_WORKER;
+    mem[i].alive = i < 2;
+    mem[i].rank = i < 2 ? (uint32_t)i : 0;
+    mem[i].port = i < 2 ? (uint16_t)(7001 + i) : 0;
+    strcpy(mem[i].host, "127.0.0.1");
+    if (i == 0) strcpy(mem[i].unix_path, "/tmp/pshard-4242-7001-0.sock");
+    strcpy(mem[i].hostid, "3f2a9c1e");
+  }
+  ps__membership m = {.epoch = 4, .servers_expected = 2, .workers_expected = 1, .started = 1, .n = 3, .m = mem};
+  ps__wbuf_init(&w);
+  ps__membership_encode(&w, &m);
+  h = hdr(PS_MSG_MEMBERSHIP, 0);
+  h.epoch = 4;
+  one("membership.bin", h, w.data, w.len, NULL);
+  ps__wbuf_free(&w);
+
+  h = hdr(PS_MSG_HEARTBEAT, 0);
+  h.sender = 3;
+  one("heartbeat.bin", h, NULL, 0, NULL);
+
+  /* declare (to the scheduler) and create (to each server, with the id). */
+  ps__declare d;
+  memset(&d, 0, sizeof d);
+  d.kind = PS_SPARSE;
+  d.size = 2;
+  strcpy(d.name, "emb");
+  strcpy(d.options, "opt=adam lr=0.01 init=normal:0.01");
+  ps__wbuf_init(&w);
+  ps__declare_encode(&w, &d);
+  h = hdr(PS_MSG_DECLARE, 2);
+  h.sender = 3;
+  one("declare.bin", h, w.data, w.len, &session);
+  ps__wbuf_free(&w);
+  h = hdr(PS_MSG_DECLARE | PS_FRAME_REPLY, 2);
+  h.table = 1;
+  one("declare-reply.bin", h, NULL, 0, NULL);
+  d.id = 1;
+  ps__wbuf_init(&w);
+  ps__declare_encode(&w, &d);
+  h = hdr(PS_MSG_CREATE, 3);
+  h.table = 1;
+  h.sender = 3;
+  one("create.bin", h, w.data, w.len, &session);
+  ps__wbuf_free(&w);
+  h = hdr(PS_MSG_CREATE | PS_FRAME_REPLY, 3);
+  h.table = 1;
+  one("create-reply.bin", h, NULL, 0, NULL);
+
+  /* barrier: clock is the barrier sequence number. */
+  h = hdr(PS_MSG_BARRIER, 4);
+  h.sender = 3;
+  h.clock = 1;
+  one("barrier.bin", h, NULL, 0, NULL);
+  h = hdr(PS_MSG_BARRIER | PS_FRAME_REPLY, 4);
+  h.clock = 1;
+  one("barrier-reply.bin", h, NULL, 0, NULL);
+
+  /* metric: str name, f64 value; no reply. */
+  ps__wbuf_init(&w);
+  ps__wbuf_str(&w, "loss");
+  ps__wbuf_f64(&w, 0.693);
+  h = hdr(PS_MSG_METRIC, 0);
+  h.sender = 3;
+  h.clock = 2;
+  one("metric.bin", h, w.data, w.len, &session);
+  ps__wbuf_free(&w);
+
+  h = hdr(PS_MSG_LEAVE, 0);
+  h.sender = 3;
+  one("leave.bin", h, NULL, 0, NULL);
+
+  /* Sparse push and pull of 3 keys of a dim-2 table. */
+  uint8_t buf[4096];
+  static const uint64_t keys[3] = {7, 0, UINT64_MAX};
+  for (int i = 0; i < 3; i++) ps__put_u64(buf + 8 * i, keys[i]);
+  for (int i = 0; i < 6; i++) {
+    float v = 0.5f * (float)(i - 2);
+    uint32_t b;
+    memcpy(&b, &v, 4);
+    ps__put_u32(buf + 24 + 4 * i, b);
+  }
+  h = hdr(PS_MSG_PUSH, 5);
+  h.sender = 3;
+  h.table = 1;
+  h.batch = 32;
+  h.nkeys = 3;
+  h.epoch = 4;
+  one("push.bin", h, buf, 24 + 24, &session);
+  h = hdr(PS_MSG_PUSH, 6);
+  h.sender = 3;
+  h.table = 1;
+  h.batch = 32;
+  h.lr = 0.05f;
+  one("push-empty.bin", h, NULL, 0, NULL);
+  h = hdr(PS_MSG_PUSH | PS_FRAME_REPLY, 5);
+  h.table = 1;
+  one("push-reply.bin", h, NULL, 0, NULL);
+  h = hdr(PS_MSG_PULL, 7);
+  h.sender = 3;
+  h.table = 1;
+  h.nkeys = 3;
+  h.clock = 1;
+  one("pull.bin", h, buf, 24, &session);
+  h = hdr(PS_MSG_PULL | PS_FRAME_REPLY, 7);
+  h.table = 1;
+  h.clock = 1;
+  h.epoch = 4;
+  one("pull-reply.bin", h, buf + 24, 24, NULL);
+
+  /* Dense: segments are (offset, count) pairs; values follow in segment order. */
+  ps__put_u64(buf, 0);
+  ps__put_u64(buf + 8, 3);
+  ps__put_u64(buf + 16, 65536);
+  ps__put_u64(buf + 24, 2);
+  memset(buf + 32, 0x3f, 20);
+  h = hdr(PS_MSG_PUSH_DENSE, 8);
+  h.sender = 3;
+  h.table = 2;
+  h.batch = 16;
+  h.nkeys = 4;
+  one("push-dense.bin", h, buf, 32 + 20, &session);
+  h = hdr(PS_MSG_PULL_DENSE, 9);
+  h.sender = 3;
+  h.table = 2;
+  h.nkeys = 4;
+  h.clock = 1;
+  one("pull-dense.bin", h, buf, 32, NULL);
+  h = hdr(PS_MSG_PULL_DENSE | PS_FRAME_REPLY, 9);
+  h.table = 2;
+  h.clock = 1;
+  one("pull-dense-reply.bin", h, buf + 32, 20, NULL);
+
+  h = hdr(PS_MSG_CLOCK, 0);
+  h.sender = 3;
+  h.clock = 1;
+  one("clock.bin", h, NULL, 0, &session);
+
+  /* Errors: a connection-level notice and an error reply to a data request. */
+  static const char notice[] = "bad frame magic 0x00000000";
+  h = hdr(PS_MSG_ERROR, 0);
+  h.status = PS_ERR_PROTO;
+  one("error.bin", h, notice, sizeof notice - 1, NULL);
+  static const char moved[] = "key 7 of table 'emb' is not on this server (epoch 4)";
+  h = hdr(PS_MSG_PULL | PS_FRAME_REPLY, 7);
+  h.status = PS_ERR_MOVED;
+  h.table = 1;
+  h.clock = 1;
+  one("error-reply.bin", h, moved, sizeof moved - 1, NULL);
+
+  h = hdr(PS_MSG_STATS, 10);
+  one("stats.bin", h, NULL, 0, &session);
+  static const char stats[] = "epoch 4\nstarted 1\nservers_alive 2\nworkers_alive 1\n";
+  h = hdr(PS_MSG_STATS | PS_FRAME_REPLY, 10);
+  one("stats-reply.bin", h, stats, sizeof stats - 1, NULL);
+
+  /* Data-partition tasks: everything in the header. */
+  h = hdr(PS_MSG_TASK_INIT, 12);
+  h.sender = 3;
+  h.table = 64;
+  h.batch = 2;
+  one("task-init.bin", h, NULL, 0, &session);
+  h = hdr(PS_MSG_TASK_NEXT, 13);
+  h.sender = 3;
+  h.batch = 5000;
+  one("task-next.bin", h, NULL, 0, NULL);
+  h = hdr(PS_MSG_TASK_NEXT | PS_FRAME_REPLY, 13);
+  h.table = 17;
+  h.clock = 1;
+  one("task-next-reply.bin", h, NULL, 0, NULL);
+  h = hdr(PS_MSG_TASK_DONE, 14);
+  h.sender = 3;
+  h.table = 17;
+  h.clock = 1;
+  one("task-done.bin", h, NULL, 0, NULL);
+
+  save("stream-session.bin", &session);
+  free(session.p);
+
+  /* A dense push of 12000 floats (48 KB, past the direct-read threshold), then a clock. */
+  stream big = {0};
+  enum { NV = 12000 };
+  uint8_t *body = calloc(1, 16 + 4 * NV);
+  ps__put_u64(body, 100);
+  ps__put_u64(body + 8, NV);
+  for (uint32_t i = 0; i < NV; i++) ps__put_u32(body + 16 + 4 * i, i * 2654435761u);
+  h = hdr(PS_MSG_PUSH_DENSE, 11);
+  h.sender = 3;
+  h.table = 2;
+  h.batch = 1;
+  h.nkeys = 2;
+  frame(&big, h, body, 16 + 4 * NV);
+  h = hdr(PS_MSG_CLOCK, 0);
+  h.sender = 3;
+  h.clock = 2;
+  frame(&big, h, NULL, 0);
+  save("stream-large-push.bin", &big);
+  free(big.p);
+  free(body);
+
+  /* A valid frame, then a header with a bad magic and some trailing bytes. */
+  stream bad = {0};
+  h = hdr(PS_MSG_HEARTBEAT, 0);
+  frame(&bad, h, NULL, 0);
+  uint8_t junk[80];
+  memset(junk, 0xab, sizeof junk);
+  append(&bad, junk, sizeof junk);
+  save("stream-bad-tail.bin", &bad);
+  free(bad.p);
+  return 0;
+}
