@@ -146,3 +146,22 @@ def test_exec_without_launcher_fails_cleanly():
     r = run([binary("pshard"), "exec", "-s", "1", "--addr-file", "/nonexistent/x", "--", "true"], env=env)
     assert r.returncode == 2
     assert "rank" in r.stderr
+
+
+def test_scaled_learning_rate_follows_the_global_batch():
+    # 2 workers x batch 32 = 64 = ref_batch: lr 0.1; after one leaves, 32: lr 0.05.
+    with Cluster(1, 2) as c:
+        ws = [c.worker([binary("lr_worker"), "6", "3", "32", "opt=sgd lr=0.1 ref_batch=64 mode=sync"], f"w{i}")
+              for i in range(2)]
+        assert c.wait(ws, 60 * SLOW) == [0, 0], [c.log("w0"), c.log("w1")]
+        out = c.log("w0") + c.log("w1")
+    rows = {}
+    for line in out.splitlines():
+        if line.startswith("step "):
+            f = line.split()
+            rows[int(f[1])] = (float(f[3]), float(f[5]))
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6], out
+    for s in (1, 2, 3):
+        assert rows[s] == (pytest.approx(0.1), 64.0), (s, rows[s])
+    for s in (4, 5, 6):
+        assert rows[s] == (pytest.approx(0.05), 32.0), (s, rows[s])
