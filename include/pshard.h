@@ -257,6 +257,9 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *   dropped_pushes   pushes acknowledged but not applied (late under sync:M)
  *   fast_forwards    times the clock jumped ahead to the servers' round (sync:M)
  *   clock            the worker's clock
+ *   examples         examples behind its pushes: per clock, the largest batch pushed
+ * Every worker also reports these to the scheduler about once a second (metrics named
+ * "ps.<name>"), which `pshard plan --measured` reads.
  * PS_ERR_INVALID for an unknown name. Thread-safe. */
 PS_API int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value);
 /* The counters of server i (0 <= i < ps_ctx_num_servers) as text, one "key value" line

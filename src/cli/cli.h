@@ -10,5 +10,9 @@ int ps_cli_server(int argc, char **argv);
 int ps_cli_plan(int argc, char **argv);
 int ps_cli_run(int argc, char **argv);
 int ps_cli_exec(int argc, char **argv);
+int ps_cli_plan_measured(int argc, char **argv);
+/* Ask the scheduler at HOST:PORT for its counters (text, NUL-terminated) with a short
+ * deadline. 0 or -1. */
+int ps_cli_fetch_stats(const char *addr, char *out, size_t cap);
 
 #endif

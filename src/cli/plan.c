@@ -53,6 +53,9 @@ static const char usage_text[] =
     "  --binary              print sizes in binary units (GiB = 2^30 B) instead of\n"
     "                        decimal units (GB = 10^9 B); links are always decimal\n"
     "  --json                print one JSON object in base units (B, s, B/s)\n"
+    "  --measured SRC        predict from a job's measurements instead: SRC is a file saved by\n"
+    "                        `pshard run --stats-out` or a running scheduler's HOST:PORT\n"
+    "                        (see `pshard plan --measured x --help`)\n"
     "  -h, --help            this text\n"
     "\n"
     "Units: SIZE is 14GB, 13GiB, 512MiB or a plain number of bytes; RATE needs a unit\n"
@@ -418,6 +421,8 @@ int ps_cli_plan(int argc, char **argv) {
       [V_NONNEG] = "a number >= 0",
   };
 
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--measured") || !strncmp(argv[i], "--measured=", 11)) return ps_cli_plan_measured(argc, argv);
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {

@@ -180,8 +180,7 @@ static void stop_all(int grace_ms) {
   }
 }
 
-/* Ask the scheduler for its counters (text) with a short deadline. */
-static int fetch_stats(const char *addr, char *out, size_t cap);
+#define fetch_stats ps_cli_fetch_stats
 
 static double metric_sum(const char *stats, const char *name, int *count) {
   double sum = 0;
@@ -238,6 +237,8 @@ static void run_usage(FILE *f) {
           "      --mode M                  consistency model for the job's tables: sync, sync:M,\n"
           "                                ssp:S or async (sync); sets PSHARD_MODE\n"
           "      --transport auto|tcp      same-host transport (auto = AF_UNIX)\n"
+          "      --stats-out FILE          when the workers are done, save the scheduler's counters\n"
+          "                                and metrics to FILE (input of `pshard plan --measured`)\n"
           "      --grace-ms N              SIGTERM to SIGKILL grace when stopping (3000)\n"
           "      --verbose                 servers and scheduler log their events\n"
           "  -h, --help                    this text\n");
@@ -257,7 +258,9 @@ int ps_cli_run(int argc, char **argv) {
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"progress-ms", required_argument, 0, 'P'},
       {"transport", required_argument, 0, 'T'}, {"grace-ms", required_argument, 0, 'g'},
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
-      {"mode", required_argument, 0, 'm'},    {0, 0, 0, 0}};
+      {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
+      {0, 0, 0, 0}};
+  const char *stats_out = NULL;
   uint64_t S = 1, K = 1, hbt = 3000, prog = 1000, grace = 3000;
   const char *mode = NULL;
   const char *transport = "auto";
@@ -273,6 +276,7 @@ int ps_cli_run(int argc, char **argv) {
     case 'P': dst = &prog; max = 3600000; break;
     case 'g': dst = &grace; max = 600000; break;
     case 'T': transport = optarg; break;
+    case 'o': stats_out = optarg; break;
     case 'm': {
       ps__mode m;
       char msg[160];
@@ -445,6 +449,15 @@ int ps_cli_run(int argc, char **argv) {
     }
     if (workers_left == 0) {
       if (tty && prog) fprintf(stderr, "\n");
+      if (stats_out) {
+        static char stats[1 << 20];
+        FILE *f = NULL;
+        if (fetch_stats(addr, stats, sizeof stats) || !(f = fopen(stats_out, "w")) || fputs(stats, f) < 0 ||
+            fclose(f) != 0) {
+          fprintf(stderr, "[pshard] cannot save the job's counters to %s\n", stats_out);
+          status = 1;
+        }
+      }
       /* Servers first, so they do not report the scheduler's exit as a loss. */
       for (int i = 1; i < nprocs; i++)
         if (!procs[i].exited && !procs[i].is_worker) kill(-procs[i].pid, SIGTERM);
@@ -461,7 +474,7 @@ int ps_cli_run(int argc, char **argv) {
       stop_all((int)grace);
       fprintf(stderr, "[pshard] all %llu workers finished in %.1f s\n", (unsigned long long)K,
               (double)(ps__now_ms() - t0) / 1000.0);
-      return 0;
+      return status;
     }
     if (prog && ps__now_ms() - last_prog >= prog) {
       last_prog = ps__now_ms();
@@ -489,7 +502,7 @@ static int read_full(int fd, void *buf, size_t n) {
   return 0;
 }
 
-static int fetch_stats(const char *addr, char *out, size_t cap) {
+int ps_cli_fetch_stats(const char *addr, char *out, size_t cap) {
   char host[64];
   int port;
   if (ps__parse_hostport(addr, host, sizeof host, &port)) return -1;

@@ -138,6 +138,9 @@ struct ps_ctx {
   uint64_t dropped_pushes, fast_forwards;
   uint64_t bytes_pushed, bytes_pulled;
   uint64_t opened_ns;
+  uint32_t clock_batch;    /* largest batch pushed in the current clock */
+  uint64_t examples;       /* sum over finished clocks of clock_batch */
+  unsigned hb_count;
   uint64_t next_req_id;
 
   /* embedded mode */
@@ -538,11 +541,37 @@ static void link_on_close(ps__conn *c, int status) {
   if (l->id == SCHED_LINK && !ctx->closing) ctx_fail(ctx, PS_ERR_UNAVAILABLE, "lost the scheduler");
 }
 
+/* The counters every worker reports to the scheduler (names "ps.<stat>"), read by
+ * `pshard plan --measured` and the progress line. */
+static const char *const reported_stats[] = {"uptime_s", "compute_s", "pull_wait_s", "push_wait_s", "other_wait_s",
+                                             "clock", "examples", "bytes_pushed", "bytes_pulled", "pulls", "pushes"};
+
+static void report_stats(ps_ctx *ctx) {
+  if (!ctx->sched->conn || !ctx->registered) return;
+  for (size_t i = 0; i < sizeof reported_stats / sizeof reported_stats[0]; i++) {
+    double v;
+    char name[64];
+    ps__wbuf w;
+    if (ps_ctx_stat(ctx, reported_stats[i], &v)) continue;
+    snprintf(name, sizeof name, "ps.%s", reported_stats[i]);
+    ps__wbuf_init(&w);
+    ps__wbuf_str(&w, name);
+    ps__wbuf_f64(&w, v);
+    ps__frame_hdr h = {.type = PS_MSG_METRIC, .sender = ctx->id, .clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED)};
+    if (!w.oom) ps__conn_send_ctrl(ctx->sched->conn, &h, w.data, w.len);
+    ps__wbuf_free(&w);
+  }
+}
+
 static void hb_tick(uv_timer_t *t) {
   ps_ctx *ctx = t->data;
   if (!ctx->sched->conn) return;
   ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = ctx->id};
   ps__conn_send_ctrl(ctx->sched->conn, &h, NULL, 0);
+  if (++ctx->hb_count * ctx->heartbeat_ms >= 1000) {
+    ctx->hb_count = 0;
+    report_stats(ctx);
+  }
 }
 
 /* Fail parts whose deadline passed. A part whose payload is still being written
@@ -712,6 +741,7 @@ static void mail_shutdown(void *arg) {
     link_fail_all(l, PS_ERR_CLOSED, "context closed");
     if (l->conn) {
       if (l->id == SCHED_LINK) {
+        report_stats(ctx); /* final counters before leaving */
         ps__frame_hdr h = {.type = PS_MSG_LEAVE, .sender = ctx->id};
         ps__conn_send_ctrl(l->conn, &h, NULL, 0);
         ps__conn_close_after_flush(l->conn, 0);
@@ -871,6 +901,13 @@ static int route_state(ps_ctx *ctx, uint32_t table, table_info *ti, ps__ring **r
   return 0;
 }
 
+/* Remember the batch behind this clock's pushes (the examples counter). */
+static void note_batch(ps_ctx *ctx, uint32_t batch) {
+  uint32_t cur = __atomic_load_n(&ctx->clock_batch, __ATOMIC_RELAXED);
+  while (batch > cur &&
+         !__atomic_compare_exchange_n(&ctx->clock_batch, &cur, batch, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
+
 /* ---- sparse */
 
 static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t *keys, size_t nkeys,
@@ -925,7 +962,10 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
   }
   r->kind = is_push ? 1 : 0;
   __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
-  if (is_push) __atomic_add_fetch(&ctx->bytes_pushed, bytes, __ATOMIC_RELAXED);
+  if (is_push) {
+    __atomic_add_fetch(&ctx->bytes_pushed, bytes, __ATOMIC_RELAXED);
+    note_batch(ctx, batch);
+  }
   const uint64_t *pkeys = keys;
   const float *pvals = grads;
   float *precv = out;
@@ -1056,7 +1096,10 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   r->own_segs = segbuf;
   r->kind = is_push ? 1 : 0;
   __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
-  if (is_push) __atomic_add_fetch(&ctx->bytes_pushed, cnt * 4, __ATOMIC_RELAXED);
+  if (is_push) {
+    __atomic_add_fetch(&ctx->bytes_pushed, cnt * 4 + nseg * 16, __ATOMIC_RELAXED);
+    note_batch(ctx, batch);
+  }
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   unsigned pi = 0, bi = 0;
   size_t sb = 0;
@@ -1294,6 +1337,7 @@ int ps_clock(ps_ctx *ctx) {
   int rc = ctx_check(ctx);
   if (rc || (rc = ctx_state_err(ctx))) return rc;
   int64_t c = __atomic_add_fetch(&ctx->clock, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&ctx->examples, __atomic_exchange_n(&ctx->clock_batch, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = c};
   return post_fire(ctx, 0xffffffffu, &h, NULL, 0);
 }
@@ -1649,6 +1693,7 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "dropped_pushes")) *value = (double)__atomic_load_n(&c->dropped_pushes, __ATOMIC_RELAXED);
   else if (!strcmp(name, "fast_forwards")) *value = (double)__atomic_load_n(&c->fast_forwards, __ATOMIC_RELAXED);
   else if (!strcmp(name, "clock")) *value = (double)__atomic_load_n(&c->clock, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "examples")) *value = (double)__atomic_load_n(&c->examples, __ATOMIC_RELAXED);
   else return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
   return 0;
 }

@@ -462,9 +462,11 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf w;
   char line[256];
   ps__wbuf_init(&w);
-  int n = snprintf(line, sizeof line, "epoch %llu\nstarted %d\nservers_alive %zu\nworkers_alive %zu\n",
+  int n = snprintf(line, sizeof line,
+                   "epoch %llu\nstarted %d\nservers_alive %zu\nworkers_alive %zu\nservers_expected %u\n"
+                   "workers_expected %u\n",
                    (unsigned long long)s->epoch, s->started, count_alive(s, PS_ROLE_SERVER),
-                   count_alive(s, PS_ROLE_WORKER));
+                   count_alive(s, PS_ROLE_WORKER), s->o.servers, s->o.workers);
   ps__wbuf_bytes(&w, line, (size_t)n);
   if (s->tk.init) {
     n = snprintf(line, sizeof line, "tasks partitions=%u epochs=%u epoch=%u done=%u handed=%llu completed=%llu requeued=%llu\n",

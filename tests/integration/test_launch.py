@@ -165,3 +165,31 @@ def test_scaled_learning_rate_follows_the_global_batch():
         assert rows[s] == (pytest.approx(0.1), 64.0), (s, rows[s])
     for s in (4, 5, 6):
         assert rows[s] == (pytest.approx(0.05), 32.0), (s, rows[s])
+
+
+def test_plan_measured_predicts_the_measured_configuration():
+    import json
+    d = tempfile.mkdtemp(prefix="pshard-plan-")
+    try:
+        stats = os.path.join(d, "stats.txt")
+        r = run([binary("pshard"), "run", "-s", "2", "-w", "2", "--progress-ms", "0", "--stats-out", stats, "--",
+                 binary("sync_worker"), "--steps", "200", "--batch", "16", "--dense", "20000", "--sleep-ms", "2"],
+                timeout=120)
+        assert r.returncode == 0, r.stderr
+        r = run([binary("pshard"), "plan", "--measured", stats, "--json"])
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        m = out["measured"]
+        assert m["workers"] == 2 and m["servers"] == 2
+        assert m["batch"] == pytest.approx(16)
+        assert m["bytes_per_step"] > 2 * 20000 * 4  # the dense push and pull at least
+        assert abs(m["predicted_examples_per_s"] / m["examples_per_s"] - 1) <= 0.25
+        assert {(p["workers"], p["servers"]) for p in out["predictions"]} >= {(1, 1), (4, 2), (16, 4)}
+        r = run([binary("pshard"), "plan", "--measured", stats])
+        assert r.returncode == 0 and "bottleneck" in r.stdout
+        r = run([binary("pshard"), "plan", "--measured", os.path.join(d, "missing.txt")])
+        assert r.returncode == 1 and "cannot read measurements" in r.stderr
+        r = run([binary("pshard"), "plan", "--measured", stats, "--cores", "zero"])
+        assert r.returncode == 2
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
