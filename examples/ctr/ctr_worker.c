@@ -152,6 +152,17 @@ static void ensure(model *m, size_t nnz, size_t nuniq) {
   }
 }
 
+static void model_free(model *m) {
+  free(m->ids.keys);
+  free(m->ids.idx);
+  free(m->ids.gen);
+  free(m->ids.uniq);
+  free(m->col);
+  free(m->w);
+  free(m->g);
+  free(m->gd);
+}
+
 /* Pull the batch's weights and compute probabilities into p. Returns unique count. */
 static size_t predict(model *m, const ctr_batch *b, float *p) {
   idset_reset(&m->ids, b->nnz + 1);
@@ -463,5 +474,6 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < nparts; i++) free(parts[i]);
   free(parts);
   ps_ctx_close(m.ctx);
+  model_free(&m);
   return 0;
 }
