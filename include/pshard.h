@@ -207,6 +207,10 @@ PS_API int ps_push_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset,
 /* Wait for a request. Returns its result, or PS_ERR_TIMEOUT if it is still running
  * after timeout_ms (0 polls); the request then stays valid and may be waited again. */
 PS_API int ps_req_wait(ps_req *req, int timeout_ms);
+/* 1 once the request has finished (ps_req_wait then returns its result at once), 0
+ * while it runs, -1 for NULL. Never blocks. Unlike ps_req_wait(req, 0) it tells a
+ * request still running from one that finished with PS_ERR_TIMEOUT (its deadline). */
+PS_API int ps_req_done(ps_req *req);
 /* Free a request; a request still running is canceled first (the call returns once the
  * library no longer touches its buffers). NULL is a no-op. */
 PS_API void ps_req_free(ps_req *req);

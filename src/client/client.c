@@ -74,6 +74,7 @@ struct ps_req {
   size_t nkeys;
   int cancel_acked;
   int kind;                /* 0 pull, 1 push, 2 control: for the wait-time counters */
+  int dropped;             /* a server dropped this push (counted once per request) */
 };
 
 struct peer {
@@ -211,6 +212,13 @@ static void req_complete(ps_req *r) {
 static void part_finish(part *p) {
   if (p->finished) return;
   p->finished = 1;
+  /* A part that expects no reply (a queued fire-and-forget frame) finishes on its write
+   * completion while still on the link's in-flight list; a detached request is freed
+   * right below, so it must leave the list first. */
+  if (p->lk) {
+    list_remove(&p->lk->inflight, p);
+    p->lk = NULL;
+  }
   ps_req *r = p->req;
   if (--r->remaining == 0) req_complete(r);
 }
@@ -219,8 +227,12 @@ static void part_fail(part *p, int status, const char *msg) {
   if (p->finished) return;
   req_set_error(p->req, status, msg);
   p->reply_done = 1;
-  p->write_done = 1;
-  part_finish(p);
+  /* A write still in flight holds the part (its callback argument) and the caller's
+   * buffers: the part finishes in on_write_done, which every path that fails such a
+   * part brings about soon by closing the connection (ECANCELED). Finishing it here
+   * would let ps_req_free() free the request under the pending callback. */
+  if (!p->sent) p->write_done = 1;
+  if (p->write_done) part_finish(p);
 }
 
 static void link_fail_all(peer *l, int status, const char *why) {
@@ -264,6 +276,7 @@ static void part_send(ps_ctx *ctx, peer *l, part *p) {
   if (ps__conn_send(l->conn, &p->hdr, p->send, p->nsend, on_write_done, p) != 0) {
     list_remove(&l->inflight, p);
     p->lk = NULL;
+    p->write_done = 1; /* nothing in flight: the callback will not run */
     part_fail(p, PS_ERR_UNAVAILABLE, ps_errmsg());
   }
 }
@@ -453,7 +466,7 @@ static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR) return 0;
   if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request", ps__frame_type_name(h->type));
   part *p = inflight_find(l, h->req_id);
-  if (!p) {
+  if (!p || p->reply_done) {
     b->discard = 1; /* a reply to a canceled or timed-out request */
     return 0;
   }
@@ -510,7 +523,11 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&ctx->bytes_pulled, h->payload_len, __ATOMIC_RELAXED);
   } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
-    if (h->flags & PS_FLAG_DROPPED) __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
+    /* One push goes to every server as one part each: count the push, not its parts. */
+    if ((h->flags & PS_FLAG_DROPPED) && !p->req->dropped) {
+      p->req->dropped = 1;
+      __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
+    }
   }
   if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
     pthread_mutex_lock(&ctx->mu);
@@ -646,13 +663,13 @@ static void mail_cancel(void *arg) {
         l->conn->body.udata = NULL;
         l->reading = NULL;
       }
-      list_remove(&l->inflight, p);
-      p->lk = NULL;
-      if (!p->write_done && l->conn) {
-        l->conn->udata = NULL;
-        ps__conn_close(l->conn, PS_ERR_CANCELED);
-        l->conn = NULL;
-        link_fail_all(l, PS_ERR_UNAVAILABLE, "connection reset by a canceled request");
+      /* A frame still being written stays on the in-flight list until its write ends
+       * (on_write_done finishes it; part_fail waits for that), so the deadline sweep
+       * can still cut a write that never ends; a reply to it is discarded. Closing the
+       * connection instead would fail every other request on it. */
+      if (p->write_done) {
+        list_remove(&l->inflight, p);
+        p->lk = NULL;
       }
     }
     part_fail(p, PS_ERR_CANCELED, "canceled");
@@ -716,6 +733,7 @@ static void mail_fire(void *arg) {
 
 static void *io_main(void *arg) {
   ps_ctx *ctx = arg;
+  ps__block_sigpipe();
   uv_run(&ctx->loop, UV_RUN_DEFAULT);
   return NULL;
 }
@@ -843,6 +861,14 @@ int ps_req_wait(ps_req *r, int timeout_ms) {
   return st;
 }
 
+int ps_req_done(ps_req *r) {
+  if (!r) return -1;
+  pthread_mutex_lock(&r->mu);
+  int done = r->done;
+  pthread_mutex_unlock(&r->mu);
+  return done;
+}
+
 /* Cancel a running request and wait until the loop has let go of its buffers. */
 static void req_cancel_sync(ps_req *r) {
   pthread_mutex_lock(&r->mu);
@@ -851,8 +877,10 @@ static void req_cancel_sync(ps_req *r) {
   pthread_mutex_unlock(&r->mu);
   if (done) return;
   if (ps__mailbox_post(r->ctx->mail, mail_cancel, r) != 0) return; /* loop gone: nothing runs */
+  /* Wait for mail_cancel itself, not for completion: it keeps reading the request
+   * after its last part finished (and it may run after a normal completion). */
   pthread_mutex_lock(&r->mu);
-  while (!r->cancel_acked && !r->done) pthread_cond_wait(&r->cv, &r->mu);
+  while (!r->cancel_acked) pthread_cond_wait(&r->cv, &r->mu);
   pthread_mutex_unlock(&r->mu);
 }
 
@@ -881,8 +909,10 @@ static int req_run(ps_ctx *ctx, ps_req *r, int timeout_ms) {
   return rc;
 }
 
+/* Called before the context is checked: a NULL ctx must reach ctx_check (INVALID). */
 static uint64_t deadline_for(ps_ctx *ctx, int timeout_ms) {
-  return ps__now_ms() + (timeout_ms < 0 ? ctx->timeout_ms : (uint64_t)timeout_ms) + 50;
+  uint64_t t = timeout_ms >= 0 ? (uint64_t)timeout_ms : ctx ? ctx->timeout_ms : 0;
+  return ps__now_ms() + t + 50;
 }
 
 /* Snapshot of routing state for one request. */
@@ -1347,8 +1377,14 @@ int ps_barrier(ps_ctx *ctx, int timeout_ms) {
   if (rc || (rc = ctx_state_err(ctx))) return rc;
   ps_req *r = ctrl_req(ctx, SCHED_LINK, PS_MSG_BARRIER, NULL, 0, deadline_for(ctx, timeout_ms));
   if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
-  r->parts[0].hdr.clock = __atomic_add_fetch(&ctx->barrier_seq, 1, __ATOMIC_RELAXED);
-  return req_run(ctx, r, timeout_ms);
+  /* The sequence advances only when a barrier is passed: a call after a failed one
+   * (timeout) enters the same barrier again. The scheduler may have completed it in
+   * the meantime; it then answers at once. */
+  int64_t seq = __atomic_load_n(&ctx->barrier_seq, __ATOMIC_RELAXED) + 1;
+  r->parts[0].hdr.clock = seq;
+  rc = req_run(ctx, r, timeout_ms);
+  if (rc == 0) __atomic_store_n(&ctx->barrier_seq, seq, __ATOMIC_RELAXED);
+  return rc;
 }
 
 int ps_metric(ps_ctx *ctx, const char *name, double value) {

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
@@ -45,6 +46,13 @@ int ps__fail(int err, const char *fmt, ...) {
   vsnprintf(last_msg, sizeof last_msg, fmt, ap);
   va_end(ap);
   return err;
+}
+
+void ps__block_sigpipe(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
 }
 
 _Noreturn void ps__panic(const char *file, int line, const char *what) {
@@ -103,7 +111,8 @@ uint64_t ps__now_ns(void) {
 
 int ps__parse_u64(const char *s, uint64_t *out) {
   char *end;
-  if (!s || !*s || *s == '-') return -1;
+  /* strtoull would also take leading blanks and a sign ("-1" wraps around). */
+  if (!s || *s < '0' || *s > '9') return -1;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno || *end) return -1;

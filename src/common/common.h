@@ -29,6 +29,12 @@ void ps__clear_err(void);
 void ps__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Daemons (pshard server/scheduler) log to stderr at this level. */
 void ps__log_to_stderr(int max_level, const char *prefix);
+/* Block SIGPIPE in the calling thread, which runs a pshard event loop. A write to a
+ * connection the peer closed then fails with EPIPE (handled as a closed connection)
+ * instead of killing the process: libuv writes without MSG_NOSIGNAL, and in embedded
+ * mode or in a worker the process is the user's, so we cannot ignore the signal
+ * process-wide. A SIGPIPE left pending on such a thread is never delivered. */
+void ps__block_sigpipe(void);
 
 /* Monotonic time. */
 uint64_t ps__now_ns(void);

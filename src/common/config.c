@@ -141,7 +141,12 @@ int ps_config_from_env(ps_config *c) {
     const char *v = getenv(name);
     if (v && *v) {
       int rc = ps_config_set(c, keys[i].key, v);
-      if (rc) return ps__fail(rc, "%s: %s", name, ps_errmsg());
+      if (rc) {
+        /* ps_errmsg() is the buffer ps__fail writes into: copy it first. */
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", ps_errmsg());
+        return ps__fail(rc, "%s: %s", name, msg);
+      }
     }
   }
   return 0;

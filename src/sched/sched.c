@@ -23,6 +23,7 @@ typedef struct node {
   ps__conn *conn;
   uint64_t last_seen_ms;
   int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
+  int64_t barrier_done; /* last barrier this worker passed (0 none) */
   uint64_t barrier_req;
 } node;
 
@@ -151,6 +152,7 @@ static void check_barriers(ps__sched *s) {
     ps__frame_hdr h = {.type = PS_MSG_BARRIER | PS_FRAME_REPLY, .req_id = n->barrier_req, .clock = seq};
     ps__conn_send_ctrl(n->conn, &h, NULL, 0);
     n->barrier_seq = -1;
+    n->barrier_done = seq;
   }
 }
 
@@ -525,6 +527,11 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
       ps__conn_send_error(c, h, PS_ERR_ROLE, "only workers take part in barriers");
       break;
     }
+    if (h->clock <= n->barrier_done) { /* a retry of a barrier it already passed */
+      ps__frame_hdr r = {.type = PS_MSG_BARRIER | PS_FRAME_REPLY, .req_id = h->req_id, .clock = h->clock};
+      ps__conn_send_ctrl(c, &r, NULL, 0);
+      break;
+    }
     n->barrier_seq = h->clock;
     n->barrier_req = h->req_id;
     check_barriers(s);
@@ -641,6 +648,7 @@ static void do_stop(void *arg) {
 }
 
 int ps__sched_run(ps__sched *s) {
+  ps__block_sigpipe();
   uv_run(&s->loop, UV_RUN_DEFAULT);
   return s->result;
 }

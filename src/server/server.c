@@ -35,13 +35,18 @@
 #define MAX_DELAY 10000  /* async/ssp: a push more clocks behind than this is rejected */
 #define STALE_BUCKETS 64 /* staleness histogram: 0..62, and >= 63 */
 
+typedef struct pusher {
+  uint32_t worker;
+  int64_t clock;
+} pusher;
+
 typedef struct round_acc {
   int64_t round;     /* which round this slot holds, -1 none */
   ps__rowmap *acc;   /* key -> accumulated gradient (width floats) */
   double batch_sum;
   float lr;
   int has_lr;
-  uint32_t *pushers; /* workers that pushed this (table, round) */
+  pusher *pushers;   /* (worker, clock) pairs that pushed this (table, round) */
   size_t npushers, cap;
 } round_acc;
 
@@ -71,7 +76,8 @@ typedef struct table {
 
 typedef struct worker {
   uint32_t id;
-  int alive;
+  int alive;   /* in the live set: rounds wait for its clock */
+  int pending; /* seen in a frame, not (yet) in the membership: never waited for */
   int64_t clock;
 } worker;
 
@@ -138,7 +144,10 @@ static size_t live_clocks(ps__server *s, int64_t *minc, int64_t *maxc) {
   return n;
 }
 
-static worker *add_worker(ps__server *s, uint32_t id, int64_t clock) {
+/* Only the scheduler's membership makes a worker live. An id first seen in a frame is
+ * pending until the membership lists it: a stray or forged sender id (a frame from a
+ * process that never registered, a worker of an earlier job) never holds a round. */
+static worker *add_worker(ps__server *s, uint32_t id, int64_t clock, int live) {
   if (s->nworkers == s->wcap) {
     size_t cap = s->wcap ? s->wcap * 2 : 8;
     worker *w = ps__realloc(s->workers, cap * sizeof *w);
@@ -148,7 +157,8 @@ static worker *add_worker(ps__server *s, uint32_t id, int64_t clock) {
   }
   worker *w = &s->workers[s->nworkers++];
   w->id = id;
-  w->alive = 1;
+  w->alive = live;
+  w->pending = !live;
   w->clock = clock;
   return w;
 }
@@ -307,18 +317,21 @@ static round_acc *get_round(table *t, int64_t round) {
   return r;
 }
 
-/* Record a worker's batch in the round (once per worker and round). 0 or NOMEM. */
-static int round_add_pusher(round_acc *r, uint32_t worker_id, uint32_t batch) {
+/* Record a worker's batch in the round, once per worker and clock (a round of a table
+ * with every=N spans N clocks, each with its own batch). 0 or NOMEM. */
+static int round_add_pusher(round_acc *r, uint32_t worker_id, int64_t clock, uint32_t batch) {
   for (size_t i = 0; i < r->npushers; i++)
-    if (r->pushers[i] == worker_id) return 0;
+    if (r->pushers[i].worker == worker_id && r->pushers[i].clock == clock) return 0;
   if (r->npushers == r->cap) {
     size_t cap = r->cap ? r->cap * 2 : 8;
-    uint32_t *p = ps__realloc(r->pushers, cap * sizeof *p);
+    pusher *p = ps__realloc(r->pushers, cap * sizeof *p);
     if (!p) return PS_ERR_NOMEM;
     r->pushers = p;
     r->cap = cap;
   }
-  r->pushers[r->npushers++] = worker_id;
+  r->pushers[r->npushers].worker = worker_id;
+  r->pushers[r->npushers].clock = clock;
+  r->npushers++;
   r->batch_sum += batch;
   return 0;
 }
@@ -351,12 +364,15 @@ static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom
   t->applied++;
 }
 
-/* Apply one sync round of a table. */
+/* Apply one sync round of a table. A round of every=N clocks is one step with N times the
+ * batch-weighted mean over all its pushes: with equal batches, the sum of the N clocks'
+ * means (as N sgd steps on parameters held for N clocks). */
 static void apply_round(table *t, round_acc *r) {
-  double denom = t->spec.update == PS__UPDATE_MEAN ? r->batch_sum : 1.0;
+  double batch = r->batch_sum / (double)t->spec.every; /* the round's global batch per clock */
+  double denom = t->spec.update == PS__UPDATE_MEAN ? batch : 1.0;
   /* The round's global batch is the batches of the workers that pushed to it: it
    * shrinks when a worker leaves, and the scaled learning rate with it. */
-  apply_acc(t, r->acc, denom, 0, r->has_lr ? r->lr : -1.0f, r->batch_sum);
+  apply_acc(t, r->acc, denom, 0, r->has_lr ? r->lr : -1.0f, batch);
 }
 
 /* Apply the buffered async/ssp pushes: per row, the batch-weighted mean (or the sum). */
@@ -511,14 +527,14 @@ enum { PUSH_OK = 0, PUSH_DROP = 1, PUSH_REJECTED = -1 };
  * push under sync:M: counted, acknowledged, not applied) or PUSH_REJECTED (answered). */
 static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t) {
   worker *w = find_worker(s, h->sender);
-  if (w && !w->alive) {
+  if (w && !w->alive && !w->pending) {
     reply_err(c, h, PS_ERR_UNAVAILABLE, "worker %u was removed from the job", h->sender);
     return PUSH_REJECTED;
   }
   if (!w) {
     int64_t minc, maxc;
     live_clocks(s, &minc, &maxc);
-    if (!(w = add_worker(s, h->sender, minc))) {
+    if (!(w = add_worker(s, h->sender, minc, 0))) {
       reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
       return PUSH_REJECTED;
     }
@@ -617,7 +633,7 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   float weight = mean ? (float)h->batch : 1.0f;
   if (sync) {
     round_acc *r = get_round(t, h->clock / (int64_t)t->spec.every);
-    if (!r || round_add_pusher(r, h->sender, h->batch)) {
+    if (!r || round_add_pusher(r, h->sender, h->clock, h->batch)) {
       reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
       return;
     }
@@ -802,8 +818,8 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
 
 static void on_clock(ps__server *s, const ps__frame_hdr *h) {
   worker *w = find_worker(s, h->sender);
-  if (!w) w = add_worker(s, h->sender, 0);
-  if (!w || !w->alive) return;
+  if (!w) w = add_worker(s, h->sender, 0, 0);
+  if (!w || (!w->alive && !w->pending)) return;
   if (h->clock > w->clock) w->clock = h->clock;
   try_advance(s);
 }
@@ -927,9 +943,16 @@ static void on_membership(ps__server *s, const ps__body *b) {
     if (!w && x->alive) {
       int64_t minc, maxc;
       live_clocks(s, &minc, &maxc);
-      w = add_worker(s, x->id, s->started ? minc : 0);
+      w = add_worker(s, x->id, s->started ? minc : 0, 1);
+    } else if (w && x->alive && w->pending) { /* the scheduler vouches for it now */
+      int64_t minc, maxc;
+      live_clocks(s, &minc, &maxc);
+      w->pending = 0;
+      w->alive = 1;
+      if (s->started && w->clock < minc) w->clock = minc;
     }
-    if (w && !x->alive && w->alive) {
+    if (w && !x->alive && (w->alive || w->pending)) {
+      w->pending = 0;
       w->alive = 0;
       ps__log(PS_LOG_INFO, "worker %u left the active set (epoch %llu)", x->id, (unsigned long long)m.epoch);
     }
@@ -1114,6 +1137,7 @@ fail: {
 int ps__server_port(const ps__server *s) { return s->tcp.port; }
 
 int ps__server_run(ps__server *s) {
+  ps__block_sigpipe();
   uv_run(&s->loop, UV_RUN_DEFAULT);
   return s->result;
 }
