@@ -13,7 +13,11 @@
  * Options: --steps N --batch b --dense D --sparse-dim d --keys M (per example)
  *   --keyspace V --dense-opt "opt=sgd lr=0.1" --sparse-opt "..." --out FILE (rank 0
  *   writes final parameters) --sleep-ms N (per step, to let tests kill a worker)
- *   --seed S. Connection settings come from the environment (PSHARD_*).
+ *   --seed S --hang-at N (the worker of rank --hang-rank R, default K-1, pushes step N,
+ *   prints "hanging at step N rank R pid P" and then sleeps without ever calling
+ *   ps_clock: a stand-in for a worker that dies or stalls in the middle of a round)
+ *   --progress 1 (print "rank R step T" after each step).
+ *   Connection settings come from the environment (PSHARD_*).
  * Exit status: 0 success, 1 a pshard call failed (message on stderr), 2 bad usage.
  */
 #include <math.h>
@@ -34,7 +38,7 @@ static uint64_t mix(uint64_t x) {
 static double unif(uint64_t a, uint64_t b) { return (double)(mix(a * 0x100000001b3ull ^ mix(b)) >> 11) / 9007199254740992.0; }
 
 typedef struct {
-  int steps, batch, dense, dim, keys, sleep_ms;
+  int steps, batch, dense, dim, keys, sleep_ms, hang_at, hang_rank, progress;
   uint64_t keyspace, seed;
   const char *dense_opt, *sparse_opt, *out;
 } opts;
@@ -64,7 +68,8 @@ static double label(const opts *o, uint64_t i) {
 
 int main(int argc, char **argv) {
   opts o = {.steps = 50, .batch = 8, .dense = 32, .dim = 4, .keys = 3, .keyspace = 1000, .seed = 1,
-            .dense_opt = "opt=sgd lr=0.05", .sparse_opt = "opt=adagrad lr=0.1", .out = NULL};
+            .dense_opt = "opt=sgd lr=0.05", .sparse_opt = "opt=adagrad lr=0.1", .out = NULL,
+            .hang_at = -1, .hang_rank = -1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) {
@@ -82,6 +87,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--sparse-opt")) o.sparse_opt = v;
     else if (!strcmp(a, "--out")) o.out = v;
     else if (!strcmp(a, "--sleep-ms")) o.sleep_ms = atoi(v);
+    else if (!strcmp(a, "--hang-at")) o.hang_at = atoi(v);
+    else if (!strcmp(a, "--hang-rank")) o.hang_rank = atoi(v);
+    else if (!strcmp(a, "--progress")) o.progress = atoi(v);
     else {
       fprintf(stderr, "worker: unknown option %s\n", a);
       return 2;
@@ -91,6 +99,7 @@ int main(int argc, char **argv) {
   ps_ctx *ctx;
   CHECK(ps_ctx_open_env(&ctx));
   int K = ps_ctx_num_workers(ctx), r = ps_ctx_rank(ctx);
+  if (o.hang_rank < 0) o.hang_rank = K - 1;
   uint32_t tw = 0, te = 0;
   if (o.dense > 0) CHECK(ps_table_declare(ctx, "w", PS_DENSE, (uint64_t)o.dense, o.dense_opt, &tw));
   if (o.dim > 0) CHECK(ps_table_declare(ctx, "emb", PS_SPARSE, (uint64_t)o.dim, o.sparse_opt, &te));
@@ -142,8 +151,17 @@ int main(int argc, char **argv) {
     for (size_t q = 0; q < nu * (size_t)o.dim; q++) grows[q] = (float)(growsd[q] / o.batch);
     if (o.dense > 0) CHECK(ps_push_range(ctx, tw, 0, (uint64_t)o.dense, gw, (uint32_t)o.batch, PS_LR_SCHEDULE, -1));
     if (o.dim > 0) CHECK(ps_push(ctx, te, ukeys, nu, grows, (uint32_t)o.batch, PS_LR_SCHEDULE, -1));
+    if (t == o.hang_at && r == o.hang_rank) {
+      printf("hanging at step %d rank %d pid %d\n", t, r, (int)getpid());
+      fflush(stdout);
+      for (;;) pause();
+    }
     CHECK(ps_clock(ctx));
     CHECK(ps_metric(ctx, "loss", loss / o.batch));
+    if (o.progress) {
+      printf("rank %d step %d\n", r, t);
+      fflush(stdout);
+    }
     if (o.sleep_ms > 0) usleep((useconds_t)o.sleep_ms * 1000);
   }
   /* Final parameters: pull at the final clock (all rounds applied). */

@@ -1,0 +1,894 @@
+/*
+ * test_client.c - the public API of the worker side, in one process.
+ *
+ * Most tests run in embedded mode (a scheduler and two servers as threads of the test
+ * process, one worker). Tests that need a second worker (a pull that must wait for a
+ * round, barriers) start the scheduler and servers as threads with the internal role
+ * API and open two worker contexts against them. Covered: every error the API
+ * documents for bad input (and that state is unchanged after it), error names and
+ * messages, configuration errors, blocking and non-blocking push and pull on dense and
+ * sparse tables across servers, repeated keys, requests that time out and stay usable,
+ * cancellation, barriers and metrics. Every wait is bounded.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pshard.h"
+#include "sched/sched.h"
+#include "server/server.h"
+
+#define OK(call)                                                                                    \
+  do {                                                                                              \
+    int rc_ = (call);                                                                               \
+    cr_assert(eq(int, rc_, 0), "%s -> %s: %s", #call, ps_err_name(rc_), ps_errmsg());               \
+  } while (0)
+
+#define FAILS(code, call)                                                                           \
+  do {                                                                                              \
+    int rc_ = (call);                                                                               \
+    cr_assert(eq(int, rc_, (code)), "%s -> %s (%s), expected %s", #call, ps_err_name(rc_), ps_errmsg(), \
+              ps_err_name(code));                                                                   \
+  } while (0)
+
+/* Tests of known bugs (reported with a proposed patch under /tmp/core-bugs) are skipped
+ * unless PSHARD_KNOWN_BUGS=1, so that the suite stays green until the fix lands. */
+#define KNOWN_BUG(patch)                                                                            \
+  do {                                                                                              \
+    if (!getenv("PSHARD_KNOWN_BUGS")) cr_skip("known bug, fix proposed in /tmp/core-bugs/" patch);  \
+  } while (0)
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void set_common(ps_config *cfg) {
+  OK(ps_config_set(cfg, "timeout_ms", "10000"));
+  OK(ps_config_set(cfg, "connect_timeout_ms", "10000"));
+  OK(ps_config_set(cfg, "heartbeat_ms", "100"));
+  OK(ps_config_set(cfg, "heartbeat_timeout_ms", "5000"));
+}
+
+static ps_ctx *open_embedded(unsigned servers) {
+  ps_config *cfg;
+  char n[16];
+  OK(ps_config_new(&cfg));
+  snprintf(n, sizeof n, "%u", servers);
+  OK(ps_config_set(cfg, "embedded", n));
+  OK(ps_config_set(cfg, "workers", "1"));
+  set_common(cfg);
+  ps_ctx *ctx = NULL;
+  OK(ps_ctx_open(cfg, &ctx));
+  ps_config_free(cfg);
+  cr_assert(ctx != NULL);
+  return ctx;
+}
+
+/* ---------------------------------------------------------------- an in-process job with K workers */
+
+typedef struct mini {
+  ps__sched *sched;
+  pthread_t sched_thread;
+  ps__server *srv[4];
+  pthread_t srv_thread[4];
+  unsigned nsrv;
+  char addr[64];
+} mini;
+
+/* These threads stand in for `pshard scheduler` and `pshard server`, which ignore
+ * SIGPIPE (a write to a peer that closed then fails with EPIPE): do the same for these
+ * threads only. Library threads are left alone: their SIGPIPEs are bug 05
+ * (/tmp/core-bugs/05-sigpipe.diff). */
+static void block_sigpipe(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+static void *run_sched(void *a) {
+  block_sigpipe();
+  ps__sched_run(a);
+  return NULL;
+}
+static void *run_server(void *a) {
+  block_sigpipe();
+  ps__server_run(a);
+  return NULL;
+}
+
+static void mini_start(mini *m, unsigned servers, unsigned workers) {
+  memset(m, 0, sizeof *m);
+  ps__sched_opts so = {.host = "127.0.0.1", .servers = servers, .workers = workers, .heartbeat_ms = 100,
+                       .heartbeat_timeout_ms = 5000};
+  OK(ps__sched_create(&so, &m->sched));
+  cr_assert(eq(int, pthread_create(&m->sched_thread, NULL, run_sched, m->sched), 0));
+  int port = ps__sched_port(m->sched);
+  snprintf(m->addr, sizeof m->addr, "127.0.0.1:%d", port);
+  for (unsigned i = 0; i < servers; i++) {
+    ps__server_opts o = {.host = "127.0.0.1", .sched_host = "127.0.0.1", .sched_port = port, .use_unix = 1,
+                         .heartbeat_ms = 100, .connect_timeout_ms = 10000};
+    OK(ps__server_create(&o, &m->srv[i]));
+    cr_assert(eq(int, pthread_create(&m->srv_thread[i], NULL, run_server, m->srv[i]), 0));
+    m->nsrv = i + 1;
+  }
+}
+
+static void mini_stop(mini *m) {
+  for (unsigned i = 0; i < m->nsrv; i++) {
+    ps__server_stop(m->srv[i]);
+    pthread_join(m->srv_thread[i], NULL);
+    ps__server_destroy(m->srv[i]);
+  }
+  ps__sched_stop(m->sched);
+  pthread_join(m->sched_thread, NULL);
+  ps__sched_destroy(m->sched);
+}
+
+typedef struct opener {
+  const char *addr;
+  ps_ctx *ctx;
+  int rc;
+  char msg[512];
+} opener;
+
+static void *open_worker(void *arg) {
+  opener *o = arg;
+  ps_config *cfg;
+  o->rc = ps_config_new(&cfg);
+  if (o->rc) return NULL;
+  set_common(cfg);
+  ps_config_set(cfg, "scheduler", o->addr);
+  o->rc = ps_ctx_open(cfg, &o->ctx);
+  snprintf(o->msg, sizeof o->msg, "%s", ps_errmsg());
+  ps_config_free(cfg);
+  return NULL;
+}
+
+/* Open two workers of one job (ps_ctx_open returns once both joined). */
+static void open_two(mini *m, ps_ctx **a, ps_ctx **b) {
+  opener oa = {.addr = m->addr}, ob = {.addr = m->addr};
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, open_worker, &ob), 0));
+  open_worker(&oa);
+  pthread_join(t, NULL);
+  cr_assert(eq(int, oa.rc, 0), "open a: %s", oa.msg);
+  cr_assert(eq(int, ob.rc, 0), "open b: %s", ob.msg);
+  cr_assert(eq(int, ps_ctx_num_workers(oa.ctx), 2));
+  cr_assert(ne(int, ps_ctx_rank(oa.ctx), ps_ctx_rank(ob.ctx)));
+  *a = oa.ctx;
+  *b = ob.ctx;
+}
+
+/* ---------------------------------------------------------------- error codes */
+
+Test(errors, every_code_has_a_name_and_a_message) {
+  static const struct { int code; const char *name, *msg; } table[] = {
+#define X(name, code, msg) {code, "PS_" #name, msg},
+      PS_ERRNO_MAP(X)
+#undef X
+  };
+  size_t n = sizeof table / sizeof table[0];
+  cr_assert(eq(sz, n, (size_t)PS_ERR__COUNT), "the codes are not dense 0..count-1");
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(eq(int, table[i].code, (int)i));
+    cr_assert(eq(str, (char *)ps_err_name(table[i].code), (char *)table[i].name));
+    cr_assert(eq(str, (char *)ps_strerror(table[i].code), (char *)table[i].msg));
+    cr_assert(ne(str, (char *)ps_strerror(table[i].code), "unknown error"));
+    cr_assert(gt(sz, strlen(ps_strerror(table[i].code)), 0));
+    for (size_t j = 0; j < i; j++) {
+      cr_assert(ne(str, (char *)ps_err_name(table[i].code), (char *)ps_err_name(table[j].code)));
+      cr_assert(ne(str, (char *)ps_strerror(table[i].code), (char *)ps_strerror(table[j].code)));
+    }
+  }
+  cr_assert(eq(str, (char *)ps_err_name(PS_OK), "PS_OK"));
+  cr_assert(eq(str, (char *)ps_err_name(PS_ERR_NO_TABLE), "PS_ERR_NO_TABLE"));
+  cr_assert(eq(str, (char *)ps_strerror(PS_ERR_NO_TABLE), "unknown table"));
+  cr_assert(eq(int, PS_ERR_NO_TABLE, 8)); /* travels on the wire: never renumbered */
+  cr_assert(eq(int, PS_ERR_RANGE, 18));
+  const int bad[] = {-1, PS_ERR__COUNT, PS_ERR__COUNT + 1, 1000, -2147483647 - 1, 2147483647};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    cr_assert(not(eq(ptr, (void *)ps_strerror(bad[i]), NULL)));
+    cr_assert(not(eq(ptr, (void *)ps_err_name(bad[i]), NULL)));
+    cr_assert(gt(sz, strlen(ps_err_name(bad[i])), 0));
+  }
+}
+
+/* ---------------------------------------------------------------- configuration */
+
+Test(config, errors_leave_the_configuration_unchanged, .timeout = 30) {
+  ps_config *cfg;
+  OK(ps_config_new(&cfg));
+  OK(ps_config_set(cfg, "workers", "3"));
+  FAILS(PS_ERR_CONFIG, ps_config_set(cfg, "wrokers", "3"));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "wrokers"), NULL)), "message: %s", ps_errmsg());
+  static const char *const bad[][2] = {
+      {"workers", "abc"},       {"workers", "-1"},          {"workers", ""},
+      {"workers", "4097"},      {"workers", "3x"},          {"workers", "99999999999999999999999"},
+      {"role", "boss"},         {"mode", "chaos"},          {"transport", "carrier-pigeon"},
+      {"scheduler", "nohost"},  {"scheduler", "h:0"},       {"scheduler", "h:70000"},
+      {"scheduler", "h:"},      {"host", ""},               {"timeout_ms", "1e3"},
+      {"embedded", "257"},      {"max_frame_mb", "0x10"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *k = bad[i][0];
+    const char *before = ps_config_get(cfg, k);
+    char *copy = before ? strdup(before) : NULL;
+    int rc = ps_config_set(cfg, k, bad[i][1]);
+    cr_assert(eq(int, rc, PS_ERR_CONFIG), "%s='%s' -> %s", k, bad[i][1], ps_err_name(rc));
+    cr_assert(gt(sz, strlen(ps_errmsg()), 0), "no message for %s='%s'", k, bad[i][1]);
+    const char *after = ps_config_get(cfg, k);
+    if (copy)
+      cr_assert(eq(str, (char *)after, copy), "%s changed to '%s' by a failed set", k, after);
+    else
+      cr_assert(eq(ptr, (void *)after, NULL), "%s set by a failed set", k);
+    free(copy);
+  }
+  cr_assert(eq(str, (char *)ps_config_get(cfg, "workers"), "3"));
+  cr_assert(eq(ptr, (void *)ps_config_get(cfg, "nonsense"), NULL));
+  OK(ps_config_set(cfg, "scheduler", "127.0.0.1:7000"));
+  OK(ps_config_set(cfg, "mode", "sync"));
+  OK(ps_config_set(cfg, "transport", "tcp"));
+  FAILS(PS_ERR_INVALID, ps_config_set(NULL, "workers", "1"));
+  FAILS(PS_ERR_INVALID, ps_config_set(cfg, NULL, "1"));
+  FAILS(PS_ERR_INVALID, ps_config_set(cfg, "workers", NULL));
+  FAILS(PS_ERR_INVALID, ps_config_new(NULL));
+  ps_config_free(cfg);
+  ps_config_free(NULL);
+}
+
+/* Numbers are plain digits: strtoull() alone also takes leading blanks and a sign.
+ * See /tmp/core-bugs/06-parse-u64-leniency.diff. */
+Test(config, numbers_are_plain_digits, .timeout = 30) {
+  KNOWN_BUG("06-parse-u64-leniency.diff");
+  ps_config *cfg;
+  OK(ps_config_new(&cfg));
+  static const char *const bad[] = {" 5", "+5", "\t5", "5 "};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = ps_config_set(cfg, "heartbeat_ms", bad[i]);
+    cr_expect(eq(int, rc, PS_ERR_CONFIG), "heartbeat_ms='%s' -> %s", bad[i], ps_err_name(rc));
+  }
+  ps_config_free(cfg);
+}
+
+Test(config, environment, .timeout = 30) {
+  ps_config *cfg;
+  OK(ps_config_new(&cfg));
+  setenv("PSHARD_WORKERS", "5", 1);
+  setenv("PSHARD_NO_SUCH_KEY", "whatever", 1);
+  OK(ps_config_from_env(cfg));
+  cr_assert(eq(str, (char *)ps_config_get(cfg, "workers"), "5"));
+  setenv("PSHARD_SERVERS", "many", 1);
+  FAILS(PS_ERR_CONFIG, ps_config_from_env(cfg));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "PSHARD_SERVERS"), NULL)), "message: %s", ps_errmsg());
+  unsetenv("PSHARD_SERVERS");
+  unsetenv("PSHARD_WORKERS");
+  unsetenv("PSHARD_NO_SUCH_KEY");
+  FAILS(PS_ERR_INVALID, ps_config_from_env(NULL));
+  ps_config_free(cfg);
+}
+
+/* ---------------------------------------------------------------- opening a context */
+
+Test(ctx, open_errors, .timeout = 30) {
+  ps_config *cfg;
+  ps_ctx *ctx = (ps_ctx *)&ctx; /* not NULL: a failed open must clear it */
+  FAILS(PS_ERR_INVALID, ps_ctx_open(NULL, NULL));
+
+  OK(ps_config_new(&cfg));
+  OK(ps_config_set(cfg, "role", "server"));
+  FAILS(PS_ERR_ROLE, ps_ctx_open(cfg, &ctx));
+  cr_assert(eq(ptr, ctx, NULL));
+  ps_config_free(cfg);
+
+  OK(ps_config_new(&cfg)); /* neither a scheduler nor embedded */
+  FAILS(PS_ERR_CONFIG, ps_ctx_open(cfg, &ctx));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "scheduler"), NULL)), "message: %s", ps_errmsg());
+  ps_config_free(cfg);
+
+  /* A scheduler address where nobody listens: a port that was just free. */
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  cr_assert(eq(int, bind(fd, (struct sockaddr *)&sa, sizeof sa), 0));
+  cr_assert(eq(int, getsockname(fd, (struct sockaddr *)&sa, &len), 0));
+  close(fd);
+  char addr[64];
+  snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(sa.sin_port));
+  OK(ps_config_new(&cfg));
+  OK(ps_config_set(cfg, "scheduler", addr));
+  OK(ps_config_set(cfg, "connect_timeout_ms", "3000"));
+  double t0 = now_s();
+  FAILS(PS_ERR_UNAVAILABLE, ps_ctx_open(cfg, &ctx));
+  cr_assert(lt(dbl, now_s() - t0, 2.5), "a refused connection took %.2fs to report", now_s() - t0);
+  cr_assert(eq(ptr, ctx, NULL));
+  ps_config_free(cfg);
+
+  /* The job never starts (it expects a second worker): bounded by connect_timeout_ms. */
+  OK(ps_config_new(&cfg));
+  OK(ps_config_set(cfg, "embedded", "1"));
+  OK(ps_config_set(cfg, "workers", "2"));
+  OK(ps_config_set(cfg, "connect_timeout_ms", "300"));
+  t0 = now_s();
+  FAILS(PS_ERR_TIMEOUT, ps_ctx_open(cfg, &ctx));
+  double dt = now_s() - t0;
+  cr_assert(ge(dbl, dt, 0.25), "gave up after %.3fs", dt);
+  cr_assert(lt(dbl, dt, 5.0), "gave up after %.3fs", dt);
+  cr_assert(eq(ptr, ctx, NULL));
+  ps_config_free(cfg);
+
+  ps_ctx_close(NULL);
+  cr_assert(eq(int, ps_ctx_rank(NULL), -1));
+  cr_assert(eq(int, ps_ctx_num_workers(NULL), 0));
+  cr_assert(eq(int, ps_ctx_num_servers(NULL), 0));
+  FAILS(PS_ERR_INVALID, ps_clock(NULL));
+  FAILS(PS_ERR_INVALID, ps_barrier(NULL, 10));
+  FAILS(PS_ERR_INVALID, ps_metric(NULL, "loss", 1));
+  FAILS(PS_ERR_INVALID, ps_req_wait(NULL, 0));
+  ps_req_free(NULL);
+}
+
+Test(ctx, embedded_identity, .timeout = 30) {
+  ps_ctx *ctx = open_embedded(2);
+  cr_assert(eq(int, ps_ctx_rank(ctx), 0));
+  cr_assert(eq(int, ps_ctx_num_workers(ctx), 1));
+  cr_assert(eq(int, ps_ctx_num_servers(ctx), 2));
+  cr_assert(eq(i64, ps_ctx_clock(ctx), 0));
+  cr_assert(gt(u64, ps_ctx_epoch(ctx), 0));
+  uint32_t t; /* connects the servers: see clock_before_anything_else */
+  OK(ps_table_declare(ctx, "t", PS_SPARSE, 1, NULL, &t));
+  OK(ps_clock(ctx));
+  OK(ps_clock(ctx));
+  cr_assert(eq(i64, ps_ctx_clock(ctx), 2));
+  OK(ps_metric(ctx, "loss", 0.5));
+  OK(ps_metric(ctx, "loss", 0.25));
+  FAILS(PS_ERR_INVALID, ps_metric(ctx, "", 1));
+  FAILS(PS_ERR_INVALID, ps_metric(ctx, NULL, 1));
+  char longname[100];
+  memset(longname, 'x', sizeof longname - 1);
+  longname[sizeof longname - 1] = '\0';
+  FAILS(PS_ERR_INVALID, ps_metric(ctx, longname, 1));
+  OK(ps_barrier(ctx, 5000)); /* the only worker */
+  OK(ps_barrier(ctx, -1));
+  ps_ctx_close(ctx);
+}
+
+/* ---------------------------------------------------------------- bad input */
+
+#define DN 100 /* dense table size */
+#define SD 4   /* sparse dim */
+
+static void snapshot(ps_ctx *ctx, uint32_t td, uint32_t ts, float *d, float *s) {
+  static const uint64_t keys[] = {0, 1, 5, 1000, UINT64_MAX};
+  OK(ps_pull_range(ctx, td, 0, DN, d, -1));
+  OK(ps_pull(ctx, ts, keys, 5, s, -1));
+}
+
+Test(api, bad_input_is_refused_and_changes_nothing, .timeout = 30) {
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t td, ts, tm, id;
+  OK(ps_table_declare(ctx, "d", PS_DENSE, DN, "opt=sgd lr=1 update=sum slice=16 init=uniform:1 seed=2", &td));
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, SD, "opt=adagrad lr=0.5 init=normal:1", &ts));
+  OK(ps_table_declare(ctx, "m", PS_SPARSE, SD, NULL, &tm)); /* mean mode (default) */
+  cr_assert(ne(u32, td, ts));
+  cr_assert(ne(u32, ts, tm));
+  /* Train one step so that the state is not the initial one. */
+  float g[DN], d0[DN], s0[5 * SD], d1[DN], s1[5 * SD];
+  for (int i = 0; i < DN; i++) g[i] = (float)i / 64.0f;
+  uint64_t k[3] = {1, 5, 1000};
+  float gs[3 * SD];
+  for (int i = 0; i < 3 * SD; i++) gs[i] = 0.5f;
+  OK(ps_push_range(ctx, td, 0, DN, g, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_push(ctx, ts, k, 3, gs, 2, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(ctx));
+  snapshot(ctx, td, ts, d0, s0);
+
+  float out[DN + 8];
+  uint64_t keys[2] = {1, 2};
+  ps_req *req = (ps_req *)&req;
+  /* unknown tables */
+  FAILS(PS_ERR_NO_TABLE, ps_pull(ctx, 999, keys, 2, out, -1));
+  FAILS(PS_ERR_NO_TABLE, ps_pull(ctx, 0, keys, 2, out, -1));
+  FAILS(PS_ERR_NO_TABLE, ps_push(ctx, 999, keys, 2, out, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_NO_TABLE, ps_pull_range(ctx, 999, 0, 1, out, -1));
+  FAILS(PS_ERR_NO_TABLE, ps_push_range(ctx, UINT32_MAX, 0, 1, out, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_NO_TABLE, ps_pull_start(ctx, 999, keys, 2, out, &req));
+  FAILS(PS_ERR_NO_TABLE, ps_push_range_start(ctx, 999, 0, 1, out, 1, PS_LR_SCHEDULE, &req));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "999"), NULL)), "message: %s", ps_errmsg());
+  /* the wrong kind of call */
+  FAILS(PS_ERR_INVALID, ps_pull(ctx, td, keys, 2, out, -1));
+  FAILS(PS_ERR_INVALID, ps_push(ctx, td, keys, 2, out, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_pull_range(ctx, ts, 0, 1, out, -1));
+  FAILS(PS_ERR_INVALID, ps_push_range(ctx, ts, 0, 1, out, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_pull_start(ctx, td, keys, 2, out, &req));
+  FAILS(PS_ERR_INVALID, ps_pull_range_start(ctx, ts, 0, 1, out, &req));
+  /* dense ranges out of bounds (including ones whose end overflows) */
+  FAILS(PS_ERR_RANGE, ps_pull_range(ctx, td, DN, 1, out, -1));
+  FAILS(PS_ERR_RANGE, ps_pull_range(ctx, td, 0, DN + 1, out, -1));
+  FAILS(PS_ERR_RANGE, ps_pull_range(ctx, td, DN - 1, 2, out, -1));
+  FAILS(PS_ERR_RANGE, ps_pull_range(ctx, td, 0, 0, out, -1));
+  FAILS(PS_ERR_RANGE, ps_pull_range(ctx, td, UINT64_MAX, 2, out, -1));
+  FAILS(PS_ERR_RANGE, ps_pull_range(ctx, td, 5, UINT64_MAX, out, -1));
+  FAILS(PS_ERR_RANGE, ps_push_range(ctx, td, 90, 20, g, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_RANGE, ps_push_range_start(ctx, td, 100, 1, g, 1, PS_LR_SCHEDULE, &req));
+  FAILS(PS_ERR_RANGE, ps_pull_range_start(ctx, td, 0, 101, out, &req));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "100"), NULL)), "message: %s", ps_errmsg());
+  /* NULL buffers and handles */
+  FAILS(PS_ERR_INVALID, ps_pull(ctx, ts, NULL, 2, out, -1));
+  FAILS(PS_ERR_INVALID, ps_pull(ctx, ts, keys, 2, NULL, -1));
+  FAILS(PS_ERR_INVALID, ps_push(ctx, ts, keys, 2, NULL, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_pull_range(ctx, td, 0, 4, NULL, -1));
+  FAILS(PS_ERR_INVALID, ps_push_range(ctx, td, 0, 4, NULL, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_pull_start(ctx, ts, keys, 2, out, NULL));
+  FAILS(PS_ERR_INVALID, ps_push_range_start(ctx, td, 0, 4, g, 1, PS_LR_SCHEDULE, NULL));
+  /* batch 0 means nothing in mean mode; sum mode ignores the batch */
+  FAILS(PS_ERR_INVALID, ps_push(ctx, tm, keys, 2, gs, 0, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_push_start(ctx, tm, keys, 2, gs, 0, PS_LR_SCHEDULE, &req));
+  cr_assert(eq(ptr, req, (ps_req *)&req), "a failed start wrote the request handle");
+  /* table declarations */
+  OK(ps_table_declare(ctx, "d", PS_DENSE, DN, "opt=sgd lr=1 update=sum slice=16 init=uniform:1 seed=2", &id));
+  cr_assert(eq(u32, id, td), "same declaration, different id");
+  OK(ps_table_declare(ctx, "d", PS_DENSE, DN, "  seed=2 init=uniform:1 slice=16 update=sum lr=1 opt=sgd ", &id));
+  cr_assert(eq(u32, id, td), "option order changed the identity");
+  id = 12345;
+  FAILS(PS_ERR_CONFLICT, ps_table_declare(ctx, "d", PS_DENSE, DN, "opt=sgd lr=0.5 update=sum slice=16", &id));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "'d'"), NULL)), "message: %s", ps_errmsg());
+  cr_assert(eq(u32, id, 12345), "a failed declare wrote the id");
+  FAILS(PS_ERR_CONFLICT, ps_table_declare(ctx, "d", PS_DENSE, DN + 1, "opt=sgd lr=1 update=sum slice=16 init=uniform:1 seed=2", &id));
+  FAILS(PS_ERR_CONFLICT, ps_table_declare(ctx, "d", PS_SPARSE, DN, "opt=sgd lr=1 update=sum init=uniform:1 seed=2", &id));
+  FAILS(PS_ERR_CONFLICT, ps_table_declare(ctx, "s", PS_SPARSE, SD, "opt=adagrad lr=0.5", &id));
+  static const char *const bad_opts[][2] = {
+      {"opt=sgdx", "opt"},          {"lr=-1", "lr"},          {"lr=abc", "lr"},
+      {"bogus=1", "bogus"},         {"lr", "lr"},             {"update=median", "update"},
+      {"init=gauss:1", "init"},     {"beta1=1", "beta1"},     {"lr=0.1 lr=0.2", "lr"},
+      {"slice=0", "slice"},         {"seed=-3", "seed"},      {"init=uniform:-1", "init"},
+  };
+  for (size_t i = 0; i < sizeof bad_opts / sizeof bad_opts[0]; i++) {
+    int rc = ps_table_declare(ctx, "fresh", PS_DENSE, 10, bad_opts[i][0], &id);
+    cr_assert(eq(int, rc, PS_ERR_CONFIG), "'%s' -> %s", bad_opts[i][0], ps_err_name(rc));
+    cr_assert(not(eq(ptr, strstr(ps_errmsg(), bad_opts[i][1]), NULL)), "'%s': message '%s' does not name '%s'",
+              bad_opts[i][0], ps_errmsg(), bad_opts[i][1]);
+  }
+  FAILS(PS_ERR_CONFIG, ps_table_declare(ctx, "fresh", PS_SPARSE, 4, "slice=4", &id));
+  FAILS(PS_ERR_INVALID, ps_table_declare(ctx, "fresh", PS_DENSE, 0, NULL, &id));
+  FAILS(PS_ERR_INVALID, ps_table_declare(ctx, "fresh", (ps_table_kind)7, 4, NULL, &id));
+  FAILS(PS_ERR_INVALID, ps_table_declare(ctx, "", PS_DENSE, 4, NULL, &id));
+  FAILS(PS_ERR_INVALID, ps_table_declare(ctx, NULL, PS_DENSE, 4, NULL, &id));
+  FAILS(PS_ERR_INVALID, ps_table_declare(NULL, "x", PS_DENSE, 4, NULL, &id));
+  /* None of the failed names exists now: "fresh" can be declared with any options. */
+  OK(ps_table_declare(ctx, "fresh", PS_SPARSE, 2, "opt=adam", &id));
+
+  /* Nothing above touched the state (the pulls run at the same clock). */
+  snapshot(ctx, td, ts, d1, s1);
+  cr_assert(eq(int, memcmp(d0, d1, sizeof d0), 0), "dense table changed by refused calls");
+  cr_assert(eq(int, memcmp(s0, s1, sizeof s0), 0), "sparse table changed by refused calls");
+  /* And the context still works. */
+  OK(ps_push_range(ctx, td, 0, DN, g, 1, 1.0f, -1));
+  OK(ps_clock(ctx));
+  OK(ps_pull_range(ctx, td, 0, DN, d1, -1));
+  for (int i = 0; i < DN; i++) cr_assert(eq(flt, d1[i], d0[i] - g[i]), "element %d: %g vs %g", i, d1[i], d0[i] - g[i]);
+  ps_ctx_close(ctx);
+}
+
+/* Push and pull with a NULL context return PS_ERR_INVALID like every other call; today
+ * they dereference it (deadline_for runs before ctx_check). See
+ * /tmp/core-bugs/03-null-ctx-push-pull.diff. */
+Test(api, null_context_in_push_and_pull, .timeout = 30) {
+  KNOWN_BUG("03-null-ctx-push-pull.diff");
+  uint64_t k = 1;
+  float v[4] = {0};
+  ps_req *r;
+  FAILS(PS_ERR_INVALID, ps_pull(NULL, 1, &k, 1, v, -1));
+  FAILS(PS_ERR_INVALID, ps_push(NULL, 1, &k, 1, v, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_pull_range(NULL, 1, 0, 4, v, -1));
+  FAILS(PS_ERR_INVALID, ps_push_range(NULL, 1, 0, 4, v, 1, PS_LR_SCHEDULE, -1));
+  FAILS(PS_ERR_INVALID, ps_pull_start(NULL, 1, &k, 1, v, &r));
+  FAILS(PS_ERR_INVALID, ps_push_start(NULL, 1, &k, 1, v, 1, PS_LR_SCHEDULE, &r));
+  FAILS(PS_ERR_INVALID, ps_pull_range_start(NULL, 1, 0, 4, v, &r));
+  FAILS(PS_ERR_INVALID, ps_push_range_start(NULL, 1, 0, 4, v, 1, PS_LR_SCHEDULE, &r));
+}
+
+/* ---------------------------------------------------------------- the data path */
+
+Test(api, blocking_push_pull_dense_and_sparse, .timeout = 30) {
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t td, ts, tc;
+  /* 37 floats in slices of 4: ten slices spread over both servers, a short last one. */
+  OK(ps_table_declare(ctx, "d", PS_DENSE, 37, "opt=sgd lr=1 update=sum slice=4", &td));
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, 3, "opt=sgd lr=1 update=sum", &ts));
+  OK(ps_table_declare(ctx, "c", PS_SPARSE, 2, "init=const:0.25", &tc));
+
+  float d[37], g[37];
+  for (int i = 0; i < 37; i++) {
+    g[i] = (float)(i + 1);
+    d[i] = -1;
+  }
+  OK(ps_pull_range(ctx, td, 0, 37, d, -1));
+  for (int i = 0; i < 37; i++) cr_assert(eq(flt, d[i], 0.0f));
+  OK(ps_push_range(ctx, td, 3, 27, g, 1, PS_LR_SCHEDULE, -1)); /* [3, 30) */
+  OK(ps_push_range(ctx, td, 36, 1, g, 1, PS_LR_SCHEDULE, -1)); /* the short last slice */
+
+  /* The case: key 5 twice with g=1 under sgd lr=1 sum from zero -> -2. */
+  uint64_t k55[2] = {5, 5};
+  float ones[6] = {1, 1, 1, 1, 1, 1};
+  OK(ps_push(ctx, ts, k55, 2, ones, 1, PS_LR_SCHEDULE, -1));
+  /* Many keys over both servers, each twice, not adjacent: the partitioned path. */
+  uint64_t many[128];
+  float gm[128 * 3];
+  for (int i = 0; i < 128; i++) {
+    many[i] = 1000 + (uint64_t)(i % 64) * 7919;
+    for (int j = 0; j < 3; j++) gm[i * 3 + j] = (float)((i % 64) + 1) + (float)j / 4.0f;
+  }
+  OK(ps_push(ctx, ts, many, 128, gm, 1, PS_LR_SCHEDULE, -1));
+  /* Before the clock nothing is applied (sync mode: a pull sees completed rounds). */
+  OK(ps_pull_range(ctx, td, 0, 37, d, -1));
+  for (int i = 0; i < 37; i++) cr_assert(eq(flt, d[i], 0.0f));
+  OK(ps_clock(ctx));
+
+  OK(ps_pull_range(ctx, td, 0, 37, d, -1));
+  for (int i = 0; i < 37; i++) {
+    float want = (i >= 3 && i < 30) ? -(float)(i - 3 + 1) : (i == 36 ? -1.0f : 0.0f);
+    cr_assert(eq(flt, d[i], want), "d[%d] = %g, want %g", i, d[i], want);
+  }
+  float part[9];
+  OK(ps_pull_range(ctx, td, 14, 9, part, -1)); /* an inner range across slices */
+  for (int i = 0; i < 9; i++) cr_assert(eq(flt, part[i], d[14 + i]));
+
+  float row[3];
+  uint64_t k5 = 5;
+  OK(ps_pull(ctx, ts, &k5, 1, row, -1));
+  for (int j = 0; j < 3; j++) cr_assert(eq(flt, row[j], -2.0f), "row 5[%d] = %g", j, row[j]);
+  float pm[128 * 3];
+  OK(ps_pull(ctx, ts, many, 128, pm, -1));
+  for (int i = 0; i < 128; i++)
+    for (int j = 0; j < 3; j++) {
+      float want = -2.0f * ((float)((i % 64) + 1) + (float)j / 4.0f);
+      cr_assert(eq(flt, pm[i * 3 + j], want), "key %llu [%d] = %g, want %g", (unsigned long long)many[i], j,
+                pm[i * 3 + j], want);
+    }
+
+  /* Repeated keys in a pull: the same row each time, in the caller's order. */
+  uint64_t rep[5] = {5, 1000, 5, 77777, 1000};
+  float pr[5 * 3];
+  OK(ps_pull(ctx, ts, rep, 5, pr, -1));
+  for (int j = 0; j < 3; j++) {
+    cr_assert(eq(flt, pr[0 * 3 + j], -2.0f));
+    cr_assert(eq(flt, pr[2 * 3 + j], -2.0f));
+    cr_assert(eq(flt, pr[1 * 3 + j], pm[0 * 3 + j]));
+    cr_assert(eq(flt, pr[4 * 3 + j], pm[0 * 3 + j]));
+    cr_assert(eq(flt, pr[3 * 3 + j], 0.0f)); /* never touched: the zero initialiser */
+  }
+  /* Fresh rows come from the table's initialiser; an empty pull is a no-op. */
+  uint64_t fresh[3] = {0, UINT64_MAX, 42};
+  float pc[6];
+  OK(ps_pull(ctx, tc, fresh, 3, pc, -1));
+  for (int i = 0; i < 6; i++) cr_assert(eq(flt, pc[i], 0.25f));
+  OK(ps_pull(ctx, tc, NULL, 0, NULL, -1));
+  ps_ctx_close(ctx);
+}
+
+Test(api, mean_mode_counts_each_workers_batch_once_per_round, .timeout = 30) {
+  /* Pushing a table in pieces within one step (per layer, as backprop produces them)
+   * must not count the batch twice: each piece is divided by the batch once. */
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t td, ts;
+  OK(ps_table_declare(ctx, "d", PS_DENSE, 20, "opt=sgd lr=1 slice=4", &td));
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, 2, "opt=sgd lr=1", &ts));
+  float g[20], d[20];
+  for (int i = 0; i < 20; i++) g[i] = (float)(i + 1) / 8.0f;
+  OK(ps_push_range(ctx, td, 0, 10, g, 8, PS_LR_SCHEDULE, -1));
+  OK(ps_push_range(ctx, td, 10, 10, g + 10, 8, PS_LR_SCHEDULE, -1));
+  uint64_t k1 = 11, k2 = 12;
+  float r1[2] = {1, 2}, r2[2] = {3, 4}, out[4];
+  OK(ps_push(ctx, ts, &k1, 1, r1, 8, PS_LR_SCHEDULE, -1));
+  OK(ps_push(ctx, ts, &k2, 1, r2, 8, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(ctx));
+  OK(ps_pull_range(ctx, td, 0, 20, d, -1));
+  for (int i = 0; i < 20; i++) cr_assert(eq(flt, d[i], -g[i]), "d[%d] = %g, want %g", i, d[i], -g[i]);
+  uint64_t ks[2] = {11, 12};
+  OK(ps_pull(ctx, ts, ks, 2, out, -1));
+  cr_assert(eq(flt, out[0], -1.0f));
+  cr_assert(eq(flt, out[1], -2.0f));
+  cr_assert(eq(flt, out[2], -3.0f));
+  cr_assert(eq(flt, out[3], -4.0f));
+  /* An explicit learning rate overrides the table's for that push. */
+  OK(ps_push_range(ctx, td, 0, 20, g, 8, 0.5f, -1));
+  OK(ps_clock(ctx));
+  OK(ps_pull_range(ctx, td, 0, 20, d, -1));
+  for (int i = 0; i < 20; i++) cr_assert(eq(flt, d[i], -1.5f * g[i]), "d[%d] = %g", i, d[i]);
+  ps_ctx_close(ctx);
+}
+
+Test(api, non_blocking_requests, .timeout = 30) {
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t td, ts;
+  OK(ps_table_declare(ctx, "d", PS_DENSE, 1000, "opt=sgd lr=1 update=sum slice=64", &td));
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, 8, "opt=sgd lr=1 update=sum", &ts));
+  float g[1000];
+  for (int i = 0; i < 1000; i++) g[i] = (float)(i % 17);
+  uint64_t keys[50];
+  float gs[50 * 8];
+  for (int i = 0; i < 50; i++) {
+    keys[i] = (uint64_t)i * 1000003u;
+    for (int j = 0; j < 8; j++) gs[i * 8 + j] = (float)(i + j);
+  }
+  /* Several requests in flight at once, waited in another order than started. */
+  ps_req *r[4];
+  OK(ps_push_range_start(ctx, td, 0, 500, g, 1, PS_LR_SCHEDULE, &r[0]));
+  OK(ps_push_range_start(ctx, td, 500, 500, g + 500, 1, PS_LR_SCHEDULE, &r[1]));
+  OK(ps_push_start(ctx, ts, keys, 25, gs, 1, PS_LR_SCHEDULE, &r[2]));
+  OK(ps_push_start(ctx, ts, keys + 25, 25, gs + 25 * 8, 1, PS_LR_SCHEDULE, &r[3]));
+  OK(ps_req_wait(r[3], -1));
+  OK(ps_req_wait(r[0], 10000));
+  OK(ps_req_wait(r[0], 0)); /* waiting again on a finished request gives its result */
+  for (int i = 0; i < 4; i++) ps_req_free(r[i]); /* r[1], r[2] freed without a wait */
+  OK(ps_clock(ctx));
+
+  float d[1000], s[50 * 8];
+  memset(d, 0x7f, sizeof d);
+  memset(s, 0x7f, sizeof s);
+  ps_req *p[2];
+  OK(ps_pull_range_start(ctx, td, 0, 1000, d, &p[0]));
+  OK(ps_pull_start(ctx, ts, keys, 50, s, &p[1]));
+  OK(ps_req_wait(p[1], -1));
+  OK(ps_req_wait(p[0], -1));
+  ps_req_free(p[0]);
+  ps_req_free(p[1]);
+  for (int i = 0; i < 1000; i++) cr_assert(eq(flt, d[i], -g[i]), "d[%d] = %g", i, d[i]);
+  for (int i = 0; i < 50 * 8; i++) cr_assert(eq(flt, s[i], -gs[i]), "s[%d] = %g", i, s[i]);
+  ps_ctx_close(ctx);
+}
+
+/* ps_req_free of a running request: it returns once the library no longer touches the
+ * request or its buffers, and the context goes on working. Today (a) ps_req_free
+ * returns while mail_cancel or a pending write callback still uses the request
+ * (heap-use-after-free under ASan; in release a later request gets "canceled"), and
+ * (b) the canceled request's connection is closed, the embedded server writes its
+ * answer into it and SIGPIPE kills the process. See /tmp/core-bugs/04-req-free-use-
+ * after-free.diff and /tmp/core-bugs/05-sigpipe.diff. */
+Test(api, freeing_running_requests, .timeout = 30) {
+  KNOWN_BUG("04-req-free-use-after-free.diff + 05-sigpipe.diff");
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t td, ts;
+  const size_t big = 4u << 20; /* 16 MiB pushes: still being written when freed */
+  OK(ps_table_declare(ctx, "d", PS_DENSE, big, "opt=sgd lr=1 update=sum", &td));
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, 8, "opt=sgd lr=1 update=sum", &ts));
+  float *g = calloc(big, sizeof *g), *d = calloc(big, sizeof *d);
+  cr_assert(g && d);
+  uint64_t keys[50];
+  float gs[50 * 8] = {0}, s[50 * 8];
+  for (int i = 0; i < 50; i++) keys[i] = (uint64_t)i * 1000003u;
+  for (int it = 0; it < 10; it++) {
+    ps_req *q;
+    OK(ps_pull_range_start(ctx, td, 0, 1000, d, &q));
+    ps_req_free(q);
+    OK(ps_push_start(ctx, ts, keys, 50, gs, 1, PS_LR_SCHEDULE, &q));
+    ps_req_free(q);
+    OK(ps_pull_start(ctx, ts, keys, 50, s, &q));
+    ps_req_free(q);
+    OK(ps_push_range_start(ctx, td, 0, big, g, 1, PS_LR_SCHEDULE, &q));
+    ps_req_free(q);
+  }
+  OK(ps_clock(ctx));
+  OK(ps_pull_range(ctx, td, 0, 1000, d, -1));
+  OK(ps_pull(ctx, ts, keys, 50, s, -1));
+  free(g);
+  free(d);
+  ps_ctx_close(ctx);
+}
+
+/* A clock before any other contact with the servers (their connections are still being
+ * opened): the CLOCK frames are queued as detached one-part requests, which are freed
+ * when written while still on the link's in-flight list (heap-use-after-free under
+ * ASan; silent corruption otherwise). See /tmp/core-bugs/07-detached-part-on-inflight-
+ * list.diff. */
+Test(api, clock_before_anything_else, .timeout = 30) {
+  KNOWN_BUG("07-detached-part-on-inflight-list.diff");
+  ps_ctx *ctx = open_embedded(2);
+  OK(ps_clock(ctx));
+  OK(ps_clock(ctx));
+  uint32_t td;
+  OK(ps_table_declare(ctx, "d", PS_DENSE, 40, "opt=sgd lr=1 update=sum slice=4", &td));
+  float g[40], d[40];
+  for (int i = 0; i < 40; i++) g[i] = (float)i;
+  for (int it = 0; it < 3; it++) {
+    OK(ps_push_range(ctx, td, 0, 40, g, 1, PS_LR_SCHEDULE, -1));
+    OK(ps_clock(ctx));
+  }
+  OK(ps_pull_range(ctx, td, 0, 40, d, -1));
+  for (int i = 0; i < 40; i++) cr_assert(eq(flt, d[i], -3.0f * g[i]));
+  cr_assert(eq(i64, ps_ctx_clock(ctx), 5));
+  ps_ctx_close(ctx);
+}
+
+/* ---------------------------------------------------------------- two workers */
+
+typedef struct clock_later {
+  ps_ctx *ctx;
+  int delay_ms;
+  int rc;
+} clock_later;
+
+static void *do_clock_later(void *arg) {
+  clock_later *c = arg;
+  usleep((useconds_t)c->delay_ms * 1000);
+  c->rc = ps_clock(c->ctx);
+  return NULL;
+}
+
+Test(api, a_pull_for_an_unfinished_round_waits_and_times_out, .timeout = 30) {
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 2, 2);
+  open_two(&m, &a, &b);
+  uint32_t td, tdb;
+  OK(ps_table_declare(a, "d", PS_DENSE, 10, "opt=sgd lr=1 update=sum slice=4", &td));
+  /* b attaches to the table by name (same id). */
+  OK(ps_table_declare(b, "d", PS_DENSE, 10, "opt=sgd lr=1 update=sum slice=4", &tdb));
+  cr_assert(eq(u32, tdb, td));
+  float g[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, d[10];
+  OK(ps_push_range(a, td, 0, 10, g, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(a));
+
+  /* Round 0 needs b's clock: a's pull at clock 1 is deferred by the servers. */
+  for (int i = 0; i < 10; i++) d[i] = 123.0f;
+  ps_req *r;
+  OK(ps_pull_range_start(a, td, 0, 10, d, &r));
+  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 0));
+  double t0 = now_s();
+  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 150));
+  double dt = now_s() - t0;
+  cr_assert(ge(dbl, dt, 0.14), "waited only %.3fs", dt);
+  cr_assert(lt(dbl, dt, 2.0), "waited %.3fs", dt);
+  for (int i = 0; i < 10; i++) cr_assert(eq(flt, d[i], 123.0f), "the buffer was written before completion");
+  /* The request is still usable: once b clocks, the same wait succeeds. */
+  OK(ps_clock(b));
+  OK(ps_req_wait(r, 5000));
+  ps_req_free(r);
+  for (int i = 0; i < 10; i++) cr_assert(eq(flt, d[i], -g[i]));
+  /* b sees the same parameters. */
+  float db[10];
+  OK(ps_pull_range(b, tdb, 0, 10, db, -1));
+  cr_assert(eq(int, memcmp(d, db, sizeof d), 0));
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
+
+/* A deferred pull freed while pending, and blocking pulls that time out, leave the
+ * context working. Known bug: ps_req_free of a running request is unsafe today (see
+ * freeing_running_requests and /tmp/core-bugs/04-req-free-use-after-free.diff): here
+ * the later blocking pull fails with PS_ERR_CANCELED. */
+Test(api, a_deferred_pull_freed_or_timed_out, .timeout = 30) {
+  KNOWN_BUG("04-req-free-use-after-free.diff");
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 2, 2);
+  open_two(&m, &a, &b);
+  uint32_t td, ts;
+  OK(ps_table_declare(a, "d", PS_DENSE, 10, "opt=sgd lr=1 update=sum slice=4", &td));
+  OK(ps_table_declare(a, "s", PS_SPARSE, 2, "opt=sgd lr=1 update=sum", &ts));
+  OK(ps_table_declare(b, "s", PS_SPARSE, 2, "opt=sgd lr=1 update=sum", &ts)); /* connects b's links */
+  float g[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, d[10];
+  ps_req *r;
+  double t0;
+  OK(ps_clock(a)); /* round 0: empty */
+  OK(ps_clock(b));
+  /* Round 1 waits for b: a's pull at clock 2 is deferred. */
+  OK(ps_push_range(a, td, 0, 10, g, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(a));
+  OK(ps_pull_range_start(a, td, 0, 10, d, &r));
+  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 20));
+  t0 = now_s();
+  ps_req_free(r);
+  cr_assert(lt(dbl, now_s() - t0, 1.0), "freeing a pending request blocked");
+  uint64_t key = 3;
+  float row[2];
+  t0 = now_s();
+  FAILS(PS_ERR_TIMEOUT, ps_pull(a, ts, &key, 1, row, 100));
+  cr_assert(lt(dbl, now_s() - t0, 2.0));
+  FAILS(PS_ERR_TIMEOUT, ps_pull_range(a, td, 0, 10, d, 100));
+  /* b clocks from another thread while a waits in a blocking pull. */
+  clock_later cl = {.ctx = b, .delay_ms = 100};
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, do_clock_later, &cl), 0));
+  OK(ps_pull_range(a, td, 0, 10, d, 5000));
+  pthread_join(t, NULL);
+  OK(cl.rc);
+  for (int i = 0; i < 10; i++) cr_assert(eq(flt, d[i], -g[i]));
+  OK(ps_pull(a, ts, &key, 1, row, -1));
+  cr_assert(eq(flt, row[0], 0.0f));
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
+
+typedef struct barrier_arg {
+  ps_ctx *ctx;
+  int timeout_ms;
+  int rc;
+} barrier_arg;
+
+static void *do_barrier(void *arg) {
+  barrier_arg *x = arg;
+  x->rc = ps_barrier(x->ctx, x->timeout_ms);
+  return NULL;
+}
+
+static void barrier_both(ps_ctx *a, ps_ctx *b, int timeout_ms, int *ra, int *rb) {
+  barrier_arg xa = {a, timeout_ms, -1}, xb = {b, timeout_ms, -1};
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, do_barrier, &xb), 0));
+  do_barrier(&xa);
+  pthread_join(t, NULL);
+  *ra = xa.rc;
+  *rb = xb.rc;
+}
+
+Test(api, barrier, .timeout = 30) {
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 1, 2);
+  open_two(&m, &a, &b);
+  int ra, rb;
+  for (int i = 0; i < 3; i++) {
+    barrier_both(a, b, 5000, &ra, &rb);
+    OK(ra);
+    OK(rb);
+  }
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
+
+/* Alone at a barrier: bounded by the timeout. (Every blocking call that times out
+ * frees its request while it runs, which is the bug of freeing_running_requests.) */
+Test(api, barrier_times_out, .timeout = 30) {
+  KNOWN_BUG("04-req-free-use-after-free.diff");
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 1, 2);
+  open_two(&m, &a, &b);
+  double t0 = now_s();
+  FAILS(PS_ERR_TIMEOUT, ps_barrier(a, 150));
+  double dt = now_s() - t0;
+  cr_assert(ge(dbl, dt, 0.14), "gave up after %.3fs", dt);
+  cr_assert(lt(dbl, dt, 2.0), "gave up after %.3fs", dt);
+  OK(ps_metric(a, "still", 1)); /* the context still works */
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
+
+/* A barrier that timed out must not leave the workers' barriers out of step: once every
+ * worker calls ps_barrier again, everybody passes. Today the timed-out call has used up
+ * a sequence number on one worker only, so afterwards one side passes alone and the
+ * other waits for a barrier nobody else will enter. See
+ * /tmp/core-bugs/02-barrier-after-timeout.diff. */
+Test(api, barrier_after_a_timeout, .timeout = 30) {
+  KNOWN_BUG("02-barrier-after-timeout.diff (with 04)");
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 1, 2);
+  open_two(&m, &a, &b);
+  int ra, rb;
+  FAILS(PS_ERR_TIMEOUT, ps_barrier(a, 100));
+  for (int i = 0; i < 2; i++) {
+    barrier_both(a, b, 2000, &ra, &rb);
+    cr_expect(eq(int, ra, 0), "round %d: a -> %s", i, ps_err_name(ra));
+    cr_expect(eq(int, rb, 0), "round %d: b -> %s", i, ps_err_name(rb));
+  }
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
