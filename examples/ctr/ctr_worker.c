@@ -31,6 +31,7 @@
 
 typedef struct opts {
   const char *data, *test, *opt;
+  const char *table_opts; /* extra options of the weight table (agg_n=4 agg_ms=20, ...) */
   int epochs, batch, quiet;
   int slow_worker;      /* PSHARD_WORKER_INDEX of a worker to slow down (-1 none) */
   double slow_factor;   /* its steps take this many times as long */
@@ -307,6 +308,7 @@ static void usage(FILE *f) {
           "  --epochs N      passes over the data (1)\n"
           "  --batch N       examples per mini-batch (1000)\n"
           "  --opt ftrl|adagrad  server-side optimiser (ftrl)\n"
+          "  --table-opts S  more options of the weight table, e.g. 'agg_n=4 agg_ms=20' (see pshard.h)\n"
           "  --lr X --l1 X --l2 X --beta X   optimiser settings (ftrl: 0.1 0.003 0.001 0.001;\n"
           "                  adagrad: 0.1). The servers see the batch-mean gradient, so l1, l2 and\n"
           "                  beta are in its units (per-example FTRL values divided by the batch)\n"
@@ -340,6 +342,7 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "--data")) o.data = v;
     else if (!strcmp(a, "--test")) o.test = v;
     else if (!strcmp(a, "--opt")) o.opt = v;
+    else if (!strcmp(a, "--table-opts")) o.table_opts = v;
     else if (!strcmp(a, "--epochs")) o.epochs = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--lr")) o.lr = strtod(v, &end);
@@ -388,6 +391,13 @@ int main(int argc, char **argv) {
     snprintf(topts, sizeof topts, "opt=ftrl lr=%g l1=%g l2=%g beta=%g", o.lr, o.l1, o.l2, o.beta);
   else
     snprintf(topts, sizeof topts, "opt=adagrad lr=%g acc0=0.1", o.lr);
+  if (o.table_opts && *o.table_opts) {
+    size_t used = strlen(topts);
+    if ((size_t)snprintf(topts + used, sizeof topts - used, " %s", o.table_opts) >= sizeof topts - used) {
+      fprintf(stderr, "ctr_worker: --table-opts too long\n");
+      return 2;
+    }
+  }
   PS_CHECK("declare table", ps_table_declare(m.ctx, "ctr_weights", PS_SPARSE, 1, topts, &m.table));
   PS_CHECK("declare tasks", ps_tasks_init(m.ctx, (uint32_t)nparts, (uint32_t)o.epochs));
 
