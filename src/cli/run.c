@@ -43,6 +43,19 @@ typedef struct proc {
 } proc;
 
 static proc procs[MAX_PROCS];
+static char run_dir[64];
+
+/* Remove the job's temporary directory (the scheduler's address file). */
+static void cleanup_dir(void) {
+  char path[128];
+  if (!run_dir[0]) return;
+  snprintf(path, sizeof path, "%s/addr", run_dir);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/addr.tmp", run_dir);
+  unlink(path);
+  rmdir(run_dir);
+  run_dir[0] = '\0';
+}
 static int nprocs;
 static int sig_pipe[2] = {-1, -1};
 static volatile sig_atomic_t got_signal;
@@ -320,6 +333,8 @@ int ps_cli_run(int argc, char **argv) {
     fprintf(stderr, "pshard run: cannot create a temporary directory: %s\n", strerror(errno));
     return 1;
   }
+  snprintf(run_dir, sizeof run_dir, "%s", dir);
+  atexit(cleanup_dir);
   char addr_file[256], addr[128] = "";
   snprintf(addr_file, sizeof addr_file, "%s/addr", dir);
 

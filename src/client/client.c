@@ -12,9 +12,10 @@
  * Ownership. A part's payload regions are borrowed from the caller (or owned by the
  * request when keys had to be partitioned). A request that must stop early (timeout of
  * a blocking call, ps_req_free of a running one) is canceled on the loop: a reply
- * being read into it is switched to discard, and a connection with an unfinished write
- * of its buffers is closed, so the library no longer touches the caller's memory once
- * the cancel is acknowledged.
+ * being read into it is switched to discard, and a part whose frame is still being
+ * written finishes only when that write completes (a write that never completes is
+ * cut by the deadline sweep, which closes the connection). The request is complete,
+ * and the caller's memory free again, only once every part has finished.
  */
 #include <math.h>
 #include <pthread.h>
@@ -112,7 +113,9 @@ struct ps_ctx {
   int thread_started;
   ps__mailbox *mail;
   ps__pool *pool;
-  uv_timer_t hb_timer, sweep_timer;
+  uv_timer_t hb_timer, sweep_timer, retry_timer;
+  uint64_t connect_deadline_ms;
+  int connect_refused;     /* the scheduler refused a connection (retrying) */
   peer *links;             /* scheduler link first */
   peer *sched;
 
@@ -286,8 +289,9 @@ static void link_connect(ps_ctx *ctx, peer *l);
 static void part_submit(ps_ctx *ctx, part *p) {
   peer *l = find_link(ctx, p->target);
   if (!l || !l->alive) {
-    char msg[128];
-    snprintf(msg, sizeof msg, "server %u is not in the job", p->target);
+    char msg[160];
+    snprintf(msg, sizeof msg, "server %u, which holds these keys, has left the job; without replicas its shard is lost",
+             p->target);
     part_fail(p, PS_ERR_UNAVAILABLE, msg);
     return;
   }
@@ -397,7 +401,7 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
     return;
   }
   uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
-  size_t nsrv = 0;
+  size_t nsrv = 0, nalive = 0;
   int nwork = 0;
   if (!ids) {
     ps__membership_clear(&m);
@@ -415,11 +419,15 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
       l->next = ctx->links->next; /* keep the scheduler link first */
       ctx->links->next = l;
     }
+    /* The ring keeps servers that died: without replication their shards are lost,
+     * and requests for those keys must fail (PS_ERR_UNAVAILABLE) rather than move to a
+     * survivor that would silently recreate them from the initialiser. */
+    ids[nsrv++] = x->id;
+    if (x->alive) nalive++;
     if (!l) continue;
     l->m = *x;
     if (x->alive) {
       l->alive = 1;
-      ids[nsrv++] = x->id;
     } else if (l->alive) {
       l->alive = 0;
       char msg[96];
@@ -439,7 +447,7 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
     ctx->epoch = m.epoch;
     ctx->started = m.started;
     ctx->nworkers = nwork;
-    ctx->nservers = (int)nsrv;
+    ctx->nservers = (int)nalive;
     if (ring) {
       ps__ring **rt = ps__realloc(ctx->retired, (ctx->nretired + 1) * sizeof *rt);
       if (rt) {
@@ -1471,8 +1479,19 @@ static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, 
   return 0;
 }
 
+static void mail_connect(void *arg);
+
+static void retry_tick(uv_timer_t *t) { mail_connect(t->data); }
+
 static void on_sched_connected(void *arg, ps__conn *c, int status) {
   ps_ctx *ctx = arg;
+  /* The scheduler may not listen yet (launchers start every rank at once): retry until
+   * the connect deadline; ps_ctx_open gives up then. */
+  if ((status == PS_ERR_UNAVAILABLE || !c) && !ctx->closing && ps__now_ms() < ctx->connect_deadline_ms) {
+    __atomic_store_n(&ctx->connect_refused, 1, __ATOMIC_RELAXED);
+    uv_timer_start(&ctx->retry_timer, retry_tick, 200, 0);
+    return;
+  }
   if (status || !c) {
     char msg[200];
     snprintf(msg, sizeof msg, "cannot reach the scheduler at %s:%d: %s", ctx->sched_host, ctx->sched_port,
@@ -1558,6 +1577,9 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   ctx->hb_timer.data = ctx;
   uv_timer_init(&ctx->loop, &ctx->sweep_timer);
   ctx->sweep_timer.data = ctx;
+  uv_timer_init(&ctx->loop, &ctx->retry_timer);
+  ctx->retry_timer.data = ctx;
+  ctx->connect_deadline_ms = ps__now_ms() + ctx->connect_timeout_ms;
   uv_timer_start(&ctx->sweep_timer, sweep_tick, 50, 50);
   if (emb) {
     rc = start_embedded(ctx, cfg, emb, (uint32_t)ps__config_uint(cfg, "workers", 1));
@@ -1596,6 +1618,9 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   }
   if (ctx->failed) {
     rc = ps__fail(ctx->fail_err, "%s", ctx->fail_msg);
+  } else if (!ctx->registered && __atomic_load_n(&ctx->connect_refused, __ATOMIC_RELAXED)) {
+    rc = ps__fail(PS_ERR_UNAVAILABLE, "cannot reach the scheduler at %s:%d: connection refused (retried for %u ms)",
+                  ctx->sched_host, ctx->sched_port, ctx->connect_timeout_ms);
   } else if (!(ctx->registered && ctx->started && ctx->ring)) {
     rc = ps__fail(PS_ERR_TIMEOUT, "the job did not start within %u ms (%s)", ctx->connect_timeout_ms,
                   ctx->registered ? "waiting for the other servers and workers" : "no answer from the scheduler");

@@ -24,7 +24,7 @@
 
 /* ---------------------------------------------------------------- buffer pool */
 
-/* A per-loop cache of payload buffers in power-of-two size classes (4 KiB .. 4 GiB),
+/* A per-loop cache of payload buffers in power-of-two size classes (4 KiB .. 1 TiB),
  * so repeated large messages reuse warm pages instead of fresh ones. */
 typedef struct ps__pool ps__pool;
 ps__pool *ps__pool_new(size_t max_cached_bytes);

@@ -350,6 +350,13 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
     ps__conn_close_after_flush(c, PS_ERR_PROTO);
     return;
   }
+  if (hello.role == PS_ROLE_SERVER && s->nserver_ranks >= s->o.servers) {
+    /* Moving keys to a new server needs migration, which is not built yet: taking it
+     * into the ring would lose the rows it became the owner of. */
+    ps__conn_send_error(c, h, PS_ERR_UNAVAILABLE, "the job already has its servers; adding a server to a running job is not supported");
+    ps__conn_close_after_flush(c, PS_ERR_UNAVAILABLE);
+    return;
+  }
   if (s->nnodes == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 16;
     node *nn = ps__realloc(s->nodes, cap * sizeof *nn);

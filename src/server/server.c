@@ -96,7 +96,7 @@ struct ps__server {
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
   ps__conn *sched;
-  uv_timer_t hb_timer, connect_timer;
+  uv_timer_t hb_timer, connect_timer, retry_timer;
   uint32_t id, rank;
   uint64_t epoch;
   int started;
@@ -937,7 +937,7 @@ static void on_membership(ps__server *s, const ps__body *b) {
   }
   for (uint32_t i = 0; i < m.n; i++) {
     ps__member *x = &m.m[i];
-    if (x->role == PS_ROLE_SERVER && x->alive) ids[nsrv++] = x->id;
+    if (x->role == PS_ROLE_SERVER) ids[nsrv++] = x->id; /* dead ones too: their keys are lost, not ours */
     if (x->role != PS_ROLE_WORKER) continue;
     worker *w = find_worker(s, x->id);
     if (!w && x->alive) {
@@ -1024,9 +1024,19 @@ static void connect_timeout(uv_timer_t *t) {
   server_shutdown(s, PS_ERR_TIMEOUT);
 }
 
+static void sched_connect(ps__server *s);
+
+static void retry_tick(uv_timer_t *t) { sched_connect(t->data); }
+
 static void on_sched_connected(void *arg, ps__conn *c, int status) {
   ps__server *s = arg;
   if (status) {
+    /* The scheduler may not listen yet (launchers start every rank at once): retry
+     * until connect_timeout_ms, after which connect_timeout() gives up. */
+    if (status == PS_ERR_UNAVAILABLE && !s->stopping) {
+      uv_timer_start(&s->retry_timer, retry_tick, 200, 0);
+      return;
+    }
     ps__log(PS_LOG_ERROR, "cannot reach the scheduler at %s:%d: %s", s->o.sched_host, s->o.sched_port,
             ps_strerror(status));
     server_shutdown(s, status);
@@ -1122,6 +1132,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   rc = ps__connect_tcp(&s->loop, s->o.sched_host, s->o.sched_port, &sched_link_ops, s, s->pool, 1u << 24,
                        on_sched_connected, s);
   if (rc) goto fail;
+  uv_timer_init(&s->loop, &s->retry_timer);
+  s->retry_timer.data = s;
   uv_timer_start(&s->connect_timer, connect_timeout, s->o.connect_timeout_ms, 0);
   *out = s;
   return 0;
@@ -1132,6 +1144,15 @@ fail: {
   ps__server_destroy(s);
   return ps__fail(rc, "%s", msg);
 }
+}
+
+static void sched_connect(ps__server *s) {
+  if (s->stopping) return;
+  if (ps__connect_tcp(&s->loop, s->o.sched_host, s->o.sched_port, &sched_link_ops, s, s->pool, 1u << 24,
+                      on_sched_connected, s)) {
+    ps__log(PS_LOG_ERROR, "cannot connect to the scheduler: %s", ps_errmsg());
+    server_shutdown(s, PS_ERR_UNAVAILABLE);
+  }
 }
 
 int ps__server_port(const ps__server *s) { return s->tcp.port; }

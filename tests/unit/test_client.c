@@ -60,8 +60,16 @@ static void set_common(ps_config *cfg) {
   OK(ps_config_set(cfg, "heartbeat_timeout_ms", "5000"));
 }
 
+/* Every test runs in its own process (Criterion forks). The fixtures ignore SIGPIPE in
+ * that process: an in-process scheduler or server (embedded mode, or the threads of
+ * mini_start, which stand in for the `pshard` daemons that ignore it too) may write to
+ * a connection that was just closed, and the library does not protect itself yet: that
+ * is bug 05, tested on its own with the default disposition in sigpipe_kills_nobody. */
+static void ignore_sigpipe(void) { signal(SIGPIPE, SIG_IGN); }
+
 static ps_ctx *open_embedded(unsigned servers) {
   ps_config *cfg;
+  ignore_sigpipe();
   char n[16];
   OK(ps_config_new(&cfg));
   snprintf(n, sizeof n, "%u", servers);
@@ -86,29 +94,18 @@ typedef struct mini {
   char addr[64];
 } mini;
 
-/* These threads stand in for `pshard scheduler` and `pshard server`, which ignore
- * SIGPIPE (a write to a peer that closed then fails with EPIPE): do the same for these
- * threads only. Library threads are left alone: their SIGPIPEs are bug 05
- * (/tmp/core-bugs/05-sigpipe.diff). */
-static void block_sigpipe(void) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &set, NULL);
-}
 static void *run_sched(void *a) {
-  block_sigpipe();
   ps__sched_run(a);
   return NULL;
 }
 static void *run_server(void *a) {
-  block_sigpipe();
   ps__server_run(a);
   return NULL;
 }
 
 static void mini_start(mini *m, unsigned servers, unsigned workers) {
   memset(m, 0, sizeof *m);
+  ignore_sigpipe();
   ps__sched_opts so = {.host = "127.0.0.1", .servers = servers, .workers = workers, .heartbeat_ms = 100,
                        .heartbeat_timeout_ms = 5000};
   OK(ps__sched_create(&so, &m->sched));
@@ -307,10 +304,14 @@ Test(ctx, open_errors, .timeout = 30) {
   snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(sa.sin_port));
   OK(ps_config_new(&cfg));
   OK(ps_config_set(cfg, "scheduler", addr));
-  OK(ps_config_set(cfg, "connect_timeout_ms", "3000"));
+  OK(ps_config_set(cfg, "connect_timeout_ms", "1000"));
   double t0 = now_s();
-  FAILS(PS_ERR_UNAVAILABLE, ps_ctx_open(cfg, &ctx));
-  cr_assert(lt(dbl, now_s() - t0, 2.5), "a refused connection took %.2fs to report", now_s() - t0);
+  /* Refused connections are retried (launchers start every rank at once, the scheduler
+   * may not listen yet) until connect_timeout_ms, then reported. */
+  int rc = ps_ctx_open(cfg, &ctx);
+  cr_assert(rc == PS_ERR_UNAVAILABLE || rc == PS_ERR_TIMEOUT, "got %s: %s", ps_err_name(rc), ps_errmsg());
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "scheduler"), NULL)), "message: %s", ps_errmsg());
+  cr_assert(lt(dbl, now_s() - t0, 3.0), "a refused connection took %.2fs to report", now_s() - t0);
   cr_assert(eq(ptr, ctx, NULL));
   ps_config_free(cfg);
 
@@ -650,14 +651,12 @@ Test(api, non_blocking_requests, .timeout = 30) {
 }
 
 /* ps_req_free of a running request: it returns once the library no longer touches the
- * request or its buffers, and the context goes on working. Today (a) ps_req_free
- * returns while mail_cancel or a pending write callback still uses the request
- * (heap-use-after-free under ASan; in release a later request gets "canceled"), and
- * (b) the canceled request's connection is closed, the embedded server writes its
- * answer into it and SIGPIPE kills the process. See /tmp/core-bugs/04-req-free-use-
- * after-free.diff and /tmp/core-bugs/05-sigpipe.diff. */
+ * request or its buffers, and the context goes on working. Today ps_req_free returns
+ * while mail_cancel or a pending write callback still uses the request
+ * (heap-use-after-free under ASan; in release a later request gets "canceled"). See
+ * /tmp/core-bugs/04-req-free-use-after-free.diff. */
 Test(api, freeing_running_requests, .timeout = 30) {
-  KNOWN_BUG("04-req-free-use-after-free.diff + 05-sigpipe.diff");
+  KNOWN_BUG("04-req-free-use-after-free.diff");
   ps_ctx *ctx = open_embedded(2);
   uint32_t td, ts;
   const size_t big = 4u << 20; /* 16 MiB pushes: still being written when freed */
@@ -709,6 +708,32 @@ Test(api, clock_before_anything_else, .timeout = 30) {
   for (int i = 0; i < 40; i++) cr_assert(eq(flt, d[i], -3.0f * g[i]));
   cr_assert(eq(i64, ps_ctx_clock(ctx), 5));
   ps_ctx_close(ctx);
+}
+
+/* With the default SIGPIPE disposition (a user's program), an embedded job must never
+ * kill its process: today about 1 in 100 ps_ctx_open/ps_ctx_close cycles dies of
+ * SIGPIPE (an embedded scheduler or server writes to a connection closed during the
+ * shutdown), and so does freeing a running pull (the cancel closes the connection the
+ * embedded server answers into). See /tmp/core-bugs/05-sigpipe.diff. */
+Test(api, sigpipe_kills_nobody, .timeout = 60) {
+  KNOWN_BUG("05-sigpipe.diff (with 04)");
+  for (int i = 0; i < 60; i++) {
+    ps_ctx *ctx = open_embedded(2);
+    signal(SIGPIPE, SIG_DFL);
+    uint32_t td;
+    OK(ps_table_declare(ctx, "d", PS_DENSE, 1u << 20, "opt=sgd lr=1 update=sum", &td));
+    if (i % 10 == 0) {
+      float *g = calloc(1u << 20, sizeof *g);
+      cr_assert(g != NULL);
+      ps_req *q;
+      OK(ps_pull_range_start(ctx, td, 0, 1u << 20, g, &q));
+      ps_req_free(q);
+      OK(ps_push_range_start(ctx, td, 0, 1u << 20, g, 1, PS_LR_SCHEDULE, &q));
+      ps_req_free(q);
+      free(g);
+    }
+    ps_ctx_close(ctx);
+  }
 }
 
 /* ---------------------------------------------------------------- two workers */
