@@ -6,13 +6,19 @@ BUILD_ASAN  ?= build-asan
 JOBS        ?= $(shell nproc)
 PYTHON      := /usr/bin/python3
 APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libcriterion-dev \
-                python3-pytest python3-numpy python3-cffi liblinear-tools openmpi-bin libopenmpi-dev
+                python3-pytest python3-numpy python3-cffi liblinear-tools openmpi-bin libopenmpi-dev \
+                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs
 
 DEMO_DATA   ?= data/ctr
 DEMO_ROWS   ?= 1000000
 DEMO_EPOCHS ?= 2
 
-.PHONY: all deps build build-asan test test-unit test-asan test-integration demo demo-data bench clean
+PREFIX      ?= /usr/local
+# The ASan runtime must be loaded first when Python loads the sanitized libpshard.so.
+ASAN_PRELOAD = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
+
+.PHONY: all deps build build-asan test test-unit test-asan test-integration test-python test-python-slow \
+        example-fashion-mnist example-movielens install demo demo-data bench clean
 
 all: build
 
@@ -40,14 +46,34 @@ build-asan: deps
 test: build build-asan
 	cd $(BUILD) && ctest --output-on-failure -j 2
 	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 	cd $(BUILD_ASAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j 2
 	PSHARD_BUILD=$(CURDIR)/$(BUILD_ASAN) PSHARD_SANITIZED=1 $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+	PSHARD_BUILD=$(CURDIR)/$(BUILD_ASAN) PSHARD_SANITIZED=1 $(ASAN_PRELOAD) $(PYTHON) -m pytest -q -p no:cacheprovider \
+	  python/tests/test_binding.py python/tests/test_cluster.py python/tests/test_torch.py
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j 2
 
 test-integration: build
 	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# The Python binding's tests alone; the -slow variant adds the full example runs.
+test-python: build
+	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
+
+test-python-slow: build
+	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) -m pytest -q -p no:cacheprovider python/tests --slow
+
+# The Python examples on real data, each beside its reference run (docs/python.md).
+example-fashion-mnist: build
+	PYTHONPATH=$(CURDIR)/$(BUILD)/python $(PYTHON) examples/python/fashion_mnist.py --compare --workers 2 --epochs 10
+
+example-movielens: build
+	PYTHONPATH=$(CURDIR)/$(BUILD)/python $(PYTHON) examples/python/movielens.py --compare --workers 2 --mode async
+
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX)
 
 # The main job: a click-through model on a generated Criteo-like log, 2 servers, 2 workers.
 demo: build demo-data

@@ -1,0 +1,122 @@
+"""pshard.torch: ModelSync and Embedding against PyTorch's own optimisers."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import pshard  # noqa: E402
+import pshard.torch as pt  # noqa: E402
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+
+
+def batches(n=6, b=8):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(b, 6, generator=g), torch.randint(0, 3, (b,), generator=g)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("opt,torch_opt", [("sgd", lambda p: torch.optim.SGD(p, lr=0.1)),
+                                           ("adam", lambda p: torch.optim.Adam(p, lr=0.01))])
+def test_model_sync_matches_torch_optimizer(opt, torch_opt):
+    with pshard.embedded(servers=2) as ps:
+        model = small_model()
+        sync = pt.ModelSync(ps, model, opt=opt, lr=0.1 if opt == "sgd" else 0.01)
+        ref = small_model()
+        ref.load_state_dict(model.state_dict())           # start from the servers' values
+        ropt = torch_opt(ref.parameters())
+        for x, y in batches():
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            assert len(sync._pushes) == 4, "every gradient is pushed from its hook during backward"
+            sync.step()
+            ropt.zero_grad()
+            F.cross_entropy(ref(x), y).backward()
+            ropt.step()
+        sync.wait()
+        for (n, a), b in zip(model.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=2e-5, atol=2e-6, err_msg=n)
+        st = sync.stats()
+        assert st["steps"] == 6 and st["wait_pull_s"] >= 0
+        sync.close()
+
+
+def test_default_init_follows_pytorch():
+    with pshard.embedded(servers=1) as ps:
+        model = torch.nn.Sequential(torch.nn.Linear(400, 30), torch.nn.LayerNorm(30), torch.nn.Linear(30, 2))
+        pt.ModelSync(ps, model)
+        w, b = model[0].weight.detach().numpy(), model[0].bias.detach().numpy()
+        bound = 1 / np.sqrt(400)
+        assert np.abs(w).max() <= bound and np.abs(w).max() > 0.9 * bound
+        assert np.abs(b).max() <= bound and b.std() > 0
+        assert np.all(model[1].weight.detach().numpy() == 1) and np.all(model[1].bias.detach().numpy() == 0)
+
+
+def test_pulls_land_in_the_parameters_without_copies():
+    with pshard.embedded(servers=1) as ps:
+        model = small_model()
+        before = [p.data.data_ptr() for p in model.parameters()]
+        sync = pt.ModelSync(ps, model, init="const:0.5")
+        assert [p.data.data_ptr() for p in model.parameters()] == before
+        assert all(np.all(p.detach().numpy() == 0.5) for p in model.parameters())
+        sync.close()
+
+
+def test_unused_parameter_and_accumulation():
+    """A parameter without a gradient pushes zeros; two backward passes add up."""
+    with pshard.embedded(servers=1) as ps:
+        a = torch.nn.Linear(2, 1, bias=False)
+        unused = torch.nn.Linear(2, 1, bias=False)
+        model = torch.nn.ModuleDict({"a": a, "unused": unused})
+        sync = pt.ModelSync(ps, model, opt="sgd", lr=1.0, init="zero")
+        x = torch.ones(4, 2)
+        for _ in range(2):
+            a(x).sum().backward()                 # d/dw sum(w.x) over 4 rows = 4 per weight
+        sync.batch = 4
+        sync.step()
+        sync.wait()
+        np.testing.assert_allclose(a.weight.detach().numpy(), [[-8, -8]])
+        np.testing.assert_allclose(unused.weight.detach().numpy(), [[0, 0]])
+
+
+def test_embedding_pulls_and_pushes_only_used_rows():
+    with pshard.embedded(servers=2) as ps:
+        emb = pt.Embedding(ps, "e", 4, opt="sgd", lr=0.5, init="normal:0.1", seed=2)
+        ref = torch.nn.Embedding(100, 4)
+        with torch.no_grad():
+            ref.weight.copy_(torch.from_numpy(emb.table.pull(np.arange(100))))
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.5)
+        sync = pt.ModelSync(ps, emb)                 # no dense parameters: waits and clocks
+        pulled, pushed = [], []
+        orig_pull, orig_push = emb.table.pull, emb.table.push_async
+        emb.table.pull = lambda keys, **kw: (pulled.append(np.array(keys)), orig_pull(keys, **kw))[1]
+        emb.table.push_async = lambda keys, g, **kw: (pushed.append(np.array(keys)), orig_push(keys, g, **kw))[1]
+        g = torch.Generator().manual_seed(3)
+        for _ in range(5):
+            ids = torch.randint(0, 100, (6, 3), generator=g)
+            target = torch.randn(6, 3, 4, generator=g)
+            out = emb(ids)
+            assert out.shape == (6, 3, 4)
+            ((out - target) ** 2).mean().backward()
+            sync.step()
+            ropt.zero_grad()
+            ((ref(ids) - target) ** 2).mean().backward()
+            ropt.step()
+            assert set(pulled[-1].tolist()) == set(ids.flatten().tolist()) and len(pulled[-1]) == len(set(ids.flatten().tolist()))
+            assert set(pushed[-1].tolist()) == set(pulled[-1].tolist())
+        np.testing.assert_allclose(emb.table.pull(np.arange(100)), ref.weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+        emb.eval()
+        with torch.no_grad():
+            emb(torch.tensor([1, 2]))
+        n = len(pushed)
+        sync.step()                                   # eval forward: nothing to push
+        assert len(pushed) == n
+
+
+def test_gpu_or_double_parameters_are_refused():
+    with pshard.embedded(servers=1) as ps:
+        with pytest.raises(pshard.InvalidArgumentError):
+            pt.ModelSync(ps, torch.nn.Linear(2, 2).double())
