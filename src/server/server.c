@@ -550,6 +550,15 @@ static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
               (long long)h->clock, (long long)(w->clock > hi ? w->clock : hi));
     return PUSH_REJECTED;
   }
+  /* Far in the past, in every mode: more than MAX_DELAY clocks behind the fastest live
+   * worker. (Under sync:M a late push would otherwise be dropped with a success reply.) */
+  if (hi - h->clock > MAX_DELAY) {
+    s->rejected_clock++;
+    t->rejected++;
+    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld is more than %d clocks behind the fastest worker (%lld)",
+              (long long)h->clock, MAX_DELAY, (long long)hi);
+    return PUSH_REJECTED;
+  }
   if (is_sync(t)) {
     int64_t round = h->clock / (int64_t)t->spec.every;
     if (round < t->version) {
