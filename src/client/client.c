@@ -264,7 +264,7 @@ static void on_write_done(void *arg, int status) {
     snprintf(msg, sizeof msg, "sending to node %u failed: %s", p->target, ps_strerror(status));
     if (p->lk) list_remove(&p->lk->inflight, p);
     p->lk = NULL;
-    part_fail(p, status == PS_ERR_CANCELED ? PS_ERR_UNAVAILABLE : status, msg);
+    part_fail(p, (status == PS_ERR_CANCELED || status == PS_ERR_CLOSED) ? PS_ERR_UNAVAILABLE : status, msg);
     return;
   }
   if (p->reply_done) part_finish(p);

@@ -40,13 +40,6 @@
               ps_err_name(code));                                                                   \
   } while (0)
 
-/* Tests of known bugs (reported with a proposed patch under /tmp/core-bugs) are skipped
- * unless PSHARD_KNOWN_BUGS=1, so that the suite stays green until the fix lands. */
-#define KNOWN_BUG(patch)                                                                            \
-  do {                                                                                              \
-    if (!getenv("PSHARD_KNOWN_BUGS")) cr_skip("known bug, fix proposed in /tmp/core-bugs/" patch);  \
-  } while (0)
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -60,16 +53,8 @@ static void set_common(ps_config *cfg) {
   OK(ps_config_set(cfg, "heartbeat_timeout_ms", "5000"));
 }
 
-/* Every test runs in its own process (Criterion forks). The fixtures ignore SIGPIPE in
- * that process: an in-process scheduler or server (embedded mode, or the threads of
- * mini_start, which stand in for the `pshard` daemons that ignore it too) may write to
- * a connection that was just closed, and the library does not protect itself yet: that
- * is bug 05, tested on its own with the default disposition in sigpipe_kills_nobody. */
-static void ignore_sigpipe(void) { signal(SIGPIPE, SIG_IGN); }
-
 static ps_ctx *open_embedded(unsigned servers) {
   ps_config *cfg;
-  ignore_sigpipe();
   char n[16];
   OK(ps_config_new(&cfg));
   snprintf(n, sizeof n, "%u", servers);
@@ -105,7 +90,6 @@ static void *run_server(void *a) {
 
 static void mini_start(mini *m, unsigned servers, unsigned workers) {
   memset(m, 0, sizeof *m);
-  ignore_sigpipe();
   ps__sched_opts so = {.host = "127.0.0.1", .servers = servers, .workers = workers, .heartbeat_ms = 100,
                        .heartbeat_timeout_ms = 5000};
   OK(ps__sched_create(&so, &m->sched));
@@ -245,9 +229,8 @@ Test(config, errors_leave_the_configuration_unchanged, .timeout = 30) {
 }
 
 /* Numbers are plain digits: strtoull() alone also takes leading blanks and a sign.
- * See /tmp/core-bugs/06-parse-u64-leniency.diff. */
+ * (Regression test: " 5" used to be accepted as 5.) */
 Test(config, numbers_are_plain_digits, .timeout = 30) {
-  KNOWN_BUG("06-parse-u64-leniency.diff");
   ps_config *cfg;
   OK(ps_config_new(&cfg));
   static const char *const bad[] = {" 5", "+5", "\t5", "5 "};
@@ -481,11 +464,10 @@ Test(api, bad_input_is_refused_and_changes_nothing, .timeout = 30) {
   ps_ctx_close(ctx);
 }
 
-/* Push and pull with a NULL context return PS_ERR_INVALID like every other call; today
- * they dereference it (deadline_for runs before ctx_check). See
- * /tmp/core-bugs/03-null-ctx-push-pull.diff. */
+/* Push and pull with a NULL context return PS_ERR_INVALID like every other call.
+ * (Regression test: they used to dereference it, deadline_for running before
+ * ctx_check.) */
 Test(api, null_context_in_push_and_pull, .timeout = 30) {
-  KNOWN_BUG("03-null-ctx-push-pull.diff");
   uint64_t k = 1;
   float v[4] = {0};
   ps_req *r;
@@ -651,12 +633,10 @@ Test(api, non_blocking_requests, .timeout = 30) {
 }
 
 /* ps_req_free of a running request: it returns once the library no longer touches the
- * request or its buffers, and the context goes on working. Today ps_req_free returns
- * while mail_cancel or a pending write callback still uses the request
- * (heap-use-after-free under ASan; in release a later request gets "canceled"). See
- * /tmp/core-bugs/04-req-free-use-after-free.diff. */
+ * request or its buffers, and the context goes on working. (Regression test: it used to
+ * return while the cancel handler or a pending write callback still used the request:
+ * heap-use-after-free under ASan; in release a later request failed as "canceled".) */
 Test(api, freeing_running_requests, .timeout = 30) {
-  KNOWN_BUG("04-req-free-use-after-free.diff");
   ps_ctx *ctx = open_embedded(2);
   uint32_t td, ts;
   const size_t big = 4u << 20; /* 16 MiB pushes: still being written when freed */
@@ -687,12 +667,10 @@ Test(api, freeing_running_requests, .timeout = 30) {
 }
 
 /* A clock before any other contact with the servers (their connections are still being
- * opened): the CLOCK frames are queued as detached one-part requests, which are freed
- * when written while still on the link's in-flight list (heap-use-after-free under
- * ASan; silent corruption otherwise). See /tmp/core-bugs/07-detached-part-on-inflight-
- * list.diff. */
+ * opened): the CLOCK frames are queued as detached one-part requests. (Regression test:
+ * those were freed when written while still on the link's in-flight list:
+ * heap-use-after-free under ASan, silent list corruption otherwise.) */
 Test(api, clock_before_anything_else, .timeout = 30) {
-  KNOWN_BUG("07-detached-part-on-inflight-list.diff");
   ps_ctx *ctx = open_embedded(2);
   OK(ps_clock(ctx));
   OK(ps_clock(ctx));
@@ -711,12 +689,11 @@ Test(api, clock_before_anything_else, .timeout = 30) {
 }
 
 /* With the default SIGPIPE disposition (a user's program), an embedded job must never
- * kill its process: today about 1 in 100 ps_ctx_open/ps_ctx_close cycles dies of
- * SIGPIPE (an embedded scheduler or server writes to a connection closed during the
- * shutdown), and so does freeing a running pull (the cancel closes the connection the
- * embedded server answers into). See /tmp/core-bugs/05-sigpipe.diff. */
+ * kill its process. (Regression test: about 1 in 100 ps_ctx_open/ps_ctx_close cycles
+ * died of SIGPIPE, an embedded scheduler or server writing to a connection closed
+ * during the shutdown, and so did freeing a running pull.) The other tests run with the
+ * default disposition too. */
 Test(api, sigpipe_kills_nobody, .timeout = 60) {
-  KNOWN_BUG("05-sigpipe.diff (with 04)");
   for (int i = 0; i < 60; i++) {
     ps_ctx *ctx = open_embedded(2);
     signal(SIGPIPE, SIG_DFL);
@@ -791,11 +768,9 @@ Test(api, a_pull_for_an_unfinished_round_waits_and_times_out, .timeout = 30) {
 }
 
 /* A deferred pull freed while pending, and blocking pulls that time out, leave the
- * context working. Known bug: ps_req_free of a running request is unsafe today (see
- * freeing_running_requests and /tmp/core-bugs/04-req-free-use-after-free.diff): here
- * the later blocking pull fails with PS_ERR_CANCELED. */
+ * context working. (Regression test, see freeing_running_requests: the later blocking
+ * pull used to fail with PS_ERR_CANCELED.) */
 Test(api, a_deferred_pull_freed_or_timed_out, .timeout = 30) {
-  KNOWN_BUG("04-req-free-use-after-free.diff");
   mini m;
   ps_ctx *a, *b;
   mini_start(&m, 2, 2);
@@ -879,7 +854,6 @@ Test(api, barrier, .timeout = 30) {
 /* Alone at a barrier: bounded by the timeout. (Every blocking call that times out
  * frees its request while it runs, which is the bug of freeing_running_requests.) */
 Test(api, barrier_times_out, .timeout = 30) {
-  KNOWN_BUG("04-req-free-use-after-free.diff");
   mini m;
   ps_ctx *a, *b;
   mini_start(&m, 1, 2);
@@ -896,12 +870,10 @@ Test(api, barrier_times_out, .timeout = 30) {
 }
 
 /* A barrier that timed out must not leave the workers' barriers out of step: once every
- * worker calls ps_barrier again, everybody passes. Today the timed-out call has used up
- * a sequence number on one worker only, so afterwards one side passes alone and the
- * other waits for a barrier nobody else will enter. See
- * /tmp/core-bugs/02-barrier-after-timeout.diff. */
+ * worker calls ps_barrier again, everybody passes. (Regression test: the timed-out call
+ * used up a sequence number on one worker only, so afterwards one side passed alone and
+ * the other waited for a barrier nobody else would enter.) */
 Test(api, barrier_after_a_timeout, .timeout = 30) {
-  KNOWN_BUG("02-barrier-after-timeout.diff (with 04)");
   mini m;
   ps_ctx *a, *b;
   mini_start(&m, 1, 2);
