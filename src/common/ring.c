@@ -37,6 +37,12 @@ struct ps__ring {
   uint32_t *ids; /* sorted ascending */
   size_t npoints;
   ring_point *points; /* sorted by (hash, server id) */
+  /* Bucketed search: lut[b] is the first point whose hash has top bits >= b (lut_bits
+   * of them), lut[1 << lut_bits] = npoints. A lookup searches only its bucket's points,
+   * usually none or one, instead of log2(npoints) unpredictable branches over all of
+   * them: routing and ownership checks run once per key of every request. */
+  uint32_t *lut;
+  unsigned lut_bits;
 };
 
 static void put_le32(unsigned char *p, uint32_t v) {
@@ -108,6 +114,14 @@ ps__ring *ps__ring_new(const uint32_t *server_ids, size_t n, unsigned vnodes, ui
     }
   }
   qsort(r->points, r->npoints, sizeof *r->points, cmp_point);
+  r->lut_bits = 8;
+  while (r->lut_bits < 16 && ((size_t)1 << r->lut_bits) < 4 * r->npoints) r->lut_bits++;
+  r->lut = ps__malloc((((size_t)1 << r->lut_bits) + 1) * sizeof *r->lut);
+  if (!r->lut) goto nomem;
+  for (size_t b = 0, i = 0; b <= ((size_t)1 << r->lut_bits); b++) {
+    while (i < r->npoints && b < ((size_t)1 << r->lut_bits) && (r->points[i].hash >> (64 - r->lut_bits)) < b) i++;
+    r->lut[b] = (uint32_t)(b == ((size_t)1 << r->lut_bits) ? r->npoints : i);
+  }
   return r;
 
 nomem:
@@ -120,6 +134,7 @@ void ps__ring_free(ps__ring *r) {
   if (!r) return;
   free(r->ids);
   free(r->points);
+  free(r->lut);
   free(r);
 }
 
@@ -134,7 +149,8 @@ uint32_t ps__ring_server_at(const ps__ring *r, size_t i) {
 
 /* Position of the first point whose hash is >= h, wrapping to 0 past the last one. */
 static size_t first_point_at_or_after(const ps__ring *r, uint64_t h) {
-  size_t lo = 0, hi = r->npoints;
+  size_t b = (size_t)(h >> (64 - r->lut_bits));
+  size_t lo = r->lut[b], hi = r->lut[b + 1];
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
     if (r->points[mid].hash < h)

@@ -299,6 +299,16 @@ static float *param_row(table *t, uint64_t key) {
   return row;
 }
 
+/* Batch loops over the keys of a request: on a large table the cache misses, not the
+ * work, dominate, so each iteration prefetches the index slot of the key PF_FAR ahead
+ * and the row of the key PF_NEAR ahead (whose slot is in cache by then). */
+#define PF_FAR 16
+#define PF_NEAR 8
+static inline void prefetch_ahead(const ps__rowmap *m, const uint8_t *keys, uint32_t nkeys, uint32_t i) {
+  if (i + PF_FAR < nkeys) ps__rowmap_prefetch(m, ps__get_u64(keys + 8 * (size_t)(i + PF_FAR)));
+  if (i + PF_NEAR < nkeys) ps__rowmap_prefetch_row(m, ps__get_u64(keys + 8 * (size_t)(i + PF_NEAR)));
+}
+
 static round_acc *get_round(table *t, int64_t round) {
   round_acc *r = &t->rounds[round % ROUND_WINDOW];
   if (r->round != round) {
@@ -348,6 +358,8 @@ static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom
   t->last_batch = global_batch;
   unsigned width = t->spec.width;
   for (size_t i = 0; i < n; i++) {
+    if (i + PF_FAR < n) ps__rowmap_prefetch(t->params, ps__rowmap_key_at(acc, i + PF_FAR));
+    if (i + PF_NEAR < n) ps__rowmap_prefetch_row(t->params, ps__rowmap_key_at(acc, i + PF_NEAR));
     uint64_t key = ps__rowmap_key_at(acc, i);
     float *g = ps__rowmap_row_at(acc, i);
     double d = per_row_denom ? g[width] : denom;
@@ -594,6 +606,66 @@ static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   return PUSH_OK;
 }
 
+/* Async/ssp without server-side aggregation (agg_n unset or 1, no agg_ms) applies every
+ * push at once, so the batch-weighted mean of the one push is its own gradient. Apply
+ * it straight from the frame, skipping the aggregation buffer (a pass to accumulate,
+ * one to zero its new rows, two lookups per key to count weights, one to scale).
+ * Sparse rows repeated in a push must be summed before a non-linear optimiser steps,
+ * so only sgd (where two steps are one step with the sum) applies sparse rows
+ * directly; the others sum them in the buffer first. Returns 0, or an error to answer. */
+static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const uint8_t *keys, const float *vals,
+                       int dense) {
+  unsigned width = t->spec.width;
+  if (h->nkeys == 0) return 0;
+  int64_t minc, maxc;
+  size_t k = live_clocks(s, &minc, &maxc);
+  double gb = (double)h->batch * (double)(k ? k : 1); /* as agg_flush estimates it */
+  if (!dense && t->spec.opt.kind != PS__OPT_SGD) {
+    if (!t->agg && !(t->agg = ps__rowmap_new((size_t)width + 1))) return PS_ERR_NOMEM;
+    int created = 0;
+    for (uint32_t i = 0; i < h->nkeys; i++) {
+      float *row = ps__rowmap_upsert(t->agg, ps__get_u64(keys + 8 * i), &created);
+      if (!row) {
+        ps__rowmap_clear(t->agg);
+        return PS_ERR_NOMEM;
+      }
+      ps__vadd(row, vals + (size_t)i * width, width);
+    }
+    apply_acc(t, t->agg, 1.0, 0, h->lr >= 0 ? h->lr : -1.0f, gb);
+    ps__rowmap_clear(t->agg);
+    return 0;
+  }
+  uint64_t step = ++t->step;
+  float lr = h->lr >= 0 ? h->lr : ps__lr_at(&t->spec, step, gb);
+  t->last_lr = lr;
+  t->last_batch = gb;
+  if (dense) {
+    const float *g = vals;
+    for (uint32_t i = 0; i < h->nkeys; i += 2) {
+      uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
+      while (cnt > 0) {
+        uint64_t sl = off / width, within = off % width;
+        uint64_t n = width - within < cnt ? width - within : cnt;
+        float *row = param_row(t, sl);
+        if (!row) return PS_ERR_NOMEM;
+        ps__optim_apply(&t->spec.opt, lr, step, row + within, row + width + within, width, g, n);
+        g += n;
+        off += n;
+        cnt -= n;
+      }
+    }
+  } else {
+    for (uint32_t i = 0; i < h->nkeys; i++) {
+      prefetch_ahead(t->params, keys, h->nkeys, i);
+      float *row = param_row(t, ps__get_u64(keys + 8 * i));
+      if (!row) return PS_ERR_NOMEM;
+      ps__optim_apply(&t->spec.opt, lr, step, row, row + width, width, vals + (size_t)i * width, width);
+    }
+  }
+  t->applied++;
+  return 0;
+}
+
 static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int dense) {
   table *t;
   if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
@@ -632,6 +704,16 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   if (st == PUSH_REJECTED) return;
   if (st == PUSH_DROP) {
     reply_ok(c, h, PS_FLAG_DROPPED);
+    return;
+  }
+
+  if (!is_sync(t) && (t->spec.agg_n == 1 || (t->spec.agg_n == 0 && t->spec.agg_ms == 0))) {
+    if (push_direct(s, t, h, keys, vals, dense)) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
+    }
+    t->pushes++;
+    reply_ok(c, h, 0);
     return;
   }
 
@@ -773,9 +855,13 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
     }
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
+      prefetch_ahead(t->params, keys, h->nkeys, i);
       float *row = param_row(t, ps__get_u64(keys + 8 * i));
       if (!row) goto oom;
-      memcpy(o, row, (size_t)width * 4);
+      if (width == 1)
+        *o = *row;
+      else
+        memcpy(o, row, (size_t)width * 4);
       o += width;
     }
   }

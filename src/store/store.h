@@ -124,6 +124,11 @@ ps__rowmap *ps__rowmap_new(size_t row_floats);
 void ps__rowmap_free(ps__rowmap *m);
 /* The row for key, or NULL if absent. */
 float *ps__rowmap_get(const ps__rowmap *m, uint64_t key);
+/* Hints for callers walking many keys of a large map, where cache misses rather than
+ * work dominate: prefetch the index slot of key; or look key up (its slot prefetched a
+ * few keys earlier) and prefetch its row. Neither changes the map. */
+void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key);
+void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key);
 /* The row for key, created if absent (*created set to 1 then, row zero-filled).
  * NULL only on allocation failure (the map is unchanged then). */
 float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created);
