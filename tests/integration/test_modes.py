@@ -288,11 +288,9 @@ def test_sync_m_straggler_dropped_and_normalised():
     assert t_m < t_bsp, f"sync:3 ({t_m:.3f}s) was not faster than sync ({t_bsp:.3f}s) with a straggler"
 
 
-@pytest.mark.xfail(reason="dropped_pushes counts every server's reply to one push (a push to S servers "
-                          "counts S), so it exceeds the pushes counter. Patch: "
-                          "/tmp/modes-bugs/02-dropped-pushes-counted-per-part.diff", strict=False)
 def test_dropped_pushes_counted_per_push():
-    """ps_ctx_stat: dropped_pushes is 'pushes acknowledged but not applied' and pushes is
+    """(Was /tmp/modes-bugs/02-dropped-pushes-counted-per-part.diff: one count per server.)
+    ps_ctx_stat: dropped_pushes is 'pushes acknowledged but not applied' and pushes is
     'requests started': a straggler whose every push was dropped has dropped == pushes."""
     m = run_job(4, 2, SYNC_M_ARGS + ["--slow-late", "1"], env={"PSHARD_MODE": "sync:3"})
     assert m.stat(1, "pushes") == 2 * m.stat(1, "steps")
@@ -378,16 +376,13 @@ def test_layerwise_every_2():
     assert max(srv["tables"]["w"]["applied"] for srv in job.servers) == steps // 2
 
 
-@pytest.mark.xfail(reason="every=N: a worker's batch counts only at its first push of the N-clock round, "
-                          "so clocks with different batches are weighted wrongly (clock 1's batch 2b is "
-                          "divided by clock 0's b). Patch and the semantics it proposes: "
-                          "/tmp/modes-bugs/03-every-n-batch-per-clock.diff", strict=False)
 def test_layerwise_every_2_unequal_batches():
     """As above but the batch at clock c is 4(c+1). A round of an every=2 table should be
     N times the batch-weighted mean over all its examples (with equal batches: the sum of
     the clocks' means, which is what the test above checks): round 0 is
-    2 * (4*1 + 8*2) / 12 = 10/3, so w[0] = -0.5 * 10/3 after clock 2. The server gives
-    (4*1 + 8*2) / 4 = 5."""
+    2 * (4*1 + 8*2) / 12 = 10/3, so w[0] = -0.5 * 10/3 after clock 2. (Was
+    /tmp/modes-bugs/03-every-n-batch-per-clock.diff: the server counted only the first
+    clock's batch and gave (4*1 + 8*2) / 4 = 5.)"""
     job = run_job(2, 1, ["--steps", "3", "--clock-grad", "1", "--clock-batch", "1", "--trace", "1",
                          "--dense-opt", sgd(0.5) + " mode=sync every=2", "--sparse-opt", sgd(0.5) + " mode=sync"])
     t = job.workers[0]["traces"][2]
@@ -453,10 +448,9 @@ def test_env_mode_rejected_by_ps_ctx_open(mode):
     assert "ps_ctx_open_env" in err and "PS_ERR_CONFIG" in err and "PSHARD_MODE" in err, err
 
 
-@pytest.mark.xfail(reason="ps_config_from_env formats ps_errmsg() into the buffer ps_errmsg() returns "
-                          "(overlapping vsnprintf): 'PSHARD_MODE: PSHARD_MODE: eness bound -1 in ...'. Patch: "
-                          "/tmp/modes-bugs/01-config-env-errmsg-overlap.diff", strict=False)
 def test_env_mode_error_message_is_clear():
+    """(Was /tmp/modes-bugs/01-config-env-errmsg-overlap.diff: an overlapping vsnprintf
+    printed 'PSHARD_MODE: PSHARD_MODE: eness bound -1 in ...'.)"""
     env = dict(os.environ, PSHARD_MODE="ssp:-1", PSHARD_SCHEDULER="127.0.0.1:1")
     rc, out, err = run_cmd([binary("modes_worker")], env=env)
     assert rc == 1
@@ -644,14 +638,13 @@ def test_raw_push_clock_from_the_future_and_far_past():
         assert w.poll() is None, "the worker exited early: " + c.log("worker0")
 
 
-@pytest.mark.xfail(reason="under sync:M a push for an applied round is 'late' and dropped with a success reply, "
-                          "however far behind; the 10000-clock limit applies to async/ssp only. Patch: "
-                          "/tmp/modes-bugs/05-sync-m-far-past-push-dropped-not-rejected.diff", strict=False)
 def test_raw_push_far_in_the_past_under_sync_m():
     """The same under sync:3 (one worker, so the quorum is 1): after CLOCK 20000 the
     servers applied 20000 rounds; a push for round 19990 is a late push (dropped, status
     0, counted in dropped=), but a push for clock 0 is more than 10000 clocks behind:
-    PS_ERR_CLOCK, counted in rejected_clock, like in every other mode."""
+    PS_ERR_CLOCK, counted in rejected_clock, like in every other mode. (Was
+    /tmp/modes-bugs/05-sync-m-far-past-push-dropped-not-rejected.diff: the push was
+    dropped with a success reply.)"""
     with Cluster(1, 1, extra_env={"PSHARD_MODE": "sync:3"}) as c:
         w, r, wid, table, server_stats = raw_session(c)
         try:
