@@ -1,6 +1,6 @@
 /*
  * lr_worker.c - shows the servers' scaled learning rate as workers leave.
- * Usage: lr_worker STEPS LEAVE_AFTER BATCH "TABLE OPTIONS"
+ * Usage: lr_worker STEPS LEAVE_AFTER BATCH "TABLE OPTIONS" [SLEEP_MS]
  * Every worker pushes a dense gradient of ones with batch BATCH each step. Workers other
  * than rank 0 leave after LEAVE_AFTER steps; rank 0 prints, after each step, the rate
  * and global batch the server used for its last update: "step N lr X global_batch B".
@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pshard.h"
 
@@ -24,6 +25,7 @@ int main(int argc, char **argv) {
   if (argc < 5) return 2;
   int steps = atoi(argv[1]), leave = atoi(argv[2]);
   uint32_t batch = (uint32_t)atoi(argv[3]);
+  int sleep_ms = argc > 5 ? atoi(argv[5]) : 0;
   ps_ctx *ctx;
   uint32_t t;
   float g[4] = {1, 1, 1, 1}, w[4];
@@ -45,6 +47,7 @@ int main(int argc, char **argv) {
       printf("step %d lr %g global_batch %g w0 %g\n", s + 1, atof(p + 4), atof(b + 14), (double)w[0]);
       fflush(stdout);
     }
+    if (sleep_ms) usleep((useconds_t)sleep_ms * 1000);
   }
   ps_ctx_close(ctx);
   return 0;

@@ -193,3 +193,24 @@ def test_plan_measured_predicts_the_measured_configuration():
         assert r.returncode == 2
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_a_joining_worker_changes_k_for_the_next_round():
+    # K=2 at the start (global batch 64); one leaves (32); a new worker joins the running
+    # sync job and takes part in the next rounds (64 again).
+    with Cluster(1, 2) as c:
+        opts = "opt=sgd lr=0.1 ref_batch=64 mode=sync"
+        ws = [c.worker([binary("lr_worker"), "60", "3", "32", opts, "40"], f"w{i}") for i in range(2)]
+        deadline = time.time() + 30 * SLOW
+        while ws[0].poll() is None and ws[1].poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        leaver = ws[0] if ws[0].poll() is not None else ws[1]
+        assert leaver.wait(timeout=10) == 0
+        joiner = c.worker([binary("lr_worker"), "10", "1000", "32", opts, "40"], "joiner")
+        stayer = ws[1] if leaver is ws[0] else ws[0]
+        assert c.wait([stayer, joiner], 60 * SLOW) == [0, 0], c.log("w0") + c.log("w1") + c.log("joiner")
+        out = c.log("w0") + c.log("w1") + c.log("joiner")
+    batches = [float(l.split()[5]) for l in out.splitlines() if l.startswith("step ")]
+    assert batches[0] == 64.0, batches
+    first32 = batches.index(32.0)
+    assert 64.0 in batches[first32:], batches
