@@ -823,6 +823,11 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   live_clocks(s, &minc, &maxc);
   /* The reply's clock tells a worker that fell behind a sync:M job where to resume. */
   int64_t at = is_sync(t) ? t->version * (int64_t)t->spec.every : h->clock;
+  if (at > h->clock) {
+    /* The worker fast-forwards to `at` on this reply (client.c): it is there now. */
+    worker *w = find_worker(s, h->sender);
+    if (w && w->alive && w->clock < at) w->clock = at;
+  }
   if (!is_sync(t)) stale_record(s->pull_stale, &s->pull_stale_max, h->clock - minc);
   ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
                      .clock = at, .epoch = s->epoch};

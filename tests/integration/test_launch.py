@@ -200,7 +200,7 @@ def test_a_joining_worker_changes_k_for_the_next_round():
     # sync job and takes part in the next rounds (64 again).
     with Cluster(1, 2) as c:
         opts = "opt=sgd lr=0.1 ref_batch=64 mode=sync"
-        ws = [c.worker([binary("lr_worker"), "60", "3", "32", opts, "40"], f"w{i}") for i in range(2)]
+        ws = [c.worker([binary("lr_worker"), "100", "3", "32", opts, "40"], f"w{i}") for i in range(2)]
         deadline = time.time() + 30 * SLOW
         while ws[0].poll() is None and ws[1].poll() is None and time.time() < deadline:
             time.sleep(0.02)
