@@ -309,6 +309,27 @@ static inline void prefetch_ahead(const ps__rowmap *m, const uint8_t *keys, uint
   if (i + PF_NEAR < nkeys) ps__rowmap_prefetch_row(m, ps__get_u64(keys + 8 * (size_t)(i + PF_NEAR)));
 }
 
+/* The pieces of a dense segment list (offset, count pairs) as slices: for each run of
+ * elements inside one slice, fn(arg, slice, first element within it, count, position
+ * of the run in the request's values). Stops at, and returns, fn's first non-zero. */
+typedef int (*slice_fn)(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos);
+
+static int walk_slices(const uint8_t *keys, uint32_t nkeys, unsigned width, slice_fn fn, void *arg) {
+  uint64_t pos = 0;
+  for (uint32_t i = 0; i + 1 < nkeys; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
+    while (cnt > 0) {
+      uint64_t within = off % width, n = width - within < cnt ? width - within : cnt;
+      int rc = fn(arg, off / width, within, n, pos);
+      if (rc) return rc;
+      pos += n;
+      off += n;
+      cnt -= n;
+    }
+  }
+  return 0;
+}
+
 static round_acc *get_round(table *t, int64_t round) {
   round_acc *r = &t->rounds[round % ROUND_WINDOW];
   if (r->round != round) {
@@ -613,6 +634,22 @@ static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
  * Sparse rows repeated in a push must be summed before a non-linear optimiser steps,
  * so only sgd (where two steps are one step with the sum) applies sparse rows
  * directly; the others sum them in the buffer first. Returns 0, or an error to answer. */
+typedef struct direct_arg {
+  table *t;
+  const float *vals;
+  float lr;
+  uint64_t step;
+} direct_arg;
+
+static int direct_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  direct_arg *a = arg;
+  unsigned width = a->t->spec.width;
+  float *row = param_row(a->t, slice);
+  if (!row) return PS_ERR_NOMEM;
+  ps__optim_apply(&a->t->spec.opt, a->lr, a->step, row + within, row + width + within, width, a->vals + pos, n);
+  return 0;
+}
+
 static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const uint8_t *keys, const float *vals,
                        int dense) {
   unsigned width = t->spec.width;
@@ -640,20 +677,9 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
   t->last_lr = lr;
   t->last_batch = gb;
   if (dense) {
-    const float *g = vals;
-    for (uint32_t i = 0; i < h->nkeys; i += 2) {
-      uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
-      while (cnt > 0) {
-        uint64_t sl = off / width, within = off % width;
-        uint64_t n = width - within < cnt ? width - within : cnt;
-        float *row = param_row(t, sl);
-        if (!row) return PS_ERR_NOMEM;
-        ps__optim_apply(&t->spec.opt, lr, step, row + within, row + width + within, width, g, n);
-        g += n;
-        off += n;
-        cnt -= n;
-      }
-    }
+    direct_arg a = {t, vals, lr, step};
+    int rc = walk_slices(keys, h->nkeys, width, direct_slice, &a);
+    if (rc) return rc;
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
       prefetch_ahead(t->params, keys, h->nkeys, i);
@@ -663,6 +689,31 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
     }
   }
   t->applied++;
+  return 0;
+}
+
+/* Accumulate a dense push into a round's or the aggregation buffer's rows; the
+ * aggregation rows (count_weight) also add the push's weight once per slice. */
+typedef struct acc_arg {
+  ps__rowmap *acc;
+  const float *vals;
+  float weight;
+  unsigned width;
+  int count_weight, have_last;
+  uint64_t last;
+} acc_arg;
+
+static int acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  acc_arg *a = arg;
+  int created;
+  float *row = ps__rowmap_upsert(a->acc, slice, &created);
+  if (!row) return PS_ERR_NOMEM;
+  ps__axpy(row + within, a->weight, a->vals + pos, n);
+  if (a->count_weight && (!a->have_last || slice != a->last)) {
+    row[a->width] += a->weight;
+    a->last = slice;
+    a->have_last = 1;
+  }
   return 0;
 }
 
@@ -746,25 +797,10 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   }
   int created = 0;
   if (dense) {
-    const float *g = vals;
-    uint64_t last_slice = UINT64_MAX;
-    for (uint32_t i = 0; i < h->nkeys; i += 2) {
-      uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
-      while (cnt > 0) {
-        uint64_t sl = off / width, within = off % width;
-        uint64_t n = width - within < cnt ? width - within : cnt;
-        float *row = ps__rowmap_upsert(acc, sl, &created);
-        if (!row) {
-          reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
-          return;
-        }
-        ps__axpy(row + within, weight, g, n);
-        if (!sync && sl != last_slice) row[width] += weight;
-        last_slice = sl;
-        g += n;
-        off += n;
-        cnt -= n;
-      }
+    acc_arg a = {acc, vals, weight, width, !sync, 0, 0};
+    if (walk_slices(keys, h->nkeys, width, acc_slice, &a)) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
     }
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
@@ -809,6 +845,19 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   reply_ok(c, h, 0);
 }
 
+typedef struct copy_arg {
+  table *t;
+  float *out;
+} copy_arg;
+
+static int copy_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  copy_arg *a = arg;
+  float *row = param_row(a->t, slice);
+  if (!row) return PS_ERR_NOMEM;
+  memcpy(a->out + pos, row + within, n * 4);
+  return 0;
+}
+
 /* Copy the requested parameters into a pooled buffer and send them. */
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   table *t = get_table(s, h->table);
@@ -845,19 +894,8 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   }
   float *o = out;
   if (t->spec.kind == PS_DENSE) {
-    for (uint32_t i = 0; i < h->nkeys; i += 2) {
-      uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
-      while (cnt > 0) {
-        uint64_t sl = off / width, within = off % width;
-        uint64_t n = width - within < cnt ? width - within : cnt;
-        float *row = param_row(t, sl);
-        if (!row) goto oom;
-        memcpy(o, row + within, n * 4);
-        o += n;
-        off += n;
-        cnt -= n;
-      }
-    }
+    copy_arg a = {t, out};
+    if (walk_slices(keys, h->nkeys, width, copy_slice, &a)) goto oom;
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
       prefetch_ahead(t->params, keys, h->nkeys, i);
