@@ -7,7 +7,7 @@ JOBS        ?= $(shell nproc)
 PYTHON      := /usr/bin/python3
 APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libcriterion-dev \
                 python3-pytest python3-numpy python3-cffi liblinear-tools openmpi-bin libopenmpi-dev \
-                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs
+                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
 
 DEMO_DATA   ?= data/ctr
 DEMO_ROWS   ?= 1000000
@@ -85,6 +85,12 @@ demo-data: build
 	  $(BUILD)/examples/ctr/ctr_gen --rows $(DEMO_ROWS) --test-rows 100000 --parts 16 \
 	    --signal-top 300 --format bin --out $(DEMO_DATA); \
 	else echo "using cached data in $(DEMO_DATA) (delete it to regenerate)"; fi
+
+# Benchmarks against raw TCP/AF_UNIX, memcpy, Redis and Open MPI (not part of make test);
+# docs/benchmarks.md records the figures. QUICK=1 for a one-minute smoke run.
+bench: build
+	bash bench/run.sh $(CURDIR)/$(BUILD)
+	$(PYTHON) bench/modes.py
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -1,0 +1,185 @@
+/*
+ * bench_dense.c - dense push+pull throughput against the same-run physical limits.
+ *
+ * One worker (this process) and one server. For each tensor size, a dense table of that
+ * many bytes (opt=sgd lr=0 mode=async, so a pull never waits for a round) gets R
+ * iterations of push_range(whole tensor) then pull_range(whole tensor); the figure is
+ * payload bytes moved (2 x size) over the median iteration time. Limits measured in the
+ * same run: a raw TCP loopback stream and a raw AF_UNIX stream of messages of the same
+ * size between two processes, and memcpy. For 4 KiB the figure is latency: the median
+ * push+pull time against a raw TCP round trip of a 4 KiB request and a 4 KiB reply.
+ *
+ * Deployments: "tcp" and "unix" use a separate `pshard server` process (transport tcp,
+ * or auto = AF_UNIX for a same-host server); "embedded" runs the server as a thread of
+ * this process (transport auto).
+ *
+ * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,embedded]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+
+static size_t parse_size(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  if (*end == 'K' || *end == 'k') v *= 1024;
+  if (*end == 'M' || *end == 'm') v *= 1024 * 1024;
+  if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024;
+  return (size_t)v;
+}
+
+static void fmt_size(size_t n, char *out, size_t cap) {
+  if (n >= (1u << 20))
+    snprintf(out, cap, "%zuMiB", n >> 20);
+  else
+    snprintf(out, cap, "%zuKiB", n >> 10);
+}
+
+typedef struct result {
+  double t_med, t_p99, gbps;
+  double srv_cpu, cli_cpu; /* CPU seconds per iteration: server process, this process */
+} result;
+
+typedef struct sizerun {
+  uint32_t tid;
+  uint64_t n;
+  float *g, *w;
+  double *t;
+  int nt, reps;
+  double srv_cpu, cli_cpu;
+} sizerun;
+
+static void size_setup(sizerun *z, ps_ctx *ctx, size_t bytes, double reps_scale, const char *path) {
+  char name[48];
+  memset(z, 0, sizeof *z);
+  z->n = bytes / 4;
+  snprintf(name, sizeof name, "dense_%s_%zu", path, bytes);
+  bench_check(ps_table_declare(ctx, name, PS_DENSE, z->n, "opt=sgd lr=0 mode=async", &z->tid), "declare");
+  z->g = malloc(bytes);
+  z->w = malloc(bytes);
+  for (uint64_t i = 0; i < z->n; i++) z->g[i] = (float)(i & 1023) * 1e-3f;
+  memset(z->w, 0, bytes);
+  z->reps = (int)(((double)(3u << 30) / (double)bytes) * reps_scale);
+  if (z->reps < 15) z->reps = 15;
+  if (z->reps > 3000) z->reps = 3000;
+  z->t = malloc(sizeof *z->t * (size_t)z->reps);
+  for (int i = 0; i < 3; i++) {
+    bench_check(ps_push_range(ctx, z->tid, 0, z->n, z->g, 1, -1, -1), "push_range");
+    bench_check(ps_pull_range(ctx, z->tid, 0, z->n, z->w, -1), "pull_range");
+  }
+}
+
+/* Run `count` more iterations, recording their times and CPU use. */
+static void size_block(sizerun *z, ps_ctx *ctx, int count, pid_t srv) {
+  double s0 = srv ? bench_cpu_s(srv) : 0, c0 = bench_cpu_s(0);
+  for (int i = 0; i < count && z->nt < z->reps; i++) {
+    double t0 = bench_now();
+    bench_check(ps_push_range(ctx, z->tid, 0, z->n, z->g, 1, -1, -1), "push_range");
+    bench_check(ps_pull_range(ctx, z->tid, 0, z->n, z->w, -1), "pull_range");
+    z->t[z->nt++] = bench_now() - t0;
+  }
+  z->srv_cpu += srv ? bench_cpu_s(srv) - s0 : 0;
+  z->cli_cpu += bench_cpu_s(0) - c0;
+}
+
+static result size_result(sizerun *z, size_t bytes) {
+  result r;
+  r.srv_cpu = z->srv_cpu / z->nt;
+  r.cli_cpu = z->cli_cpu / z->nt;
+  r.t_p99 = bench_pct(z->t, (size_t)z->nt, 99);
+  r.t_med = bench_median(z->t, (size_t)z->nt);
+  r.gbps = 2.0 * (double)bytes / r.t_med / 1e9;
+  free(z->t);
+  free(z->g);
+  free(z->w);
+  return r;
+}
+
+/* The limit for a message size: raw round trip (4 KiB and less) or raw stream GB/s. */
+static double limit_of(int is_tcp, size_t bytes) {
+  if (bytes <= 4096) return bench_raw_rtt(!is_tcp, bytes, bytes, 3000);
+  return bench_raw_stream(!is_tcp, bytes, bytes * 16 > (512u << 20) ? bytes * 16 : (512u << 20));
+}
+
+int main(int argc, char **argv) {
+  const char *sizes_s = "4K,256K,1M,4M,16M,64M";
+  const char *paths_s = "tcp,unix,embedded";
+  double reps_scale = 1.0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--sizes") && i + 1 < argc) sizes_s = argv[++i];
+    else if (!strcmp(argv[i], "--paths") && i + 1 < argc) paths_s = argv[++i];
+    else if (!strcmp(argv[i], "--reps-scale") && i + 1 < argc) reps_scale = atof(argv[++i]);
+    else {
+      fprintf(stderr, "usage: bench_dense [--sizes 4K,256K,1M,...] [--paths tcp,unix,embedded] [--reps-scale F]\n");
+      return 2;
+    }
+  }
+  size_t sizes[16];
+  int nsizes = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", sizes_s);
+  for (char *s = strtok(buf, ","); s && nsizes < 16; s = strtok(NULL, ",")) sizes[nsizes++] = parse_size(s);
+
+  printf("# bench_dense: dense push+pull of the whole tensor, 1 worker, 1 server (opt=sgd lr=0 mode=async)\n");
+  printf("# GB/s = 2 x size / median iteration; limit = raw stream of the same message size between two\n");
+  printf("# processes (tcp: TCP loopback; unix, embedded: AF_UNIX), measured before and after each path's\n");
+  printf("# run (the better of the two); 4 KiB: latency against a raw 4 KiB request / 4 KiB reply round trip.\n");
+  printf("# cpu_us: CPU per iteration of the server process and of this (worker) process.\n");
+  printf("%-9s %-7s %10s %10s %9s %9s %7s %9s %9s %8s  %s\n", "path", "size", "med_us", "p99_us", "GB/s", "limit",
+         "ratio", "srv_cpu_us", "wrk_cpu_us", "memcpy", "target");
+  fflush(stdout);
+  char pbuf[128];
+  snprintf(pbuf, sizeof pbuf, "%s", paths_s);
+  char *save = NULL;
+  for (char *path = strtok_r(pbuf, ",", &save); path; path = strtok_r(NULL, ",", &save)) {
+    bench_cluster c;
+    ps_ctx *ctx;
+    int emb = !strcmp(path, "embedded");
+    int is_tcp = !strcmp(path, "tcp");
+    const char *transport = is_tcp ? "tcp" : "auto";
+    /* Limits are measured before the context opens and after it closes (no fork while
+     * the worker's I/O thread runs: copy-on-write faults would slow pshard down); the
+     * better of the two is the limit. */
+    double lim[16][2];
+    for (int i = 0; i < nsizes; i++) lim[i][0] = limit_of(is_tcp, sizes[i]);
+    if (emb) {
+      ctx = bench_open(NULL, 1, 1, transport, "async");
+    } else {
+      bench_cluster_start(&c, 1, 1, transport);
+      ctx = bench_open(&c, 0, 1, transport, "async");
+    }
+    pid_t srv = emb ? 0 : c.server_pid[0];
+    result res[16];
+    for (int i = 0; i < nsizes; i++) {
+      sizerun z;
+      size_setup(&z, ctx, sizes[i], reps_scale, path);
+      size_block(&z, ctx, z.reps, srv);
+      res[i] = size_result(&z, sizes[i]);
+    }
+    ps_ctx_close(ctx);
+    if (!emb) bench_cluster_stop(&c);
+    for (int i = 0; i < nsizes; i++) {
+      size_t bytes = sizes[i];
+      lim[i][1] = limit_of(is_tcp, bytes);
+      double limit = bytes <= 4096 ? (lim[i][0] < lim[i][1] ? lim[i][0] : lim[i][1])
+                                   : (lim[i][0] > lim[i][1] ? lim[i][0] : lim[i][1]);
+      double mc = bench_memcpy(bytes);
+      result r = res[i];
+      char sz[16];
+      fmt_size(bytes, sz, sizeof sz);
+      if (bytes <= 4096) {
+        printf("%-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %9.1f %9.1f %8.1f  %s\n", path, sz, r.t_med * 1e6,
+               r.t_p99 * 1e6, r.gbps, limit * 1e6, r.t_med / limit, r.srv_cpu * 1e6, r.cli_cpu * 1e6, mc,
+               is_tcp ? "<= 2x raw TCP round trip" : "(vs raw AF_UNIX round trip)");
+      } else {
+        const char *tgt = bytes >= (1u << 20) ? (is_tcp ? ">= 0.80 of raw TCP" : ">= 0.60 of raw AF_UNIX") : "-";
+        printf("%-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %9.1f %9.1f %8.1f  %s\n", path, sz, r.t_med * 1e6,
+               r.t_p99 * 1e6, r.gbps, limit, r.gbps / limit, r.srv_cpu * 1e6, r.cli_cpu * 1e6, mc, tgt);
+      }
+      fflush(stdout);
+    }
+  }
+  return 0;
+}

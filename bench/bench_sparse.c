@@ -1,0 +1,483 @@
+/*
+ * bench_sparse.c - sparse row pull and push against Redis, same run.
+ *
+ * A sparse table of N rows (10M) of dim d (1, 8, 32, 128), populated first, then
+ * requests of B keys (1k, 10k, 100k) drawn from a Zipf(1.1) distribution over the rows
+ * (heavy-tailed: a few rows are very hot), scrambled over the key space. One worker
+ * (this process), one server process. Figures per server: rows/s and GB/s (keys plus
+ * values) over all requests, p50 and p99 latency per request. For dim 1 also one call
+ * of 10M keys (target: push and pull each under 0.3 s).
+ *
+ * Peer: Redis (Debian's redis-server) on loopback holding the same rows as binary
+ * values under keys "e:<row>": pulls are pipelined MGETs (1000 keys each, every MGET of
+ * a request written before any reply is read), pushes pipelined SETs of the new row
+ * values (a read-modify-write a naive user would do is not counted: SET only). The
+ * ratio printed is pshard rows/s over Redis rows/s; target >= 5 for pulls.
+ *
+ * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
+ *                     [--transport tcp|auto] [--no-redis] [--seconds S]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#define ZIPF_S 1.1
+#define POOL_KEYS (4u << 20)
+
+static double g_seconds = 1.5; /* per (system, dim, batch, op) measurement */
+
+typedef struct stats {
+  double rows_s, gb_s, p50, p99;
+} stats;
+
+static stats summarize(double *lat, int n, double total_s, size_t rows, size_t bytes) {
+  stats s;
+  s.rows_s = (double)rows / total_s;
+  s.gb_s = (double)bytes / total_s / 1e9;
+  s.p99 = bench_pct(lat, (size_t)n, 99);
+  s.p50 = bench_pct(lat, (size_t)n, 50);
+  return s;
+}
+
+/* ---------------------------------------------------------------- redis client */
+
+typedef struct rconn {
+  int fd;
+  char *rbuf;
+  size_t rcap, rpos, rlen;
+  char *wbuf;
+  size_t wcap, wlen;
+} rconn;
+
+static void r_need(rconn *r, size_t n) {
+  if (r->wlen + n <= r->wcap) return;
+  while (r->wlen + n > r->wcap) r->wcap = r->wcap ? 2 * r->wcap : (1u << 20);
+  r->wbuf = realloc(r->wbuf, r->wcap);
+}
+static void r_put(rconn *r, const void *p, size_t n) {
+  r_need(r, n);
+  memcpy(r->wbuf + r->wlen, p, n);
+  r->wlen += n;
+}
+static void r_bulk(rconn *r, const void *p, size_t n) {
+  char h[32];
+  int k = snprintf(h, sizeof h, "$%zu\r\n", n);
+  r_put(r, h, (size_t)k);
+  r_put(r, p, n);
+  r_put(r, "\r\n", 2);
+}
+static void r_arr(rconn *r, size_t n) {
+  char h[32];
+  int k = snprintf(h, sizeof h, "*%zu\r\n", n);
+  r_put(r, h, (size_t)k);
+}
+static int key_str(uint64_t k, char *out) { return sprintf(out, "e:%llu", (unsigned long long)k); }
+
+static void r_flush(rconn *r) {
+  size_t off = 0;
+  while (off < r->wlen) {
+    ssize_t k = write(r->fd, r->wbuf + off, r->wlen - off);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      perror("redis write");
+      exit(1);
+    }
+    off += (size_t)k;
+  }
+  r->wlen = 0;
+}
+
+static void r_fill(rconn *r) {
+  if (r->rpos > 0 && r->rpos == r->rlen) r->rpos = r->rlen = 0;
+  if (r->rlen == r->rcap) {
+    if (r->rpos > 0) {
+      memmove(r->rbuf, r->rbuf + r->rpos, r->rlen - r->rpos);
+      r->rlen -= r->rpos;
+      r->rpos = 0;
+    } else {
+      r->rcap *= 2;
+      r->rbuf = realloc(r->rbuf, r->rcap);
+    }
+  }
+  ssize_t k = read(r->fd, r->rbuf + r->rlen, r->rcap - r->rlen);
+  if (k <= 0) {
+    fprintf(stderr, "redis: connection closed\n");
+    exit(1);
+  }
+  r->rlen += (size_t)k;
+}
+
+/* Read one line (without CRLF) into a static view. */
+static char *r_line(rconn *r, size_t *len) {
+  for (;;) {
+    char *s = r->rbuf + r->rpos;
+    char *e = memchr(s, '\n', r->rlen - r->rpos);
+    if (e) {
+      *len = (size_t)(e - s) - 1;
+      r->rpos = (size_t)(e - r->rbuf) + 1;
+      return s;
+    }
+    r_fill(r);
+  }
+}
+
+/* Read n raw bytes + CRLF into dst (NULL: skip). */
+static void r_bytes(rconn *r, char *dst, size_t n) {
+  size_t need = n + 2;
+  while (need) {
+    if (r->rpos == r->rlen) r_fill(r);
+    size_t take = r->rlen - r->rpos;
+    if (take > need) take = need;
+    size_t data = need > 2 ? (take < need - 2 ? take : need - 2) : 0;
+    if (dst && data) {
+      memcpy(dst, r->rbuf + r->rpos, data);
+      dst += data;
+    }
+    r->rpos += take;
+    need -= take;
+  }
+}
+
+/* Read a simple reply (+OK or :n); exits on an error reply. */
+static void r_simple(rconn *r) {
+  size_t n;
+  char *l = r_line(r, &n);
+  if (l[0] == '-') {
+    fprintf(stderr, "redis error: %.*s\n", (int)n, l);
+    exit(1);
+  }
+}
+
+/* Read an MGET reply of n values of vlen bytes into out (missing: zero). */
+static void r_mget_reply(rconn *r, char *out, size_t n, size_t vlen) {
+  size_t ll;
+  char *l = r_line(r, &ll);
+  if (l[0] != '*' || (size_t)atol(l + 1) != n) {
+    fprintf(stderr, "redis: unexpected MGET reply %.*s\n", (int)ll, l);
+    exit(1);
+  }
+  for (size_t i = 0; i < n; i++) {
+    l = r_line(r, &ll);
+    long len = atol(l + 1);
+    if (len < 0) {
+      memset(out + i * vlen, 0, vlen);
+      continue;
+    }
+    r_bytes(r, (size_t)len == vlen ? out + i * vlen : NULL, (size_t)len);
+  }
+}
+
+static int free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || getsockname(fd, (struct sockaddr *)&sa, &len)) return 0;
+  int p = ntohs(sa.sin_port);
+  close(fd);
+  return p;
+}
+
+static pid_t redis_start(int port) {
+  char ps[16];
+  snprintf(ps, sizeof ps, "%d", port);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = open("/dev/null", 1);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    setpgid(0, 0);
+    execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+           "--protected-mode", "no", "--unixsocket", "", (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static void redis_connect(rconn *r, int port) {
+  memset(r, 0, sizeof *r);
+  r->rcap = 1u << 20;
+  r->rbuf = malloc(r->rcap);
+  for (int i = 0; i < 500; i++) {
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    r->fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(r->fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+      int one = 1;
+      setsockopt(r->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return;
+    }
+    close(r->fd);
+    usleep(20000);
+  }
+  fprintf(stderr, "bench_sparse: cannot reach redis-server on port %d (is it installed?)\n", port);
+  exit(1);
+}
+
+static size_t redis_rss(int pid) { return bench_rss(pid); }
+
+static void redis_populate(rconn *r, uint64_t nrows, unsigned dim) {
+  size_t vlen = dim * 4;
+  char *val = calloc(1, vlen);
+  char ks[32];
+  const uint64_t chunk = 10000;
+  for (uint64_t base = 0; base < nrows; base += chunk) {
+    uint64_t n = nrows - base < chunk ? nrows - base : chunk;
+    r_arr(r, 1 + 2 * n);
+    r_bulk(r, "MSET", 4);
+    for (uint64_t i = 0; i < n; i++) {
+      float v = (float)(base + i);
+      memcpy(val, &v, 4);
+      r_bulk(r, ks, (size_t)key_str(base + i, ks));
+      r_bulk(r, val, vlen);
+    }
+    /* Keep a few MSETs in flight. */
+    r_flush(r);
+    if ((base / chunk) % 8 == 7)
+      for (int j = 0; j < 8; j++) r_simple(r);
+  }
+  uint64_t sent = (nrows + chunk - 1) / chunk;
+  for (uint64_t j = sent - sent % 8; j < sent; j++) r_simple(r);
+  free(val);
+}
+
+static void redis_pull(rconn *r, const uint64_t *keys, size_t n, char *out, size_t vlen) {
+  char ks[32];
+  const size_t per = 1000;
+  size_t ncmd = 0;
+  for (size_t b = 0; b < n; b += per) {
+    size_t m = n - b < per ? n - b : per;
+    r_arr(r, 1 + m);
+    r_bulk(r, "MGET", 4);
+    for (size_t i = 0; i < m; i++) r_bulk(r, ks, (size_t)key_str(keys[b + i], ks));
+    ncmd++;
+  }
+  r_flush(r);
+  for (size_t b = 0; b < n; b += per) {
+    size_t m = n - b < per ? n - b : per;
+    r_mget_reply(r, out + b * vlen, m, vlen);
+  }
+}
+
+static void redis_push(rconn *r, const uint64_t *keys, size_t n, const char *vals, size_t vlen) {
+  char ks[32];
+  for (size_t i = 0; i < n; i++) {
+    r_arr(r, 3);
+    r_bulk(r, "SET", 3);
+    r_bulk(r, ks, (size_t)key_str(keys[i], ks));
+    r_bulk(r, vals + i * vlen, vlen);
+  }
+  r_flush(r);
+  for (size_t i = 0; i < n; i++) r_simple(r);
+}
+
+/* ---------------------------------------------------------------- measurement */
+
+typedef struct ctx_args {
+  ps_ctx *ctx;
+  uint32_t tid;
+  rconn *rc;
+} ctx_args;
+
+/* op: 0 pshard pull, 1 pshard push, 2 redis MGET, 3 redis SET. */
+static stats measure(ctx_args *a, int op, const uint64_t *pool, size_t npool, size_t batch, unsigned dim) {
+  size_t vlen = (size_t)dim * 4;
+  float *buf = malloc(batch * vlen);
+  for (size_t i = 0; i < batch * dim; i++) buf[i] = 1e-3f * (float)(i % 7);
+  size_t maxreq = 100000;
+  double *lat = malloc(sizeof *lat * maxreq);
+  int n = 0;
+  size_t off = 0;
+  double t_start = bench_now(), total = 0;
+  /* At least 5 requests, then until g_seconds have passed. */
+  while (n < 5 || (bench_now() - t_start < g_seconds && (size_t)n < maxreq)) {
+    if (off + batch > npool) off = (off + 7919) % (npool - batch);
+    const uint64_t *keys = pool + off;
+    off += batch;
+    double t0 = bench_now();
+    switch (op) {
+    case 0: bench_check(ps_pull(a->ctx, a->tid, keys, batch, buf, -1), "ps_pull"); break;
+    case 1: bench_check(ps_push(a->ctx, a->tid, keys, batch, buf, 1, -1, -1), "ps_push"); break;
+    case 2: redis_pull(a->rc, keys, batch, (char *)buf, vlen); break;
+    case 3: redis_push(a->rc, keys, batch, (const char *)buf, vlen); break;
+    }
+    double dt = bench_now() - t0;
+    lat[n++] = dt;
+    total += dt;
+  }
+  stats s = summarize(lat, n, total, (size_t)n * batch, (size_t)n * batch * (8 + vlen));
+  free(lat);
+  free(buf);
+  return s;
+}
+
+static void print_row(const char *sys, const char *op, unsigned dim, size_t batch, stats s, double ratio,
+                      const char *target) {
+  printf("%-7s %-5s %4u %7zu %12.0f %8.3f %10.2f %10.2f", sys, op, dim, batch, s.rows_s, s.gb_s, s.p50 * 1e3,
+         s.p99 * 1e3);
+  if (ratio > 0)
+    printf(" %8.2f  %s\n", ratio, target);
+  else
+    printf(" %8s  %s\n", "-", target);
+  fflush(stdout);
+}
+
+int main(int argc, char **argv) {
+  uint64_t nrows = 10000000;
+  const char *dims_s = "1,8,32,128", *batches_s = "1000,10000,100000", *transport = "tcp";
+  int use_redis = 1;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
+    else if (!strcmp(argv[i], "--dims") && i + 1 < argc) dims_s = argv[++i];
+    else if (!strcmp(argv[i], "--batches") && i + 1 < argc) batches_s = argv[++i];
+    else if (!strcmp(argv[i], "--transport") && i + 1 < argc) transport = argv[++i];
+    else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) g_seconds = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--no-redis")) use_redis = 0;
+    else {
+      fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
+                      "[--no-redis] [--seconds S]\n");
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  unsigned dims[8];
+  size_t batches[8];
+  int nd = 0, nb = 0;
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", dims_s);
+  for (char *s = strtok(buf, ","); s && nd < 8; s = strtok(NULL, ",")) dims[nd++] = (unsigned)atoi(s);
+  snprintf(buf, sizeof buf, "%s", batches_s);
+  for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
+
+  /* One pool of Zipf keys shared by every measurement (and a 10M-key call for dim 1). */
+  size_t npool = POOL_KEYS;
+  uint64_t *pool = malloc(npool * sizeof *pool);
+  bench_zipf z;
+  bench_zipf_init(&z, nrows, ZIPF_S, 42);
+  for (size_t i = 0; i < npool; i++) pool[i] = bench_zipf_next(&z);
+  size_t nbig = nrows;
+  uint64_t *big = malloc(nbig * sizeof *big);
+  for (size_t i = 0; i < nbig; i++) big[i] = bench_zipf_next(&z);
+  {
+    /* Distinct keys in a 100k batch, for the reader. */
+    size_t distinct = 0;
+    uint8_t *seen = calloc((nrows + 7) / 8, 1);
+    for (size_t i = 0; i < 100000; i++)
+      if (!(seen[pool[i] >> 3] & (1u << (pool[i] & 7)))) {
+        seen[pool[i] >> 3] |= (uint8_t)(1u << (pool[i] & 7));
+        distinct++;
+      }
+    free(seen);
+    printf("# bench_sparse: %llu rows, keys Zipf(%.1f) scrambled; a 100k-key batch has %zu distinct rows\n",
+           (unsigned long long)nrows, ZIPF_S, distinct);
+  }
+  printf("# pshard: 1 server process, transport %s, table opt=sgd mode=async; redis: redis-server on TCP "
+         "loopback, pipelined MGET (1000 keys each) / SET\n",
+         transport);
+  printf("# GB/s counts keys (8 B) and values; latency per request in ms; ratio = pshard rows/s / redis rows/s\n");
+  printf("%-7s %-5s %4s %7s %12s %8s %10s %10s %8s  %s\n", "system", "op", "dim", "batch", "rows/s", "GB/s",
+         "p50_ms", "p99_ms", "ratio", "target");
+  fflush(stdout);
+
+  for (int di = 0; di < nd; di++) {
+    unsigned dim = dims[di];
+    stats ps_res[8][2];
+    /* ---- pshard */
+    bench_cluster c;
+    bench_cluster_start(&c, 1, 1, transport);
+    ps_ctx *ctx = bench_open(&c, 0, 1, transport, "async");
+    uint32_t tid;
+    char name[32], opts[96];
+    snprintf(name, sizeof name, "emb%u", dim);
+    snprintf(opts, sizeof opts, "opt=sgd lr=0.01 mode=async init=uniform:0.01");
+    bench_check(ps_table_declare(ctx, name, PS_SPARSE, dim, opts, &tid), "declare");
+    {
+      size_t chunk = 1u << 20;
+      uint64_t *keys = malloc(chunk * 8);
+      float *out = malloc(chunk * dim * 4);
+      double t0 = bench_now();
+      for (uint64_t base = 0; base < nrows; base += chunk) {
+        size_t n = nrows - base < chunk ? (size_t)(nrows - base) : chunk;
+        for (size_t i = 0; i < n; i++) keys[i] = base + i;
+        bench_check(ps_pull(ctx, tid, keys, n, out, -1), "populate pull");
+      }
+      double t = bench_now() - t0;
+      printf("# dim %u: pshard populated %llu rows in %.2f s (%.0f rows/s, pulls of 1M new keys); server RSS %.0f MB\n",
+             dim, (unsigned long long)nrows, t, (double)nrows / t, (double)bench_rss(c.server_pid[0]) / 1e6);
+      fflush(stdout);
+      free(keys);
+      free(out);
+    }
+    ctx_args a = {.ctx = ctx, .tid = tid};
+    for (int bi = 0; bi < nb; bi++) {
+      ps_res[bi][0] = measure(&a, 0, pool, npool, batches[bi], dim);
+      ps_res[bi][1] = measure(&a, 1, pool, npool, batches[bi], dim);
+    }
+    if (dim == 1) {
+      /* 10M keys in one call. */
+      float *vals = malloc(nbig * 4);
+      for (size_t i = 0; i < nbig; i++) vals[i] = 1e-4f;
+      double tp[3], tq[3];
+      for (int r = 0; r < 3; r++) {
+        double t0 = bench_now();
+        bench_check(ps_pull(ctx, tid, big, nbig, vals, -1), "big pull");
+        tp[r] = bench_now() - t0;
+        t0 = bench_now();
+        bench_check(ps_push(ctx, tid, big, nbig, vals, 1, -1, -1), "big push");
+        tq[r] = bench_now() - t0;
+      }
+      printf("pshard  pull    1 %7zu one call: median %.3f s (%.0f rows/s)   target < 0.3 s\n", nbig,
+             bench_median(tp, 3), (double)nbig / bench_median(tp, 3));
+      printf("pshard  push    1 %7zu one call: median %.3f s (%.0f rows/s)   target < 0.3 s\n", nbig,
+             bench_median(tq, 3), (double)nbig / bench_median(tq, 3));
+      free(vals);
+    }
+    ps_ctx_close(ctx);
+    bench_cluster_stop(&c);
+
+    /* ---- redis */
+    stats rd_res[8][2];
+    if (use_redis) {
+      int port = free_port();
+      pid_t rpid = redis_start(port);
+      rconn rc;
+      redis_connect(&rc, port);
+      double t0 = bench_now();
+      redis_populate(&rc, nrows, dim);
+      double t = bench_now() - t0;
+      printf("# dim %u: redis populated %llu rows in %.2f s (MSET of 10k); redis RSS %.0f MB\n", dim,
+             (unsigned long long)nrows, t, (double)redis_rss(rpid) / 1e6);
+      fflush(stdout);
+      a.rc = &rc;
+      for (int bi = 0; bi < nb; bi++) {
+        rd_res[bi][0] = measure(&a, 2, pool, npool, batches[bi], dim);
+        rd_res[bi][1] = measure(&a, 3, pool, npool, batches[bi], dim);
+      }
+      close(rc.fd);
+      kill(rpid, SIGTERM);
+      waitpid(rpid, NULL, 0);
+    }
+    for (int bi = 0; bi < nb; bi++) {
+      double rp = use_redis ? ps_res[bi][0].rows_s / rd_res[bi][0].rows_s : 0;
+      double rq = use_redis ? ps_res[bi][1].rows_s / rd_res[bi][1].rows_s : 0;
+      print_row("pshard", "pull", dim, batches[bi], ps_res[bi][0], rp, ">= 5x redis MGET");
+      print_row("pshard", "push", dim, batches[bi], ps_res[bi][1], rq, "(vs redis SET)");
+      if (use_redis) {
+        print_row("redis", "mget", dim, batches[bi], rd_res[bi][0], 0, "");
+        print_row("redis", "set", dim, batches[bi], rd_res[bi][1], 0, "");
+      }
+    }
+  }
+  free(pool);
+  free(big);
+  return 0;
+}

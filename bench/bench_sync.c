@@ -1,0 +1,178 @@
+/*
+ * bench_sync.c - a synchronous dense round against MPI_Allreduce, same run.
+ *
+ * K worker processes (forked from this one) each contribute a gradient of N floats per
+ * step to a dense table in sync mode (opt=sgd): push_range(all), ps_clock, pull_range
+ * (all), which returns once the round is applied on every server - the PS equivalent
+ * of one all-reduce. S = 1 server, or S = K servers with the tensor's slices spread
+ * over them by the ring. The step time is the slowest worker's, median over steps.
+ *
+ * Peer: bench_mpi_allreduce under `mpirun -np K --oversubscribe` (Open MPI), run twice:
+ * with glibc's default allocation thresholds, and with MALLOC_MMAP_THRESHOLD_ and
+ * MALLOC_TRIM_THRESHOLD_ raised (Open MPI's large temporaries then reuse warm heap
+ * pages instead of fresh mmap pages); the ratio is against the better of the two.
+ *
+ * Bytes per step: every PS worker sends 4N and receives 4N (payload), whatever S; the
+ * servers together receive and send K x 4N, each 4N x K / S. A ring all-reduce sends
+ * and receives 2 (K-1)/K x 4N per rank. Both are printed beside the times.
+ *
+ * This machine has 2 cores: K workers, S servers and a scheduler are oversubscribed,
+ * as are the K MPI ranks.
+ *
+ * usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH]
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench.h"
+
+#ifndef MPI_BENCH_DEFAULT
+#define MPI_BENCH_DEFAULT "bench_mpi_allreduce"
+#endif
+
+/* One worker: run steps, write its step times (after warm-up) to fd. */
+static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd) {
+  ps_ctx *ctx = bench_open(c, 0, K, "auto", "sync");
+  uint32_t tid;
+  bench_check(ps_table_declare(ctx, "grad", PS_DENSE, n, "opt=sgd lr=0.0001 mode=sync", &tid), "declare");
+  float *g = malloc(n * 4), *w = malloc(n * 4);
+  for (uint64_t i = 0; i < n; i++) g[i] = (float)(i % 89) * 1e-3f;
+  memset(w, 0, n * 4);
+  int warm = 3;
+  double *t = malloc(sizeof *t * (size_t)(steps + warm));
+  bench_check(ps_barrier(ctx, -1), "barrier");
+  for (int s = 0; s < warm + steps; s++) {
+    double t0 = bench_now();
+    bench_check(ps_push_range(ctx, tid, 0, n, g, 1, -1, -1), "push_range");
+    bench_check(ps_clock(ctx), "clock");
+    bench_check(ps_pull_range(ctx, tid, 0, n, w, -1), "pull_range");
+    t[s] = bench_now() - t0;
+  }
+  bench_check(ps_barrier(ctx, -1), "barrier");
+  if (write(fd, t + warm, sizeof *t * (size_t)steps) < 0) _exit(1);
+  ps_ctx_close(ctx);
+  _exit(0);
+}
+
+/* Median over steps of the slowest worker's step time. */
+static double run_ps(int K, int S, uint64_t n, int steps, double *share_max) {
+  bench_cluster c;
+  bench_cluster_start(&c, S, K, "auto");
+  int fds[8][2];
+  pid_t pids[8];
+  for (int k = 0; k < K; k++) {
+    if (pipe(fds[k])) exit(1);
+    pids[k] = fork();
+    if (pids[k] == 0) {
+      close(fds[k][0]);
+      worker(&c, K, n, steps, fds[k][1]);
+    }
+    close(fds[k][1]);
+  }
+  double *t = calloc((size_t)steps, sizeof *t), *tk = malloc(sizeof *tk * (size_t)steps);
+  for (int k = 0; k < K; k++) {
+    size_t got = 0, want = sizeof *tk * (size_t)steps;
+    while (got < want) {
+      ssize_t r = read(fds[k][0], (char *)tk + got, want - got);
+      if (r <= 0) break;
+      got += (size_t)r;
+    }
+    close(fds[k][0]);
+    if (got != sizeof *tk * (size_t)steps) {
+      fprintf(stderr, "bench_sync: worker %d failed (see %s/log)\n", k, c.dir);
+      exit(1);
+    }
+    for (int s = 0; s < steps; s++)
+      if (tk[s] > t[s]) t[s] = tk[s];
+  }
+  for (int k = 0; k < K; k++) waitpid(pids[k], NULL, 0);
+  /* An even spread; the ring's actual spread of 64Ki-float slices is within a few
+   * slices of it (docs/benchmarks.md). */
+  *share_max = 1.0 / S;
+  bench_cluster_stop(&c);
+  double m = bench_median(t, (size_t)steps);
+  free(t);
+  free(tk);
+  return m;
+}
+
+static double run_mpi(const char *mpirun, const char *prog, int K, uint64_t n, int steps, int big_thresholds) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "%s %s --allow-run-as-root --oversubscribe -np %d --mca btl self,vader %s %s %llu %d 2>/dev/null",
+           big_thresholds ? "MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=8589934592" : "", mpirun, K,
+           big_thresholds ? "-x MALLOC_MMAP_THRESHOLD_ -x MALLOC_TRIM_THRESHOLD_" : "", prog, (unsigned long long)n,
+           steps);
+  FILE *f = popen(cmd, "r");
+  if (!f) return -1;
+  char line[256];
+  double v = -1;
+  while (fgets(line, sizeof line, f))
+    if (!strncmp(line, "median_s ", 9)) v = atof(line + 9);
+  pclose(f);
+  return v;
+}
+
+int main(int argc, char **argv) {
+  const char *floats_s = "1M,16M", *workers_s = "2,4", *mpirun = "mpirun";
+  const char *prog = getenv("BENCH_MPI") ? getenv("BENCH_MPI") : MPI_BENCH_DEFAULT;
+  int steps = 15;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--floats") && i + 1 < argc) floats_s = argv[++i];
+    else if (!strcmp(argv[i], "--workers") && i + 1 < argc) workers_s = argv[++i];
+    else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--mpirun") && i + 1 < argc) mpirun = argv[++i];
+    else {
+      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH]\n");
+      return 2;
+    }
+  }
+  signal(SIGPIPE, SIG_IGN);
+  uint64_t sizes[8];
+  int ks[8], ns = 0, nk = 0;
+  char buf[128];
+  snprintf(buf, sizeof buf, "%s", floats_s);
+  for (char *s = strtok(buf, ","); s && ns < 8; s = strtok(NULL, ",")) {
+    char *e;
+    double v = strtod(s, &e);
+    if (*e == 'M' || *e == 'm') v *= 1 << 20;
+    if (*e == 'K' || *e == 'k') v *= 1 << 10;
+    sizes[ns++] = (uint64_t)v;
+  }
+  snprintf(buf, sizeof buf, "%s", workers_s);
+  for (char *s = strtok(buf, ","); s && nk < 8; s = strtok(NULL, ",")) ks[nk++] = atoi(s);
+
+  printf("# bench_sync: sync round (push, aggregate, pull) of N floats per worker vs MPI_Allreduce, %d steps, "
+         "median of the slowest worker/rank\n", steps);
+  printf("# MB/worker: payload each worker sends (= receives) per step; MB/server: what the busiest server "
+         "receives (= sends) with an even spread; ring: 2(K-1)/K x 4N per rank\n");
+  printf("%2s %2s %9s %10s %10s %10s %9s %9s %9s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms", "mpi_ms",
+         "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "ratio", "vs_best", "target");
+  fflush(stdout);
+  for (int ki = 0; ki < nk; ki++) {
+    int K = ks[ki];
+    for (int si = 0; si < ns; si++) {
+      uint64_t n = sizes[si];
+      double mpi = run_mpi(mpirun, prog, K, n, steps, 0);
+      double mpi_big = run_mpi(mpirun, prog, K, n, steps, 1);
+      double best = mpi > 0 && (mpi_big <= 0 || mpi < mpi_big) ? mpi : mpi_big;
+      int Ss[2] = {1, K};
+      for (int j = 0; j < 2; j++) {
+        int S = Ss[j];
+        double share;
+        double ps = run_ps(K, S, n, steps, &share);
+        double mb = 4.0 * (double)n / 1e6;
+        printf("%2d %2d %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %8.2f %8.2f  %s\n", K, S,
+               (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K * share,
+               2.0 * (K - 1) / K * mb, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
+               S == K ? "<= 1.5x all-reduce (S = K)" : "");
+        fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
