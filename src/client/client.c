@@ -68,7 +68,9 @@ struct ps_req {
   part *parts;
   uv_buf_t *bufs;          /* storage for all parts' send/recv regions */
   /* owned buffers */
-  void *own_keys, *own_vals, *own_recv, *own_segs;
+  void *own_keys, *own_recv, *own_segs; /* own_recv points into scratch */
+  void *scratch;           /* pooled block holding routed keys, values, reply slots */
+  size_t scratch_len;
   uint32_t *pos;           /* sparse pull scatter: caller index of each routed key */
   float *out;              /* caller destination for a scattered pull */
   unsigned width;
@@ -143,6 +145,9 @@ struct ps_ctx {
   uint64_t bytes_pushed, bytes_pulled;
   uint64_t opened_ns;
   uint64_t spin_ns;        /* ps_req_wait polls this long before sleeping (0: never) */
+  /* Buffers for partitioned requests, reused across calls (callers' threads). */
+  pthread_mutex_t upool_mu;
+  ps__pool *upool;
   uint32_t clock_batch;    /* largest batch pushed in the current clock */
   uint64_t examples;       /* sum over finished clocks of clock_batch */
   unsigned hb_count;
@@ -815,16 +820,31 @@ static ps_req *req_new(ps_ctx *ctx, unsigned nparts, unsigned nbufs) {
   return r;
 }
 
+/* Scratch buffers for the caller's side, from a pool shared by the caller threads: a
+ * large request partitioned over servers would otherwise touch fresh pages every call
+ * (glibc maps every allocation of 32 MiB or more anew). */
+static void *ubuf_get(ps_ctx *ctx, size_t n) {
+  pthread_mutex_lock(&ctx->upool_mu);
+  void *p = ps__pool_get(ctx->upool, n);
+  pthread_mutex_unlock(&ctx->upool_mu);
+  return p;
+}
+
+static void ubuf_put(ps_ctx *ctx, void *p, size_t n) {
+  if (!p) return;
+  pthread_mutex_lock(&ctx->upool_mu);
+  ps__pool_put(ctx->upool, p, n);
+  pthread_mutex_unlock(&ctx->upool_mu);
+}
+
 static void req_destroy(ps_req *r) {
+  if (r->scratch) ubuf_put(r->ctx, r->scratch, r->scratch_len);
   pthread_mutex_destroy(&r->mu);
   pthread_cond_destroy(&r->cv);
   free(r->parts);
   free(r->bufs);
   free(r->own_keys);
-  free(r->own_vals);
-  free(r->own_recv);
   free(r->own_segs);
-  free(r->pos);
   free(r);
 }
 
@@ -1005,7 +1025,7 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
     count[0] = nkeys;
     single = 0;
   } else if (nkeys) {
-    owner = ps__malloc(nkeys * sizeof *owner);
+    owner = ubuf_get(ctx, nkeys * sizeof *owner);
     if (!owner) {
       free(count);
       return ps__fail(PS_ERR_NOMEM, "out of memory");
@@ -1023,7 +1043,7 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
   for (size_t s = 0; s < S; s++) nparts += (is_push || count[s]) ? 1 : 0;
   ps_req *r = req_new(ctx, nparts, 2 * nparts);
   if (!r) {
-    free(owner);
+    ubuf_put(ctx, owner, nkeys * sizeof *owner);
     free(count);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
@@ -1039,15 +1059,22 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
   if (single == SIZE_MAX && nkeys) {
     /* Partition keys (and values or reply slots) by server, contiguous per server. */
     size_t *start = ps__calloc(S, sizeof *start);
-    uint64_t *k2 = ps__malloc(nkeys * 8);
-    float *v2 = is_push ? ps__malloc(nkeys * w * 4) : NULL;
-    float *rv = !is_push ? ps__malloc(nkeys * w * 4) : NULL;
-    uint32_t *pos = !is_push ? ps__malloc(nkeys * sizeof *pos) : NULL;
-    if (!start || !k2 || (is_push && !v2) || (!is_push && (!rv || !pos))) {
-      free(start); free(k2); free(v2); free(rv); free(pos); free(owner); free(count);
+    size_t len = nkeys * 8 + nkeys * w * 4 + (is_push ? 0 : nkeys * sizeof(uint32_t));
+    uint8_t *block = ubuf_get(ctx, len);
+    if (!start || !block) {
+      free(start);
+      ubuf_put(ctx, block, len);
+      ubuf_put(ctx, owner, nkeys * sizeof *owner);
+      free(count);
       req_destroy(r);
       return ps__fail(PS_ERR_NOMEM, "out of memory");
     }
+    r->scratch = block;
+    r->scratch_len = len;
+    uint64_t *k2 = (uint64_t *)block;
+    float *v2 = is_push ? (float *)(block + nkeys * 8) : NULL;
+    float *rv = !is_push ? (float *)(block + nkeys * 8) : NULL;
+    uint32_t *pos = !is_push ? (uint32_t *)(block + nkeys * 8 + nkeys * w * 4) : NULL;
     for (size_t s = 1; s < S; s++) start[s] = start[s - 1] + count[s - 1];
     for (size_t i = 0; i < nkeys; i++) {
       size_t j = start[owner[i]]++;
@@ -1058,8 +1085,6 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
         pos[j] = (uint32_t)i;
     }
     free(start);
-    r->own_keys = k2;
-    r->own_vals = v2;
     r->own_recv = rv;
     r->pos = pos;
     r->out = out;
@@ -1101,7 +1126,7 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
     base += n;
     pi++;
   }
-  free(owner);
+  if (owner) ubuf_put(ctx, owner, nkeys * sizeof *owner);
   free(count);
   *out_req = r;
   return 0;
@@ -1587,6 +1612,8 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
   ctx->opened_ns = ps__now_ns();
   ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
+  pthread_mutex_init(&ctx->upool_mu, NULL);
+  ctx->upool = ps__pool_new(512u << 20);
   if (!ctx->heartbeat_ms) ctx->heartbeat_ms = 200;
   if (!ctx->vnodes) ctx->vnodes = 128;
   ps__hostid(ctx->hostid, sizeof ctx->hostid);
@@ -1706,6 +1733,8 @@ void ps_ctx_close(ps_ctx *ctx) {
   free(ctx->retired);
   ps__ring_free(ctx->ring);
   ps__pool_free(ctx->pool);
+  ps__pool_free(ctx->upool);
+  pthread_mutex_destroy(&ctx->upool_mu);
   free(ctx->tables);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
