@@ -128,10 +128,19 @@ def test_exec_under_mpirun():
     d = tempfile.mkdtemp(prefix="pshard-mpi-")
     try:
         out = os.path.join(d, "params.txt")
-        r = run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "5",
-                 binary("pshard"), "exec", "-s", "2", "--addr-file", os.path.join(d, "addr"), "--",
-                 binary("sync_worker"), "--steps", "10", "--out", out], timeout=120,
-                env=dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1"))
+        # In its own session, so that a timeout kills every rank, not only mpirun.
+        p = subprocess.Popen(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "5",
+                              binary("pshard"), "exec", "-s", "2", "--addr-file", os.path.join(d, "addr"), "--",
+                              binary("sync_worker"), "--steps", "10", "--out", out],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                             env=dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1"))
+        try:
+            stdout, stderr = p.communicate(timeout=120 * SLOW)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
         # the scheduler and servers do not exit by themselves: mpirun returns when they
         # are stopped, so the workers' success is read from their output
         assert r.stdout.count("done after 10 steps") == 2, r.stdout + r.stderr
