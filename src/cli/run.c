@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -116,7 +117,12 @@ static proc *spawn(const char *name, int is_worker, char *const argv[], char *co
     return NULL;
   }
   if (pid == 0) {
+    pid_t parent = getppid();
     setpgid(0, 0);
+    /* If the launcher itself is killed (SIGKILL leaves it no chance to stop anyone),
+     * its children go too rather than linger as orphans. */
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(1);
     dup2(fds[1], 1);
     dup2(fds[1], 2);
     close(fds[0]);
