@@ -244,15 +244,26 @@ static void part_fail(part *p, int status, const char *msg) {
   if (p->write_done) part_finish(p);
 }
 
+/* Take a part off its link's queue of parts waiting for the connection. */
+static void queue_remove(peer *l, part *p) {
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    l->queue_head = p->next;
+  if (p->next)
+    p->next->prev = p->prev;
+  else
+    l->queue_tail = p->prev;
+  p->prev = p->next = NULL;
+  p->queued = 0;
+}
+
 static void link_fail_all(peer *l, int status, const char *why) {
   while (l->queue_head) {
     part *p = l->queue_head;
-    l->queue_head = p->next;
-    p->prev = p->next = NULL;
-    p->queued = 0;
+    queue_remove(l, p);
     part_fail(p, status, why);
   }
-  l->queue_tail = NULL;
   while (l->inflight) {
     part *p = l->inflight;
     list_remove(&l->inflight, p);
@@ -352,13 +363,9 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
   l->conn = c;
   while (l->queue_head) {
     part *p = l->queue_head;
-    l->queue_head = p->next;
-    if (l->queue_head) l->queue_head->prev = NULL;
-    p->prev = p->next = NULL;
-    p->queued = 0;
+    queue_remove(l, p);
     part_send(ctx, l, p);
   }
-  l->queue_tail = NULL;
 }
 
 static void link_connect(ps_ctx *ctx, peer *l) {
@@ -615,10 +622,7 @@ static void sweep_tick(uv_timer_t *t) {
     for (part *p = l->queue_head; p;) {
       part *next = p->next;
       if (now >= p->deadline_ms) {
-        if (p->prev) p->prev->next = p->next; else l->queue_head = p->next;
-        if (p->next) p->next->prev = p->prev; else l->queue_tail = p->prev;
-        p->prev = p->next = NULL;
-        p->queued = 0;
+        queue_remove(l, p);
         part_fail(p, PS_ERR_TIMEOUT, "deadline exceeded waiting for a connection");
       }
       p = next;
@@ -666,11 +670,11 @@ static void mail_cancel(void *arg) {
     if (p->queued) {
       l = find_link(r->ctx, p->target);
       if (l) {
-        if (p->prev) p->prev->next = p->next; else l->queue_head = p->next;
-        if (p->next) p->next->prev = p->prev; else l->queue_tail = p->prev;
+        queue_remove(l, p);
+      } else {
+        p->prev = p->next = NULL;
+        p->queued = 0;
       }
-      p->prev = p->next = NULL;
-      p->queued = 0;
     } else if (l) {
       if (l->reading == p && l->conn) {
         l->conn->body.discard = 1;

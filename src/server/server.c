@@ -558,40 +558,44 @@ enum { PUSH_OK = 0, PUSH_DROP = 1, PUSH_REJECTED = -1 };
 
 /* Check a push's clock against the table's mode. Returns PUSH_OK, PUSH_DROP (a late
  * push under sync:M: counted, acknowledged, not applied) or PUSH_REJECTED (answered). */
+/* Count a push rejected for its clock and answer it with PS_ERR_CLOCK. */
+static int reject_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static int reject_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t, const char *fmt, ...) {
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  s->rejected_clock++;
+  t->rejected++;
+  ps__conn_send_error(c, h, PS_ERR_CLOCK, msg);
+  return PUSH_REJECTED;
+}
+
 static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t) {
   worker *w = find_worker(s, h->sender);
   if (w && !w->alive && !w->pending) {
     reply_err(c, h, PS_ERR_UNAVAILABLE, "worker %u was removed from the job", h->sender);
     return PUSH_REJECTED;
   }
-  if (!w) {
-    int64_t minc, maxc;
-    live_clocks(s, &minc, &maxc);
-    if (!(w = add_worker(s, h->sender, minc, 0))) {
-      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
-      return PUSH_REJECTED;
-    }
+  int64_t lo, hi;
+  live_clocks(s, &lo, &hi);
+  if (!w && !(w = add_worker(s, h->sender, lo, 0))) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return PUSH_REJECTED;
   }
   /* From the future: ahead of every live worker's clock. (A worker may be ahead of its
    * own last CLOCK here: a sync:M straggler fast-forwards to the servers' round.) */
-  int64_t lo, hi;
-  live_clocks(s, &lo, &hi);
-  if (h->clock < 0 || h->clock > (w->clock > hi ? w->clock : hi)) {
-    s->rejected_clock++;
-    t->rejected++;
-    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld is from the future: the fastest worker is at %lld",
-              (long long)h->clock, (long long)(w->clock > hi ? w->clock : hi));
-    return PUSH_REJECTED;
-  }
+  int64_t front = w->clock > hi ? w->clock : hi;
+  if (h->clock < 0 || h->clock > front)
+    return reject_clock(s, c, h, t, "push for clock %lld is from the future: the fastest worker is at %lld",
+                        (long long)h->clock, (long long)front);
   /* Far in the past, in every mode: more than MAX_DELAY clocks behind the fastest live
    * worker. (Under sync:M a late push would otherwise be dropped with a success reply.) */
-  if (hi - h->clock > MAX_DELAY) {
-    s->rejected_clock++;
-    t->rejected++;
-    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld is more than %d clocks behind the fastest worker (%lld)",
-              (long long)h->clock, MAX_DELAY, (long long)hi);
-    return PUSH_REJECTED;
-  }
+  if (hi - h->clock > MAX_DELAY)
+    return reject_clock(s, c, h, t, "push for clock %lld is more than %d clocks behind the fastest worker (%lld)",
+                        (long long)h->clock, MAX_DELAY, (long long)hi);
   if (is_sync(t)) {
     int64_t round = h->clock / (int64_t)t->spec.every;
     if (round < t->version) {
@@ -599,31 +603,15 @@ static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
         t->dropped++;
         return PUSH_DROP;
       }
-      s->rejected_clock++;
-      t->rejected++;
-      reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld rejected: table '%s' already applied round %lld",
-                (long long)h->clock, t->decl.name, (long long)t->version - 1);
-      return PUSH_REJECTED;
+      return reject_clock(s, c, h, t, "push for clock %lld rejected: table '%s' already applied round %lld",
+                          (long long)h->clock, t->decl.name, (long long)t->version - 1);
     }
-    if (round >= t->version + ROUND_WINDOW) {
-      s->rejected_clock++;
-      t->rejected++;
-      reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld rejected: table '%s' is at round %lld (window %d)",
-                (long long)h->clock, t->decl.name, (long long)t->version, ROUND_WINDOW);
-      return PUSH_REJECTED;
-    }
+    if (round >= t->version + ROUND_WINDOW)
+      return reject_clock(s, c, h, t, "push for clock %lld rejected: table '%s' is at round %lld (window %d)",
+                          (long long)h->clock, t->decl.name, (long long)t->version, ROUND_WINDOW);
     return PUSH_OK;
   }
-  int64_t minc, maxc;
-  live_clocks(s, &minc, &maxc);
-  if (maxc - h->clock > MAX_DELAY) {
-    s->rejected_clock++;
-    t->rejected++;
-    reply_err(c, h, PS_ERR_CLOCK, "push for clock %lld is more than %d clocks behind the fastest worker (%lld)",
-              (long long)h->clock, MAX_DELAY, (long long)maxc);
-    return PUSH_REJECTED;
-  }
-  stale_record(s->push_stale, &s->push_stale_max, maxc - h->clock);
+  stale_record(s->push_stale, &s->push_stale_max, hi - h->clock);
   return PUSH_OK;
 }
 
