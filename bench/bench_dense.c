@@ -9,11 +9,15 @@
  * size between two processes, and memcpy. For 4 KiB the figure is latency: the median
  * push+pull time against a raw TCP round trip of a 4 KiB request and a 4 KiB reply.
  *
+ * Each size is measured two ways: "2 calls" is ps_push_range then ps_pull_range (two
+ * round trips, each waiting for its answer), "push_pull" is one ps_push_pull_range
+ * (the push and the pull go out back to back: one round trip).
+ *
  * Deployments: "tcp" and "unix" use a separate `pshard server` process (transport tcp,
  * or auto = AF_UNIX for a same-host server); "embedded" runs the server as a thread of
  * this process (transport auto).
  *
- * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,embedded]
+ * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,embedded] [--calls two,one]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +52,7 @@ typedef struct sizerun {
   float *g, *w;
   double *t;
   int nt, reps;
+  int one_call;            /* ps_push_pull_range instead of push then pull */
   double srv_cpu, cli_cpu;
 } sizerun;
 
@@ -76,8 +81,12 @@ static void size_block(sizerun *z, ps_ctx *ctx, int count, pid_t srv) {
   double s0 = srv ? bench_cpu_s(srv) : 0, c0 = bench_cpu_s(0);
   for (int i = 0; i < count && z->nt < z->reps; i++) {
     double t0 = bench_now();
-    bench_check(ps_push_range(ctx, z->tid, 0, z->n, z->g, 1, -1, -1), "push_range");
-    bench_check(ps_pull_range(ctx, z->tid, 0, z->n, z->w, -1), "pull_range");
+    if (z->one_call) {
+      bench_check(ps_push_pull_range(ctx, z->tid, 0, z->n, z->g, 1, -1, z->w, -1), "push_pull_range");
+    } else {
+      bench_check(ps_push_range(ctx, z->tid, 0, z->n, z->g, 1, -1, -1), "push_range");
+      bench_check(ps_pull_range(ctx, z->tid, 0, z->n, z->w, -1), "pull_range");
+    }
     z->t[z->nt++] = bench_now() - t0;
   }
   z->srv_cpu += srv ? bench_cpu_s(srv) - s0 : 0;
@@ -107,12 +116,15 @@ int main(int argc, char **argv) {
   const char *sizes_s = "4K,256K,1M,4M,16M,64M";
   const char *paths_s = "tcp,unix,embedded";
   double reps_scale = 1.0;
+  const char *calls_s = "two,one";
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--sizes") && i + 1 < argc) sizes_s = argv[++i];
     else if (!strcmp(argv[i], "--paths") && i + 1 < argc) paths_s = argv[++i];
     else if (!strcmp(argv[i], "--reps-scale") && i + 1 < argc) reps_scale = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--calls") && i + 1 < argc) calls_s = argv[++i];
     else {
-      fprintf(stderr, "usage: bench_dense [--sizes 4K,256K,1M,...] [--paths tcp,unix,embedded] [--reps-scale F]\n");
+      fprintf(stderr, "usage: bench_dense [--sizes 4K,256K,1M,...] [--paths tcp,unix,embedded] [--reps-scale F] "
+                      "[--calls two,one]\n");
       return 2;
     }
   }
@@ -127,7 +139,15 @@ int main(int argc, char **argv) {
   printf("# processes (tcp: TCP loopback; unix, embedded: AF_UNIX), measured before and after each path's\n");
   printf("# run (the better of the two); 4 KiB: latency against a raw 4 KiB request / 4 KiB reply round trip.\n");
   printf("# cpu_us: CPU per iteration of the server process and of this (worker) process.\n");
-  printf("%-9s %-7s %10s %10s %9s %9s %7s %9s %9s %8s  %s\n", "path", "size", "med_us", "p99_us", "GB/s", "limit",
+  int calls[2], ncalls = 0;
+  if (strstr(calls_s, "two")) calls[ncalls++] = 0;
+  if (strstr(calls_s, "one")) calls[ncalls++] = 1;
+  if (!ncalls) {
+    fprintf(stderr, "bench_dense: --calls takes two, one or two,one\n");
+    return 2;
+  }
+  printf("# calls: '2 calls' = ps_push_range + ps_pull_range; 'push_pull' = one ps_push_pull_range.\n");
+  printf("%-9s %-9s %-7s %10s %10s %9s %9s %7s %9s %9s %8s  %s\n", "path", "calls", "size", "med_us", "p99_us", "GB/s", "limit",
          "ratio", "srv_cpu_us", "wrk_cpu_us", "memcpy", "target");
   fflush(stdout);
   char pbuf[128];
@@ -151,13 +171,21 @@ int main(int argc, char **argv) {
       ctx = bench_open(&c, 0, 1, transport, "async");
     }
     pid_t srv = emb ? 0 : c.server_pid[0];
-    result res[16];
+    result res[16][2];
     for (int i = 0; i < nsizes; i++) {
-      sizerun z;
-      size_setup(&z, ctx, sizes[i], reps_scale, path);
-      size_block(&z, ctx, z.reps, srv);
-      res[i] = size_result(&z, sizes[i]);
+      for (int k = 0; k < ncalls; k++) {
+        sizerun z;
+        size_setup(&z, ctx, sizes[i], reps_scale, path);
+        z.one_call = calls[k];
+        size_block(&z, ctx, z.reps, srv);
+        res[i][k] = size_result(&z, sizes[i]);
+      }
     }
+    double dc = 0, np = 0, nq = 0;
+    ps_ctx_stat(ctx, "direct_calls", &dc);
+    ps_ctx_stat(ctx, "pushes", &np);
+    ps_ctx_stat(ctx, "pulls", &nq);
+    printf("# %s: %.0f of %.0f requests ran on the caller's thread (lent links)\n", path, dc, np + nq);
     ps_ctx_close(ctx);
     if (!emb) bench_cluster_stop(&c);
     for (int i = 0; i < nsizes; i++) {
@@ -166,19 +194,22 @@ int main(int argc, char **argv) {
       double limit = bytes <= 4096 ? (lim[i][0] < lim[i][1] ? lim[i][0] : lim[i][1])
                                    : (lim[i][0] > lim[i][1] ? lim[i][0] : lim[i][1]);
       double mc = bench_memcpy(bytes);
-      result r = res[i];
+      for (int k = 0; k < ncalls; k++) {
+      result r = res[i][k];
+      const char *cl = calls[k] ? "push_pull" : "2 calls";
       char sz[16];
       fmt_size(bytes, sz, sizeof sz);
       if (bytes <= 4096) {
-        printf("%-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %9.1f %9.1f %8.1f  %s\n", path, sz, r.t_med * 1e6,
+        printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %9.1f %9.1f %8.1f  %s\n", path, cl, sz, r.t_med * 1e6,
                r.t_p99 * 1e6, r.gbps, limit * 1e6, r.t_med / limit, r.srv_cpu * 1e6, r.cli_cpu * 1e6, mc,
                is_tcp ? "<= 2x raw TCP round trip" : "(vs raw AF_UNIX round trip)");
       } else {
         const char *tgt = bytes >= (1u << 20) ? (is_tcp ? ">= 0.80 of raw TCP" : ">= 0.60 of raw AF_UNIX") : "-";
-        printf("%-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %9.1f %9.1f %8.1f  %s\n", path, sz, r.t_med * 1e6,
+        printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %9.1f %9.1f %8.1f  %s\n", path, cl, sz, r.t_med * 1e6,
                r.t_p99 * 1e6, r.gbps, limit, r.gbps / limit, r.srv_cpu * 1e6, r.cli_cpu * 1e6, mc, tgt);
       }
       fflush(stdout);
+      }
     }
   }
   return 0;

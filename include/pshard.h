@@ -191,6 +191,18 @@ PS_API int ps_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t 
 PS_API int ps_push_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count,
                          const float *grads, uint32_t batch, float lr, int timeout_ms);
 
+/* Push then pull the same keys (or range) in one round trip: the two requests go out
+ * back to back on each server's connection, and the call returns when both are
+ * answered. The result is what ps_push followed by ps_pull would give: in async mode
+ * the pulled rows include this push; in sync modes the pull answers at the current
+ * clock (call ps_clock between a push and a pull to read the round it closes). grads
+ * and out may be the same array. */
+PS_API int ps_push_pull(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys,
+                        const float *grads, uint32_t batch, float lr, float *out, int timeout_ms);
+PS_API int ps_push_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count,
+                              const float *grads, uint32_t batch, float lr, float *out,
+                              int timeout_ms);
+
 typedef struct ps_req ps_req;
 
 /* Non-blocking variants: *req receives a handle; see the buffer rules above. */

@@ -118,6 +118,9 @@ ps_pull = _proto("ps_pull", c_int, P, c_uint32, P, c_size_t, P, c_int)
 ps_push = _proto("ps_push", c_int, P, c_uint32, P, c_size_t, P, c_uint32, c_float, c_int)
 ps_pull_range = _proto("ps_pull_range", c_int, P, c_uint32, c_uint64, c_uint64, P, c_int)
 ps_push_range = _proto("ps_push_range", c_int, P, c_uint32, c_uint64, c_uint64, P, c_uint32, c_float, c_int)
+ps_push_pull = _proto("ps_push_pull", c_int, P, c_uint32, P, c_size_t, P, c_uint32, c_float, P, c_int)
+ps_push_pull_range = _proto("ps_push_pull_range", c_int, P, c_uint32, c_uint64, c_uint64, P, c_uint32, c_float, P,
+                            c_int)
 ps_pull_start = _proto("ps_pull_start", c_int, P, c_uint32, P, c_size_t, P, ctypes.POINTER(c_void_p))
 ps_push_start = _proto("ps_push_start", c_int, P, c_uint32, P, c_size_t, P, c_uint32, c_float,
                        ctypes.POINTER(c_void_p))

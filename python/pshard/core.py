@@ -346,6 +346,15 @@ class DenseTable(Table):
         g = self._grads(grads)
         self._call(L.ps_push_range, 0, self.size, _addr(g), _batch(batch), _lr(lr), _ms(timeout))
 
+    def push_pull(self, grads, batch=1, lr=None, out=None, timeout=None):
+        """push(grads) then pull() in one round trip; returns the pulled array. Same
+        result as the two calls (async: includes this push; sync: the current clock's
+        parameters). out may be grads itself."""
+        g = self._grads(grads)
+        out = _out(out, self.shape, f"table '{self.name}'")
+        self._call(L.ps_push_pull_range, 0, self.size, _addr(g), _batch(batch), _lr(lr), _addr(out), _ms(timeout))
+        return out.reshape(self.shape)
+
     def pull_range(self, offset, count, out=None, timeout=None):
         """Elements [offset, offset+count) of the flattened table, as a flat array."""
         offset, count = self._range(offset, count)
@@ -416,6 +425,14 @@ class SparseTable(Table):
         k = _keys(keys)
         g = self._grads(k, grads)
         self._call(L.ps_push, _addr(k), k.size, _addr(g), _batch(batch), _lr(lr), _ms(timeout))
+
+    def push_pull(self, keys, grads, batch=1, lr=None, out=None, timeout=None):
+        """push(keys, grads) then pull(keys) in one round trip; returns the rows."""
+        k = _keys(keys)
+        g = self._grads(k, grads)
+        out = _out(out, k.shape + (self.dim,), f"{k.size} rows of dim {self.dim}")
+        self._call(L.ps_push_pull, _addr(k), k.size, _addr(g), _batch(batch), _lr(lr), _addr(out), _ms(timeout))
+        return out.reshape(k.shape + (self.dim,))
 
     def pull_async(self, keys, out=None):
         k = _keys(keys)

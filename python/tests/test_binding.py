@@ -125,6 +125,20 @@ def test_sparse_push_pull(ps):
     assert e.pull([]).shape == (0, 3)
 
 
+def test_push_pull_in_one_round_trip(ps):
+    d = ps.dense("w", (4, 5), opt="sgd", lr=1.0, mode="async", update="sum")
+    g = np.arange(20, dtype=np.float32).reshape(4, 5)
+    w = d.push_pull(g)
+    np.testing.assert_array_equal(w, -g)
+    w2 = d.push_pull(w, out=w)             # in place: grads and out are one array
+    assert w2 is not None and np.all(w == 0)
+    e = ps.sparse("e", 2, opt="sgd", lr=1.0, mode="async", update="sum")
+    rows = e.push_pull([3, 8], np.ones((2, 2), np.float32))
+    np.testing.assert_array_equal(rows, -np.ones((2, 2)))
+    expect(pshard.Error, "PS_ERR_SIZE", d.push_pull, np.zeros(3, np.float32))
+    expect(pshard.Error, "PS_ERR_DIM", e.push_pull, [1], np.zeros((1, 3), np.float32))
+
+
 def test_same_rows_on_every_server_layout():
     """Rows come from a deterministic initialiser: a different server count gives the same values."""
     with pshard.embedded(servers=1) as a:

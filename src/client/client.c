@@ -17,8 +17,12 @@
  * cut by the deadline sweep, which closes the connection). The request is complete,
  * and the caller's memory free again, only once every part has finished.
  */
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -77,6 +81,7 @@ struct ps_req {
   size_t nkeys;
   int cancel_acked;
   int kind;                /* 0 pull, 1 push, 2 control: for the wait-time counters */
+  int counted;             /* posted to the loop: counted in ctx->outstanding */
   int dropped;             /* a server dropped this push (counted once per request) */
 };
 
@@ -90,6 +95,15 @@ struct peer {
   part *queue_head, *queue_tail; /* waiting for the connection */
   part *reading;           /* part whose reply body is being read */
   peer *next;
+  /* Lending to callers (caller-side I/O, see "lent links"); under ctx->lend_mu. */
+  int lent;                /* the loop stopped reading; callers may use fd */
+  int busy;                /* a caller is doing I/O on fd */
+  int want_back;           /* the loop needs the link when that caller is done */
+  int lend_wanted;         /* a caller would use the link: lend it when idle */
+  int broken;              /* a caller's I/O failed mid-frame: close, do not resume */
+  int fd;
+  uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
+  size_t doff, dlen;
 };
 
 typedef struct table_info {
@@ -145,6 +159,13 @@ struct ps_ctx {
   uint64_t bytes_pushed, bytes_pulled;
   uint64_t opened_ns;
   uint64_t spin_ns;        /* ps_req_wait polls this long before sleeping (0: never) */
+  /* Caller-side I/O for blocking calls (lent links). */
+  int direct;              /* enabled (PSHARD_DIRECT=0 turns it off) */
+  pthread_mutex_t lend_mu; /* links' lending state; the link list's structure */
+  pthread_cond_t lend_cv;  /* a mail_lend ran */
+  int lend_posted;         /* a mail_lend is queued */
+  uint64_t outstanding;    /* requests and fire-and-forget frames not finished by the loop */
+  uint64_t direct_calls;   /* blocking calls and clocks done on lent links */
   /* Buffers for partitioned requests, reused across calls (callers' threads). */
   pthread_mutex_t upool_mu;
   ps__pool *upool;
@@ -206,6 +227,7 @@ static void req_scatter(ps_req *r) {
 static void req_destroy(ps_req *r);
 
 static void req_complete(ps_req *r) {
+  if (r->counted) __atomic_sub_fetch(&r->ctx->outstanding, 1, __ATOMIC_RELEASE);
   if (r->canceled == 2) { /* detached (hello, queued fire-and-forget): nobody waits */
     req_destroy(r);
     return;
@@ -303,6 +325,116 @@ static void part_send(ps_ctx *ctx, peer *l, part *p) {
 
 static void link_connect(ps_ctx *ctx, peer *l);
 
+/* ---- lent links
+ *
+ * A blocking data call whose servers' links are idle does its own socket I/O on the
+ * caller's thread (direct_run, below): one write and one wake-up when the reply
+ * arrives, like a raw round trip, instead of crossing to the I/O thread and back.
+ * The loop lends a link at an idle point (nothing in flight, queued, half read or
+ * unsent) and stops reading it. Callers use lent links only while no request of the
+ * context is running on the loop (ctx->outstanding == 0), so frames go out in the
+ * order of the calls that made them. When the loop must send on a lent link it takes
+ * it back: at once if no caller is using it, else when that caller is done
+ * (want_back, then mail_reclaim). A caller whose I/O failed mid-frame marks the link
+ * broken: the loop closes that connection and opens a new one when next needed.
+ * Lending state and the link list's structure are under ctx->lend_mu. */
+
+/* Loop, lend_mu held. */
+static void link_try_lend(ps_ctx *ctx, peer *l) {
+  (void)ctx;
+  if (l->lent || !l->lend_wanted || l->id == SCHED_LINK || !l->conn || !l->alive || l->inflight || l->queue_head)
+    return;
+  int fd = ps__conn_pause(l->conn);
+  if (fd < 0) return;
+  l->fd = fd;
+  l->lent = 1;
+  l->lend_wanted = 0;
+}
+
+static void mail_lend(void *arg) {
+  ps_ctx *ctx = arg;
+  pthread_mutex_lock(&ctx->lend_mu);
+  ctx->lend_posted = 0;
+  for (peer *l = ctx->links; l; l = l->next) link_try_lend(ctx, l);
+  pthread_cond_broadcast(&ctx->lend_cv);
+  pthread_mutex_unlock(&ctx->lend_mu);
+}
+
+/* Loop: a link a caller gave back resumes on the loop (or is closed if broken). */
+static void link_resume(ps_ctx *ctx, peer *l) {
+  (void)ctx;
+  if (!l->conn) return;
+  size_t n = l->dlen - l->doff;
+  int rc = l->broken || !l->alive ? PS_ERR_CLOSED : ps__conn_resume(l->conn, l->dbuf + l->doff, n);
+  l->doff = l->dlen = 0;
+  l->broken = 0;
+  if (rc) {
+    l->conn->udata = NULL;
+    ps__conn_close(l->conn, PS_ERR_UNAVAILABLE);
+    l->conn = NULL;
+  }
+}
+
+static void part_send(ps_ctx *ctx, peer *l, part *p);
+
+/* Send what waited for a link: on a new connection or on a link given back. */
+static void link_flush(ps_ctx *ctx, peer *l) {
+  if (!l->queue_head) return;
+  if (!l->conn) {
+    if (!l->connecting) link_connect(ctx, l);
+    return;
+  }
+  while (l->queue_head) {
+    part *p = l->queue_head;
+    queue_remove(l, p);
+    part_send(ctx, l, p);
+  }
+}
+
+/* Loop: take l back if it is lent; what waited for it goes first. Returns 1 when the
+ * loop may send on l now; 0 when a caller is using it (it comes back through
+ * mail_reclaim) or its connection had to be closed. */
+static int link_take(ps_ctx *ctx, peer *l) {
+  int resume = 0, ok = 1;
+  pthread_mutex_lock(&ctx->lend_mu);
+  if (l->lent) {
+    if (l->busy) {
+      l->want_back = 1;
+      ok = 0;
+    } else {
+      l->lent = 0;
+      l->want_back = 0;
+      resume = 1;
+    }
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (resume) {
+    link_resume(ctx, l);
+    link_flush(ctx, l);
+  }
+  return ok && l->conn != NULL;
+}
+
+static void mail_reclaim(void *arg) {
+  ps_ctx *ctx = arg;
+  for (peer *l = ctx->links; l; l = l->next) {
+    int resume = 0;
+    pthread_mutex_lock(&ctx->lend_mu);
+    if (l->lent && !l->busy && (l->want_back || l->broken || !l->alive)) {
+      l->lent = 0;
+      l->want_back = 0;
+      resume = 1;
+    }
+    pthread_mutex_unlock(&ctx->lend_mu);
+    if (!resume) continue;
+    link_resume(ctx, l);
+    if (l->alive)
+      link_flush(ctx, l);
+    else
+      link_fail_all(l, PS_ERR_UNAVAILABLE, "server left the job");
+  }
+}
+
 static void part_submit(ps_ctx *ctx, part *p) {
   peer *l = find_link(ctx, p->target);
   if (!l || !l->alive) {
@@ -312,7 +444,7 @@ static void part_submit(ps_ctx *ctx, part *p) {
     part_fail(p, PS_ERR_UNAVAILABLE, msg);
     return;
   }
-  if (l->conn) {
+  if (l->conn && link_take(ctx, l)) {
     part_send(ctx, l, p);
     return;
   }
@@ -324,7 +456,7 @@ static void part_submit(ps_ctx *ctx, part *p) {
   else
     l->queue_head = p;
   l->queue_tail = p;
-  if (!l->connecting) link_connect(ctx, l);
+  if (!l->conn && !l->connecting) link_connect(ctx, l);
 }
 
 static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
@@ -361,11 +493,7 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
   }
   c->udata = l;
   l->conn = c;
-  while (l->queue_head) {
-    part *p = l->queue_head;
-    queue_remove(l, p);
-    part_send(ctx, l, p);
-  }
+  link_flush(ctx, l);
 }
 
 static void link_connect(ps_ctx *ctx, peer *l) {
@@ -429,8 +557,11 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
       l = ps__calloc(1, sizeof *l);
       if (!l) continue;
       l->id = x->id;
+      l->fd = -1;
+      pthread_mutex_lock(&ctx->lend_mu); /* callers walk the list */
       l->next = ctx->links->next; /* keep the scheduler link first */
       ctx->links->next = l;
+      pthread_mutex_unlock(&ctx->lend_mu);
     }
     /* The ring keeps servers that died: without replication their shards are lost,
      * and requests for those keys must fail (PS_ERR_UNAVAILABLE) rather than move to a
@@ -442,7 +573,12 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
     if (x->alive) {
       l->alive = 1;
     } else if (l->alive) {
-      l->alive = 0;
+      pthread_mutex_lock(&ctx->lend_mu);
+      l->alive = 0; /* a caller using the link finishes first; mail_reclaim closes it */
+      int in_use = l->lent && l->busy;
+      if (l->lent && !l->busy) l->lent = 0;
+      pthread_mutex_unlock(&ctx->lend_mu);
+      if (in_use) continue;
       char msg[96];
       snprintf(msg, sizeof msg, "server %u left the job", x->id);
       link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
@@ -510,6 +646,38 @@ static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   return 0;
 }
 
+/* A successful reply to p (loop or lent link): what it tells the context. */
+static void part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
+  p->reply_table = h->table;
+  p->reply_clock = h->clock;
+  uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
+  if (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE) {
+    /* A worker behind the table's applied rounds (sync:M straggler, late joiner)
+     * resumes at the round the servers are at. */
+    int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
+    while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ctx->bytes_pulled, h->payload_len, __ATOMIC_RELAXED);
+  } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
+    /* One push goes to every server as one part each: count the push, not its parts. */
+    if ((h->flags & PS_FLAG_DROPPED) && !__atomic_exchange_n(&p->req->dropped, 1, __ATOMIC_RELAXED))
+      __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
+  }
+}
+
+/* Ask the loop to lend idle links that callers want (from any thread). */
+static void post_lend(ps_ctx *ctx) {
+  int post = 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  if (!ctx->lend_posted) ctx->lend_posted = post = 1;
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (post && ps__mailbox_post(ctx->mail, mail_lend, ctx) != 0) {
+    pthread_mutex_lock(&ctx->lend_mu);
+    ctx->lend_posted = 0;
+    pthread_mutex_unlock(&ctx->lend_mu);
+  }
+}
+
 static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   peer *l = c->udata;
   ps_ctx *ctx = c->loop->data;
@@ -533,23 +701,8 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     part_fail(p, h->status, msg[0] ? msg : ps_strerror(h->status));
     return;
   }
-  p->reply_table = h->table;
-  p->reply_clock = h->clock;
-  uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
-  if (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE) {
-    /* A worker behind the table's applied rounds (sync:M straggler, late joiner)
-     * resumes at the round the servers are at. */
-    int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
-    while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
-    if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&ctx->bytes_pulled, h->payload_len, __ATOMIC_RELAXED);
-  } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
-    /* One push goes to every server as one part each: count the push, not its parts. */
-    if ((h->flags & PS_FLAG_DROPPED) && !p->req->dropped) {
-      p->req->dropped = 1;
-      __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
-    }
-  }
+  part_reply_ok(ctx, p, h);
+  if (l->lend_wanted && !l->inflight && !l->queue_head) post_lend(ctx);
   if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
     pthread_mutex_lock(&ctx->mu);
     ctx->id = h->table;
@@ -715,7 +868,7 @@ static void mail_fire(void *arg) {
     if (f->target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
     ps__frame_hdr h = f->h;
     h.sender = ctx->id;
-    if (l->conn) {
+    if (l->conn && link_take(ctx, l) && !l->queue_head) {
       ps__conn_send_ctrl(l->conn, &h, f->body, f->len);
     } else if (l->alive) {
       /* Not connected yet: queue a one-part request that frees itself. */
@@ -746,6 +899,7 @@ static void mail_fire(void *arg) {
       part_submit(ctx, p);
     }
   }
+  __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
   free(f);
 }
 
@@ -865,8 +1019,14 @@ static void part_init(ps_ctx *ctx, ps_req *r, unsigned i, uint32_t target, uint8
 }
 
 static int req_post(ps_ctx *ctx, ps_req *r) {
+  r->counted = 1;
+  __atomic_add_fetch(&ctx->outstanding, 1, __ATOMIC_ACQ_REL);
   int rc = ps__mailbox_post(ctx->mail, mail_submit, r);
-  if (rc) return ps__fail(rc, "context is closed");
+  if (rc) {
+    r->counted = 0;
+    __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
+    return ps__fail(rc, "context is closed");
+  }
   return 0;
 }
 
@@ -955,8 +1115,506 @@ void ps_req_free(ps_req *r) {
   req_destroy(r);
 }
 
+
+/* ---- caller-side I/O on lent links (see "lent links" above) */
+
+#define DBUF_CAP (64u * 1024u)      /* a borrower's read buffer */
+#define DIRECT_READ_MIN (16u * 1024u) /* body bytes read straight into the destination */
+#define DL_MAXPARTS 2               /* parts of one call on one link (push + pull) */
+
+typedef struct dlink {
+  peer *l;
+  int fd;
+  part *parts[DL_MAXPARTS];
+  unsigned nparts, pending;     /* parts on this link; replies still awaited */
+  uint8_t hdrs[DL_MAXPARTS][PS_FRAME_HDR_SIZE];
+  struct iovec *iov;            /* what is left to write */
+  unsigned niov, iov_at;
+  /* the frame being read */
+  int in_body, discard;
+  ps__frame_hdr cur;
+  part *cur_p;
+  const uv_buf_t *dst;
+  unsigned ndst, dst_i;
+  size_t dst_off;
+  uint64_t left;
+  uv_buf_t errbuf;
+  char errtxt[512];
+  int failed;                   /* a mid-frame failure: the link is broken */
+} dlink;
+
+/* Account n bytes just placed into the current destination. */
+static void dl_advance(dlink *d, size_t n) {
+  d->left -= n;
+  if (d->discard) return;
+  d->dst_off += n;
+  while (d->dst_i < d->ndst && d->dst_off >= d->dst[d->dst_i].len) {
+    d->dst_off -= d->dst[d->dst_i].len;
+    d->dst_i++;
+  }
+}
+
+/* Copy up to n staged bytes into the current body. Returns bytes used. */
+static size_t dl_fill(dlink *d, const uint8_t *src, size_t n) {
+  size_t used = 0;
+  while (used < n && d->left > 0) {
+    size_t take = n - used;
+    if (take > d->left) take = (size_t)d->left;
+    if (!d->discard) {
+      const uv_buf_t *b = &d->dst[d->dst_i];
+      if (take > b->len - d->dst_off) take = b->len - d->dst_off;
+      memcpy(b->base + d->dst_off, src + used, take);
+    }
+    dl_advance(d, take);
+    used += take;
+  }
+  return used;
+}
+
+/* A whole reply frame arrived on d. */
+static void dl_frame_done(ps_ctx *ctx, dlink *d) {
+  part *p = d->cur_p;
+  d->in_body = 0;
+  if (!p) return; /* a late reply to an earlier call, or an error notice */
+  d->pending--;
+  p->reply_done = 1;
+  if (d->cur.status) {
+    size_t n = d->cur.payload_len < sizeof d->errtxt - 1 ? (size_t)d->cur.payload_len : sizeof d->errtxt - 1;
+    d->errtxt[n] = '\0';
+    req_set_error(p->req, d->cur.status, n ? d->errtxt : ps_strerror(d->cur.status));
+    return;
+  }
+  if (p->status == 0) part_reply_ok(ctx, p, &d->cur);
+}
+
+/* Start reading the body of d->cur: pick its destination. 0, or a ps_err code. */
+static int dl_begin(ps_ctx *ctx, dlink *d) {
+  const ps__frame_hdr *h = &d->cur;
+  (void)ctx;
+  d->cur_p = NULL;
+  d->discard = 1;
+  d->dst = NULL;
+  d->ndst = d->dst_i = 0;
+  d->dst_off = 0;
+  d->left = h->payload_len;
+  d->in_body = 1;
+  if (h->type == PS_MSG_ERROR) {
+    ps__log(PS_LOG_WARN, "server %u sent an error notice on a lent link", d->l->id);
+    return PS_ERR_CLOSED; /* the server is about to close this connection */
+  }
+  if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request from server %u", ps__frame_type_name(h->type), d->l->id);
+  part *p = NULL;
+  for (unsigned i = 0; i < d->nparts; i++)
+    if (d->parts[i]->hdr.req_id == h->req_id && !d->parts[i]->reply_done) p = d->parts[i];
+  if (!p) return 0; /* a reply to an earlier call that timed out: dropped */
+  d->cur_p = p;
+  if (h->status) {
+    d->errbuf = uv_buf_init(d->errtxt, sizeof d->errtxt - 1);
+    if (h->payload_len <= d->errbuf.len) {
+      d->errbuf.len = (size_t)h->payload_len;
+      d->dst = &d->errbuf;
+      d->ndst = 1;
+      d->discard = 0;
+    }
+    return 0;
+  }
+  if (p->recv) {
+    if (h->payload_len != p->recv_len) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len, p->recv_len);
+      req_set_error(p->req, PS_ERR_SIZE, msg);
+      p->status = PS_ERR_SIZE;
+      return 0;
+    }
+    d->dst = p->recv;
+    d->ndst = p->nrecv;
+    d->discard = 0;
+    while (d->dst_i < d->ndst && d->dst[d->dst_i].len == 0) d->dst_i++;
+  }
+  return 0;
+}
+
+/* Read what is available on d. 0 (progress or nothing to read yet), or a ps_err code
+ * for a link that cannot go on (closed, protocol violation). */
+static int dl_read(ps_ctx *ctx, dlink *d) {
+  peer *l = d->l;
+  while (d->pending > 0) {
+    size_t avail = l->dlen - l->doff;
+    if (d->in_body) {
+      if (avail) l->doff += dl_fill(d, l->dbuf + l->doff, avail);
+      if (d->left == 0) {
+        dl_frame_done(ctx, d);
+        continue;
+      }
+      if (!d->discard && d->left >= DIRECT_READ_MIN) {
+        /* Large remainder: straight into the destination. */
+        struct iovec v[16];
+        int nv = 0;
+        uint64_t want = d->left;
+        size_t off = d->dst_off;
+        for (unsigned i = d->dst_i; i < d->ndst && nv < 16 && want; i++) {
+          size_t n = d->dst[i].len - off;
+          if (n > want) n = (size_t)want;
+          v[nv].iov_base = d->dst[i].base + off;
+          v[nv++].iov_len = n;
+          want -= n;
+          off = 0;
+        }
+        ssize_t got = readv(d->fd, v, nv);
+        if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
+        if (got < 0) {
+          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+          return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
+        }
+        dl_advance(d, (size_t)got);
+        continue;
+      }
+    } else if (avail >= PS_FRAME_HDR_SIZE) {
+      int rc = ps__frame_decode(l->dbuf + l->doff, ctx->max_payload, &d->cur);
+      if (rc) return rc;
+      l->doff += PS_FRAME_HDR_SIZE;
+      if ((rc = dl_begin(ctx, d))) return rc;
+      continue;
+    }
+    /* Need more bytes in the buffer. */
+    if (l->doff == l->dlen) l->doff = l->dlen = 0;
+    if (l->dlen == DBUF_CAP) {
+      memmove(l->dbuf, l->dbuf + l->doff, l->dlen - l->doff);
+      l->dlen -= l->doff;
+      l->doff = 0;
+    }
+    ssize_t got = recv(d->fd, l->dbuf + l->dlen, DBUF_CAP - l->dlen, MSG_DONTWAIT);
+    if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
+    if (got < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+      return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
+    }
+    l->dlen += (size_t)got;
+  }
+  return 0;
+}
+
+/* Write what the socket takes. 0, or a ps_err code. */
+static int dl_write(dlink *d) {
+  while (d->iov_at < d->niov) {
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = d->iov + d->iov_at;
+    unsigned n = d->niov - d->iov_at;
+    mh.msg_iovlen = n > 512 ? 512 : n;
+    ssize_t put = sendmsg(d->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (put < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+      return ps__fail(PS_ERR_UNAVAILABLE, "sending to server %u: %s", d->l->id, strerror(errno));
+    }
+    size_t k = (size_t)put;
+    while (k && d->iov_at < d->niov) {
+      struct iovec *v = &d->iov[d->iov_at];
+      if (k >= v->iov_len) {
+        k -= v->iov_len;
+        d->iov_at++;
+      } else {
+        v->iov_base = (char *)v->iov_base + k;
+        v->iov_len -= k;
+        k = 0;
+      }
+    }
+    while (d->iov_at < d->niov && d->iov[d->iov_at].iov_len == 0) d->iov_at++;
+  }
+  return 0;
+}
+
+/* Claim the lent links of every part of reqs[] for this thread. Returns the number of
+ * links claimed into dl[] (parts grouped per link), or 0 when the call must go through
+ * the loop (then links that could be lent are asked for). */
+static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *dl, unsigned max) {
+  for (int attempt = 0;; attempt++) {
+    unsigned n = 0;
+    int ok = 1, ask = 0;
+    if (__atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) return 0;
+    pthread_mutex_lock(&ctx->lend_mu);
+    int fatal = 0;
+    for (unsigned q = 0; q < nreqs && !fatal; q++) {
+      for (unsigned i = 0; i < reqs[q]->nparts && !fatal; i++) {
+        part *p = &reqs[q]->parts[i];
+        unsigned j = 0;
+        while (j < n && dl[j].l->id != p->target) j++;
+        if (j == n) {
+          peer *l = find_link(ctx, p->target);
+          if (!l || l->id == SCHED_LINK || !l->alive || n == max) {
+            ok = 0;
+            fatal = 1;
+            break;
+          }
+          if (!l->lent || l->busy || l->want_back || l->broken) {
+            /* Keep going: every link this call needs is asked for at once. */
+            if (!l->lent && l->conn) l->lend_wanted = ask = 1;
+            ok = 0;
+            continue;
+          }
+          if (!l->dbuf && !(l->dbuf = ps__malloc(DBUF_CAP))) {
+            ok = 0;
+            fatal = 1;
+            break;
+          }
+          memset(&dl[n], 0, sizeof dl[n]);
+          dl[n].l = l;
+          dl[n].fd = l->fd;
+          n++;
+        }
+        if (dl[j].nparts == DL_MAXPARTS) {
+          ok = 0;
+          fatal = 1;
+          break;
+        }
+        dl[j].parts[dl[j].nparts++] = p;
+      }
+    }
+    /* Re-check under the lock: a request posted meanwhile keeps its place in line. */
+    if (ok && __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) ok = 0;
+    if (ok)
+      for (unsigned j = 0; j < n; j++) dl[j].l->busy = 1;
+    pthread_mutex_unlock(&ctx->lend_mu);
+    if (ok) return n;
+    if (!ask || fatal || attempt > 0) return 0;
+    /* Connected links that are not lent yet: ask the loop and wait for its answer (one
+     * loop wake-up). Going through the loop instead would take the links back at once. */
+    post_lend(ctx);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 5000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&ctx->lend_mu);
+    while (ctx->lend_posted)
+      if (pthread_cond_timedwait(&ctx->lend_cv, &ctx->lend_mu, &ts) != 0) break;
+    pthread_mutex_unlock(&ctx->lend_mu);
+  }
+}
+
+/* Give claimed links back; one that failed mid-frame is broken (the loop closes it). */
+static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
+  int post = 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (unsigned j = 0; j < n; j++) {
+    peer *l = dl[j].l;
+    l->busy = 0;
+    if (dl[j].failed) l->broken = 1;
+    if (l->want_back || l->broken || !l->alive) post = 1;
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (post) ps__mailbox_post(ctx->mail, mail_reclaim, ctx);
+}
+
+/* Run the parts of reqs[] (in order on each link) on claimed links dl[0..n) until
+ * every reply arrived or the deadline passed. Part failures are recorded in their
+ * requests. */
+static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, int spin) {
+  struct pollfd pf[64];
+  uint64_t t0 = ps__now_ns();
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    unsigned niov = 0;
+    for (unsigned k = 0; k < d->nparts; k++) niov += 1 + d->parts[k]->nsend;
+    d->iov = ps__malloc(niov * sizeof *d->iov);
+    if (!d->iov) {
+      for (unsigned k = 0; k < d->nparts; k++) req_set_error(d->parts[k]->req, PS_ERR_NOMEM, "out of memory");
+      continue;
+    }
+    for (unsigned k = 0; k < d->nparts; k++) {
+      part *p = d->parts[k];
+      uint64_t total = 0;
+      for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
+      p->hdr.sender = ctx->id;
+      p->hdr.payload_len = total;
+      p->sent = 1;
+      ps__frame_encode(&p->hdr, d->hdrs[k]);
+      d->iov[d->niov].iov_base = d->hdrs[k];
+      d->iov[d->niov++].iov_len = PS_FRAME_HDR_SIZE;
+      for (unsigned b = 0; b < p->nsend; b++) {
+        d->iov[d->niov].iov_base = p->send[b].base;
+        d->iov[d->niov++].iov_len = p->send[b].len;
+      }
+      /* Every data request is answered (pushes with an empty acknowledgement). */
+      d->pending++;
+    }
+  }
+  for (;;) {
+    unsigned busy = 0, np = 0;
+    for (unsigned j = 0; j < n; j++) {
+      dlink *d = &dl[j];
+      if (!d->iov || d->failed) continue;
+      int rc = dl_write(d);
+      if (!rc) rc = dl_read(ctx, d);
+      if (rc) {
+        d->failed = rc;
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s", ps_errmsg()[0] ? ps_errmsg() : ps_strerror(rc));
+        for (unsigned k = 0; k < d->nparts; k++)
+          if (!d->parts[k]->reply_done) req_set_error(d->parts[k]->req, PS_ERR_UNAVAILABLE, msg);
+        continue;
+      }
+      if (d->iov_at < d->niov || d->pending) {
+        busy++;
+        if (np < 64) {
+          pf[np].fd = d->fd;
+          pf[np].events = (short)((d->iov_at < d->niov ? POLLOUT : 0) | (d->pending ? POLLIN : 0));
+          pf[np].revents = 0;
+          np++;
+        }
+      }
+    }
+    if (!busy) break;
+    uint64_t now = ps__now_ms();
+    if (now >= deadline_ms) {
+      for (unsigned j = 0; j < n; j++) {
+        dlink *d = &dl[j];
+        if (!d->iov || d->failed || !(d->iov_at < d->niov || d->pending)) continue;
+        /* A frame half written or half read leaves the stream unusable; a reply that
+         * simply has not come yet will be dropped when it does. */
+        if (d->iov_at < d->niov || d->in_body || d->l->dlen - d->l->doff >= PS_FRAME_HDR_SIZE) d->failed = PS_ERR_TIMEOUT;
+        char msg[96];
+        snprintf(msg, sizeof msg, "no answer from node %u before the deadline", d->l->id);
+        for (unsigned k = 0; k < d->nparts; k++)
+          if (!d->parts[k]->reply_done) req_set_error(d->parts[k]->req, PS_ERR_TIMEOUT, msg);
+      }
+      break;
+    }
+    if (spin && ps__now_ns() - t0 < ctx->spin_ns) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    uint64_t wait = deadline_ms - now;
+    poll(pf, np, wait > 1000 ? 1000 : (int)wait);
+  }
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    free(d->iov);
+    d->iov = NULL;
+  }
+}
+
+/* Run requests on lent links if they can be claimed. Returns 1 when done here (the
+ * requests' statuses say how it went), 0 when they must go through the loop. */
+static int direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
+  dlink dl[16];
+  if (!ctx->direct || !ctx->thread_started) return 0;
+  unsigned n = direct_claim(ctx, reqs, nreqs, dl, 16);
+  if (n == 0) return 0;
+  uint64_t bytes = 0;
+  for (unsigned q = 0; q < nreqs; q++) bytes += req_bytes(reqs[q]);
+  __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
+  direct_io(ctx, dl, n, deadline_ms, bytes <= SPIN_MAX_BYTES && ctx->spin_ns > 0);
+  direct_release(ctx, dl, n);
+  for (unsigned q = 0; q < nreqs; q++) {
+    ps_req *r = reqs[q];
+    if (r->status == 0 && r->pos) req_scatter(r);
+    r->done = 1;
+  }
+  return 1;
+}
+
+/* A fire-and-forget frame to every server (CLOCK) written on lent links, when every
+ * server's link is lent and idle. Returns 1 when sent here, 0 to go through the loop. */
+static int direct_fire(ps_ctx *ctx, const ps__frame_hdr *h0) {
+  dlink dl[16];
+  unsigned n = 0;
+  int ok = ctx->direct && ctx->thread_started;
+  if (!ok || __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) return 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (peer *l = ctx->links; l && ok; l = l->next) {
+    if (l->id == SCHED_LINK || !l->alive) continue;
+    if (!l->lent || l->busy || l->want_back || l->broken || n == 16) {
+      ok = 0;
+      break;
+    }
+    memset(&dl[n], 0, sizeof dl[n]);
+    dl[n].l = l;
+    dl[n].fd = l->fd;
+    n++;
+  }
+  if (n == 0 || __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) ok = 0;
+  if (ok)
+    for (unsigned j = 0; j < n; j++) dl[j].l->busy = 1;
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (!ok) return 0;
+  uint64_t deadline = ps__now_ms() + ctx->timeout_ms;
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    ps__frame_hdr h = *h0;
+    struct iovec v;
+    h.sender = ctx->id;
+    h.payload_len = 0;
+    ps__frame_encode(&h, d->hdrs[0]);
+    v.iov_base = d->hdrs[0];
+    v.iov_len = PS_FRAME_HDR_SIZE;
+    d->iov = &v;
+    d->niov = 1;
+    while (!d->failed && d->iov_at < d->niov) {
+      if ((d->failed = dl_write(d)) != 0) break;
+      if (d->iov_at == d->niov) break;
+      uint64_t now = ps__now_ms();
+      if (now >= deadline) {
+        d->failed = PS_ERR_TIMEOUT;
+        break;
+      }
+      struct pollfd pf = {.fd = d->fd, .events = POLLOUT};
+      poll(&pf, 1, (int)(deadline - now > 1000 ? 1000 : deadline - now));
+    }
+    if (d->failed) ps__log(PS_LOG_WARN, "clock to server %u not sent: %s", d->l->id, ps_strerror(d->failed));
+    d->iov = NULL;
+  }
+  direct_release(ctx, dl, n);
+  __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
+  return 1;
+}
+
+/* Blocking calls: on lent links when possible, else through the loop. reqs[] are
+ * sent in order (a push then a pull of ps_push_pull). On timeout a request running on
+ * the loop is canceled. */
+static int req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms) {
+  uint64_t tmo = timeout_ms < 0 ? ctx->timeout_ms : (uint64_t)timeout_ms;
+  uint64_t t0 = ps__now_ns();
+  int rc = 0;
+  char msg[256] = "";
+  if (direct_run(ctx, reqs, nreqs, ps__now_ms() + tmo)) {
+    uint64_t dt = ps__now_ns() - t0;
+    for (unsigned q = 0; q < nreqs; q++) {
+      __atomic_add_fetch(&ctx->wait_ns[reqs[q]->kind], dt / nreqs, __ATOMIC_RELAXED);
+      if (reqs[q]->status && !rc) {
+        rc = reqs[q]->status;
+        snprintf(msg, sizeof msg, "%s", reqs[q]->msg);
+      }
+      req_destroy(reqs[q]);
+    }
+    if (rc) ps__fail(rc, "%s", msg);
+    return rc;
+  }
+  unsigned posted = 0;
+  for (; posted < nreqs; posted++)
+    if ((rc = req_post(ctx, reqs[posted]))) break;
+  for (unsigned q = posted; q < nreqs; q++) req_destroy(reqs[q]);
+  for (unsigned q = 0; q < posted; q++) {
+    uint64_t spent = (ps__now_ns() - t0) / 1000000u;
+    int left = spent >= tmo ? 0 : (int)(tmo - spent);
+    int st = rc ? rc : ps_req_wait(reqs[q], left);
+    if (st && !rc) {
+      rc = st;
+      snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    }
+    ps_req_free(reqs[q]);
+  }
+  if (rc) ps__fail(rc, "%s", msg[0] ? msg : ps_strerror(rc));
+  return rc;
+}
+
 /* Run a request to completion within timeout_ms; cancel it on timeout. */
 static int req_run(ps_ctx *ctx, ps_req *r, int timeout_ms) {
+  if (r->kind != 2) return req_run_n(ctx, &r, 1, timeout_ms);
   int rc = req_post(ctx, r);
   if (rc) {
     req_destroy(r);
@@ -1301,6 +1959,32 @@ int ps_push_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count, 
   return rc ? rc : req_run(ctx, r, timeout_ms);
 }
 
+int ps_push_pull(ps_ctx *ctx, uint32_t table, const uint64_t *keys, size_t nkeys, const float *grads, uint32_t batch,
+                 float lr, float *out, int timeout_ms) {
+  ps_req *r[2];
+  uint64_t dl = deadline_for(ctx, timeout_ms);
+  int rc = sparse_start(ctx, 1, table, keys, nkeys, grads, NULL, batch, lr, dl, &r[0]);
+  if (rc) return rc;
+  if ((rc = sparse_start(ctx, 0, table, keys, nkeys, NULL, out, 0, 0, dl, &r[1]))) {
+    req_destroy(r[0]);
+    return rc;
+  }
+  return req_run_n(ctx, r, 2, timeout_ms);
+}
+
+int ps_push_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint64_t count, const float *grads,
+                       uint32_t batch, float lr, float *out, int timeout_ms) {
+  ps_req *r[2];
+  uint64_t dl = deadline_for(ctx, timeout_ms);
+  int rc = dense_start(ctx, 1, table, offset, count, grads, NULL, batch, lr, dl, &r[0]);
+  if (rc) return rc;
+  if ((rc = dense_start(ctx, 0, table, offset, count, NULL, out, 0, 0, dl, &r[1]))) {
+    req_destroy(r[0]);
+    return rc;
+  }
+  return req_run_n(ctx, r, 2, timeout_ms);
+}
+
 /* ---- control requests */
 
 /* One request with a single control part to `target` carrying body (copied). */
@@ -1422,7 +2106,9 @@ static int post_fire(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *h, const
   f->h = *h;
   f->len = len;
   if (len) memcpy(f->body, body, len);
+  __atomic_add_fetch(&ctx->outstanding, 1, __ATOMIC_ACQ_REL);
   if (ps__mailbox_post(ctx->mail, mail_fire, f)) {
+    __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
     free(f);
     return ps__fail(PS_ERR_CLOSED, "context is closed");
   }
@@ -1435,6 +2121,7 @@ int ps_clock(ps_ctx *ctx) {
   int64_t c = __atomic_add_fetch(&ctx->clock, 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&ctx->examples, __atomic_exchange_n(&ctx->clock_batch, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = c};
+  if (direct_fire(ctx, &h)) return 0;
   return post_fire(ctx, 0xffffffffu, &h, NULL, 0);
 }
 
@@ -1616,6 +2303,9 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
   ctx->opened_ns = ps__now_ns();
   ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
+  ctx->direct = (int)ps__config_uint(cfg, "direct", 1);
+  pthread_mutex_init(&ctx->lend_mu, NULL);
+  pthread_cond_init(&ctx->lend_cv, NULL);
   pthread_mutex_init(&ctx->upool_mu, NULL);
   ctx->upool = ps__pool_new(512u << 20);
   if (!ctx->heartbeat_ms) ctx->heartbeat_ms = 200;
@@ -1731,6 +2421,7 @@ void ps_ctx_close(ps_ctx *ctx) {
   while (ctx->links) {
     peer *l = ctx->links;
     ctx->links = l->next;
+    free(l->dbuf);
     free(l);
   }
   for (size_t i = 0; i < ctx->nretired; i++) ps__ring_free(ctx->retired[i]);
@@ -1739,6 +2430,8 @@ void ps_ctx_close(ps_ctx *ctx) {
   ps__pool_free(ctx->pool);
   ps__pool_free(ctx->upool);
   pthread_mutex_destroy(&ctx->upool_mu);
+  pthread_mutex_destroy(&ctx->lend_mu);
+  pthread_cond_destroy(&ctx->lend_cv);
   free(ctx->tables);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
@@ -1818,6 +2511,7 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "fast_forwards")) *value = (double)__atomic_load_n(&c->fast_forwards, __ATOMIC_RELAXED);
   else if (!strcmp(name, "clock")) *value = (double)__atomic_load_n(&c->clock, __ATOMIC_RELAXED);
   else if (!strcmp(name, "examples")) *value = (double)__atomic_load_n(&c->examples, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "direct_calls")) *value = (double)__atomic_load_n(&c->direct_calls, __ATOMIC_RELAXED);
   else return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
   return 0;
 }
@@ -1838,3 +2532,4 @@ int ps_server_stats(ps_ctx *ctx, int server, char *buf, size_t cap, int timeout_
   r->parts[0].stats_cap = cap;
   return req_run(ctx, r, timeout_ms);
 }
+

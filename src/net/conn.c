@@ -398,3 +398,30 @@ int ps__conn_start(ps__conn *c) {
   int rc = uv_read_start(&c->h.stream, alloc_cb, read_cb);
   return rc ? ps__fail(ps__uv_err(rc), "cannot read from %s: %s", c->peer, uv_strerror(rc)) : 0;
 }
+
+/* ------------------------------------------------------------------ lending the socket */
+
+int ps__conn_pause(ps__conn *c) {
+  uv_os_fd_t fd;
+  /* Writes the kernel has taken may still await their callbacks: those run on the loop
+   * without touching the socket. */
+  if (c->closing || c->in_body || c->rpos != c->wpos || uv_stream_get_write_queue_size(&c->h.stream) != 0) return -1;
+  if (uv_fileno(&c->h.handle, &fd) != 0) return -1;
+  uv_read_stop(&c->h.stream);
+  return (int)fd;
+}
+
+int ps__conn_resume(ps__conn *c, const void *pre, size_t n) {
+  if (c->closing) return PS_ERR_CLOSED;
+  if (n > c->stage_cap) return ps__fail(PS_ERR_PROTO, "%zu bytes left over on a lent connection", n);
+  if (n) {
+    memcpy(c->stage, pre, n);
+    c->rpos = 0;
+    c->wpos = n;
+  }
+  int rc = uv_read_start(&c->h.stream, alloc_cb, read_cb);
+  if (rc) return ps__fail(ps__uv_err(rc), "cannot read from %s: %s", c->peer, uv_strerror(rc));
+  if (n) process_stage(c);
+  return 0;
+}
+

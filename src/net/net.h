@@ -118,6 +118,16 @@ void ps__conn_close(ps__conn *c, int status);
 /* Close after the writes queued so far are flushed. */
 void ps__conn_close_after_flush(ps__conn *c, int status);
 
+/* Lending a connection's socket to another thread (the client's caller-side I/O for
+ * blocking calls). ps__conn_pause stops reading and returns the socket descriptor, but
+ * only at an idle point: no frame half read, nothing staged, nothing unsent (else -1).
+ * While paused the loop must neither send on c nor expect reads; the borrower does
+ * whole-frame I/O on the descriptor. ps__conn_resume gives it back: n bytes the
+ * borrower read past its last frame (at most the staging capacity) are parsed first,
+ * then reading restarts. */
+int ps__conn_pause(ps__conn *c);
+int ps__conn_resume(ps__conn *c, const void *pre, size_t n);
+
 /* ---------------------------------------------------------------- listening and connecting */
 
 typedef void (*ps__accept_cb)(void *arg, ps__conn *c);

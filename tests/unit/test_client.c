@@ -889,3 +889,164 @@ Test(api, barrier_after_a_timeout, .timeout = 30) {
   ps_ctx_close(b);
   mini_stop(&m);
 }
+
+/* ---------------------------------------------------------------- caller-side I/O (lent links) */
+
+static ps_ctx *open_embedded_direct(unsigned servers, const char *direct) {
+  ps_config *cfg;
+  char n[16];
+  OK(ps_config_new(&cfg));
+  snprintf(n, sizeof n, "%u", servers);
+  OK(ps_config_set(cfg, "embedded", n));
+  OK(ps_config_set(cfg, "workers", "1"));
+  OK(ps_config_set(cfg, "direct", direct));
+  set_common(cfg);
+  ps_ctx *ctx = NULL;
+  OK(ps_ctx_open(cfg, &ctx));
+  ps_config_free(cfg);
+  return ctx;
+}
+
+static double stat_of(ps_ctx *ctx, const char *name) {
+  double v = -1;
+  OK(ps_ctx_stat(ctx, name, &v));
+  return v;
+}
+
+/* ps_push_pull and ps_push_pull_range: one round trip that gives what a push followed
+ * by a pull gives, with grads and out the same array or not, on the caller's thread
+ * (direct=1) and through the I/O thread (direct=0). */
+Test(direct, push_pull_equals_push_then_pull, .timeout = 60) {
+  for (int mode = 0; mode < 2; mode++) {
+    ps_ctx *ctx = open_embedded_direct(2, mode ? "1" : "0");
+    uint32_t ts, td;
+    OK(ps_table_declare(ctx, "s", PS_SPARSE, 3, "opt=sgd lr=1 update=sum mode=async", &ts));
+    OK(ps_table_declare(ctx, "d", PS_DENSE, 1000, "opt=sgd lr=1 update=sum mode=async slice=16", &td));
+    uint64_t keys[40];
+    float g[40 * 3], out[40 * 3];
+    for (int i = 0; i < 40; i++) keys[i] = (uint64_t)i * 7919u;
+    for (int i = 0; i < 120; i++) g[i] = (float)(i + 1);
+    for (int rep = 0; rep < 20; rep++) { /* enough calls for the links to be lent */
+      memset(out, 0, sizeof out);
+      OK(ps_push_pull(ctx, ts, keys, 40, g, 1, PS_LR_SCHEDULE, out, -1));
+      for (int i = 0; i < 120; i++)
+        cr_assert(eq(flt, out[i], -(float)(rep + 1) * g[i]), "mode %d rep %d [%d]: %f", mode, rep, i, out[i]);
+    }
+    /* In place: pushing the rows themselves zeroes them (sgd, lr 1). */
+    OK(ps_push_pull(ctx, ts, keys, 40, out, 1, PS_LR_SCHEDULE, out, -1));
+    for (int i = 0; i < 120; i++) cr_assert(eq(flt, out[i], 0.0f), "in place [%d]: %f", i, out[i]);
+
+    static float dg[1000], dout[1000];
+    for (int i = 0; i < 1000; i++) dg[i] = (float)(i % 17) - 8.0f;
+    for (int rep = 0; rep < 20; rep++) {
+      OK(ps_push_pull_range(ctx, td, 5, 990, dg + 5, 1, PS_LR_SCHEDULE, dout + 5, -1));
+      for (int i = 5; i < 995; i++)
+        cr_assert(eq(flt, dout[i], -(float)(rep + 1) * dg[i]), "dense mode %d rep %d [%d]", mode, rep, i);
+    }
+    OK(ps_pull_range(ctx, td, 0, 1000, dout, -1));
+    cr_assert(eq(flt, dout[0], 0.0f));
+    cr_assert(eq(flt, dout[999], 0.0f));
+    cr_assert(eq(flt, dout[500], -20.0f * dg[500]));
+    /* Bad input is refused before anything is sent. */
+    FAILS(PS_ERR_RANGE, ps_push_pull_range(ctx, td, 990, 20, dg, 1, PS_LR_SCHEDULE, dout, -1));
+    FAILS(PS_ERR_INVALID, ps_push_pull(ctx, td, keys, 1, g, 1, PS_LR_SCHEDULE, out, -1));
+    FAILS(PS_ERR_NO_TABLE, ps_push_pull(ctx, 999, keys, 1, g, 1, PS_LR_SCHEDULE, out, -1));
+    if (mode)
+      cr_assert(gt(dbl, stat_of(ctx, "direct_calls"), 30.0), "only %.0f direct calls", stat_of(ctx, "direct_calls"));
+    else
+      cr_assert(eq(dbl, stat_of(ctx, "direct_calls"), 0.0));
+    ps_ctx_close(ctx);
+  }
+}
+
+/* A blocking call never overtakes a non-blocking one made before it: a pull after an
+ * unfinished push_start sees that push (async, one connection per server). */
+Test(direct, blocking_calls_keep_the_order_of_earlier_requests, .timeout = 60) {
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t ts;
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, 1, "opt=sgd lr=1 update=sum mode=async", &ts));
+  uint64_t keys[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  float one[8] = {1, 1, 1, 1, 1, 1, 1, 1}, out[8];
+  for (int i = 0; i < 200; i++) {
+    ps_req *r;
+    if (i % 3 == 0) {
+      OK(ps_push_start(ctx, ts, keys, 8, one, 1, PS_LR_SCHEDULE, &r));
+      OK(ps_pull(ctx, ts, keys, 8, out, -1));
+      OK(ps_req_wait(r, -1));
+      ps_req_free(r);
+    } else {
+      OK(ps_push(ctx, ts, keys, 8, one, 1, PS_LR_SCHEDULE, -1));
+      OK(ps_pull(ctx, ts, keys, 8, out, -1));
+    }
+    for (int k = 0; k < 8; k++) cr_assert(eq(flt, out[k], -(float)(i + 1)), "step %d key %d: %f", i, k, out[k]);
+  }
+  cr_assert(gt(dbl, stat_of(ctx, "direct_calls"), 0.0));
+  ps_ctx_close(ctx);
+}
+
+typedef struct hammer {
+  ps_ctx *ctx;
+  uint32_t table;
+  int n, nonblocking, rc;
+} hammer;
+
+static void *do_hammer(void *arg) {
+  hammer *h = arg;
+  uint64_t key = 42;
+  float one = 1, row;
+  for (int i = 0; i < h->n && !h->rc; i++) {
+    if (h->nonblocking) {
+      ps_req *r;
+      h->rc = ps_push_start(h->ctx, h->table, &key, 1, &one, 1, PS_LR_SCHEDULE, &r);
+      if (!h->rc) {
+        h->rc = ps_req_wait(r, -1);
+        ps_req_free(r);
+      }
+    } else {
+      h->rc = ps_push(h->ctx, h->table, &key, 1, &one, 1, PS_LR_SCHEDULE, -1);
+      if (!h->rc) h->rc = ps_pull(h->ctx, h->table, &key, 1, &row, -1);
+    }
+  }
+  return NULL;
+}
+
+/* Threads that share a context, with blocking and non-blocking calls mixed: no push is
+ * lost or applied twice while links move between the callers and the I/O thread. */
+Test(direct, threads_sharing_a_context, .timeout = 60) {
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t ts;
+  OK(ps_table_declare(ctx, "s", PS_SPARSE, 1, "opt=sgd lr=1 update=sum mode=async", &ts));
+  hammer h[4];
+  pthread_t t[4];
+  for (int i = 0; i < 4; i++) {
+    h[i] = (hammer){.ctx = ctx, .table = ts, .n = 400, .nonblocking = i == 3};
+    cr_assert(eq(int, pthread_create(&t[i], NULL, do_hammer, &h[i]), 0));
+  }
+  for (int i = 0; i < 4; i++) {
+    pthread_join(t[i], NULL);
+    cr_assert(eq(int, h[i].rc, 0), "thread %d: %s", i, ps_errmsg());
+  }
+  uint64_t key = 42;
+  float row;
+  OK(ps_pull(ctx, ts, &key, 1, &row, -1));
+  cr_assert(eq(flt, row, -1600.0f));
+  ps_ctx_close(ctx);
+}
+
+/* Sync rounds with push, clock and pull all on lent links: each round is applied once
+ * the worker's CLOCK (written by the caller) reaches the servers. */
+Test(direct, sync_rounds_on_lent_links, .timeout = 60) {
+  ps_ctx *ctx = open_embedded(2);
+  uint32_t td;
+  OK(ps_table_declare(ctx, "d", PS_DENSE, 64, "opt=sgd lr=1 update=sum mode=sync slice=8", &td));
+  float g[64], w[64];
+  for (int i = 0; i < 64; i++) g[i] = (float)i;
+  for (int c = 1; c <= 50; c++) {
+    OK(ps_push_range(ctx, td, 0, 64, g, 1, PS_LR_SCHEDULE, -1));
+    OK(ps_clock(ctx));
+    OK(ps_pull_range(ctx, td, 0, 64, w, -1));
+    for (int i = 0; i < 64; i++) cr_assert(eq(flt, w[i], -(float)c * g[i]), "round %d [%d]: %f", c, i, w[i]);
+  }
+  cr_assert(gt(dbl, stat_of(ctx, "direct_calls"), 100.0), "only %.0f direct calls", stat_of(ctx, "direct_calls"));
+  ps_ctx_close(ctx);
+}
