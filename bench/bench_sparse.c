@@ -15,7 +15,11 @@
  * ratio printed is pshard rows/s over Redis rows/s; target >= 5 for pulls.
  *
  * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
- *                     [--transport tcp|auto] [--no-redis] [--seconds S]
+ *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--big-only]
+ *
+ * --big-only: only the 10M-key calls at dim 1 (populate, then three pull/push pairs;
+ * no batch sweep, no Redis), each run printed with the server's and this process's
+ * CPU time, for quick before/after comparisons on a busy machine.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -334,7 +338,7 @@ static void print_row(const char *sys, const char *op, unsigned dim, size_t batc
 int main(int argc, char **argv) {
   uint64_t nrows = 10000000;
   const char *dims_s = "1,8,32,128", *batches_s = "1000,10000,100000", *transport = "tcp";
-  int use_redis = 1;
+  int use_redis = 1, big_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--dims") && i + 1 < argc) dims_s = argv[++i];
@@ -342,9 +346,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--transport") && i + 1 < argc) transport = argv[++i];
     else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) g_seconds = atof(argv[++i]);
     else if (!strcmp(argv[i], "--no-redis")) use_redis = 0;
+    else if (!strcmp(argv[i], "--big-only")) big_only = 1;
     else {
       fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
-                      "[--no-redis] [--seconds S]\n");
+                      "[--no-redis] [--seconds S] [--big-only]\n");
       return 2;
     }
   }
@@ -357,6 +362,12 @@ int main(int argc, char **argv) {
   for (char *s = strtok(buf, ","); s && nd < 8; s = strtok(NULL, ",")) dims[nd++] = (unsigned)atoi(s);
   snprintf(buf, sizeof buf, "%s", batches_s);
   for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
+  if (big_only) {
+    dims[0] = 1;
+    nd = 1;
+    nb = 0;
+    use_redis = 0;
+  }
 
   /* One pool of Zipf keys shared by every measurement (and a 10M-key call for dim 1). */
   size_t npool = POOL_KEYS;
@@ -427,13 +438,20 @@ int main(int argc, char **argv) {
       float *vals = malloc(nbig * 4);
       for (size_t i = 0; i < nbig; i++) vals[i] = 1e-4f;
       double tp[3], tq[3];
+      pid_t spid = c.server_pid[0];
       for (int r = 0; r < 3; r++) {
-        double t0 = bench_now();
+        double s0 = bench_cpu_s(spid), w0 = bench_cpu_s(0), t0 = bench_now();
         bench_check(ps_pull(ctx, tid, big, nbig, vals, -1), "big pull");
         tp[r] = bench_now() - t0;
+        double s1 = bench_cpu_s(spid), w1 = bench_cpu_s(0);
         t0 = bench_now();
         bench_check(ps_push(ctx, tid, big, nbig, vals, 1, -1, -1), "big push");
         tq[r] = bench_now() - t0;
+        double s2 = bench_cpu_s(spid), w2 = bench_cpu_s(0);
+        if (big_only)
+          printf("# run %d: pull %.3f s (server cpu %.3f s, worker cpu %.3f s); push %.3f s (server cpu %.3f s, "
+                 "worker cpu %.3f s)\n",
+                 r, tp[r], s1 - s0, w1 - w0, tq[r], s2 - s1, w2 - w1);
       }
       printf("pshard  pull    1 %7zu one call: median %.3f s (%.0f rows/s)   target < 0.3 s\n", nbig,
              bench_median(tp, 3), (double)nbig / bench_median(tp, 3));

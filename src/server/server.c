@@ -16,15 +16,25 @@
  * g = acc / denominator (mean) or acc (sum) and one optimiser step. A pull at clock c
  * is answered once v >= c (deferred, not polled). A dead worker is dropped from the
  * live set, so no round waits on it; what it pushed before dying stays in its round.
+ *
+ * Huge requests. A sparse pull, or a direct sgd push, of at least PAR_MIN_KEYS keys is
+ * served on two threads: the loop thread and a helper (common/par.h) started on the
+ * first such request, while the loop thread blocks. The threads claim units of work
+ * one at a time: a pull's units are runs of positions (the map is only read); a push's
+ * are classes of keys, so each row has one writer. Keys not in the map are marked and
+ * created afterwards on the loop thread alone, in request order, so the map and the
+ * answer are what a single thread would have produced.
  */
 #include "server/server.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/common.h"
 #include "common/config.h"
+#include "common/par.h"
 #include "common/ring.h"
 #include "net/net.h"
 #include "proto/msg.h"
@@ -34,6 +44,7 @@
 #define MAX_TABLES 65536
 #define MAX_DELAY 10000  /* async/ssp: a push more clocks behind than this is rejected */
 #define STALE_BUCKETS 64 /* staleness histogram: 0..62, and >= 63 */
+#define PAR_MIN_KEYS (256u * 1024u) /* sparse requests this large use the helper thread */
 
 typedef struct pusher {
   uint32_t worker;
@@ -114,6 +125,8 @@ struct ps__server {
    * (pull clock - slowest live worker's clock), async and ssp tables */
   uint64_t push_stale[STALE_BUCKETS], pull_stale[STALE_BUCKETS];
   int64_t push_stale_max, pull_stale_max;
+  ps__par *par;   /* helper thread for huge requests, started on the first one */
+  int par_failed; /* it could not be started: stay serial */
 };
 
 /* ------------------------------------------------------------------ helpers */
@@ -328,6 +341,96 @@ static int walk_slices(const uint8_t *keys, uint32_t nkeys, unsigned width, slic
     }
   }
   return 0;
+}
+
+/* The helper thread for a request of nkeys sparse keys, or NULL to serve it serially. */
+static ps__par *huge_par(ps__server *s, uint32_t nkeys) {
+  if (nkeys < PAR_MIN_KEYS || s->par_failed) return NULL;
+  if (!s->par && !(s->par = ps__par_new())) {
+    s->par_failed = 1;
+    ps__log(PS_LOG_WARN, "cannot start a helper thread; huge requests stay on one thread");
+  }
+  return s->par;
+}
+
+/* The work of a huge request, shared by the two threads. Units are claimed from a
+ * counter, so that when the machine is busy and the kernel deschedules one thread,
+ * the other does its share instead of waiting for it. A key the map lacks is marked
+ * in `left` (a byte per position, 1 = left to the loop thread). */
+#define PULL_UNIT 16384u  /* positions per unit of a pull */
+#define PUSH_CLASS_BITS 5 /* a push's keys fall into 32 classes, one unit each */
+#define PUSH_CLASSES (1u << PUSH_CLASS_BITS)
+
+typedef struct huge_job huge_job;
+struct huge_job {
+  void (*unit)(huge_job *a, uint32_t u);
+  table *t;
+  const uint8_t *keys;
+  uint32_t nkeys;
+  uint8_t *left;
+  atomic_uint next;      /* next unit to claim */
+  uint32_t nunits;
+  atomic_int mostly_new; /* a unit gave up: later ones leave all their keys */
+  float *out;            /* pull: the answer */
+  const float *vals;     /* push: the gradients, rate and step */
+  float lr;
+  uint64_t step;
+  /* push: the keys, their positions and their gradients grouped by class (request
+   * order within a class), so that each class reads its own memory in order */
+  const uint64_t *ckeys;
+  const uint32_t *cpos;
+  const float *cvals;
+  uint32_t class_start[PUSH_CLASSES + 1];
+};
+
+/* A unit gives up, leaving the rest of its keys (and later units all theirs) to the
+ * loop thread, once more than a quarter of the keys it looked up were missing, after
+ * at least GIVE_UP_MIN: a request of mostly new keys is bound by the serial inserts,
+ * and looking its keys up twice would only add cache misses. */
+#define GIVE_UP_MIN 4096u
+static inline int give_up(uint32_t missed, uint32_t done) { return done >= GIVE_UP_MIN && missed > done / 4; }
+
+static void huge_work(void *arg, unsigned part) {
+  huge_job *a = arg;
+  (void)part;
+  for (;;) {
+    unsigned u = atomic_fetch_add_explicit(&a->next, 1, memory_order_relaxed);
+    if (u >= a->nunits) break;
+    a->unit(a, u);
+  }
+}
+
+/* Run a huge job on both threads and return the `left` flags (pooled, nkeys bytes),
+ * or NULL if they cannot be allocated. */
+static uint8_t *huge_run(ps__server *s, ps__par *par, huge_job *a) {
+  a->left = ps__pool_get(s->pool, a->nkeys);
+  if (!a->left) return NULL;
+  memset(a->left, 0, a->nkeys);
+  atomic_init(&a->next, 0);
+  atomic_init(&a->mostly_new, 0);
+  ps__par_run(par, huge_work, a);
+  return a->left;
+}
+
+/* The positions flagged in left (n flags), in order, into pos; returns their number.
+ * The loop thread creates their rows from this list, prefetching ahead as it goes. */
+static uint32_t left_positions(const uint8_t *left, uint32_t n, uint32_t *pos) {
+  uint32_t k = 0;
+  for (const uint8_t *p = left; (p = memchr(p, 1, (size_t)(left + n - p))); p++) pos[k++] = (uint32_t)(p - left);
+  return k;
+}
+
+/* prefetch_ahead for the keys at positions pos[0 .. n). */
+static inline void prefetch_ahead_at(const ps__rowmap *m, const uint8_t *keys, const uint32_t *pos, uint32_t n,
+                                     uint32_t j) {
+  if (j + PF_FAR < n) ps__rowmap_prefetch(m, ps__get_u64(keys + 8 * (size_t)pos[j + PF_FAR]));
+  if (j + PF_NEAR < n) ps__rowmap_prefetch_row(m, ps__get_u64(keys + 8 * (size_t)pos[j + PF_NEAR]));
+}
+
+/* The class of a key in a huge push: the top bits of a multiplicative hash (balanced
+ * for sequential keys as well). */
+static inline unsigned key_class(uint64_t key) {
+  return (unsigned)((key * 0x9e3779b97f4a7c15ull) >> (64 - PUSH_CLASS_BITS));
 }
 
 static round_acc *get_round(table *t, int64_t round) {
@@ -629,6 +732,87 @@ typedef struct direct_arg {
   uint64_t step;
 } direct_arg;
 
+/* One class of a huge sgd push: apply the gradients of the keys in the map. */
+static void push_unit(huge_job *a, uint32_t c) {
+  const ps__rowmap *m = a->t->params;
+  unsigned width = a->t->spec.width;
+  uint32_t base = a->class_start[c], n = a->class_start[c + 1] - base, j = 0, missed = 0;
+  const uint64_t *keys = a->ckeys + base;
+  const uint32_t *pos = a->cpos + base;
+  const float *g = a->cvals + (size_t)base * width;
+  if (!atomic_load_explicit(&a->mostly_new, memory_order_relaxed)) {
+    for (; j < n; j++, g += width) {
+      if (j + PF_FAR < n) ps__rowmap_prefetch(m, keys[j + PF_FAR]);
+      if (j + PF_NEAR < n) ps__rowmap_prefetch_row(m, keys[j + PF_NEAR]);
+      float *row = ps__rowmap_get(m, keys[j]);
+      if (row) {
+        ps__optim_apply(&a->t->spec.opt, a->lr, a->step, row, row + width, width, g, width);
+        continue;
+      }
+      a->left[pos[j]] = 1;
+      if (give_up(++missed, j + 1)) {
+        atomic_store_explicit(&a->mostly_new, 1, memory_order_relaxed);
+        j++;
+        break;
+      }
+    }
+  }
+  for (; j < n; j++) a->left[pos[j]] = 1;
+}
+
+/* A huge sgd push: group the keys by class, apply on both threads, then the keys left
+ * over (new rows) in request order. */
+static int push_huge(ps__server *s, ps__par *par, table *t, const uint8_t *keys, const float *vals, uint32_t nkeys,
+                     float lr, uint64_t step) {
+  huge_job a = {.unit = push_unit, .t = t, .keys = keys, .nkeys = nkeys, .nunits = PUSH_CLASSES, .vals = vals,
+                .lr = lr, .step = step};
+  size_t width = t->spec.width;
+  size_t klen = (size_t)nkeys * 8, plen = (size_t)nkeys * 4, vlen = (size_t)nkeys * width * 4;
+  uint64_t *ckeys = ps__pool_get(s->pool, klen);
+  uint32_t *cpos = ps__pool_get(s->pool, plen), fill[PUSH_CLASSES];
+  float *cvals = ps__pool_get(s->pool, vlen);
+  uint8_t *left = NULL;
+  int rc = PS_ERR_NOMEM;
+  if (!ckeys || !cpos || !cvals) goto out;
+  for (uint32_t i = 0; i < nkeys; i++) a.class_start[key_class(ps__get_u64(keys + 8 * (size_t)i)) + 1]++;
+  for (unsigned c = 0; c < PUSH_CLASSES; c++) {
+    a.class_start[c + 1] += a.class_start[c];
+    fill[c] = a.class_start[c];
+  }
+  for (uint32_t i = 0; i < nkeys; i++) {
+    uint64_t k = ps__get_u64(keys + 8 * (size_t)i);
+    uint32_t at = fill[key_class(k)]++;
+    ckeys[at] = k;
+    cpos[at] = i;
+    if (width == 1)
+      cvals[at] = vals[i];
+    else
+      memcpy(cvals + at * width, vals + i * width, width * 4);
+  }
+  a.ckeys = ckeys;
+  a.cpos = cpos;
+  a.cvals = cvals;
+  if (!(left = huge_run(s, par, &a))) goto out;
+  rc = 0;
+  uint32_t nleft = left_positions(left, nkeys, cpos); /* the classes are done with cpos */
+  for (uint32_t j = 0; j < nleft; j++) {
+    prefetch_ahead_at(t->params, keys, cpos, nleft, j);
+    size_t i = cpos[j];
+    float *row = param_row(t, ps__get_u64(keys + 8 * i));
+    if (!row) {
+      rc = PS_ERR_NOMEM;
+      break;
+    }
+    ps__optim_apply(&t->spec.opt, lr, step, row, row + width, width, vals + i * width, width);
+  }
+out:
+  ps__pool_put(s->pool, left, nkeys);
+  ps__pool_put(s->pool, ckeys, klen);
+  ps__pool_put(s->pool, cpos, plen);
+  ps__pool_put(s->pool, cvals, vlen);
+  return rc;
+}
+
 static int direct_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
   direct_arg *a = arg;
   unsigned width = a->t->spec.width;
@@ -664,9 +848,13 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
   float lr = h->lr >= 0 ? h->lr : ps__lr_at(&t->spec, step, gb);
   t->last_lr = lr;
   t->last_batch = gb;
+  ps__par *par;
   if (dense) {
     direct_arg a = {t, vals, lr, step};
     int rc = walk_slices(keys, h->nkeys, width, direct_slice, &a);
+    if (rc) return rc;
+  } else if ((par = huge_par(s, h->nkeys))) {
+    int rc = push_huge(s, par, t, keys, vals, h->nkeys, lr, step);
     if (rc) return rc;
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
@@ -833,6 +1021,63 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   reply_ok(c, h, 0);
 }
 
+/* One run of positions of a huge pull: copy the rows that are in the map. */
+static void pull_unit(huge_job *a, uint32_t u) {
+  const ps__rowmap *m = a->t->params;
+  unsigned width = a->t->spec.width;
+  uint32_t lo = u * PULL_UNIT, n = a->nkeys - lo < PULL_UNIT ? a->nkeys - lo : PULL_UNIT, i = 0, missed = 0;
+  const uint8_t *keys = a->keys + 8 * (size_t)lo;
+  float *o = a->out + (size_t)lo * width;
+  uint8_t *left = a->left + lo;
+  if (!atomic_load_explicit(&a->mostly_new, memory_order_relaxed)) {
+    for (; i < n; i++, o += width) {
+      prefetch_ahead(m, keys, n, i);
+      const float *row = ps__rowmap_get(m, ps__get_u64(keys + 8 * (size_t)i));
+      if (row) {
+        if (width == 1)
+          *o = *row;
+        else
+          memcpy(o, row, (size_t)width * 4);
+        continue;
+      }
+      left[i] = 1;
+      if (give_up(++missed, i + 1)) {
+        atomic_store_explicit(&a->mostly_new, 1, memory_order_relaxed);
+        i++;
+        break;
+      }
+    }
+  }
+  if (i < n) memset(left + i, 1, n - i);
+}
+
+/* Fill a huge pull on both threads, then the keys left over (creating their rows) in
+ * request order. 0 or PS_ERR_NOMEM. */
+static int pull_huge(ps__server *s, ps__par *par, table *t, const uint8_t *keys, uint32_t nkeys, float *out) {
+  huge_job a = {.unit = pull_unit, .t = t, .keys = keys, .nkeys = nkeys,
+                .nunits = (nkeys + PULL_UNIT - 1) / PULL_UNIT, .out = out};
+  size_t width = t->spec.width;
+  size_t plen = (size_t)nkeys * 4;
+  uint32_t *pos = ps__pool_get(s->pool, plen);
+  if (!pos) return PS_ERR_NOMEM;
+  uint8_t *left = huge_run(s, par, &a);
+  int rc = left ? 0 : PS_ERR_NOMEM;
+  uint32_t nleft = left ? left_positions(left, nkeys, pos) : 0;
+  for (uint32_t j = 0; j < nleft; j++) {
+    prefetch_ahead_at(t->params, keys, pos, nleft, j);
+    size_t i = pos[j];
+    float *row = param_row(t, ps__get_u64(keys + 8 * i));
+    if (!row) {
+      rc = PS_ERR_NOMEM;
+      break;
+    }
+    memcpy(out + i * width, row, width * 4);
+  }
+  ps__pool_put(s->pool, left, nkeys);
+  ps__pool_put(s->pool, pos, plen);
+  return rc;
+}
+
 typedef struct copy_arg {
   table *t;
   float *out;
@@ -881,9 +1126,12 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
     return;
   }
   float *o = out;
+  ps__par *par;
   if (t->spec.kind == PS_DENSE) {
     copy_arg a = {t, out};
     if (walk_slices(keys, h->nkeys, width, copy_slice, &a)) goto oom;
+  } else if ((par = huge_par(s, h->nkeys))) {
+    if (pull_huge(s, par, t, keys, h->nkeys, out)) goto oom;
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
       prefetch_ahead(t->params, keys, h->nkeys, i);
@@ -1309,5 +1557,6 @@ void ps__server_destroy(ps__server *s) {
   free(s->workers);
   ps__ring_free(s->ring);
   ps__pool_free(s->pool);
+  ps__par_free(s->par);
   free(s);
 }

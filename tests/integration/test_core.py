@@ -316,6 +316,16 @@ def test_mean_is_batch_weighted(tmp_path):
             assert got[k] == pytest.approx(exp[k], rel=1e-6, abs=1e-7), f"{update} {k}: {got[k]} vs {exp[k]}"
 
 
+def test_huge_requests_match_small_ones(tmp_path):
+    """Sparse pulls and pushes of 600k keys (served on the server's two threads) leave
+    the table and answer exactly as the same keys in 10k-key calls do, for repeated
+    keys, rows that exist, rows that do not, and calls of new rows only."""
+    with Cluster(1, 1) as c:
+        p = c.worker([binary("huge_worker")], "worker0")
+        codes = c.wait([p], RUN_TIMEOUT)
+        assert codes == [0], c.log("worker0")
+
+
 # ------------------------------------------------------------------ 3. a worker dies mid-run
 
 def survivors_after(c, procs, victim, action, hb_s):

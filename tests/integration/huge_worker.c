@@ -1,0 +1,116 @@
+/*
+ * huge_worker.c - requests large enough for the server's helper thread (server.c,
+ * PAR_MIN_KEYS) must answer exactly what the same keys in small requests do.
+ *
+ * Two sparse tables with identical options ("big" and "small", dim 2, plain sgd,
+ * async, init=const) get the same operations: on "big" each is one call of N keys, on
+ * "small" the same keys in calls of SMALL keys (served on the loop thread alone). The
+ * keys repeat and mix rows that exist with rows that do not yet, and two calls name
+ * only new rows (where the helper gives up and the loop thread creates the rows).
+ * Gradients are dyadic, so sums are exact whatever the order. After each pull, and at
+ * the end over every key touched, the two tables must agree bit for bit.
+ * Exit status: 0 equal, 1 a call failed or the tables differ.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pshard.h"
+
+#define CHECK(call)                                                                          \
+  do {                                                                                       \
+    int rc_ = (call);                                                                        \
+    if (rc_) {                                                                               \
+      fprintf(stderr, "huge_worker: %s failed: %s: %s\n", #call, ps_err_name(rc_), ps_errmsg()); \
+      exit(1);                                                                               \
+    }                                                                                        \
+  } while (0)
+
+#define DIM 2
+#define N 600000u    /* keys per big call, above PAR_MIN_KEYS */
+#define SMALL 10000u /* keys per small call, below it */
+#define SPAN 1000000u
+
+static uint32_t tb, ts;
+static ps_ctx *ctx;
+
+static void pull_both(const uint64_t *keys, size_t n, float *big, float *small) {
+  CHECK(ps_pull(ctx, tb, keys, n, big, -1));
+  for (size_t o = 0; o < n; o += SMALL) {
+    size_t m = n - o < SMALL ? n - o : SMALL;
+    CHECK(ps_pull(ctx, ts, keys + o, m, small + o * DIM, -1));
+  }
+}
+
+static void push_both(const uint64_t *keys, size_t n, const float *g) {
+  CHECK(ps_push(ctx, tb, keys, n, g, 1, PS_LR_SCHEDULE, -1));
+  for (size_t o = 0; o < n; o += SMALL) {
+    size_t m = n - o < SMALL ? n - o : SMALL;
+    CHECK(ps_push(ctx, ts, keys + o, m, g + o * DIM, 1, PS_LR_SCHEDULE, -1));
+  }
+}
+
+static int compare(const char *what, const uint64_t *keys, size_t n, const float *big, const float *small) {
+  for (size_t i = 0; i < n * DIM; i++) {
+    if (memcmp(&big[i], &small[i], sizeof(float)) != 0) {
+      fprintf(stderr, "huge_worker: %s: key %llu element %zu: big call %.9g, small calls %.9g\n", what,
+              (unsigned long long)keys[i / DIM], i % DIM, (double)big[i], (double)small[i]);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+int main(void) {
+  CHECK(ps_ctx_open_env(&ctx));
+  const char *opts = "opt=sgd lr=0.5 mode=async init=const:0.25";
+  CHECK(ps_table_declare(ctx, "big", PS_SPARSE, DIM, opts, &tb));
+  CHECK(ps_table_declare(ctx, "small", PS_SPARSE, DIM, opts, &ts));
+  uint64_t *keys = malloc(N * sizeof *keys), *all = malloc(SPAN * sizeof *all);
+  float *g = malloc((size_t)N * DIM * sizeof *g), *big = malloc((size_t)SPAN * DIM * sizeof *big),
+        *small = malloc((size_t)SPAN * DIM * sizeof *small);
+  if (!keys || !all || !g || !big || !small) return 1;
+  int bad = 0;
+
+  /* Rows 0 .. 199999 exist (small pulls on both tables). */
+  for (uint64_t i = 0; i < 200000; i++) all[i] = i;
+  for (size_t o = 0; o < 200000; o += SMALL) {
+    CHECK(ps_pull(ctx, tb, all + o, SMALL, big, -1));
+    CHECK(ps_pull(ctx, ts, all + o, SMALL, small, -1));
+  }
+  /* A push over keys 0 .. 299999, each about twice, a third of them new. */
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = ((uint64_t)i * 7919u) % 300000u;
+    for (int j = 0; j < DIM; j++) g[(size_t)i * DIM + (size_t)j] = (float)((keys[i] % 16) + (uint64_t)j + 1) / 16.0f;
+  }
+  push_both(keys, N, g);
+  /* A pull over keys 0 .. 399999 (a sixth of them new) with repeats. */
+  for (uint32_t i = 0; i < N; i++) keys[i] = ((uint64_t)i * 104729u + 13u) % 400000u;
+  pull_both(keys, N, big, small);
+  bad |= compare("mixed pull", keys, N, big, small);
+  /* All new keys: a pull (400000 ..) and a push (after 700000 ..), with repeats. */
+  for (uint32_t i = 0; i < N; i++) keys[i] = 400000u + (i % 300000u);
+  pull_both(keys, N, big, small);
+  bad |= compare("pull of new keys", keys, N, big, small);
+  for (uint32_t i = 0; i < N; i++) keys[i] = 700000u + (i % 300000u);
+  push_both(keys, N, g);
+  /* Everything, in small pulls from both tables. */
+  for (uint64_t i = 0; i < SPAN; i++) all[i] = i;
+  for (size_t o = 0; o < SPAN; o += SMALL) {
+    CHECK(ps_pull(ctx, tb, all + o, SMALL, big + o * DIM, -1));
+    CHECK(ps_pull(ctx, ts, all + o, SMALL, small + o * DIM, -1));
+  }
+  bad |= compare("final rows", all, SPAN, big, small);
+  /* The pushes changed rows: the comparison is not of two untouched tables. */
+  if (big[0] == 0.25f) {
+    fprintf(stderr, "huge_worker: row 0 was not updated\n");
+    bad = 1;
+  }
+  ps_ctx_close(ctx);
+  free(keys);
+  free(all);
+  free(g);
+  free(big);
+  free(small);
+  return bad;
+}
