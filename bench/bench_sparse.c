@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -191,6 +192,10 @@ static int free_port(void) {
   return p;
 }
 
+/* With --transport auto pshard talks AF_UNIX to its same-host server; Redis then gets a
+ * unix socket too (this path), so both sides use the same kind of transport. */
+static char redis_unix[108];
+
 static pid_t redis_start(int port) {
   char ps[16];
   snprintf(ps, sizeof ps, "%d", port);
@@ -201,7 +206,7 @@ static pid_t redis_start(int port) {
     dup2(fd, 2);
     setpgid(0, 0);
     execlp("redis-server", "redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-           "--protected-mode", "no", "--unixsocket", "", (char *)NULL);
+           "--protected-mode", "no", "--unixsocket", redis_unix, "--unixsocketperm", "700", (char *)NULL);
     _exit(127);
   }
   return pid;
@@ -212,13 +217,20 @@ static void redis_connect(rconn *r, int port) {
   r->rcap = 1u << 20;
   r->rbuf = malloc(r->rcap);
   for (int i = 0; i < 500; i++) {
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    r->fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(r->fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
-      int one = 1;
-      setsockopt(r->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return;
+    if (redis_unix[0]) {
+      struct sockaddr_un su = {.sun_family = AF_UNIX};
+      snprintf(su.sun_path, sizeof su.sun_path, "%s", redis_unix);
+      r->fd = socket(AF_UNIX, SOCK_STREAM, 0);
+      if (connect(r->fd, (struct sockaddr *)&su, sizeof su) == 0) return;
+    } else {
+      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+      r->fd = socket(AF_INET, SOCK_STREAM, 0);
+      if (connect(r->fd, (struct sockaddr *)&sa, sizeof sa) == 0) {
+        int one = 1;
+        setsockopt(r->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        return;
+      }
     }
     close(r->fd);
     usleep(20000);
@@ -391,9 +403,11 @@ int main(int argc, char **argv) {
     printf("# bench_sparse: %llu rows, keys Zipf(%.1f) scrambled; a 100k-key batch has %zu distinct rows\n",
            (unsigned long long)nrows, ZIPF_S, distinct);
   }
-  printf("# pshard: 1 server process, transport %s, table opt=sgd mode=async; redis: redis-server on TCP "
-         "loopback, pipelined MGET (1000 keys each) / SET\n",
-         transport);
+  if (strcmp(transport, "tcp") != 0)
+    snprintf(redis_unix, sizeof redis_unix, "/tmp/pshard-bench-redis-%d.sock", (int)getpid());
+  printf("# pshard: 1 server process, transport %s, table opt=sgd mode=async; redis: redis-server on %s, "
+         "pipelined MGET (1000 keys each) / SET\n",
+         transport, redis_unix[0] ? "a unix socket (as pshard: same-host AF_UNIX)" : "TCP loopback");
   printf("# GB/s counts keys (8 B) and values; latency per request in ms; ratio = pshard rows/s / redis rows/s\n");
   printf("%-7s %-5s %4s %7s %12s %8s %10s %10s %8s  %s\n", "system", "op", "dim", "batch", "rows/s", "GB/s",
          "p50_ms", "p99_ms", "ratio", "target");
@@ -482,6 +496,7 @@ int main(int argc, char **argv) {
       }
       close(rc.fd);
       kill(rpid, SIGTERM);
+      if (redis_unix[0]) unlink(redis_unix);
       waitpid(rpid, NULL, 0);
     }
     for (int bi = 0; bi < nb; bi++) {

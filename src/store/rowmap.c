@@ -186,8 +186,10 @@ void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
 void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key) {
   const char *r = (const char *)ps__rowmap_get(m, key);
   if (r) {
-    __builtin_prefetch(r);
-    if (m->row_bytes > 64) __builtin_prefetch(r + 64);
+    /* A wide row is copied or updated whole: ask for all of its lines (up to 1 KiB), not
+     * just the first two the hardware's streamer would wait for. */
+    size_t n = m->row_bytes < 1024 ? m->row_bytes : 1024;
+    for (size_t off = 0; off < n; off += 64) __builtin_prefetch(r + off);
   }
 }
 
