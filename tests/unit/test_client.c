@@ -1050,3 +1050,83 @@ Test(direct, sync_rounds_on_lent_links, .timeout = 60) {
   cr_assert(gt(dbl, stat_of(ctx, "direct_calls"), 100.0), "only %.0f direct calls", stat_of(ctx, "direct_calls"));
   ps_ctx_close(ctx);
 }
+
+/* A blocking call on a lent link whose reply will never come because a later round is
+ * needed: it times out; the server's late answer, which lands on the same connection,
+ * is dropped by the next call, which gets its own answer. */
+Test(direct, a_late_reply_to_a_timed_out_call_is_dropped, .timeout = 60) {
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 1, 2);
+  open_two(&m, &a, &b);
+  uint32_t ts, td;
+  OK(ps_table_declare(a, "s", PS_SPARSE, 2, "opt=sgd lr=1 update=sum mode=sync", &ts));
+  OK(ps_table_declare(a, "d", PS_DENSE, 8, "opt=sgd lr=1 update=sum mode=sync", &td));
+  OK(ps_table_declare(b, "s", PS_SPARSE, 2, "opt=sgd lr=1 update=sum mode=sync", &ts));
+  uint64_t key = 3;
+  float one[2] = {1, 1}, row[2] = {7, 7}, d[8];
+  OK(ps_push(a, ts, &key, 1, one, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(a));
+  double before = stat_of(a, "direct_calls");
+  FAILS(PS_ERR_TIMEOUT, ps_pull(a, ts, &key, 1, row, 100)); /* round 0 waits for b */
+  cr_assert(gt(dbl, stat_of(a, "direct_calls"), before), "the pull did not run on a lent link");
+  cr_assert(eq(flt, row[0], 7.0f), "a timed-out pull wrote the caller's buffer");
+  OK(ps_push(b, ts, &key, 1, one, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(b)); /* round 0 closes: the server answers a's old pull now */
+  usleep(100000);
+  for (int i = 0; i < 8; i++) d[i] = 5.0f;
+  OK(ps_pull_range(a, td, 0, 8, d, 5000));
+  for (int i = 0; i < 8; i++) cr_assert(eq(flt, d[i], 0.0f), "[%d] = %f", i, d[i]);
+  OK(ps_pull(a, ts, &key, 1, row, 5000));
+  cr_assert(eq(flt, row[0], -2.0f));
+  cr_assert(eq(flt, row[1], -2.0f));
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
+
+typedef struct stopper {
+  mini *m;
+  int delay_ms;
+} stopper;
+
+static void *stop_server_later(void *arg) {
+  stopper *s = arg;
+  usleep((useconds_t)s->delay_ms * 1000);
+  ps__server_stop(s->m->srv[0]);
+  return NULL;
+}
+
+/* A server that goes away while a caller waits on its lent link ends that call at once
+ * with an error (not at the deadline), and the context keeps working. */
+Test(direct, a_server_leaving_ends_a_waiting_call, .timeout = 60) {
+  mini m;
+  ps_ctx *a, *b;
+  mini_start(&m, 1, 2);
+  open_two(&m, &a, &b);
+  uint32_t td;
+  OK(ps_table_declare(a, "d", PS_DENSE, 8, "opt=sgd lr=1 update=sum mode=sync", &td));
+  OK(ps_table_declare(b, "d", PS_DENSE, 8, "opt=sgd lr=1 update=sum mode=sync", &td));
+  float g[8] = {1, 1, 1, 1, 1, 1, 1, 1}, d[8];
+  OK(ps_push_range(a, td, 0, 8, g, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(a));
+  double before = stat_of(a, "direct_calls");
+  stopper st = {.m = &m, .delay_ms = 200};
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, stop_server_later, &st), 0));
+  double t0 = now_s();
+  int rc = ps_pull_range(a, td, 0, 8, d, 8000); /* waits for b's clock, which never comes */
+  double dt = now_s() - t0;
+  pthread_join(t, NULL);
+  pthread_join(m.srv_thread[0], NULL);
+  ps__server_destroy(m.srv[0]);
+  m.nsrv = 0;
+  cr_assert(ne(int, rc, 0), "the pull succeeded");
+  cr_assert(ne(int, rc, PS_ERR_TIMEOUT), "the pull waited for its deadline (%.2f s)", dt);
+  cr_assert(lt(dbl, dt, 5.0), "the pull took %.2f s", dt);
+  cr_assert(gt(dbl, stat_of(a, "direct_calls"), before), "the pull did not run on a lent link");
+  OK(ps_metric(a, "still", 1)); /* the context still works */
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
