@@ -317,10 +317,9 @@ static float *param_row(table *t, uint64_t key) {
  * and the row of the key PF_NEAR ahead (whose slot is in cache by then). */
 #define PF_FAR 16
 #define PF_NEAR 8
-static inline void prefetch_ahead(const ps__rowmap *m, const uint8_t *keys, uint32_t nkeys, uint32_t i) {
-  if (i + PF_FAR < nkeys) ps__rowmap_prefetch(m, ps__get_u64(keys + 8 * (size_t)(i + PF_FAR)));
-  if (i + PF_NEAR < nkeys) ps__rowmap_prefetch_row(m, ps__get_u64(keys + 8 * (size_t)(i + PF_NEAR)));
-}
+/* Keys per ps__rowmap_find_many call in the key loops (row pointers on the stack). */
+#define FIND_BLOCK 512u
+
 
 /* The pieces of a dense segment list (offset, count pairs) as slices: for each run of
  * elements inside one slice, fn(arg, slice, first element within it, count, position
@@ -420,7 +419,7 @@ static uint32_t left_positions(const uint8_t *left, uint32_t n, uint32_t *pos) {
   return k;
 }
 
-/* prefetch_ahead for the keys at positions pos[0 .. n). */
+/* Prefetch for the keys at positions pos[0 .. n): the index slot PF_FAR ahead, the row PF_NEAR ahead. */
 static inline void prefetch_ahead_at(const ps__rowmap *m, const uint8_t *keys, const uint32_t *pos, uint32_t n,
                                      uint32_t j) {
   if (j + PF_FAR < n) ps__rowmap_prefetch(m, ps__get_u64(keys + 8 * (size_t)pos[j + PF_FAR]));
@@ -740,24 +739,72 @@ static void push_unit(huge_job *a, uint32_t c) {
   const uint64_t *keys = a->ckeys + base;
   const uint32_t *pos = a->cpos + base;
   const float *g = a->cvals + (size_t)base * width;
-  if (!atomic_load_explicit(&a->mostly_new, memory_order_relaxed)) {
-    for (; j < n; j++, g += width) {
-      if (j + PF_FAR < n) ps__rowmap_prefetch(m, keys[j + PF_FAR]);
-      if (j + PF_NEAR < n) ps__rowmap_prefetch_row(m, keys[j + PF_NEAR]);
-      float *row = ps__rowmap_get(m, keys[j]);
-      if (row) {
-        ps__optim_apply(&a->t->spec.opt, a->lr, a->step, row, row + width, width, g, width);
+  float *rows[FIND_BLOCK];
+  int stop = atomic_load_explicit(&a->mostly_new, memory_order_relaxed);
+  while (!stop && j < n) {
+    uint32_t nb = n - j < FIND_BLOCK ? n - j : FIND_BLOCK;
+    ps__rowmap_find_many(m, keys + j, nb, rows);
+    for (uint32_t i = 0; i < nb; i++, j++, g += width) {
+      if (rows[i]) {
+        /* Only sgd pushes come here (push_direct): its step, inlined (sgd_step). */
+        float *w = rows[i];
+        for (unsigned k = 0; k < width; k++) w[k] -= a->lr * g[k];
         continue;
       }
       a->left[pos[j]] = 1;
       if (give_up(++missed, j + 1)) {
         atomic_store_explicit(&a->mostly_new, 1, memory_order_relaxed);
         j++;
+        stop = 1;
         break;
       }
     }
   }
   for (; j < n; j++) a->left[pos[j]] = 1;
+}
+
+/* Grouping a huge push's keys by class, half of the request per thread. */
+typedef struct part_job {
+  const uint8_t *keys;
+  const float *vals;
+  uint32_t nkeys;
+  size_t width;
+  uint64_t *ckeys;
+  uint32_t *cpos;
+  float *cvals;
+  uint32_t count[2][PUSH_CLASSES]; /* keys of each class in each half */
+  uint32_t fill[2][PUSH_CLASSES];  /* where each half writes its next key of a class */
+} part_job;
+
+static void part_range(const part_job *j, unsigned part, uint32_t *lo, uint32_t *hi) {
+  uint32_t half = j->nkeys / 2;
+  *lo = part ? half : 0;
+  *hi = part ? j->nkeys : half;
+}
+
+static void part_count(void *arg, unsigned part) {
+  part_job *j = arg;
+  uint32_t lo, hi, *cnt = j->count[part];
+  part_range(j, part, &lo, &hi);
+  memset(cnt, 0, sizeof j->count[part]);
+  for (uint32_t i = lo; i < hi; i++) cnt[key_class(ps__get_u64(j->keys + 8 * (size_t)i))]++;
+}
+
+static void part_scatter(void *arg, unsigned part) {
+  part_job *j = arg;
+  uint32_t lo, hi, *fill = j->fill[part];
+  size_t width = j->width;
+  part_range(j, part, &lo, &hi);
+  for (uint32_t i = lo; i < hi; i++) {
+    uint64_t k = ps__get_u64(j->keys + 8 * (size_t)i);
+    uint32_t at = fill[key_class(k)]++;
+    j->ckeys[at] = k;
+    j->cpos[at] = i;
+    if (width == 1)
+      j->cvals[at] = j->vals[i];
+    else
+      memcpy(j->cvals + (size_t)at * width, j->vals + (size_t)i * width, width * 4);
+  }
 }
 
 /* A huge sgd push: group the keys by class, apply on both threads, then the keys left
@@ -769,26 +816,23 @@ static int push_huge(ps__server *s, ps__par *par, table *t, const uint8_t *keys,
   size_t width = t->spec.width;
   size_t klen = (size_t)nkeys * 8, plen = (size_t)nkeys * 4, vlen = (size_t)nkeys * width * 4;
   uint64_t *ckeys = ps__pool_get(s->pool, klen);
-  uint32_t *cpos = ps__pool_get(s->pool, plen), fill[PUSH_CLASSES];
+  uint32_t *cpos = ps__pool_get(s->pool, plen);
   float *cvals = ps__pool_get(s->pool, vlen);
   uint8_t *left = NULL;
   int rc = PS_ERR_NOMEM;
   if (!ckeys || !cpos || !cvals) goto out;
-  for (uint32_t i = 0; i < nkeys; i++) a.class_start[key_class(ps__get_u64(keys + 8 * (size_t)i)) + 1]++;
+  /* Group by class on both threads: each takes half of the request, counts, then writes
+   * its keys where the prefix sums put them (the first half's before the second's in
+   * every class, so request order holds within a class). */
+  part_job pj = {.keys = keys, .vals = vals, .nkeys = nkeys, .width = width, .ckeys = ckeys, .cpos = cpos,
+                 .cvals = cvals};
+  ps__par_run(par, part_count, &pj);
   for (unsigned c = 0; c < PUSH_CLASSES; c++) {
-    a.class_start[c + 1] += a.class_start[c];
-    fill[c] = a.class_start[c];
+    pj.fill[0][c] = a.class_start[c];
+    pj.fill[1][c] = a.class_start[c] + pj.count[0][c];
+    a.class_start[c + 1] = a.class_start[c] + pj.count[0][c] + pj.count[1][c];
   }
-  for (uint32_t i = 0; i < nkeys; i++) {
-    uint64_t k = ps__get_u64(keys + 8 * (size_t)i);
-    uint32_t at = fill[key_class(k)]++;
-    ckeys[at] = k;
-    cpos[at] = i;
-    if (width == 1)
-      cvals[at] = vals[i];
-    else
-      memcpy(cvals + at * width, vals + i * width, width * 4);
-  }
+  ps__par_run(par, part_scatter, &pj);
   a.ckeys = ckeys;
   a.cpos = cpos;
   a.cvals = cvals;
@@ -857,11 +901,15 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
     int rc = push_huge(s, par, t, keys, vals, h->nkeys, lr, step);
     if (rc) return rc;
   } else {
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      prefetch_ahead(t->params, keys, h->nkeys, i);
-      float *row = param_row(t, ps__get_u64(keys + 8 * i));
-      if (!row) return PS_ERR_NOMEM;
-      ps__optim_apply(&t->spec.opt, lr, step, row, row + width, width, vals + (size_t)i * width, width);
+    float *rows[FIND_BLOCK];
+    for (uint32_t b = 0; b < h->nkeys; b += FIND_BLOCK) {
+      uint32_t n = h->nkeys - b < FIND_BLOCK ? h->nkeys - b : FIND_BLOCK;
+      ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
+      for (uint32_t i = 0; i < n; i++) {
+        float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+        if (!row) return PS_ERR_NOMEM;
+        ps__optim_apply(&t->spec.opt, lr, step, row, row + width, width, vals + (size_t)(b + i) * width, width);
+      }
     }
   }
   t->applied++;
@@ -1029,10 +1077,13 @@ static void pull_unit(huge_job *a, uint32_t u) {
   const uint8_t *keys = a->keys + 8 * (size_t)lo;
   float *o = a->out + (size_t)lo * width;
   uint8_t *left = a->left + lo;
-  if (!atomic_load_explicit(&a->mostly_new, memory_order_relaxed)) {
-    for (; i < n; i++, o += width) {
-      prefetch_ahead(m, keys, n, i);
-      const float *row = ps__rowmap_get(m, ps__get_u64(keys + 8 * (size_t)i));
+  float *rows[FIND_BLOCK];
+  int stop = atomic_load_explicit(&a->mostly_new, memory_order_relaxed);
+  while (!stop && i < n) {
+    uint32_t nb = n - i < FIND_BLOCK ? n - i : FIND_BLOCK;
+    ps__rowmap_find_many_le(m, keys + 8 * (size_t)i, nb, rows);
+    for (uint32_t q = 0; q < nb; q++, i++, o += width) {
+      const float *row = rows[q];
       if (row) {
         if (width == 1)
           *o = *row;
@@ -1044,6 +1095,7 @@ static void pull_unit(huge_job *a, uint32_t u) {
       if (give_up(++missed, i + 1)) {
         atomic_store_explicit(&a->mostly_new, 1, memory_order_relaxed);
         i++;
+        stop = 1;
         break;
       }
     }
@@ -1133,15 +1185,19 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   } else if ((par = huge_par(s, h->nkeys))) {
     if (pull_huge(s, par, t, keys, h->nkeys, out)) goto oom;
   } else {
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      prefetch_ahead(t->params, keys, h->nkeys, i);
-      float *row = param_row(t, ps__get_u64(keys + 8 * i));
-      if (!row) goto oom;
-      if (width == 1)
-        *o = *row;
-      else
-        memcpy(o, row, (size_t)width * 4);
-      o += width;
+    float *rows[FIND_BLOCK];
+    for (uint32_t b = 0; b < h->nkeys; b += FIND_BLOCK) {
+      uint32_t n = h->nkeys - b < FIND_BLOCK ? h->nkeys - b : FIND_BLOCK;
+      ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
+      for (uint32_t i = 0; i < n; i++) {
+        float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+        if (!row) goto oom;
+        if (width == 1)
+          *o = *row;
+        else
+          memcpy(o, row, (size_t)width * 4);
+        o += width;
+      }
     }
   }
   t->pulls++;

@@ -179,6 +179,69 @@ float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
   }
 }
 
+#define FM_SLOT_AHEAD 16 /* keys between hashing (slot prefetch) and emitting */
+#define FM_ROW_AHEAD 8   /* keys between probing (row prefetch) and emitting */
+#define FM_RING 32       /* > FM_SLOT_AHEAD, a power of two */
+
+static inline uint64_t key_le(const uint8_t *p) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static inline void prefetch_row_lines(const ps__rowmap *m, const char *r) {
+  size_t n = m->row_bytes < 1024 ? m->row_bytes : 1024;
+  for (size_t off = 0; off < n; off += 64) __builtin_prefetch(r + off);
+}
+
+/* Stage 1 at key t, stage 2 (probe) at t - (SLOT_AHEAD - ROW_AHEAD), emit at
+ * t - SLOT_AHEAD; slot and row numbers wait in small rings between stages. */
+static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows) {
+  size_t sring[FM_RING];
+  uint32_t rring[FM_RING];
+  if (m->count == 0) {
+    for (size_t i = 0; i < n; i++) rows[i] = NULL;
+    return;
+  }
+  const size_t mask = m->icap - 1;
+  for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
+    if (t < n) {
+      uint64_t key = k64 ? k64[t] : key_le(kle + 8 * t);
+      size_t s = slot_of(key, mask);
+      sring[t & (FM_RING - 1)] = s;
+      __builtin_prefetch(&m->idx[s]);
+    }
+    size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);
+    if (t >= FM_SLOT_AHEAD - FM_ROW_AHEAD && b < n) {
+      uint64_t key = k64 ? k64[b] : key_le(kle + 8 * b);
+      uint32_t r = EMPTY;
+      for (size_t s = sring[b & (FM_RING - 1)];; s = (s + 1) & mask) {
+        uint32_t x = m->idx[s].row;
+        if (x == EMPTY) break;
+        if (m->idx[s].key == key) {
+          r = x;
+          break;
+        }
+      }
+      rring[b & (FM_RING - 1)] = r;
+      if (r != EMPTY) prefetch_row_lines(m, (const char *)row_ptr(m, r));
+    }
+    if (t >= FM_SLOT_AHEAD) {
+      size_t c = t - FM_SLOT_AHEAD;
+      uint32_t r = rring[c & (FM_RING - 1)];
+      rows[c] = r == EMPTY ? NULL : row_ptr(m, r);
+    }
+  }
+}
+
+void ps__rowmap_find_many(const ps__rowmap *m, const uint64_t *keys64, size_t n, float **rows) {
+  find_many(m, keys64, NULL, n, rows);
+}
+
+void ps__rowmap_find_many_le(const ps__rowmap *m, const uint8_t *keys_le, size_t n, float **rows) {
+  find_many(m, NULL, keys_le, n, rows);
+}
+
 void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
   if (m->icap) __builtin_prefetch(&m->idx[slot_of(key, m->icap - 1)]);
 }
@@ -188,8 +251,7 @@ void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key) {
   if (r) {
     /* A wide row is copied or updated whole: ask for all of its lines (up to 1 KiB), not
      * just the first two the hardware's streamer would wait for. */
-    size_t n = m->row_bytes < 1024 ? m->row_bytes : 1024;
-    for (size_t off = 0; off < n; off += 64) __builtin_prefetch(r + off);
+    prefetch_row_lines(m, r);
   }
 }
 

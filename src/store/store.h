@@ -124,6 +124,12 @@ ps__rowmap *ps__rowmap_new(size_t row_floats);
 void ps__rowmap_free(ps__rowmap *m);
 /* The row for key, or NULL if absent. */
 float *ps__rowmap_get(const ps__rowmap *m, uint64_t key);
+/* Rows of keys[0 .. n) into rows[] (NULL where a key is absent), each key hashed once:
+ * a software pipeline prefetches the index slot of the key 16 ahead and the row of the
+ * key 8 ahead, so a batch of cold keys keeps many misses in flight. keys64 is an array
+ * of host-order keys; keys_le the wire's little-endian bytes (8 per key). */
+void ps__rowmap_find_many(const ps__rowmap *m, const uint64_t *keys64, size_t n, float **rows);
+void ps__rowmap_find_many_le(const ps__rowmap *m, const uint8_t *keys_le, size_t n, float **rows);
 /* Hints for callers walking many keys of a large map, where cache misses rather than
  * work dominate: prefetch the index slot of key; or look key up (its slot prefetched a
  * few keys earlier) and prefetch its row. Neither changes the map. */

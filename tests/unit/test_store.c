@@ -576,3 +576,35 @@ Test(rowmap, allocation_failure_leaves_map_unchanged) {
   /* Rows whose size overflows are refused at creation. */
   cr_assert(zero(ptr, ps__rowmap_new(SIZE_MAX / 2)));
 }
+
+/* ps__rowmap_find_many(_le) answers exactly as ps__rowmap_get does, key by key, for
+ * batches shorter and longer than its pipeline, present and absent keys, repeats. */
+Test(rowmap, find_many_matches_get) {
+  ps__rowmap *m = ps__rowmap_new(3);
+  cr_assert(not(zero(ptr, m)));
+  uint64_t keys[3000];
+  uint8_t le[3000 * 8];
+  float *rows[3000];
+  for (size_t i = 0; i < 3000; i++) keys[i] = i % 7 == 0 ? i / 7 : (i * 0x9e3779b97f4a7c15ull) | 1;
+  for (size_t i = 2900; i < 3000; i++) keys[i] = keys[i - 2900]; /* repeats */
+  /* Empty map: everything absent. */
+  ps__rowmap_find_many(m, keys, 3000, rows);
+  for (size_t i = 0; i < 3000; i++) cr_assert(zero(ptr, rows[i]));
+  for (size_t i = 0; i < 3000; i += 2) cr_assert(not(zero(ptr, ps__rowmap_upsert(m, keys[i], NULL))));
+  for (size_t i = 0; i < 3000; i++)
+    for (int b = 0; b < 8; b++) le[8 * i + b] = (uint8_t)(keys[i] >> (8 * b));
+  size_t lens[] = {0, 1, 2, 7, 8, 15, 16, 17, 31, 33, 100, 3000};
+  for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++) {
+    size_t n = lens[l];
+    for (int variant = 0; variant < 2; variant++) {
+      for (size_t i = 0; i < n; i++) rows[i] = (float *)1;
+      if (variant)
+        ps__rowmap_find_many_le(m, le, n, rows);
+      else
+        ps__rowmap_find_many(m, keys, n, rows);
+      for (size_t i = 0; i < n; i++)
+        cr_assert(eq(ptr, rows[i], ps__rowmap_get(m, keys[i])), "n %zu variant %d key %zu", n, variant, i);
+    }
+  }
+  ps__rowmap_free(m);
+}
