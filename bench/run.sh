@@ -6,7 +6,7 @@
 # Environment: QUICK=1 runs reduced sizes (a smoke run of a few minutes, not the
 # figures of docs/benchmarks.md); OUT=DIR keeps each benchmark's full output (default
 # a temporary directory, printed at the end); ONLY="dense sparse" runs a subset of
-# dense sparse memory sync ctr.
+# dense sparse sparse_unix memory sync ctr.
 # Needs: redis-server (bench_sparse's peer), openmpi-bin + libopenmpi-dev (bench_sync's
 # peer); both are in the Makefile's package list.
 set -euo pipefail
@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BUILD="${1:-$ROOT/build}"
 OUT="${OUT:-$(mktemp -d /tmp/pshard-bench-results.XXXXXX)}"
-ONLY="${ONLY:-dense sparse memory sync ctr}"
+ONLY="${ONLY:-dense sparse sparse_unix memory sync ctr}"
 mkdir -p "$OUT"
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -46,12 +46,15 @@ run() { # name command...
 if [ "${QUICK:-0}" = 1 ]; then
   run dense  "$B/bench_dense" --sizes 4K,1M,64M --reps-scale 0.2
   run sparse "$B/bench_sparse" --rows 1000000 --dims 1,32 --batches 1000,100000 --seconds 0.5
+  run sparse_unix "$B/bench_sparse" --rows 1000000 --dims 1 --batches 1000 --seconds 0.5 --transport auto
   run memory "$B/bench_memory" --rows 1000000
   run sync   "$B/bench_sync" --floats 1M --workers 2 --steps 5
   run ctr    "$B/bench_ctr" --rows 400000 --workers 1,2 --servers 1 --data "$OUT/ctr-data"
 else
   run dense  "$B/bench_dense"
   run sparse "$B/bench_sparse"
+  # The same-host pairing: pshard over AF_UNIX (its default there), Redis on a unix socket.
+  run sparse_unix "$B/bench_sparse" --dims 1,8,128 --batches 1000,10000 --transport auto
   run memory "$B/bench_memory"
   run sync   "$B/bench_sync"
   run ctr    "$B/bench_ctr"
@@ -59,7 +62,7 @@ fi
 
 echo
 echo "== summary (rows with a target; full output in $OUT)"
-for f in dense sparse memory sync; do
+for f in dense sparse sparse_unix memory sync; do
   [ -f "$OUT/$f.txt" ] || continue
   grep -E 'target|<=|>=' "$OUT/$f.txt" | grep -v '^#' | sed "s/^/$f: /" || true
 done
