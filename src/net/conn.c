@@ -22,6 +22,8 @@ typedef struct write_req {
   void *arg;
   size_t bytes;
   void *owned;       /* copied control body, freed on completion */
+  void *pooled;      /* copied remainder of a ps__conn_send_now frame, back to the pool */
+  size_t pooled_len;
   uint8_t hdr[PS_FRAME_HDR_SIZE];
 } write_req;
 
@@ -117,6 +119,7 @@ static void write_cb(uv_write_t *req, int status) {
   }
   if (w->cb) w->cb(w->arg, ps__uv_err(status));
   free(w->owned);
+  ps__pool_put(c->pool, w->pooled, w->pooled_len);
   free(w);
   if (status != 0 && status != UV_ECANCELED) ps__conn_close(c, ps__uv_err(status));
 }
@@ -130,7 +133,7 @@ static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsign
     free(owned);
     return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
   }
-  write_req *w = ps__malloc(sizeof *w);
+  write_req *w = ps__calloc(1, sizeof *w);
   if (nbufs + 1 > sizeof iov / sizeof iov[0]) v = ps__malloc((nbufs + 1) * sizeof *v);
   if (!w || !v) {
     free(w);
@@ -164,6 +167,100 @@ static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsign
 int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
                   ps__send_cb cb, void *arg) {
   return send_impl(c, h, bufs, nbufs, cb, arg, NULL);
+}
+
+/* Copy the regions v[0..n) from byte `skip` of v[0] on into dst. */
+static void gather(uint8_t *dst, const uv_buf_t *v, unsigned n, size_t skip) {
+  for (unsigned i = 0; i < n; i++) {
+    size_t len = v[i].len - (i == 0 ? skip : 0);
+    memcpy(dst, v[i].base + (i == 0 ? skip : 0), len);
+    dst += len;
+  }
+}
+
+int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs) {
+  uint8_t hdr[PS_FRAME_HDR_SIZE];
+  uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV];
+  uv_buf_t *v = iov;
+  uint64_t total = 0;
+  if (c->closing) return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
+  if (nbufs + 1 > sizeof iov / sizeof iov[0]) {
+    v = ps__malloc((nbufs + 1) * sizeof *v);
+    if (!v) return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
+  }
+  for (unsigned i = 0; i < nbufs; i++) {
+    v[i + 1] = bufs[i];
+    total += bufs[i].len;
+  }
+  h->payload_len = total;
+  ps__frame_encode(h, hdr);
+  v[0] = uv_buf_init((char *)hdr, PS_FRAME_HDR_SIZE);
+  /* Write what the socket takes now, straight from the regions. uv_try_write refuses
+   * (UV_EAGAIN) while earlier writes are queued, which keeps frames in order. */
+  unsigned first = 0, n = nbufs + 1;
+  size_t skip = 0; /* bytes of v[first] already written */
+  size_t left = PS_FRAME_HDR_SIZE + total;
+  int rc = 0;
+  while (left > 0) {
+    uv_buf_t save = v[first];
+    v[first].base += skip;
+    v[first].len -= skip;
+    rc = uv_try_write(&c->h.stream, v + first, n - first);
+    v[first] = save;
+    if (rc <= 0) break;
+    size_t done = (size_t)rc;
+    left -= done;
+    while (done > 0) {
+      size_t in = v[first].len - skip;
+      if (done < in) {
+        skip += done;
+        break;
+      }
+      done -= in;
+      first++;
+      skip = 0;
+    }
+    while (first < n && v[first].len == 0) first++;
+  }
+  if (rc < 0 && rc != UV_EAGAIN && rc != UV_ENOSYS) {
+    if (v != iov) free(v);
+    int err = ps__uv_err(rc);
+    /* Part of the frame may be out: the stream cannot carry another frame. */
+    if (left < PS_FRAME_HDR_SIZE + total) ps__conn_close(c, err);
+    return ps__fail(err, "write to %s failed: %s", c->peer, uv_strerror(rc));
+  }
+  c->bytes_out += PS_FRAME_HDR_SIZE + total - left;
+  if (left == 0) {
+    c->frames_out++;
+    if (v != iov) free(v);
+    return 0;
+  }
+  /* The rest is copied now: the regions are not valid after this call. */
+  write_req *w = ps__calloc(1, sizeof *w);
+  uint8_t *rest = w ? ps__pool_get(c->pool, left) : NULL;
+  if (!rest) {
+    free(w);
+    if (v != iov) free(v);
+    if (left < PS_FRAME_HDR_SIZE + total) ps__conn_close(c, PS_ERR_NOMEM);
+    return ps__fail(PS_ERR_NOMEM, "out of memory for a %zu-byte reply", left);
+  }
+  gather(rest, v + first, n - first, skip);
+  if (v != iov) free(v);
+  w->conn = c;
+  w->pooled = rest;
+  w->pooled_len = left;
+  w->bytes = left;
+  uv_buf_t b = uv_buf_init((char *)rest, 0);
+  b.len = left;
+  rc = uv_write(&w->req, &c->h.stream, &b, 1, write_cb);
+  if (rc != 0) {
+    ps__pool_put(c->pool, rest, left);
+    free(w);
+    if (left < PS_FRAME_HDR_SIZE + total) ps__conn_close(c, ps__uv_err(rc));
+    return ps__fail(ps__uv_err(rc), "write to %s failed: %s", c->peer, uv_strerror(rc));
+  }
+  c->write_queue_bytes += left;
+  return 0;
 }
 
 int ps__conn_send_ctrl(ps__conn *c, ps__frame_hdr *h, const void *body, size_t len) {

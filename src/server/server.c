@@ -833,20 +833,53 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   reply_ok(c, h, 0);
 }
 
-typedef struct copy_arg {
+/* The rows a dense pull reads, as regions: runs that are adjacent in memory are one
+ * region (consecutive slices of an sgd table usually are). */
+typedef struct regions_arg {
   table *t;
-  float *out;
-} copy_arg;
+  uv_buf_t *v;
+  unsigned n, cap;
+  uv_buf_t small[16];
+} regions_arg;
 
-static int copy_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
-  copy_arg *a = arg;
+static int region_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  regions_arg *a = arg;
+  (void)pos;
   float *row = param_row(a->t, slice);
   if (!row) return PS_ERR_NOMEM;
-  memcpy(a->out + pos, row + within, n * 4);
+  char *p = (char *)(row + within);
+  if (a->n && a->v[a->n - 1].base + a->v[a->n - 1].len == p) {
+    a->v[a->n - 1].len += n * 4;
+    return 0;
+  }
+  if (a->n == a->cap) {
+    unsigned cap = a->cap * 2;
+    uv_buf_t *v = a->v == a->small ? ps__malloc(cap * sizeof *v) : ps__realloc(a->v, cap * sizeof *v);
+    if (!v) return PS_ERR_NOMEM;
+    if (a->v == a->small) memcpy(v, a->small, sizeof a->small);
+    a->v = v;
+    a->cap = cap;
+  }
+  a->v[a->n] = uv_buf_init(p, 0);
+  a->v[a->n].len = n * 4;
+  a->n++;
   return 0;
 }
 
-/* Copy the requested parameters into a pooled buffer and send them. */
+/* Send a dense pull's reply from the parameter rows themselves: ps__conn_send_now writes
+ * what the socket takes at once straight from the rows and copies only the rest, so the
+ * reply holds the rows as they are now, never a later push's update. 0 or NOMEM. */
+static int send_rows(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, table *t, ps__frame_hdr *r) {
+  regions_arg a = {.t = t, .cap = sizeof a.small / sizeof a.small[0]};
+  a.v = a.small;
+  int rc = walk_slices(keys, h->nkeys, t->spec.width, region_slice, &a);
+  if (!rc && ps__conn_send_now(c, r, a.v, a.n) == PS_ERR_NOMEM) rc = PS_ERR_NOMEM;
+  if (a.v != a.small) free(a.v);
+  return rc;
+}
+
+/* Answer a pull: dense ranges straight from the rows, sparse rows copied into a pooled
+ * buffer. */
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   table *t = get_table(s, h->table);
   const uint8_t *keys = body;
@@ -868,33 +901,30 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   if (!is_sync(t)) stale_record(s->pull_stale, &s->pull_stale_max, h->clock - minc);
   ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
                      .clock = at, .epoch = s->epoch};
-  size_t nfloats = 0;
   if (t->spec.kind == PS_DENSE) {
-    for (uint32_t i = 0; i < h->nkeys; i += 2) nfloats += ps__get_u64(keys + 8 * (i + 1));
-  } else {
-    nfloats = (size_t)h->nkeys * width;
+    if (send_rows(c, h, keys, t, &r)) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
+    }
+    t->pulls++;
+    return;
   }
-  size_t len = nfloats * 4;
+  size_t len = (size_t)h->nkeys * width * 4;
   float *out = len ? ps__pool_get(s->pool, len) : NULL;
   if (len && !out) {
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte reply", len);
     return;
   }
   float *o = out;
-  if (t->spec.kind == PS_DENSE) {
-    copy_arg a = {t, out};
-    if (walk_slices(keys, h->nkeys, width, copy_slice, &a)) goto oom;
-  } else {
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      prefetch_ahead(t->params, keys, h->nkeys, i);
-      float *row = param_row(t, ps__get_u64(keys + 8 * i));
-      if (!row) goto oom;
-      if (width == 1)
-        *o = *row;
-      else
-        memcpy(o, row, (size_t)width * 4);
-      o += width;
-    }
+  for (uint32_t i = 0; i < h->nkeys; i++) {
+    prefetch_ahead(t->params, keys, h->nkeys, i);
+    float *row = param_row(t, ps__get_u64(keys + 8 * i));
+    if (!row) goto oom;
+    if (width == 1)
+      *o = *row;
+    else
+      memcpy(o, row, (size_t)width * 4);
+    o += width;
   }
   t->pulls++;
   reply_pooled(s, c, &r, out, len);
