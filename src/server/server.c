@@ -638,6 +638,12 @@ static int direct_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, 
   return 0;
 }
 
+/* Create a slice's row if it does not exist yet. */
+static int touch_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  (void)within, (void)n, (void)pos;
+  return param_row(arg, slice) ? 0 : PS_ERR_NOMEM;
+}
+
 static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const uint8_t *keys, const float *vals,
                        int dense) {
   unsigned width = t->spec.width;
@@ -747,6 +753,20 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   }
 
   if (!is_sync(t) && (t->spec.agg_n == 1 || (t->spec.agg_n == 0 && t->spec.agg_ms == 0))) {
+    if (dense) {
+      /* Once its rows exist the update cannot fail: acknowledge first, so the worker's
+       * next request travels while the update runs. The loop applies this push before
+       * it reads anything else, so no request can observe the difference. */
+      if (walk_slices(keys, h->nkeys, width, touch_slice, t)) {
+        reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+        return;
+      }
+      t->pushes++;
+      reply_ok(c, h, 0);
+      if (push_direct(s, t, h, keys, vals, dense))
+        ps__log(PS_LOG_ERROR, "out of memory applying a push to table '%s'", t->decl.name);
+      return;
+    }
     if (push_direct(s, t, h, keys, vals, dense)) {
       reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
       return;
