@@ -169,97 +169,151 @@ int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned 
   return send_impl(c, h, bufs, nbufs, cb, arg, NULL);
 }
 
-/* Copy the regions v[0..n) from byte `skip` of v[0] on into dst. */
-static void gather(uint8_t *dst, const uv_buf_t *v, unsigned n, size_t skip) {
-  for (unsigned i = 0; i < n; i++) {
-    size_t len = v[i].len - (i == 0 ? skip : 0);
-    memcpy(dst, v[i].base + (i == 0 ? skip : 0), len);
+/* A frame as regions v[0..n) with v[i] at frame offset off[i] (off[n] = frame length). */
+typedef struct frame_view {
+  const uv_buf_t *v;
+  const size_t *off;
+  unsigned n;
+  uv_buf_t *scratch; /* room for n regions */
+} frame_view;
+
+/* The region holding frame byte x (x < frame length): the last region starting at or
+ * before x, which is never an empty one (an empty region starts where the next does). */
+static unsigned region_of(const frame_view *f, size_t x) {
+  unsigned lo = 0, hi = f->n - 1;
+  while (lo < hi) {
+    unsigned mid = (lo + hi + 1) / 2;
+    if (f->off[mid] <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* Write frame bytes [a, b) with one non-blocking writev. Bytes written or a libuv error. */
+static int try_range(ps__conn *c, const frame_view *f, size_t a, size_t b) {
+  unsigned i = region_of(f, a), j = region_of(f, b - 1), k = 0;
+  for (unsigned r = i; r <= j; r++) {
+    size_t lo = r == i ? a - f->off[r] : 0, hi = r == j ? b - f->off[r] : f->v[r].len;
+    if (hi == lo) continue;
+    f->scratch[k] = uv_buf_init(f->v[r].base + lo, 0);
+    f->scratch[k++].len = hi - lo;
+  }
+  return uv_try_write(&c->h.stream, f->scratch, k);
+}
+
+/* Copy frame bytes [a, b) into dst. */
+static void copy_range(const frame_view *f, size_t a, size_t b, uint8_t *dst) {
+  for (unsigned r = region_of(f, a); a < b; r++) {
+    size_t lo = a - f->off[r], len = f->v[r].len - lo;
+    if (len > b - a) len = b - a;
+    memcpy(dst, f->v[r].base + lo, len);
     dst += len;
+    a += len;
   }
 }
 
+/* Bytes of the unsent tail copied per step while the socket drains (see below). */
+#define TAIL_STEP (256u * 1024u)
+
 int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs) {
   uint8_t hdr[PS_FRAME_HDR_SIZE];
-  uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV];
-  uv_buf_t *v = iov;
-  uint64_t total = 0;
+  uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV], scratch_small[1 + 2 * PS_BODY_MAX_IOV];
+  size_t off_small[2 + 2 * PS_BODY_MAX_IOV];
+  uv_buf_t *v = iov, *scratch = scratch_small;
+  size_t *off = off_small;
+  unsigned n = nbufs + 1;
   if (c->closing) return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
-  if (nbufs + 1 > sizeof iov / sizeof iov[0]) {
-    v = ps__malloc((nbufs + 1) * sizeof *v);
-    if (!v) return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
+  if (n > sizeof iov / sizeof iov[0]) {
+    v = ps__malloc(n * sizeof *v);
+    scratch = ps__malloc(n * sizeof *scratch);
+    off = ps__malloc((n + 1) * sizeof *off);
+    if (!v || !scratch || !off) {
+      free(v);
+      free(scratch);
+      free(off);
+      return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
+    }
   }
-  for (unsigned i = 0; i < nbufs; i++) {
-    v[i + 1] = bufs[i];
-    total += bufs[i].len;
-  }
-  h->payload_len = total;
-  ps__frame_encode(h, hdr);
   v[0] = uv_buf_init((char *)hdr, PS_FRAME_HDR_SIZE);
-  /* Write what the socket takes now, straight from the regions. uv_try_write refuses
-   * (UV_EAGAIN) while earlier writes are queued, which keeps frames in order. */
-  unsigned first = 0, n = nbufs + 1;
-  size_t skip = 0; /* bytes of v[first] already written */
-  size_t left = PS_FRAME_HDR_SIZE + total;
-  int rc = 0;
-  while (left > 0) {
-    uv_buf_t save = v[first];
-    v[first].base += skip;
-    v[first].len -= skip;
-    rc = uv_try_write(&c->h.stream, v + first, n - first);
-    v[first] = save;
-    if (rc <= 0) break;
-    size_t done = (size_t)rc;
-    left -= done;
-    while (done > 0) {
-      size_t in = v[first].len - skip;
-      if (done < in) {
-        skip += done;
+  off[0] = 0;
+  for (unsigned i = 0; i < nbufs; i++) v[i + 1] = bufs[i];
+  for (unsigned i = 0; i < n; i++) off[i + 1] = off[i] + v[i].len;
+  size_t end = off[n];
+  h->payload_len = end - PS_FRAME_HDR_SIZE;
+  ps__frame_encode(h, hdr);
+  frame_view f = {v, off, n, scratch};
+
+  /* Write what the socket takes now, straight from the regions (uv_try_write refuses
+   * with UV_EAGAIN while earlier writes are queued, which keeps frames in order). What
+   * it does not take must be copied before returning. The copy runs from the end of the
+   * frame backwards, a step at a time, and between steps the socket is offered the
+   * front again: the peer drains it meanwhile, so the copy overlaps the transfer and
+   * covers only what did not go out directly. */
+  size_t head = 0, cut = end, base = 0;
+  uint8_t *rest = NULL;
+  size_t rest_cap = 0;
+  int rc = 0, err = 0;
+  while (head < cut) {
+    rc = try_range(c, &f, head, cut);
+    if (rc > 0) {
+      head += (size_t)rc;
+      continue;
+    }
+    if (rc != UV_EAGAIN && rc != UV_ENOSYS && rc != 0) {
+      err = ps__uv_err(rc);
+      break;
+    }
+    if (!rest) {
+      rest_cap = end - head;
+      base = head;
+      rest = ps__pool_get(c->pool, rest_cap);
+      if (!rest) {
+        err = PS_ERR_NOMEM;
         break;
       }
-      done -= in;
-      first++;
-      skip = 0;
     }
-    while (first < n && v[first].len == 0) first++;
+    size_t step = cut - head < TAIL_STEP ? cut - head : TAIL_STEP;
+    copy_range(&f, cut - step, cut, rest + (cut - step - base));
+    cut -= step;
   }
-  if (rc < 0 && rc != UV_EAGAIN && rc != UV_ENOSYS) {
-    if (v != iov) free(v);
-    int err = ps__uv_err(rc);
+  if (v != iov) {
+    free(v);
+    free(scratch);
+    free(off);
+  }
+  c->bytes_out += head;
+  if (err) {
+    ps__pool_put(c->pool, rest, rest_cap);
     /* Part of the frame may be out: the stream cannot carry another frame. */
-    if (left < PS_FRAME_HDR_SIZE + total) ps__conn_close(c, err);
-    return ps__fail(err, "write to %s failed: %s", c->peer, uv_strerror(rc));
+    if (head > 0) ps__conn_close(c, err);
+    return err == PS_ERR_NOMEM ? ps__fail(err, "out of memory for a %zu-byte reply", end)
+                               : ps__fail(err, "write to %s failed: %s", c->peer, uv_strerror(rc));
   }
-  c->bytes_out += PS_FRAME_HDR_SIZE + total - left;
-  if (left == 0) {
+  if (head == end) {
     c->frames_out++;
-    if (v != iov) free(v);
+    ps__pool_put(c->pool, rest, rest_cap);
     return 0;
   }
-  /* The rest is copied now: the regions are not valid after this call. */
   write_req *w = ps__calloc(1, sizeof *w);
-  uint8_t *rest = w ? ps__pool_get(c->pool, left) : NULL;
-  if (!rest) {
-    free(w);
-    if (v != iov) free(v);
-    if (left < PS_FRAME_HDR_SIZE + total) ps__conn_close(c, PS_ERR_NOMEM);
-    return ps__fail(PS_ERR_NOMEM, "out of memory for a %zu-byte reply", left);
+  if (!w) {
+    ps__pool_put(c->pool, rest, rest_cap);
+    if (head > 0) ps__conn_close(c, PS_ERR_NOMEM);
+    return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
   }
-  gather(rest, v + first, n - first, skip);
-  if (v != iov) free(v);
   w->conn = c;
   w->pooled = rest;
-  w->pooled_len = left;
-  w->bytes = left;
-  uv_buf_t b = uv_buf_init((char *)rest, 0);
-  b.len = left;
+  w->pooled_len = rest_cap;
+  w->bytes = end - head;
+  uv_buf_t b = uv_buf_init((char *)rest + (head - base), 0);
+  b.len = end - head;
   rc = uv_write(&w->req, &c->h.stream, &b, 1, write_cb);
   if (rc != 0) {
-    ps__pool_put(c->pool, rest, left);
+    ps__pool_put(c->pool, rest, rest_cap);
     free(w);
-    if (left < PS_FRAME_HDR_SIZE + total) ps__conn_close(c, ps__uv_err(rc));
+    if (head > 0) ps__conn_close(c, ps__uv_err(rc));
     return ps__fail(ps__uv_err(rc), "write to %s failed: %s", c->peer, uv_strerror(rc));
   }
-  c->write_queue_bytes += left;
+  c->write_queue_bytes += w->bytes;
   return 0;
 }
 
