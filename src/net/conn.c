@@ -14,6 +14,7 @@
 #define STAGE_CAP (256u * 1024u)
 #define DIRECT_MIN (32u * 1024u) /* bodies with this much left are read in place */
 #define DISCARD_CAP (64u * 1024u)
+#define UNIX_SNDBUF (1 << 20) /* see ps__conn_start */
 
 typedef struct write_req {
   uv_write_t req;
@@ -543,8 +544,17 @@ int ps__conn_start(ps__conn *c) {
       }
       snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
     }
-  } else if (!c->peer[0]) {
-    snprintf(c->peer, sizeof c->peer, "unix socket");
+  } else {
+    if (!c->peer[0]) snprintf(c->peer, sizeof c->peer, "unix socket");
+    /* An AF_UNIX sender may have only SO_SNDBUF bytes in flight, 208 KiB by default:
+     * a large frame then goes out in many small pieces. Raise it (the kernel doubles the
+     * value and caps it at net.core.wmem_max); never lower it. TCP is left to the
+     * kernel's autotuning, which did as well as any fixed size on loopback. */
+    int cur = 0;
+    if (uv_send_buffer_size(&c->h.handle, &cur) == 0 && cur < 2 * UNIX_SNDBUF) {
+      int want = UNIX_SNDBUF;
+      uv_send_buffer_size(&c->h.handle, &want);
+    }
   }
   int rc = uv_read_start(&c->h.stream, alloc_cb, read_cb);
   return rc ? ps__fail(ps__uv_err(rc), "cannot read from %s: %s", c->peer, uv_strerror(rc)) : 0;

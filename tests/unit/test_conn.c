@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -61,7 +62,6 @@ static void rig_open(rig *r, int sndbuf) {
   memset(r, 0, sizeof *r);
   cr_assert(eq(int, uv_loop_init(&r->loop), 0));
   cr_assert(eq(int, socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0));
-  if (sndbuf) cr_assert(eq(int, setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0));
   r->pool = ps__pool_new(64u << 20);
   r->conn = ps__conn_alloc(&r->loop, &rig_ops, r, r->pool, 1u << 30);
   cr_assert(r->pool && r->conn);
@@ -69,6 +69,17 @@ static void rig_open(rig *r, int sndbuf) {
   cr_assert(eq(int, uv_pipe_open(&r->conn->h.pipe, fds[0]), 0));
   r->conn->is_unix = 1;
   OK(ps__conn_start(r->conn));
+  int cur = 0, want = 2 << 20;
+  long wmem_max = 0;
+  FILE *fp = fopen("/proc/sys/net/core/wmem_max", "r");
+  if (fp) {
+    if (fscanf(fp, "%ld", &wmem_max) == 1 && 2 * wmem_max < want) want = (int)(2 * wmem_max);
+    fclose(fp);
+  }
+  cr_assert(eq(int, uv_send_buffer_size(&r->conn->h.handle, &cur), 0));
+  if (wmem_max > 0) cr_assert(ge(int, cur, want), "ps__conn_start leaves an AF_UNIX send buffer of %d bytes", cur);
+  /* after ps__conn_start, which raises it */
+  if (sndbuf) cr_assert(eq(int, setsockopt(fds[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf), 0));
   r->peer = fds[1];
   cr_assert(eq(int, fcntl(r->peer, F_SETFL, O_NONBLOCK), 0));
 }
