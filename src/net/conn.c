@@ -6,6 +6,7 @@
  * large ones) and the write path (one scatter/gather uv_write per frame).
  */
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -217,6 +218,11 @@ static void copy_range(const frame_view *f, size_t a, size_t b, uint8_t *dst) {
 #define TAIL_STEP (256u * 1024u)
 
 int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs) {
+  return ps__conn_send_produced(c, h, bufs, nbufs, SIZE_MAX, NULL, NULL);
+}
+
+int ps__conn_send_produced(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs, size_t ready,
+                           ps__produce_fn produce, void *arg) {
   uint8_t hdr[PS_FRAME_HDR_SIZE];
   uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV], scratch_small[1 + 2 * PS_BODY_MAX_IOV];
   size_t off_small[2 + 2 * PS_BODY_MAX_IOV];
@@ -250,12 +256,16 @@ int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsig
    * frame backwards, a step at a time, and between steps the socket is offered the
    * front again: the peer drains it meanwhile, so the copy overlaps the transfer and
    * covers only what did not go out directly. */
+  /* A produced payload: only bytes before `final` may be read yet; while the socket
+   * does not take more, produce() makes more final instead of anything being copied. */
   size_t head = 0, cut = end, base = 0;
+  size_t final = ready >= end - PS_FRAME_HDR_SIZE || !produce ? end : PS_FRAME_HDR_SIZE + ready;
   uint8_t *rest = NULL;
   size_t rest_cap = 0;
   int rc = 0, err = 0;
   while (head < cut) {
-    rc = try_range(c, &f, head, cut);
+    size_t upto = cut < final ? cut : final;
+    rc = head < upto ? try_range(c, &f, head, upto) : UV_EAGAIN;
     if (rc > 0) {
       head += (size_t)rc;
       continue;
@@ -263,6 +273,12 @@ int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsig
     if (rc != UV_EAGAIN && rc != UV_ENOSYS && rc != 0) {
       err = ps__uv_err(rc);
       break;
+    }
+    if (final < end) {
+      size_t more = produce(arg);
+      PS_ASSERT(more > final - PS_FRAME_HDR_SIZE);
+      final = more >= end - PS_FRAME_HDR_SIZE ? end : PS_FRAME_HDR_SIZE + more;
+      continue;
     }
     if (!rest) {
       rest_cap = end - head;

@@ -279,3 +279,50 @@ Test(dense_reply, pull_then_push_never_tears) {
   free(b);
   ps_ctx_close(ctx);
 }
+
+/* A dense push is acknowledged first and applied a step at a time; whatever comes next
+ * for the table finishes it first: a pull of other ranges, another push, a push of part
+ * of the range followed by a pull of all of it. */
+Test(dense_reply, pending_push_is_finished_before_other_requests) {
+  ps_ctx *ctx = open_embedded();
+  const uint64_t n = 4u << 20;
+  float *g = malloc(n * 4), *a = malloc(n * 4);
+  cr_assert(g && a);
+  for (uint64_t i = 0; i < n; i++) g[i] = 1.0f;
+  uint32_t tid;
+  OK(ps_table_declare(ctx, "pend", PS_DENSE, n, "opt=sgd lr=1 mode=async init=const:5", &tid));
+  ps_req *r1, *r2, *r3;
+
+  OK(ps_push_range_start(ctx, tid, 0, n, g, 1, -1, &r1));
+  OK(ps_pull_range_start(ctx, tid, 1000, n - 5000, a, &r2));
+  OK(ps_req_wait(r1, 20000));
+  OK(ps_req_wait(r2, 20000));
+  ps_req_free(r1);
+  ps_req_free(r2);
+  expect_all(a, n - 5000, 4.0f, "pull of a sub-range after a push of all");
+
+  OK(ps_push_range_start(ctx, tid, 0, n, g, 1, -1, &r1));
+  OK(ps_push_range_start(ctx, tid, 0, n, g, 1, -1, &r2));
+  OK(ps_pull_range_start(ctx, tid, 0, n, a, &r3));
+  OK(ps_req_wait(r1, 20000));
+  OK(ps_req_wait(r2, 20000));
+  OK(ps_req_wait(r3, 20000));
+  ps_req_free(r1);
+  ps_req_free(r2);
+  ps_req_free(r3);
+  expect_all(a, n, 2.0f, "pull after two pushes");
+
+  const uint64_t off = 70000, cnt = 200000;
+  OK(ps_push_range_start(ctx, tid, off, cnt, g, 1, -1, &r1));
+  OK(ps_pull_range_start(ctx, tid, 0, n, a, &r2));
+  OK(ps_req_wait(r1, 20000));
+  OK(ps_req_wait(r2, 20000));
+  ps_req_free(r1);
+  ps_req_free(r2);
+  expect_all(a, off, 2.0f, "before the pushed part");
+  expect_all(a + off, cnt, 1.0f, "the pushed part");
+  expect_all(a + off + cnt, n - off - cnt, 2.0f, "after the pushed part");
+  free(g);
+  free(a);
+  ps_ctx_close(ctx);
+}
