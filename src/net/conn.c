@@ -255,9 +255,9 @@ int ps__conn_send_produced(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, 
    * it does not take must be copied before returning. The copy runs from the end of the
    * frame backwards, a step at a time, and between steps the socket is offered the
    * front again: the peer drains it meanwhile, so the copy overlaps the transfer and
-   * covers only what did not go out directly. */
-  /* A produced payload: only bytes before `final` may be read yet; while the socket
-   * does not take more, produce() makes more final instead of anything being copied. */
+   * covers only what did not go out directly. A produced payload: only bytes before
+   * `final` may be read; while the socket takes no more of them, produce() makes more
+   * final, and the copying starts only once all is final. */
   size_t head = 0, cut = end, base = 0;
   size_t final = ready >= end - PS_FRAME_HDR_SIZE || !produce ? end : PS_FRAME_HDR_SIZE + ready;
   uint8_t *rest = NULL;
