@@ -6,6 +6,7 @@
  * large ones) and the write path (one scatter/gather uv_write per frame).
  */
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -14,6 +15,7 @@
 #define STAGE_CAP (256u * 1024u)
 #define DIRECT_MIN (32u * 1024u) /* bodies with this much left are read in place */
 #define DISCARD_CAP (64u * 1024u)
+#define UNIX_SNDBUF (1 << 20) /* see ps__conn_start */
 
 typedef struct write_req {
   uv_write_t req;
@@ -22,6 +24,8 @@ typedef struct write_req {
   void *arg;
   size_t bytes;
   void *owned;       /* copied control body, freed on completion */
+  void *pooled;      /* copied remainder of a ps__conn_send_now frame, back to the pool */
+  size_t pooled_len;
   uint8_t hdr[PS_FRAME_HDR_SIZE];
 } write_req;
 
@@ -117,6 +121,7 @@ static void write_cb(uv_write_t *req, int status) {
   }
   if (w->cb) w->cb(w->arg, ps__uv_err(status));
   free(w->owned);
+  ps__pool_put(c->pool, w->pooled, w->pooled_len);
   free(w);
   if (status != 0 && status != UV_ECANCELED) ps__conn_close(c, ps__uv_err(status));
 }
@@ -130,7 +135,7 @@ static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsign
     free(owned);
     return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
   }
-  write_req *w = ps__malloc(sizeof *w);
+  write_req *w = ps__calloc(1, sizeof *w);
   if (nbufs + 1 > sizeof iov / sizeof iov[0]) v = ps__malloc((nbufs + 1) * sizeof *v);
   if (!w || !v) {
     free(w);
@@ -164,6 +169,169 @@ static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsign
 int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
                   ps__send_cb cb, void *arg) {
   return send_impl(c, h, bufs, nbufs, cb, arg, NULL);
+}
+
+/* A frame as regions v[0..n) with v[i] at frame offset off[i] (off[n] = frame length). */
+typedef struct frame_view {
+  const uv_buf_t *v;
+  const size_t *off;
+  unsigned n;
+  uv_buf_t *scratch; /* room for n regions */
+} frame_view;
+
+/* The region holding frame byte x (x < frame length): the last region starting at or
+ * before x, which is never an empty one (an empty region starts where the next does). */
+static unsigned region_of(const frame_view *f, size_t x) {
+  unsigned lo = 0, hi = f->n - 1;
+  while (lo < hi) {
+    unsigned mid = (lo + hi + 1) / 2;
+    if (f->off[mid] <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* Write frame bytes [a, b) with one non-blocking writev. Bytes written or a libuv error. */
+static int try_range(ps__conn *c, const frame_view *f, size_t a, size_t b) {
+  unsigned i = region_of(f, a), j = region_of(f, b - 1), k = 0;
+  for (unsigned r = i; r <= j; r++) {
+    size_t lo = r == i ? a - f->off[r] : 0, hi = r == j ? b - f->off[r] : f->v[r].len;
+    if (hi == lo) continue;
+    f->scratch[k] = uv_buf_init(f->v[r].base + lo, 0);
+    f->scratch[k++].len = hi - lo;
+  }
+  return uv_try_write(&c->h.stream, f->scratch, k);
+}
+
+/* Copy frame bytes [a, b) into dst. */
+static void copy_range(const frame_view *f, size_t a, size_t b, uint8_t *dst) {
+  for (unsigned r = region_of(f, a); a < b; r++) {
+    size_t lo = a - f->off[r], len = f->v[r].len - lo;
+    if (len > b - a) len = b - a;
+    memcpy(dst, f->v[r].base + lo, len);
+    dst += len;
+    a += len;
+  }
+}
+
+/* Bytes of the unsent tail copied per step while the socket drains (see below). */
+#define TAIL_STEP (256u * 1024u)
+
+int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs) {
+  return ps__conn_send_produced(c, h, bufs, nbufs, SIZE_MAX, NULL, NULL);
+}
+
+int ps__conn_send_produced(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs, size_t ready,
+                           ps__produce_fn produce, void *arg) {
+  uint8_t hdr[PS_FRAME_HDR_SIZE];
+  uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV], scratch_small[1 + 2 * PS_BODY_MAX_IOV];
+  size_t off_small[2 + 2 * PS_BODY_MAX_IOV];
+  uv_buf_t *v = iov, *scratch = scratch_small;
+  size_t *off = off_small;
+  unsigned n = nbufs + 1;
+  if (c->closing) return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
+  if (n > sizeof iov / sizeof iov[0]) {
+    v = ps__malloc(n * sizeof *v);
+    scratch = ps__malloc(n * sizeof *scratch);
+    off = ps__malloc((n + 1) * sizeof *off);
+    if (!v || !scratch || !off) {
+      free(v);
+      free(scratch);
+      free(off);
+      return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
+    }
+  }
+  v[0] = uv_buf_init((char *)hdr, PS_FRAME_HDR_SIZE);
+  off[0] = 0;
+  for (unsigned i = 0; i < nbufs; i++) v[i + 1] = bufs[i];
+  for (unsigned i = 0; i < n; i++) off[i + 1] = off[i] + v[i].len;
+  size_t end = off[n];
+  h->payload_len = end - PS_FRAME_HDR_SIZE;
+  ps__frame_encode(h, hdr);
+  frame_view f = {v, off, n, scratch};
+
+  /* Write what the socket takes now, straight from the regions (uv_try_write refuses
+   * with UV_EAGAIN while earlier writes are queued, which keeps frames in order). What
+   * it does not take must be copied before returning. The copy runs from the end of the
+   * frame backwards, a step at a time, and between steps the socket is offered the
+   * front again: the peer drains it meanwhile, so the copy overlaps the transfer and
+   * covers only what did not go out directly. A produced payload: only bytes before
+   * `final` may be read; while the socket takes no more of them, produce() makes more
+   * final, and the copying starts only once all is final. */
+  size_t head = 0, cut = end, base = 0;
+  size_t final = ready >= end - PS_FRAME_HDR_SIZE || !produce ? end : PS_FRAME_HDR_SIZE + ready;
+  uint8_t *rest = NULL;
+  size_t rest_cap = 0;
+  int rc = 0, err = 0;
+  while (head < cut) {
+    size_t upto = cut < final ? cut : final;
+    rc = head < upto ? try_range(c, &f, head, upto) : UV_EAGAIN;
+    if (rc > 0) {
+      head += (size_t)rc;
+      continue;
+    }
+    if (rc != UV_EAGAIN && rc != UV_ENOSYS && rc != 0) {
+      err = ps__uv_err(rc);
+      break;
+    }
+    if (final < end) {
+      size_t more = produce(arg);
+      PS_ASSERT(more > final - PS_FRAME_HDR_SIZE);
+      final = more >= end - PS_FRAME_HDR_SIZE ? end : PS_FRAME_HDR_SIZE + more;
+      continue;
+    }
+    if (!rest) {
+      rest_cap = end - head;
+      base = head;
+      rest = ps__pool_get(c->pool, rest_cap);
+      if (!rest) {
+        err = PS_ERR_NOMEM;
+        break;
+      }
+    }
+    size_t step = cut - head < TAIL_STEP ? cut - head : TAIL_STEP;
+    copy_range(&f, cut - step, cut, rest + (cut - step - base));
+    cut -= step;
+  }
+  if (v != iov) {
+    free(v);
+    free(scratch);
+    free(off);
+  }
+  c->bytes_out += head;
+  if (err) {
+    ps__pool_put(c->pool, rest, rest_cap);
+    /* Part of the frame may be out: the stream cannot carry another frame. */
+    if (head > 0) ps__conn_close(c, err);
+    return err == PS_ERR_NOMEM ? ps__fail(err, "out of memory for a %zu-byte reply", end)
+                               : ps__fail(err, "write to %s failed: %s", c->peer, uv_strerror(rc));
+  }
+  if (head == end) {
+    c->frames_out++;
+    ps__pool_put(c->pool, rest, rest_cap);
+    return 0;
+  }
+  write_req *w = ps__calloc(1, sizeof *w);
+  if (!w) {
+    ps__pool_put(c->pool, rest, rest_cap);
+    if (head > 0) ps__conn_close(c, PS_ERR_NOMEM);
+    return ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
+  }
+  w->conn = c;
+  w->pooled = rest;
+  w->pooled_len = rest_cap;
+  w->bytes = end - head;
+  uv_buf_t b = uv_buf_init((char *)rest + (head - base), 0);
+  b.len = end - head;
+  rc = uv_write(&w->req, &c->h.stream, &b, 1, write_cb);
+  if (rc != 0) {
+    ps__pool_put(c->pool, rest, rest_cap);
+    free(w);
+    if (head > 0) ps__conn_close(c, ps__uv_err(rc));
+    return ps__fail(ps__uv_err(rc), "write to %s failed: %s", c->peer, uv_strerror(rc));
+  }
+  c->write_queue_bytes += w->bytes;
+  return 0;
 }
 
 int ps__conn_send_ctrl(ps__conn *c, ps__frame_hdr *h, const void *body, size_t len) {
@@ -392,8 +560,17 @@ int ps__conn_start(ps__conn *c) {
       }
       snprintf(c->peer, sizeof c->peer, "%s:%d", ip, port);
     }
-  } else if (!c->peer[0]) {
-    snprintf(c->peer, sizeof c->peer, "unix socket");
+  } else {
+    if (!c->peer[0]) snprintf(c->peer, sizeof c->peer, "unix socket");
+    /* An AF_UNIX sender may have only SO_SNDBUF bytes in flight, 208 KiB by default:
+     * a large frame then goes out in many small pieces. Raise it (the kernel doubles the
+     * value and caps it at net.core.wmem_max); never lower it. TCP is left to the
+     * kernel's autotuning, which did as well as any fixed size on loopback. */
+    int cur = 0;
+    if (uv_send_buffer_size(&c->h.handle, &cur) == 0 && cur < 2 * UNIX_SNDBUF) {
+      int want = UNIX_SNDBUF;
+      uv_send_buffer_size(&c->h.handle, &want);
+    }
   }
   int rc = uv_read_start(&c->h.stream, alloc_cb, read_cb);
   return rc ? ps__fail(ps__uv_err(rc), "cannot read from %s: %s", c->peer, uv_strerror(rc)) : 0;

@@ -109,6 +109,21 @@ ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, 
  * (valid until cb). cb may be NULL. Returns 0, or an error (cb is then not called). */
 int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
                   ps__send_cb cb, void *arg);
+/* Send a frame whose payload regions are borrowed only for the duration of the call:
+ * what the socket accepts at once is written straight from them (no copy), the rest is
+ * copied into a pooled buffer and written later. So the frame carries the regions as
+ * they are now, whatever happens to them after the call. Returns 0, or an error (then
+ * the frame was not sent; if part of it was, the connection is closed). */
+int ps__conn_send_now(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs);
+/* Like ps__conn_send_now, for a payload that becomes final from the front while it is
+ * sent: only its first `ready` bytes may be read yet. Whenever the socket takes no more
+ * of what is final, produce(arg) is called to make more of it final and returns the new
+ * count, which must grow, up to the payload length. So the owner's work (finishing the
+ * values) runs while the peer drains the socket. On return the whole payload is final
+ * unless an error is returned. */
+typedef size_t (*ps__produce_fn)(void *arg);
+int ps__conn_send_produced(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs, size_t ready,
+                           ps__produce_fn produce, void *arg);
 /* Send a control frame whose body is copied. */
 int ps__conn_send_ctrl(ps__conn *c, ps__frame_hdr *h, const void *body, size_t len);
 /* Answer request h with an error frame carrying msg. */

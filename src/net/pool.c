@@ -5,7 +5,9 @@
  * fresh pages for every allocation of 32 MiB or more, so a new 64 MiB buffer fills at
  * 0.3 GB/s against 19 GB/s for a reused one. Loop thread only.
  */
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "common/common.h"
 #include "net/net.h"
@@ -14,6 +16,7 @@
 #define MAX_SHIFT 40
 #define NCLASS (MAX_SHIFT - MIN_SHIFT + 1)
 #define PER_CLASS 8
+#define HUGE_PAGE ((size_t)2 << 20)
 
 struct ps__pool {
   void *free[NCLASS][PER_CLASS];
@@ -40,6 +43,20 @@ void ps__pool_free(ps__pool *p) {
   free(p);
 }
 
+/* A buffer of class c. Those of a huge page or more are huge-page aligned and advised
+ * for transparent huge pages: a large body is filled by the kernel and walked by the
+ * optimiser with one TLB entry per 2 MiB instead of 512. */
+static void *alloc_class(int c) {
+  size_t sz = (size_t)1 << (c + MIN_SHIFT);
+  if (sz < HUGE_PAGE) return ps__malloc(sz);
+  void *buf = NULL;
+  if (posix_memalign(&buf, HUGE_PAGE, sz) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+  madvise(buf, sz, MADV_HUGEPAGE);
+#endif
+  return buf;
+}
+
 void *ps__pool_get(ps__pool *p, size_t n) {
   int c = class_of(n);
   if (c < 0) return NULL;
@@ -47,7 +64,7 @@ void *ps__pool_get(ps__pool *p, size_t n) {
     p->cached -= (size_t)1 << (c + MIN_SHIFT);
     return p->free[c][--p->nfree[c]];
   }
-  return ps__malloc((size_t)1 << (c + MIN_SHIFT));
+  return alloc_class(c);
 }
 
 void ps__pool_put(ps__pool *p, void *buf, size_t n) {

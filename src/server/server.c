@@ -61,6 +61,22 @@ typedef struct round_acc {
   size_t npushers, cap;
 } round_acc;
 
+/* A dense async push that was acknowledged and is being applied a piece at a time:
+ * its values, in the order of its segment list, are applied up to `done`. */
+typedef struct pending_apply {
+  int active;
+  void *buf;              /* the push body (pooled), owned */
+  size_t len;
+  const uint8_t *keys;    /* in buf */
+  uint32_t nkeys;
+  const float *vals;      /* in buf */
+  uint64_t total, done;   /* floats */
+  uint32_t seg;           /* cursor: segment (pair index) and floats into it */
+  uint64_t seg_off;
+  float lr;
+  uint64_t step;
+} pending_apply;
+
 typedef struct table {
   ps__server *srv;
   uint32_t id;
@@ -83,6 +99,7 @@ typedef struct table {
   uint64_t pushes, pulls, dropped, rejected, applied;
   float last_lr;       /* learning rate of the last update */
   double last_batch;   /* global batch of the last update */
+  pending_apply pend;  /* async dense push being applied (apply_some) */
 } table;
 
 typedef struct worker {
@@ -120,6 +137,8 @@ struct ps__server {
   size_t ntables;
   pending_pull *pulls;
   char unix_path[PS_PATH_MAX];
+  uv_idle_t apply_idle; /* runs while tables have a pending apply */
+  size_t npending;
   uint64_t rejected_clock;
   /* staleness of applied pushes (max worker clock - push clock) and of answered pulls
    * (pull clock - slowest live worker's clock), async and ssp tables */
@@ -238,6 +257,7 @@ static void reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const char
 
 static void table_free(table *t) {
   if (!t) return;
+  if (t->pend.active) ps__pool_put(t->srv->pool, t->pend.buf, t->pend.len);
   ps__rowmap_free(t->params);
   ps__rowmap_free(t->agg);
   for (int i = 0; i < ROUND_WINDOW; i++) {
@@ -310,6 +330,77 @@ static float *param_row(table *t, uint64_t key) {
   float *row = ps__rowmap_upsert(t->params, key, &created);
   if (row && created) ps__row_init(&t->spec, key, row);
   return row;
+}
+
+/* ------------------------------------------------------------------ pending applies */
+
+#define APPLY_STEP (64u * 1024u)   /* floats per idle step of a pending apply (256 KiB) */
+#define PRODUCE_STEP (256u * 1024u) /* floats per step while a reply waits on it (1 MiB) */
+
+/* Apply up to `budget` more floats of t's pending push; release it once all are in. */
+static void apply_some(table *t, uint64_t budget) {
+  pending_apply *p = &t->pend;
+  unsigned width = t->spec.width;
+  while (p->active && budget > 0 && p->done < p->total) {
+    uint64_t off = ps__get_u64(p->keys + 8 * (size_t)p->seg), cnt = ps__get_u64(p->keys + 8 * (size_t)(p->seg + 1));
+    uint64_t o = off + p->seg_off, within = o % width, n = width - within;
+    if (n > cnt - p->seg_off) n = cnt - p->seg_off;
+    if (n > budget) n = budget;
+    float *row = ps__rowmap_get(t->params, o / width);
+    PS_ASSERT(row != NULL); /* created before the push was acknowledged */
+    ps__optim_apply(&t->spec.opt, p->lr, p->step, row + within, row + width + within, width, p->vals + p->done, n);
+    p->done += n;
+    budget -= n;
+    p->seg_off += n;
+    if (p->seg_off == cnt) {
+      p->seg += 2;
+      p->seg_off = 0;
+    }
+  }
+  if (p->active && p->done == p->total) {
+    ps__server *s = t->srv;
+    ps__pool_put(s->pool, p->buf, p->len);
+    memset(p, 0, sizeof *p);
+    if (--s->npending == 0) uv_idle_stop(&s->apply_idle);
+  }
+}
+
+/* Finish t's pending apply, if any. Everything that reads or updates t's parameters
+ * calls this first, except a pull of the same ranges, which finishes it while its reply
+ * is sent (send_rows). */
+static void apply_flush(table *t) {
+  if (t->pend.active) apply_some(t, UINT64_MAX);
+}
+
+/* Between polls for I/O, a step of every pending apply. */
+static void apply_idle_cb(uv_idle_t *h) {
+  ps__server *s = h->data;
+  for (size_t i = 0; i < s->ntables && s->npending; i++)
+    if (s->tables[i] && s->tables[i]->pend.active) apply_some(s->tables[i], APPLY_STEP);
+}
+
+/* Start applying a dense push that was validated, whose rows exist and which was
+ * acknowledged: take its body from the connection and apply it a step at a time (the
+ * idle handler, a pull of the same ranges, or apply_flush finish it). */
+static void apply_start(table *t, const ps__frame_hdr *h, ps__body *b, float lr, uint64_t step) {
+  pending_apply *p = &t->pend;
+  ps__server *s = t->srv;
+  uint64_t total = (h->payload_len - 8u * h->nkeys) / 4u;
+  PS_ASSERT(!p->active);
+  if (total == 0 || !b->buf) return;
+  p->active = 1;
+  p->buf = b->buf;
+  p->len = b->len;
+  b->buf = NULL; /* taken */
+  p->keys = p->buf;
+  p->nkeys = h->nkeys;
+  p->vals = (const float *)((const uint8_t *)p->buf + 8u * h->nkeys);
+  p->total = total;
+  p->lr = lr;
+  p->step = step;
+  if (s->npending++ == 0) uv_idle_start(&s->apply_idle, apply_idle_cb);
+  /* A small push is applied at once: a pull could not overlap much of it. */
+  apply_some(t, total <= PRODUCE_STEP ? total : APPLY_STEP);
 }
 
 /* Batch loops over the keys of a request: on a large table the cache misses, not the
@@ -474,6 +565,7 @@ static int round_add_pusher(round_acc *r, uint32_t worker_id, int64_t clock, uin
 /* lr < 0: the table's schedule at this step for a global batch of global_batch. */
 static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr, double global_batch) {
   size_t n = ps__rowmap_count(acc);
+  apply_flush(t);
   if (n == 0) return;
   uint64_t step = ++t->step;
   if (lr < 0) lr = ps__lr_at(&t->spec, step, global_batch);
@@ -724,13 +816,6 @@ static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
  * Sparse rows repeated in a push must be summed before a non-linear optimiser steps,
  * so only sgd (where two steps are one step with the sum) applies sparse rows
  * directly; the others sum them in the buffer first. Returns 0, or an error to answer. */
-typedef struct direct_arg {
-  table *t;
-  const float *vals;
-  float lr;
-  uint64_t step;
-} direct_arg;
-
 /* One class of a huge sgd push: apply the gradients of the keys in the map. */
 static void push_unit(huge_job *a, uint32_t c) {
   const ps__rowmap *m = a->t->params;
@@ -857,23 +942,24 @@ out:
   return rc;
 }
 
-static int direct_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
-  direct_arg *a = arg;
-  unsigned width = a->t->spec.width;
-  float *row = param_row(a->t, slice);
-  if (!row) return PS_ERR_NOMEM;
-  ps__optim_apply(&a->t->spec.opt, a->lr, a->step, row + within, row + width + within, width, a->vals + pos, n);
-  return 0;
+/* Create a slice's row if it does not exist yet. */
+static int touch_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  (void)within, (void)n, (void)pos;
+  return param_row(arg, slice) ? 0 : PS_ERR_NOMEM;
 }
 
-static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const uint8_t *keys, const float *vals,
-                       int dense) {
-  unsigned width = t->spec.width;
-  if (h->nkeys == 0) return 0;
+/* The global batch of a push applied on its own: as agg_flush estimates it. */
+static double direct_batch(ps__server *s, const ps__frame_hdr *h) {
   int64_t minc, maxc;
   size_t k = live_clocks(s, &minc, &maxc);
-  double gb = (double)h->batch * (double)(k ? k : 1); /* as agg_flush estimates it */
-  if (!dense && t->spec.opt.kind != PS__OPT_SGD) {
+  return (double)h->batch * (double)(k ? k : 1);
+}
+
+static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const uint8_t *keys, const float *vals) {
+  unsigned width = t->spec.width;
+  if (h->nkeys == 0) return 0;
+  double gb = direct_batch(s, h);
+  if (t->spec.opt.kind != PS__OPT_SGD) {
     if (!t->agg && !(t->agg = ps__rowmap_new((size_t)width + 1))) return PS_ERR_NOMEM;
     int created = 0;
     for (uint32_t i = 0; i < h->nkeys; i++) {
@@ -893,11 +979,7 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
   t->last_lr = lr;
   t->last_batch = gb;
   ps__par *par;
-  if (dense) {
-    direct_arg a = {t, vals, lr, step};
-    int rc = walk_slices(keys, h->nkeys, width, direct_slice, &a);
-    if (rc) return rc;
-  } else if ((par = huge_par(s, h->nkeys))) {
+  if ((par = huge_par(s, h->nkeys))) {
     int rc = push_huge(s, par, t, keys, vals, h->nkeys, lr, step);
     if (rc) return rc;
   } else {
@@ -941,9 +1023,10 @@ static int acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uin
   return 0;
 }
 
-static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int dense) {
+static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   table *t;
   if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
+  apply_flush(t); /* an earlier push is in before this one */
   const uint8_t *keys = b->buf;
   const float *vals = (const float *)((const uint8_t *)b->buf + 8u * h->nkeys);
   uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
@@ -983,7 +1066,27 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps
   }
 
   if (!is_sync(t) && (t->spec.agg_n == 1 || (t->spec.agg_n == 0 && t->spec.agg_ms == 0))) {
-    if (push_direct(s, t, h, keys, vals, dense)) {
+    if (dense) {
+      /* Once its rows exist the update cannot fail: acknowledge first, then apply it a
+       * step at a time, so the worker's next request travels meanwhile. Whatever reads
+       * or updates the table next finishes it first (apply_flush), or, a pull of the same
+       * ranges, while its reply goes out (send_rows): no request sees it half done. */
+      if (walk_slices(keys, h->nkeys, width, touch_slice, t)) {
+        reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+        return;
+      }
+      t->pushes++;
+      reply_ok(c, h, 0);
+      double gb = direct_batch(s, h);
+      uint64_t step = ++t->step;
+      float lr = h->lr >= 0 ? h->lr : ps__lr_at(&t->spec, step, gb);
+      t->last_lr = lr;
+      t->last_batch = gb;
+      t->applied++;
+      apply_start(t, h, b, lr, step);
+      return;
+    }
+    if (push_direct(s, t, h, keys, vals)) {
       reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
       return;
     }
@@ -1130,20 +1233,70 @@ static int pull_huge(ps__server *s, ps__par *par, table *t, const uint8_t *keys,
   return rc;
 }
 
-typedef struct copy_arg {
+/* The rows a dense pull reads, as regions: runs that are adjacent in memory are one
+ * region (consecutive slices of an sgd table usually are). */
+typedef struct regions_arg {
   table *t;
-  float *out;
-} copy_arg;
+  uv_buf_t *v;
+  unsigned n, cap;
+  uv_buf_t small[16];
+} regions_arg;
 
-static int copy_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
-  copy_arg *a = arg;
+static int region_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  regions_arg *a = arg;
+  (void)pos;
   float *row = param_row(a->t, slice);
   if (!row) return PS_ERR_NOMEM;
-  memcpy(a->out + pos, row + within, n * 4);
+  char *p = (char *)(row + within);
+  if (a->n && a->v[a->n - 1].base + a->v[a->n - 1].len == p) {
+    a->v[a->n - 1].len += n * 4;
+    return 0;
+  }
+  if (a->n == a->cap) {
+    unsigned cap = a->cap * 2;
+    uv_buf_t *v = a->v == a->small ? ps__malloc(cap * sizeof *v) : ps__realloc(a->v, cap * sizeof *v);
+    if (!v) return PS_ERR_NOMEM;
+    if (a->v == a->small) memcpy(v, a->small, sizeof a->small);
+    a->v = v;
+    a->cap = cap;
+  }
+  a->v[a->n] = uv_buf_init(p, 0);
+  a->v[a->n].len = n * 4;
+  a->n++;
   return 0;
 }
 
-/* Copy the requested parameters into a pooled buffer and send them. */
+/* Send a dense pull's reply from the parameter rows themselves: ps__conn_send_now writes
+ * what the socket takes at once straight from the rows and copies only the rest, so the
+ * reply holds the rows as they are now, never a later push's update. 0 or NOMEM. */
+static size_t produce_apply(void *arg) {
+  table *t = arg;
+  apply_some(t, PRODUCE_STEP);
+  return t->pend.active ? (size_t)t->pend.done * 4 : SIZE_MAX;
+}
+
+static int send_rows(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, table *t, ps__frame_hdr *r) {
+  regions_arg a = {.t = t, .cap = sizeof a.small / sizeof a.small[0]};
+  pending_apply *p = &t->pend;
+  a.v = a.small;
+  /* A pull of exactly the ranges of the push being applied: the reply's values are the
+   * push's in the same order, so byte i of the payload is final once p->done * 4 > i.
+   * The rest of the apply then runs while the socket drains. Any other pull waits. */
+  int same = p->active && p->nkeys == h->nkeys && !memcmp(p->keys, keys, 8u * (size_t)h->nkeys);
+  if (!same) apply_flush(t);
+  int rc = walk_slices(keys, h->nkeys, t->spec.width, region_slice, &a);
+  if (!rc) {
+    int st = same && p->active ? ps__conn_send_produced(c, r, a.v, a.n, (size_t)p->done * 4, produce_apply, t)
+                               : ps__conn_send_now(c, r, a.v, a.n);
+    if (st == PS_ERR_NOMEM) rc = PS_ERR_NOMEM;
+  }
+  apply_flush(t); /* a failed send may leave it unfinished */
+  if (a.v != a.small) free(a.v);
+  return rc;
+}
+
+/* Answer a pull: dense ranges straight from the rows, sparse rows copied into a pooled
+ * buffer. */
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   table *t = get_table(s, h->table);
   const uint8_t *keys = body;
@@ -1165,13 +1318,15 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   if (!is_sync(t)) stale_record(s->pull_stale, &s->pull_stale_max, h->clock - minc);
   ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
                      .clock = at, .epoch = s->epoch};
-  size_t nfloats = 0;
   if (t->spec.kind == PS_DENSE) {
-    for (uint32_t i = 0; i < h->nkeys; i += 2) nfloats += ps__get_u64(keys + 8 * (i + 1));
-  } else {
-    nfloats = (size_t)h->nkeys * width;
+    if (send_rows(c, h, keys, t, &r)) {
+      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+      return;
+    }
+    t->pulls++;
+    return;
   }
-  size_t len = nfloats * 4;
+  size_t len = (size_t)h->nkeys * width * 4;
   float *out = len ? ps__pool_get(s->pool, len) : NULL;
   if (len && !out) {
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte reply", len);
@@ -1179,10 +1334,7 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   }
   float *o = out;
   ps__par *par;
-  if (t->spec.kind == PS_DENSE) {
-    copy_arg a = {t, out};
-    if (walk_slices(keys, h->nkeys, width, copy_slice, &a)) goto oom;
-  } else if ((par = huge_par(s, h->nkeys))) {
+  if ((par = huge_par(s, h->nkeys))) {
     if (pull_huge(s, par, t, keys, h->nkeys, out)) goto oom;
   } else {
     float *rows[FIND_BLOCK];
@@ -1542,6 +1694,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   s->mail = ps__mailbox_new(&s->loop);
   uv_timer_init(&s->loop, &s->hb_timer);
   s->hb_timer.data = s;
+  uv_idle_init(&s->loop, &s->apply_idle);
+  s->apply_idle.data = s;
   uv_timer_init(&s->loop, &s->connect_timer);
   s->connect_timer.data = s;
   if (!s->pool || !s->mail) {
