@@ -251,6 +251,12 @@ static int connected_pair(int unix_sock, int *child_fd, char *upath) {
     int one = 1;
     setsockopt(a, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  } else {
+    /* Like for like: pshard raises an AF_UNIX socket's send buffer to 1 MiB
+     * (src/net/conn.c, UNIX_SNDBUF), so the raw stream's limit gets the same. */
+    int sb = 1 << 20;
+    setsockopt(a, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
+    setsockopt(c, SOL_SOCKET, SO_SNDBUF, &sb, sizeof sb);
   }
   *child_fd = c;
   return a;
