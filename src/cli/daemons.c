@@ -181,6 +181,9 @@ static void server_usage(FILE *f) {
           "  --vnodes N              ring points per server (128) [PSHARD_VNODES]\n"
           "  --max-frame-mb N        largest accepted frame (2048) [PSHARD_MAX_FRAME_MB]\n"
           "  --connect-timeout-ms N  give up registering after N ms (60000) [PSHARD_CONNECT_TIMEOUT_MS]\n"
+          "  --poll-us N             after a worker's frame, poll the sockets for N us before sleeping,\n"
+          "                          so a request that follows soon finds the server awake (50; 0 = off)\n"
+          "                          [PSHARD_POLL_US]\n"
           "  --verbose               log table creation and membership changes\n"
           "  --help                  this text\n");
 }
@@ -191,17 +194,18 @@ int ps_cli_server(int argc, char **argv) {
       {"port", required_argument, 0, 'p'},      {"transport", required_argument, 0, 'T'},
       {"heartbeat-ms", required_argument, 0, 'b'}, {"vnodes", required_argument, 0, 'n'},
       {"max-frame-mb", required_argument, 0, 'm'}, {"connect-timeout-ms", required_argument, 0, 'c'},
-      {"verbose", no_argument, 0, 'v'},         {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+      {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
+      {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
   const char *sched = getenv("PSHARD_SCHEDULER");
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
-  uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000;
+  uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000, poll_us = 50;
   int verbose = 0, c;
   env_uint("PSHARD_HEARTBEAT_MS", &hb);
   env_uint("PSHARD_VNODES", &vnodes);
   env_uint("PSHARD_MAX_FRAME_MB", &maxmb);
   env_uint("PSHARD_CONNECT_TIMEOUT_MS", &cto);
+  env_uint("PSHARD_POLL_US", &poll_us);
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -214,6 +218,7 @@ int ps_cli_server(int argc, char **argv) {
     case 'n': if (parse_uint_flag("--vnodes", optarg, 4096, &vnodes) || !vnodes) return 2; break;
     case 'm': if (parse_uint_flag("--max-frame-mb", optarg, 1u << 20, &maxmb) || !maxmb) return 2; break;
     case 'c': if (parse_uint_flag("--connect-timeout-ms", optarg, 86400000, &cto) || !cto) return 2; break;
+    case 'P': if (parse_uint_flag("--poll-us", optarg, 1000000, &poll_us)) return 2; break;
     case 'v': verbose = 1; break;
     case 'h': server_usage(stdout); return 0;
     default:
@@ -244,7 +249,8 @@ int ps_cli_server(int argc, char **argv) {
   pthread_t st = start_signal_thread(&sc);
   ps__server_opts o = {.host = host, .port = (int)port, .sched_host = shost, .sched_port = sport,
                        .use_unix = strcmp(transport, "tcp") != 0, .heartbeat_ms = (uint32_t)hb,
-                       .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto};
+                       .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto,
+                       .poll_us = (uint32_t)poll_us};
   ps__server *s;
   if (ps__server_create(&o, &s)) {
     fprintf(stderr, "pshard server: %s\n", ps_errmsg());

@@ -119,6 +119,7 @@ typedef struct pending_pull {
 
 struct ps__server {
   ps__server_opts o;
+  uint64_t frames;   /* worker frames handled (the poll window of ps__server_run) */
   uv_loop_t loop;
   ps__pool *pool;
   ps__mailbox *mail;
@@ -1475,6 +1476,7 @@ static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
 static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__server *s = c->loop->data;
   if (s->stopping) return;
+  s->frames++;
   switch (h->type) {
   case PS_MSG_CREATE: on_create(s, c, h, b); break;
   case PS_MSG_PUSH: on_push(s, c, h, b, 0); break;
@@ -1741,9 +1743,27 @@ static void sched_connect(ps__server *s) {
 
 int ps__server_port(const ps__server *s) { return s->tcp.port; }
 
+/* With poll_us, the loop does not sleep for poll_us after a worker's frame: it polls
+ * (epoll with no wait). A worker's next request usually follows within that (the other
+ * half of a push and pull, the next batch), and a server asleep on an idle virtual CPU
+ * pays the hypervisor's wake-up for it: tens of microseconds, several loopback round
+ * trips. A busy server never sleeps anyway; an idle one polls once per burst. */
 int ps__server_run(ps__server *s) {
   ps__block_sigpipe();
-  uv_run(&s->loop, UV_RUN_DEFAULT);
+  uint64_t poll_ns = (uint64_t)s->o.poll_us * 1000u;
+  if (poll_ns == 0 || sysconf(_SC_NPROCESSORS_ONLN) < 2) {
+    uv_run(&s->loop, UV_RUN_DEFAULT);
+    return s->result;
+  }
+  uint64_t seen = s->frames, last = 0;
+  for (;;) {
+    int more = uv_run(&s->loop, ps__now_ns() - last < poll_ns ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+    if (!more) break;
+    if (s->frames != seen) {
+      seen = s->frames;
+      last = ps__now_ns();
+    }
+  }
   return s->result;
 }
 

@@ -21,6 +21,8 @@ typedef struct ps__server_opts {
   uint32_t vnodes;
   uint64_t max_payload;
   uint32_t connect_timeout_ms;
+  uint32_t poll_us;          /* keep polling the sockets this long after a worker's frame
+                              * instead of sleeping (0: always sleep; forced 0 on one CPU) */
 } ps__server_opts;
 
 int ps__server_create(const ps__server_opts *o, ps__server **out);
