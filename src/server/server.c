@@ -1296,8 +1296,46 @@ static int send_rows(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, t
   return rc;
 }
 
+/* A sparse pull reply of STREAM_MIN bytes or more is produced STREAM_CHUNK at a time
+ * while the socket drains what is ready (ps__conn_send_produced). */
+#define STREAM_MIN ((size_t)16 << 20)
+#define STREAM_CHUNK ((size_t)256 << 10)
+
+typedef struct rows_prod {
+  table *t;
+  const uint8_t *keys;
+  uint32_t nkeys, done, chunk;
+  float *out;
+  int oom;
+} rows_prod;
+
+/* Copy the next chunk of rows into the reply; returns the bytes final so far. */
+static size_t produce_rows(void *arg) {
+  rows_prod *p = arg;
+  table *t = p->t;
+  size_t width = t->spec.width;
+  uint32_t end = p->nkeys - p->done < p->chunk ? p->nkeys : p->done + p->chunk;
+  float *rows[FIND_BLOCK];
+  while (p->done < end) {
+    uint32_t n = end - p->done < FIND_BLOCK ? end - p->done : FIND_BLOCK;
+    ps__rowmap_find_many_le(t->params, p->keys + 8 * (size_t)p->done, n, rows);
+    for (uint32_t i = 0; i < n; i++) {
+      float *o = p->out + (size_t)(p->done + i) * width;
+      float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(p->keys + 8 * (size_t)(p->done + i)));
+      if (row) {
+        memcpy(o, row, width * 4);
+      } else {
+        memset(o, 0, width * 4);
+        p->oom = 1;
+      }
+    }
+    p->done += n;
+  }
+  return (size_t)p->done * width * 4;
+}
+
 /* Answer a pull: dense ranges straight from the rows, sparse rows copied into a pooled
- * buffer. */
+ * buffer (a large one streamed as it fills). */
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   table *t = get_table(s, h->table);
   const uint8_t *keys = body;
@@ -1337,6 +1375,23 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   ps__par *par;
   if ((par = huge_par(s, h->nkeys))) {
     if (pull_huge(s, par, t, keys, h->nkeys, out)) goto oom;
+  } else if (len >= STREAM_MIN) {
+    /* A large reply goes out while its rows are still being looked up. */
+    rows_prod p = {.t = t, .keys = keys, .nkeys = h->nkeys, .out = out,
+                   .chunk = (uint32_t)(STREAM_CHUNK / ((size_t)width * 4) + 1)};
+    size_t ready = produce_rows(&p);
+    uv_buf_t b = uv_buf_init((char *)out, 0);
+    b.len = len;
+    int st = ps__conn_send_produced(c, &r, &b, 1, ready, produce_rows, &p);
+    ps__pool_put(s->pool, out, len); /* what the socket did not take was copied */
+    t->pulls++;
+    if (p.oom && st == 0) {
+      /* Rows that could not be created went out as zeros under status 0: end the
+       * connection rather than let the worker use them. */
+      ps__log(PS_LOG_ERROR, "out of memory creating rows for a pull of table '%s'; closing the connection", t->decl.name);
+      ps__conn_close(c, PS_ERR_NOMEM);
+    }
+    return;
   } else {
     float *rows[FIND_BLOCK];
     for (uint32_t b = 0; b < h->nkeys; b += FIND_BLOCK) {

@@ -1130,3 +1130,33 @@ Test(direct, a_server_leaving_ends_a_waiting_call, .timeout = 60) {
   ps_ctx_close(b);
   mini_stop(&m);
 }
+
+/* A sparse pull whose reply is large enough to be streamed while its rows are looked
+ * up (>= 16 MiB) answers exactly what small pulls of the same keys answer: existing
+ * rows, rows it creates (initialised by the table's rule), and repeated keys. */
+Test(api, a_streamed_sparse_pull_matches_small_pulls, .timeout = 120) {
+  ps_ctx *ctx = open_embedded(1);
+  uint32_t ts;
+  enum { DIM = 64, N = 70000 };
+  OK(ps_table_declare(ctx, "e", PS_SPARSE, DIM, "opt=sgd lr=1 update=sum mode=async init=uniform:0.5", &ts));
+  uint64_t *keys = malloc(N * sizeof *keys);
+  float *big = malloc((size_t)N * DIM * 4), *small = malloc((size_t)N * DIM * 4), *g = malloc(1000 * DIM * 4);
+  cr_assert(keys && big && small && g);
+  for (int i = 0; i < N; i++) keys[i] = (uint64_t)(i % 50000) * 2654435761u; /* 20000 repeats */
+  /* Half of the distinct keys exist (and were updated) before the big pull. */
+  for (int i = 0; i < 1000 * DIM; i++) g[i] = 0.25f;
+  for (int b = 0; b < 25000; b += 1000) OK(ps_push(ctx, ts, keys + b, 1000, g, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_pull(ctx, ts, keys, N, big, -1)); /* 17.9 MB reply */
+  for (int b = 0; b < N; b += 1000) OK(ps_pull(ctx, ts, keys + b, N - b < 1000 ? N - b : 1000, small + (size_t)b * DIM, -1));
+  cr_assert(eq(int, memcmp(big, small, (size_t)N * DIM * 4), 0), "the streamed reply differs from small pulls");
+  /* Repeats carry the same row; an updated row is its initial value minus 0.25. */
+  cr_assert(eq(int, memcmp(big, big + (size_t)50000 * DIM, DIM * 4), 0));
+  int nonzero = 0;
+  for (int i = 0; i < DIM; i++) nonzero += big[(size_t)30000 * DIM + i] != 0.0f;
+  cr_assert(gt(int, nonzero, 0), "a created row is not initialised");
+  free(keys);
+  free(big);
+  free(small);
+  free(g);
+  ps_ctx_close(ctx);
+}
