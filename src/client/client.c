@@ -340,8 +340,7 @@ static void link_connect(ps_ctx *ctx, peer *l);
  * Lending state and the link list's structure are under ctx->lend_mu. */
 
 /* Loop, lend_mu held. */
-static void link_try_lend(ps_ctx *ctx, peer *l) {
-  (void)ctx;
+static void link_try_lend(peer *l) {
   if (l->lent || !l->lend_wanted || l->id == SCHED_LINK || !l->conn || !l->alive || l->inflight || l->queue_head)
     return;
   int fd = ps__conn_pause(l->conn);
@@ -355,14 +354,13 @@ static void mail_lend(void *arg) {
   ps_ctx *ctx = arg;
   pthread_mutex_lock(&ctx->lend_mu);
   ctx->lend_posted = 0;
-  for (peer *l = ctx->links; l; l = l->next) link_try_lend(ctx, l);
+  for (peer *l = ctx->links; l; l = l->next) link_try_lend(l);
   pthread_cond_broadcast(&ctx->lend_cv);
   pthread_mutex_unlock(&ctx->lend_mu);
 }
 
 /* Loop: a link a caller gave back resumes on the loop (or is closed if broken). */
-static void link_resume(ps_ctx *ctx, peer *l) {
-  (void)ctx;
+static void link_resume(peer *l) {
   if (!l->conn) return;
   size_t n = l->dlen - l->doff;
   int rc = l->broken || !l->alive ? PS_ERR_CLOSED : ps__conn_resume(l->conn, l->dbuf + l->doff, n);
@@ -391,27 +389,35 @@ static void link_flush(ps_ctx *ctx, peer *l) {
   }
 }
 
+/* Loop: l, no longer lent, is the loop's again: resume it and send what waited for it
+ * (or fail that if its server left). */
+static void link_returned(ps_ctx *ctx, peer *l) {
+  link_resume(l);
+  if (l->alive)
+    link_flush(ctx, l);
+  else
+    link_fail_all(l, PS_ERR_UNAVAILABLE, "server left the job");
+}
+
+/* A lent link no caller is using can go back to the loop. lend_mu held. */
+static int link_idle_lent(const peer *l) { return l->lent && !l->busy; }
+
 /* Loop: take l back if it is lent; what waited for it goes first. Returns 1 when the
  * loop may send on l now; 0 when a caller is using it (it comes back through
  * mail_reclaim) or its connection had to be closed. */
 static int link_take(ps_ctx *ctx, peer *l) {
   int resume = 0, ok = 1;
   pthread_mutex_lock(&ctx->lend_mu);
-  if (l->lent) {
-    if (l->busy) {
-      l->want_back = 1;
-      ok = 0;
-    } else {
-      l->lent = 0;
-      l->want_back = 0;
-      resume = 1;
-    }
+  if (link_idle_lent(l)) {
+    l->lent = 0;
+    l->want_back = 0;
+    resume = 1;
+  } else if (l->lent) {
+    l->want_back = 1;
+    ok = 0;
   }
   pthread_mutex_unlock(&ctx->lend_mu);
-  if (resume) {
-    link_resume(ctx, l);
-    link_flush(ctx, l);
-  }
+  if (resume) link_returned(ctx, l);
   return ok && l->conn != NULL;
 }
 
@@ -420,18 +426,13 @@ static void mail_reclaim(void *arg) {
   for (peer *l = ctx->links; l; l = l->next) {
     int resume = 0;
     pthread_mutex_lock(&ctx->lend_mu);
-    if (l->lent && !l->busy && (l->want_back || l->broken || !l->alive)) {
+    if (link_idle_lent(l) && (l->want_back || l->broken || !l->alive)) {
       l->lent = 0;
       l->want_back = 0;
       resume = 1;
     }
     pthread_mutex_unlock(&ctx->lend_mu);
-    if (!resume) continue;
-    link_resume(ctx, l);
-    if (l->alive)
-      link_flush(ctx, l);
-    else
-      link_fail_all(l, PS_ERR_UNAVAILABLE, "server left the job");
+    if (resume) link_returned(ctx, l);
   }
 }
 
@@ -576,7 +577,7 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
       pthread_mutex_lock(&ctx->lend_mu);
       l->alive = 0; /* a caller using the link finishes first; mail_reclaim closes it */
       int in_use = l->lent && l->busy;
-      if (l->lent && !l->busy) l->lent = 0;
+      if (link_idle_lent(l)) l->lent = 0;
       pthread_mutex_unlock(&ctx->lend_mu);
       if (in_use) continue;
       char msg[96];
@@ -1128,7 +1129,8 @@ typedef struct dlink {
   part *parts[DL_MAXPARTS];
   unsigned nparts, pending;     /* parts on this link; replies still awaited */
   uint8_t hdrs[DL_MAXPARTS][PS_FRAME_HDR_SIZE];
-  struct iovec *iov;            /* what is left to write */
+  struct iovec *iov;            /* what is left to write: iov_small or allocated */
+  struct iovec iov_small[8];
   unsigned niov, iov_at;
   /* the frame being read */
   int in_body, discard;
@@ -1143,6 +1145,15 @@ typedef struct dlink {
   int failed;                   /* a mid-frame failure: the link is broken */
   uint64_t moved;               /* bytes written and read so far (progress) */
 } dlink;
+
+/* May a caller claim lent link l now? lend_mu held. */
+static int link_claimable(const peer *l) { return link_idle_lent(l) && !l->want_back && !l->broken; }
+
+static void dl_init(dlink *d, peer *l) {
+  memset(d, 0, sizeof *d);
+  d->l = l;
+  d->fd = l->fd;
+}
 
 /* Account n bytes just placed into the current destination. */
 static void dl_advance(dlink *d, size_t n) {
@@ -1189,9 +1200,8 @@ static void dl_frame_done(ps_ctx *ctx, dlink *d) {
 }
 
 /* Start reading the body of d->cur: pick its destination. 0, or a ps_err code. */
-static int dl_begin(ps_ctx *ctx, dlink *d) {
+static int dl_begin(dlink *d) {
   const ps__frame_hdr *h = &d->cur;
-  (void)ctx;
   d->cur_p = NULL;
   d->discard = 1;
   d->dst = NULL;
@@ -1235,6 +1245,13 @@ static int dl_begin(ps_ctx *ctx, dlink *d) {
   return 0;
 }
 
+/* A read that returned got <= 0: 0 if nothing is there yet, else the link's error. */
+static int dl_read_end(const peer *l, ssize_t got) {
+  if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
+}
+
 /* Read what is available on d. 0 (progress or nothing to read yet), or a ps_err code
  * for a link that cannot go on (closed, protocol violation). */
 static int dl_read(ps_ctx *ctx, dlink *d) {
@@ -1262,11 +1279,7 @@ static int dl_read(ps_ctx *ctx, dlink *d) {
           off = 0;
         }
         ssize_t got = readv(d->fd, v, nv);
-        if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
-        if (got < 0) {
-          if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-          return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
-        }
+        if (got <= 0) return dl_read_end(l, got);
         dl_advance(d, (size_t)got);
         d->moved += (uint64_t)got;
         continue;
@@ -1275,7 +1288,7 @@ static int dl_read(ps_ctx *ctx, dlink *d) {
       int rc = ps__frame_decode(l->dbuf + l->doff, ctx->max_payload, &d->cur);
       if (rc) return rc;
       l->doff += PS_FRAME_HDR_SIZE;
-      if ((rc = dl_begin(ctx, d))) return rc;
+      if ((rc = dl_begin(d))) return rc;
       continue;
     }
     /* Need more bytes in the buffer. */
@@ -1286,11 +1299,7 @@ static int dl_read(ps_ctx *ctx, dlink *d) {
       l->doff = 0;
     }
     ssize_t got = recv(d->fd, l->dbuf + l->dlen, DBUF_CAP - l->dlen, MSG_DONTWAIT);
-    if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
-    if (got < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
-      return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
-    }
+    if (got <= 0) return dl_read_end(l, got);
     l->dlen += (size_t)got;
     d->moved += (uint64_t)got;
   }
@@ -1350,7 +1359,7 @@ static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *
             fatal = 1;
             break;
           }
-          if (!l->lent || l->busy || l->want_back || l->broken) {
+          if (!link_claimable(l)) {
             /* Keep going: every link this call needs is asked for at once. */
             if (!l->lent && l->conn) l->lend_wanted = ask = 1;
             ok = 0;
@@ -1361,10 +1370,7 @@ static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *
             fatal = 1;
             break;
           }
-          memset(&dl[n], 0, sizeof dl[n]);
-          dl[n].l = l;
-          dl[n].fd = l->fd;
-          n++;
+          dl_init(&dl[n++], l);
         }
         if (dl[j].nparts == DL_MAXPARTS) {
           ok = 0;
@@ -1426,7 +1432,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
     dlink *d = &dl[j];
     unsigned niov = 0;
     for (unsigned k = 0; k < d->nparts; k++) niov += 1 + d->parts[k]->nsend;
-    d->iov = ps__malloc(niov * sizeof *d->iov);
+    d->iov = niov <= sizeof d->iov_small / sizeof d->iov_small[0] ? d->iov_small : ps__malloc(niov * sizeof *d->iov);
     if (!d->iov) {
       for (unsigned k = 0; k < d->nparts; k++) req_set_error(d->parts[k]->req, PS_ERR_NOMEM, "out of memory");
       continue;
@@ -1507,7 +1513,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
   }
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
-    free(d->iov);
+    if (d->iov != d->iov_small) free(d->iov);
     d->iov = NULL;
   }
 }
@@ -1540,14 +1546,11 @@ static int direct_fire(ps_ctx *ctx, const ps__frame_hdr *h0) {
   pthread_mutex_lock(&ctx->lend_mu);
   for (peer *l = ctx->links; l && ok; l = l->next) {
     if (l->id == SCHED_LINK || !l->alive) continue;
-    if (!l->lent || l->busy || l->want_back || l->broken || n == 16) {
+    if (!link_claimable(l) || n == 16) {
       ok = 0;
       break;
     }
-    memset(&dl[n], 0, sizeof dl[n]);
-    dl[n].l = l;
-    dl[n].fd = l->fd;
-    n++;
+    dl_init(&dl[n++], l);
   }
   if (n == 0 || __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) ok = 0;
   if (ok)

@@ -1309,29 +1309,39 @@ typedef struct rows_prod {
   int oom;
 } rows_prod;
 
+/* Copy the rows of keys [lo, hi) into out (row i at out + i * width), creating the
+ * missing ones. A row that cannot be created is written as zeros; returns 1 if any
+ * could not, else 0. */
+static int copy_rows(table *t, const uint8_t *keys, uint32_t lo, uint32_t hi, float *out) {
+  size_t width = t->spec.width;
+  float *rows[FIND_BLOCK];
+  int oom = 0;
+  for (uint32_t b = lo; b < hi; b += FIND_BLOCK) {
+    uint32_t n = hi - b < FIND_BLOCK ? hi - b : FIND_BLOCK;
+    ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
+    for (uint32_t i = 0; i < n; i++) {
+      float *o = out + (size_t)(b + i) * width;
+      float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+      if (!row) {
+        memset(o, 0, width * 4);
+        oom = 1;
+      } else if (width == 1) {
+        *o = *row;
+      } else {
+        memcpy(o, row, width * 4);
+      }
+    }
+  }
+  return oom;
+}
+
 /* Copy the next chunk of rows into the reply; returns the bytes final so far. */
 static size_t produce_rows(void *arg) {
   rows_prod *p = arg;
-  table *t = p->t;
-  size_t width = t->spec.width;
   uint32_t end = p->nkeys - p->done < p->chunk ? p->nkeys : p->done + p->chunk;
-  float *rows[FIND_BLOCK];
-  while (p->done < end) {
-    uint32_t n = end - p->done < FIND_BLOCK ? end - p->done : FIND_BLOCK;
-    ps__rowmap_find_many_le(t->params, p->keys + 8 * (size_t)p->done, n, rows);
-    for (uint32_t i = 0; i < n; i++) {
-      float *o = p->out + (size_t)(p->done + i) * width;
-      float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(p->keys + 8 * (size_t)(p->done + i)));
-      if (row) {
-        memcpy(o, row, width * 4);
-      } else {
-        memset(o, 0, width * 4);
-        p->oom = 1;
-      }
-    }
-    p->done += n;
-  }
-  return (size_t)p->done * width * 4;
+  p->oom |= copy_rows(p->t, p->keys, p->done, end, p->out);
+  p->done = end;
+  return (size_t)p->done * p->t->spec.width * 4;
 }
 
 /* Answer a pull: dense ranges straight from the rows, sparse rows copied into a pooled
@@ -1371,7 +1381,6 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte reply", len);
     return;
   }
-  float *o = out;
   ps__par *par;
   if ((par = huge_par(s, h->nkeys))) {
     if (pull_huge(s, par, t, keys, h->nkeys, out)) goto oom;
@@ -1392,21 +1401,8 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
       ps__conn_close(c, PS_ERR_NOMEM);
     }
     return;
-  } else {
-    float *rows[FIND_BLOCK];
-    for (uint32_t b = 0; b < h->nkeys; b += FIND_BLOCK) {
-      uint32_t n = h->nkeys - b < FIND_BLOCK ? h->nkeys - b : FIND_BLOCK;
-      ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
-      for (uint32_t i = 0; i < n; i++) {
-        float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
-        if (!row) goto oom;
-        if (width == 1)
-          *o = *row;
-        else
-          memcpy(o, row, (size_t)width * 4);
-        o += width;
-      }
-    }
+  } else if (copy_rows(t, keys, 0, h->nkeys, out)) {
+    goto oom;
   }
   t->pulls++;
   reply_pooled(s, c, &r, out, len);
