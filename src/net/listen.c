@@ -117,8 +117,13 @@ static void on_connect(uv_connect_t *req, int status) {
   if (status == 0 && ps__conn_start(c) == 0) {
     cr->cb(cr->arg, c, 0);
   } else {
-    c->closing = 1;
-    uv_close(&c->h.handle, free_unstarted);
+    /* A handle closed while its connect was pending (a loop's teardown walks every
+     * handle) gets UV_ECANCELED here from inside uv_close: the close already under way
+     * frees it, a second uv_close would abort. */
+    if (!uv_is_closing(&c->h.handle)) {
+      c->closing = 1;
+      uv_close(&c->h.handle, free_unstarted);
+    }
     cr->cb(cr->arg, NULL, status ? ps__uv_err(status) : PS_ERR_IO);
   }
   free(cr);

@@ -18,6 +18,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <uv.h>
@@ -218,6 +220,68 @@ Test(conn, send_now_on_a_closed_conn_fails) {
   cr_assert(eq(int, uv_loop_close(&r.loop), 0));
   ps__pool_free(r.pool);
   close(r.peer);
+}
+
+/* ---------------------------------------------------------------- a connect cut by a loop's teardown */
+
+typedef struct connect_seen {
+  int calls, status;
+  ps__conn *conn;
+} connect_seen;
+
+static void note_connect(void *arg, ps__conn *c, int status) {
+  connect_seen *s = arg;
+  s->calls++;
+  s->status = status;
+  s->conn = c;
+}
+
+static void closed_quietly(ps__conn *c, int status) { (void)c, (void)status; }
+static const ps__conn_ops connect_ops = {no_header, no_frame, closed_quietly};
+
+static void close_every_handle(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (uv_is_closing(h)) return;
+  if ((h->type == UV_TCP || h->type == UV_NAMED_PIPE) && h->data) {
+    ps__conn_close(h->data, 0);
+    return;
+  }
+  uv_close(h, NULL);
+}
+
+/* A context closed while its connect to the scheduler is still pending (ps_ctx_open
+ * giving up at connect_timeout_ms) walks the loop and closes the connecting handle;
+ * libuv then cancels the connect from inside that close. The connect callback must see
+ * the failure once and must not close the handle a second time. (Regression test: the
+ * second uv_close aborted the process, seen as a crash of ctx::open_errors.) */
+Test(conn, connect_pending_at_teardown_fails_once) {
+  int lfd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof sa;
+  cr_assert(eq(int, bind(lfd, (struct sockaddr *)&sa, sizeof sa), 0));
+  cr_assert(eq(int, listen(lfd, 4), 0));
+  cr_assert(eq(int, getsockname(lfd, (struct sockaddr *)&sa, &len), 0));
+  for (int unix_path = 0; unix_path < 2; unix_path++) {
+    uv_loop_t loop;
+    cr_assert(eq(int, uv_loop_init(&loop), 0));
+    ps__pool *pool = ps__pool_new(1u << 20);
+    connect_seen seen = {0};
+    char path[108] = "";
+    if (unix_path) {
+      snprintf(path, sizeof path, "/tmp/pshard-test-conn-%d.sock", (int)getpid());
+      OK(ps__connect_unix(&loop, path, &connect_ops, NULL, pool, 1u << 20, note_connect, &seen));
+    } else {
+      OK(ps__connect_tcp(&loop, "127.0.0.1", ntohs(sa.sin_port), &connect_ops, NULL, pool, 1u << 20, note_connect, &seen));
+    }
+    uv_walk(&loop, close_every_handle, NULL); /* before the loop ever ran the connect */
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_assert(eq(int, seen.calls, 1));
+    cr_assert(not(eq(int, seen.status, 0)));
+    cr_assert(eq(ptr, seen.conn, NULL));
+    cr_assert(eq(int, uv_loop_close(&loop), 0));
+    ps__pool_free(pool);
+  }
+  close(lfd);
 }
 
 /* ---------------------------------------------------------------- dense pull replies from a server */
