@@ -34,7 +34,11 @@
 #define MPI_BENCH_DEFAULT "bench_mpi_allreduce"
 #endif
 
-/* One worker: run steps, write its step times (after warm-up) to fd. */
+/* Per step of one worker: the whole round, then its push, clock and pull calls. The
+ * pull includes waiting for the other workers' pushes and the servers' update. */
+#define NPH 4
+
+/* One worker: run steps, write its step and phase times (after warm-up) to fd. */
 static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd) {
   ps_ctx *ctx = bench_open(c, 0, K, "auto", "sync");
   uint32_t tid;
@@ -43,23 +47,28 @@ static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd)
   for (uint64_t i = 0; i < n; i++) g[i] = (float)(i % 89) * 1e-3f;
   memset(w, 0, n * 4);
   int warm = 3;
-  double *t = malloc(sizeof *t * (size_t)(steps + warm));
+  double *t = malloc(sizeof *t * NPH * (size_t)(steps + warm));
   bench_check(ps_barrier(ctx, -1), "barrier");
   for (int s = 0; s < warm + steps; s++) {
     double t0 = bench_now();
     bench_check(ps_push_range(ctx, tid, 0, n, g, 1, -1, -1), "push_range");
+    double t1 = bench_now();
     bench_check(ps_clock(ctx), "clock");
+    double t2 = bench_now();
     bench_check(ps_pull_range(ctx, tid, 0, n, w, -1), "pull_range");
-    t[s] = bench_now() - t0;
+    double t3 = bench_now();
+    double *o = t + NPH * (size_t)s;
+    o[0] = t3 - t0, o[1] = t1 - t0, o[2] = t2 - t1, o[3] = t3 - t2;
   }
   bench_check(ps_barrier(ctx, -1), "barrier");
-  if (write(fd, t + warm, sizeof *t * (size_t)steps) < 0) _exit(1);
+  if (write(fd, t + NPH * warm, sizeof *t * NPH * (size_t)steps) < 0) _exit(1);
   ps_ctx_close(ctx);
   _exit(0);
 }
 
-/* Median over steps of the slowest worker's step time. */
-static double run_ps(int K, int S, uint64_t n, int steps, double *share_max) {
+/* Median over steps of the slowest worker's step time; ph: medians over workers and
+ * steps of the push and pull calls. */
+static double run_ps(int K, int S, uint64_t n, int steps, double *share_max, double ph[2]) {
   bench_cluster c;
   bench_cluster_start(&c, S, K, "auto");
   int fds[8][2];
@@ -73,22 +82,30 @@ static double run_ps(int K, int S, uint64_t n, int steps, double *share_max) {
     }
     close(fds[k][1]);
   }
-  double *t = calloc((size_t)steps, sizeof *t), *tk = malloc(sizeof *tk * (size_t)steps);
+  double *t = calloc((size_t)steps, sizeof *t), *tk = malloc(sizeof *tk * NPH * (size_t)steps);
+  double *push = malloc(sizeof *push * (size_t)(K * steps)), *pull = malloc(sizeof *pull * (size_t)(K * steps));
   for (int k = 0; k < K; k++) {
-    size_t got = 0, want = sizeof *tk * (size_t)steps;
+    size_t got = 0, want = sizeof *tk * NPH * (size_t)steps;
     while (got < want) {
       ssize_t r = read(fds[k][0], (char *)tk + got, want - got);
       if (r <= 0) break;
       got += (size_t)r;
     }
     close(fds[k][0]);
-    if (got != sizeof *tk * (size_t)steps) {
+    if (got != want) {
       fprintf(stderr, "bench_sync: worker %d failed (see %s/log)\n", k, c.dir);
       exit(1);
     }
-    for (int s = 0; s < steps; s++)
-      if (tk[s] > t[s]) t[s] = tk[s];
+    for (int s = 0; s < steps; s++) {
+      if (tk[NPH * s] > t[s]) t[s] = tk[NPH * s];
+      push[k * steps + s] = tk[NPH * s + 1];
+      pull[k * steps + s] = tk[NPH * s + 3];
+    }
   }
+  ph[0] = bench_median(push, (size_t)(K * steps));
+  ph[1] = bench_median(pull, (size_t)(K * steps));
+  free(push);
+  free(pull);
   for (int k = 0; k < K; k++) waitpid(pids[k], NULL, 0);
   /* An even spread; the ring's actual spread of 64Ki-float slices is within a few
    * slices of it (docs/benchmarks.md). */
@@ -150,8 +167,10 @@ int main(int argc, char **argv) {
          "median of the slowest worker/rank\n", steps);
   printf("# MB/worker: payload each worker sends (= receives) per step; MB/server: what the busiest server "
          "receives (= sends) with an even spread; ring: 2(K-1)/K x 4N per rank\n");
-  printf("%2s %2s %9s %10s %10s %10s %9s %9s %9s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms", "mpi_ms",
-         "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "ratio", "vs_best", "target");
+  printf("# push_ms / pull_ms: medians over workers and steps of one worker's push call and pull call (the pull "
+         "waits for every worker's push and the update)\n");
+  printf("%2s %2s %9s %10s %10s %10s %9s %9s %9s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms", "mpi_ms",
+         "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "push_ms", "pull_ms", "ratio", "vs_best", "target");
   fflush(stdout);
   for (int ki = 0; ki < nk; ki++) {
     int K = ks[ki];
@@ -163,12 +182,12 @@ int main(int argc, char **argv) {
       int Ss[2] = {1, K};
       for (int j = 0; j < 2; j++) {
         int S = Ss[j];
-        double share;
-        double ps = run_ps(K, S, n, steps, &share);
+        double share, ph[2];
+        double ps = run_ps(K, S, n, steps, &share, ph);
         double mb = 4.0 * (double)n / 1e6;
-        printf("%2d %2d %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %8.2f %8.2f  %s\n", K, S,
+        printf("%2d %2d %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K, S,
                (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K * share,
-               2.0 * (K - 1) / K * mb, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
+               2.0 * (K - 1) / K * mb, ph[0] * 1e3, ph[1] * 1e3, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
                S == K ? "<= 1.5x all-reduce (S = K)" : "");
         fflush(stdout);
       }

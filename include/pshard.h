@@ -274,6 +274,9 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *   fast_forwards    times the clock jumped ahead to the servers' round (sync:M)
  *   clock            the worker's clock
  *   examples         examples behind its pushes: per clock, the largest batch pushed
+ *   direct_calls     blocking calls done on the caller's thread (lent links)
+ *   peer_mem_parts   dense request parts whose values a same-host server copied
+ *                    straight from or into the caller's buffers (peer memory)
  * Every worker also reports these to the scheduler about once a second (metrics named
  * "ps.<name>"), which `pshard plan --measured` reads.
  * PS_ERR_INVALID for an unknown name. Thread-safe. */

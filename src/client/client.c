@@ -102,6 +102,7 @@ struct peer {
   int lend_wanted;         /* a caller would use the link: lend it when idle */
   int broken;              /* a caller's I/O failed mid-frame: close, do not resume */
   int fd;
+  int pm;                  /* peer-memory frames may go to this server (atomic) */
   uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
   size_t doff, dlen;
 };
@@ -161,11 +162,13 @@ struct ps_ctx {
   uint64_t spin_ns;        /* ps_req_wait polls this long before sleeping (0: never) */
   /* Caller-side I/O for blocking calls (lent links). */
   int direct;              /* enabled (PSHARD_DIRECT=0 turns it off) */
+  int peer_mem;            /* large dense values by peer memory on same-host links */
   pthread_mutex_t lend_mu; /* links' lending state; the link list's structure */
   pthread_cond_t lend_cv;  /* a mail_lend ran */
   int lend_posted;         /* a mail_lend is queued */
   uint64_t outstanding;    /* requests and fire-and-forget frames not finished by the loop */
   uint64_t direct_calls;   /* blocking calls and clocks done on lent links */
+  uint64_t pm_parts;       /* dense parts sent as peer-memory frames */
   /* Buffers for partitioned requests, reused across calls (callers' threads). */
   pthread_mutex_t upool_mu;
   ps__pool *upool;
@@ -494,6 +497,11 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
   }
   c->udata = l;
   l->conn = c;
+  /* Peer memory needs a same-host AF_UNIX link to a server that offers it, running as
+   * this user or privileged (the kernel's ptrace rule for process_vm_readv). */
+  int pm = ctx->peer_mem && c->is_unix && c->peer_pid && (l->m.caps & PS_CAP_PEER_MEM) &&
+           (c->peer_uid == (unsigned)geteuid() || c->peer_uid == 0);
+  __atomic_store_n(&l->pm, pm, __ATOMIC_RELAXED);
   link_flush(ctx, l);
 }
 
@@ -614,6 +622,11 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
   ps__membership_clear(&m);
 }
 
+/* A peer-memory pull's reply: the values are already in the caller's buffers. */
+static int pm_reply(const part *p, const ps__frame_hdr *h) {
+  return h->codec == PS_CODEC_PEER_MEM && p->hdr.codec == PS_CODEC_PEER_MEM && h->payload_len == 0;
+}
+
 static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   peer *l = c->udata;
   if (!l) {
@@ -628,7 +641,7 @@ static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     b->discard = 1; /* a reply to a canceled or timed-out request */
     return 0;
   }
-  if (h->status == 0 && p->recv) {
+  if (h->status == 0 && p->recv && !pm_reply(p, h)) {
     if (h->payload_len != p->recv_len) {
       char msg[160];
       snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len,
@@ -658,7 +671,7 @@ static void part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
     int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
     while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&ctx->bytes_pulled, h->payload_len, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ctx->bytes_pulled, pm_reply(p, h) ? p->recv_len : h->payload_len, __ATOMIC_RELAXED);
   } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
     /* One push goes to every server as one part each: count the push, not its parts. */
     if ((h->flags & PS_FLAG_DROPPED) && !__atomic_exchange_n(&p->req->dropped, 1, __ATOMIC_RELAXED))
@@ -726,6 +739,7 @@ static void link_on_close(ps__conn *c, int status) {
   ps_ctx *ctx = c->loop->data;
   if (!l) return;
   l->conn = NULL;
+  __atomic_store_n(&l->pm, 0, __ATOMIC_RELAXED);
   char msg[160];
   snprintf(msg, sizeof msg, "connection to %s %u closed: %s", l->id == SCHED_LINK ? "scheduler" : "server", l->id,
            ps_strerror(status));
@@ -1229,7 +1243,7 @@ static int dl_begin(dlink *d) {
     }
     return 0;
   }
-  if (p->recv) {
+  if (p->recv && !pm_reply(p, h)) {
     if (h->payload_len != p->recv_len) {
       char msg[160];
       snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len, p->recv_len);
@@ -1811,6 +1825,19 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
 
 /* ---- dense */
 
+/* Dense parts of at least this many bytes go by peer memory where they can: below it a
+ * socket's two copies cost less than the system call's page pinning. */
+#define PM_MIN_BYTES ((size_t)64 << 10)
+
+static int link_takes_pm(ps_ctx *ctx, uint32_t target) {
+  if (!ctx->peer_mem) return 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  peer *l = find_link(ctx, target);
+  int pm = l && __atomic_load_n(&l->pm, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&ctx->lend_mu);
+  return pm;
+}
+
 static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset, uint64_t cnt, const float *grads,
                        float *out, uint32_t batch, float lr, uint64_t deadline, ps_req **out_req) {
   table_info ti = {0};
@@ -1854,9 +1881,11 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   }
   unsigned nparts = 0;
   for (size_t s = 0; s < S; s++) nparts += (is_push || nseg_of[s]) ? 1 : 0;
-  /* Per part: 1 buffer for its segment list, plus one region per segment. */
-  ps_req *r = req_new(ctx, nparts, nparts + (unsigned)nseg);
-  uint64_t *segbuf = ps__malloc((nseg ? nseg : 1) * 2 * 8);
+  /* Per part: 1 buffer for its segment list, 1 for its peer-memory descriptors, plus
+   * one region per segment. segbuf: the segment lists, then the descriptors (one
+   * (address, length) pair per segment). */
+  ps_req *r = req_new(ctx, nparts, 2 * nparts + (unsigned)nseg);
+  uint64_t *segbuf = ps__malloc((nseg ? nseg : 1) * 4 * 8);
   if (!r || !segbuf) {
     free(segs); free(segown); free(nseg_of); free(segbuf);
     if (r) req_destroy(r);
@@ -1872,39 +1901,60 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   unsigned pi = 0, bi = 0;
   size_t sb = 0;
+  uint64_t *descs = segbuf + 2 * nseg;
   for (size_t s = 0; s < S; s++) {
     if (!is_push && !nseg_of[s]) continue;
-    part_init(ctx, r, pi, ps__ring_server_at(ring, s), is_push ? PS_MSG_PUSH_DENSE : PS_MSG_PULL_DENSE, table, deadline);
+    uint32_t target = ps__ring_server_at(ring, s);
+    part_init(ctx, r, pi, target, is_push ? PS_MSG_PUSH_DENSE : PS_MSG_PULL_DENSE, table, deadline);
     part *p = &r->parts[pi];
     p->hdr.clock = clock;
     p->hdr.nkeys = (uint32_t)(2 * nseg_of[s]);
+    /* regs: segment list, descriptors, then the values' regions. */
     uv_buf_t *regs = &r->bufs[bi];
-    unsigned nreg = 0;
-    regs[nreg++] = uv_buf_init((char *)(segbuf + 2 * sb), (unsigned)(nseg_of[s] * 16));
+    unsigned nreg = 2;
+    size_t sb0 = sb;
+    regs[0] = uv_buf_init((char *)(segbuf + 2 * sb), (unsigned)(nseg_of[s] * 16));
+    regs[1] = uv_buf_init((char *)(descs + 2 * sb), (unsigned)(nseg_of[s] * 16));
     size_t bytes = 0;
     for (size_t k = 0; k < nseg; k++) {
       if (segown[k] != s) continue;
       segbuf[2 * sb] = segs[2 * k];
       segbuf[2 * sb + 1] = segs[2 * k + 1];
-      sb++;
       uint64_t rel = segs[2 * k] - offset;
       uv_buf_t rb;
       rb.base = is_push ? (char *)(grads + rel) : (char *)(out + rel);
       rb.len = segs[2 * k + 1] * 4;
+      descs[2 * sb] = (uint64_t)(uintptr_t)rb.base;
+      descs[2 * sb + 1] = rb.len;
+      sb++;
       bytes += rb.len;
       regs[nreg++] = rb;
     }
     bi += nreg;
+    /* A large part to a server on this host goes by peer memory: the frame names the
+     * caller's buffers, the server copies from or into them (net/peermem.c). */
+    int pm = bytes >= PM_MIN_BYTES && link_takes_pm(ctx, target);
+    if (pm) {
+      __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
+      p->hdr.codec = PS_CODEC_PEER_MEM;
+      for (size_t k = sb0; k < sb; k++) /* little-endian on the wire */
+        for (int j = 0; j < 2; j++) ps__put_u64((uint8_t *)&descs[2 * k + j], descs[2 * k + j]);
+    }
     if (is_push) {
       p->send = regs;
-      p->nsend = nseg_of[s] ? nreg : 0;
+      p->nsend = nseg_of[s] ? (pm ? 2 : nreg) : 0;
+      if (!pm && nseg_of[s]) { /* the segment list, then the values: drop the descriptors */
+        regs[1] = regs[0];
+        p->send = regs + 1;
+        p->nsend = nreg - 1;
+      }
       p->hdr.batch = batch;
       p->hdr.lr = lr < 0 ? PS_LR_SCHEDULE : lr;
     } else {
       p->send = regs;
-      p->nsend = 1;
-      p->recv = regs + 1;
-      p->nrecv = nreg - 1;
+      p->nsend = pm ? 2 : 1;
+      p->recv = regs + 2; /* also where inline values of a peer-memory pull go */
+      p->nrecv = nreg - 2;
       p->recv_len = bytes;
     }
     pi++;
@@ -2319,6 +2369,7 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   ctx->opened_ns = ps__now_ns();
   ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
   ctx->direct = (int)ps__config_uint(cfg, "direct", 1);
+  ctx->peer_mem = ps__config_uint(cfg, "peer_mem", 1) && ps__pm_usable();
   pthread_mutex_init(&ctx->lend_mu, NULL);
   pthread_cond_init(&ctx->lend_cv, NULL);
   pthread_mutex_init(&ctx->upool_mu, NULL);
@@ -2527,6 +2578,7 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "clock")) *value = (double)__atomic_load_n(&c->clock, __ATOMIC_RELAXED);
   else if (!strcmp(name, "examples")) *value = (double)__atomic_load_n(&c->examples, __ATOMIC_RELAXED);
   else if (!strcmp(name, "direct_calls")) *value = (double)__atomic_load_n(&c->direct_calls, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "peer_mem_parts")) *value = (double)__atomic_load_n(&c->pm_parts, __ATOMIC_RELAXED);
   else return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
   return 0;
 }

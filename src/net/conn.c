@@ -562,6 +562,16 @@ int ps__conn_start(ps__conn *c) {
     }
   } else {
     if (!c->peer[0]) snprintf(c->peer, sizeof c->peer, "unix socket");
+    /* Who is at the other end, as the kernel saw it connect: peer-memory transfers
+     * (peermem.c) go to this process only, whatever a frame claims. */
+    uv_os_fd_t fd;
+    struct ucred cr;
+    socklen_t crlen = sizeof cr;
+    if (uv_fileno(&c->h.handle, &fd) == 0 && getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &crlen) == 0 &&
+        cr.pid > 0) {
+      c->peer_pid = cr.pid;
+      c->peer_uid = cr.uid;
+    }
     /* An AF_UNIX sender may have only SO_SNDBUF bytes in flight, 208 KiB by default:
      * a large frame then goes out in many small pieces. Raise it (the kernel doubles the
      * value and caps it at net.core.wmem_max); never lower it. TCP is left to the

@@ -83,6 +83,8 @@ struct ps__conn {
   int closing;
   int close_status;
   int is_unix;
+  int peer_pid;          /* AF_UNIX: the peer process (SO_PEERCRED), else 0 */
+  unsigned peer_uid;
   /* read state */
   uint8_t *stage;
   size_t stage_cap, rpos, wpos;
@@ -194,5 +196,24 @@ void ps__mailbox_close(ps__mailbox *m);
 
 /* Translate a libuv error into a ps_err code. */
 int ps__uv_err(int uverr);
+
+/* ------------------------------------------------------------------ peer memory (peermem.c) */
+
+/* May this process use peer-memory transfers with another process of its user (the
+ * system calls work here, no Yama restriction, dumpable)? PSHARD_PEER_MEM=0 says no.
+ * Checked once; ps__pm_reset forgets the answer (tests). */
+int ps__pm_usable(void);
+void ps__pm_reset(void);
+/* Validate nd descriptors (u64 address, u64 length, little-endian) and sum their
+ * lengths. 0 or PS_ERR_PROTO. */
+int ps__pm_descs_check(const uint8_t *d, size_t nd, uint64_t *total);
+/* Copy between process pid's regions d[nd], from byte off of their concatenation on,
+ * and the local regions loc: the peer's into loc (write = 0), or loc into the peer's
+ * (write = 1), as many bytes as loc holds. 0, PS_ERR_UNAVAILABLE (not permitted here),
+ * PS_ERR_IO (a bad address; part may have moved) or PS_ERR_SIZE, with a message. */
+int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off);
+/* Are the regions d[nd] all mapped in process pid, readable (write = 0) or writable?
+ * 0, PS_ERR_IO (not), PS_ERR_UNAVAILABLE (cannot tell) or PS_ERR_NOMEM. */
+int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd);
 
 #endif

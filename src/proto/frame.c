@@ -77,7 +77,7 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
    * as a control frame below and skip the data-frame rules its handler relies on. */
   if (h->status != 0 && !(h->type & PS_FRAME_REPLY) && h->type != PS_MSG_ERROR)
     return ps__fail(PS_ERR_PROTO, "status %d in a %s request", h->status, ps__frame_type_name(h->type));
-  if (h->codec != 0) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
+  if (h->codec > PS_CODEC_PEER_MEM) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
   if (h->payload_len > max_payload)
     return ps__fail(PS_ERR_TOO_LARGE, "%s frame payload of %llu bytes exceeds the limit of %llu",
                     ps__frame_type_name(h->type), (unsigned long long)h->payload_len,
@@ -94,7 +94,16 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
                       (unsigned long long)(h->payload_len - kbytes));
     if ((t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE) && !reply && (h->nkeys % 2u))
       return ps__fail(PS_ERR_PROTO, "dense segment list has an odd length %u", h->nkeys);
+    if (h->codec == PS_CODEC_PEER_MEM) {
+      if (t != PS_MSG_PULL_DENSE && (t != PS_MSG_PUSH_DENSE || reply))
+        return ps__fail(PS_ERR_PROTO, "peer-memory codec on a %s frame", ps__frame_type_name(h->type));
+      if (reply ? h->payload_len != 0 : (h->payload_len - kbytes) % 16u)
+        return ps__fail(PS_ERR_PROTO, "a peer-memory %s carries %llu bytes after its keys", reply ? "reply" : "request",
+                        (unsigned long long)(h->payload_len - kbytes));
+    }
   } else {
+    if (h->codec != PS_CODEC_RAW && h->status == 0)
+      return ps__fail(PS_ERR_PROTO, "codec %u on a %s frame", h->codec, ps__frame_type_name(h->type));
     if (h->payload_len > PS_CTRL_MAX_BODY)
       return ps__fail(PS_ERR_TOO_LARGE, "%s control body of %llu bytes exceeds %u",
                       ps__frame_type_name(h->type), (unsigned long long)h->payload_len, PS_CTRL_MAX_BODY);

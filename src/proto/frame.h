@@ -46,10 +46,21 @@ enum {
   PS_FLAG_DROPPED = 1 /* push reply: acknowledged but not applied (late under sync:M) */
 };
 
+/* Value encodings (hdr.codec). */
+enum {
+  PS_CODEC_RAW = 0,      /* the values follow the keys as little-endian f32 */
+  /* Dense push/pull requests over a same-host AF_UNIX connection only: after the
+   * segment list come (u64 address, u64 length) pairs naming the sender's own buffers,
+   * which the server reads (push) or writes (pull) in place (net/peermem.c). A pull's
+   * reply with this codec has no payload: its values are already in those buffers; a
+   * server may instead answer with the values inline (codec 0). */
+  PS_CODEC_PEER_MEM = 1
+};
+
 typedef struct ps__frame_hdr {
   uint8_t type;      /* PS_MSG_* , | PS_FRAME_REPLY for answers */
   uint8_t flags;
-  uint8_t codec;     /* value encoding: 0 = raw f32 */
+  uint8_t codec;     /* value encoding: PS_CODEC_* */
   int32_t status;    /* ps_err code in replies, 0 in requests */
   uint32_t sender;   /* node id of the sender (0 before registration) */
   uint64_t req_id;   /* matches a reply to its request; 0 = no reply wanted */

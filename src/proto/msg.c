@@ -14,6 +14,7 @@ void ps__hello_encode(ps__wbuf *w, const ps__hello *h) {
   ps__wbuf_str(w, h->host);
   ps__wbuf_str(w, h->unix_path);
   ps__wbuf_str(w, h->hostid);
+  ps__wbuf_u8(w, h->caps);
 }
 
 int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
@@ -26,6 +27,7 @@ int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
   ps__rbuf_str(&r, h->host, sizeof h->host);
   ps__rbuf_str(&r, h->unix_path, sizeof h->unix_path);
   ps__rbuf_str(&r, h->hostid, sizeof h->hostid);
+  h->caps = ps__rbuf_u8(&r);
   if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed hello body");
   if (h->role < PS_ROLE_SERVER || h->role > PS_ROLE_WORKER) return ps__fail(PS_ERR_PROTO, "bad role %u in hello", h->role);
   if (port > 65535) return ps__fail(PS_ERR_PROTO, "bad port %u in hello", port);
@@ -33,8 +35,8 @@ int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
   return 0;
 }
 
-/* id u32, role u8, alive u8, rank u32, port u32, three str (u32 length each). */
-#define MEMBER_MIN_BYTES (4u + 1u + 1u + 4u + 4u + 3u * 4u)
+/* id u32, role u8, alive u8, rank u32, port u32, three str (u32 length each), caps u8. */
+#define MEMBER_MIN_BYTES (4u + 1u + 1u + 4u + 4u + 3u * 4u + 1u)
 
 void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
   ps__wbuf_u64(w, m->epoch);
@@ -52,6 +54,7 @@ void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
     ps__wbuf_str(w, x->host);
     ps__wbuf_str(w, x->unix_path);
     ps__wbuf_str(w, x->hostid);
+    ps__wbuf_u8(w, x->caps);
   }
 }
 
@@ -87,6 +90,7 @@ int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
     ps__rbuf_str(&r, x->host, sizeof x->host);
     ps__rbuf_str(&r, x->unix_path, sizeof x->unix_path);
     ps__rbuf_str(&r, x->hostid, sizeof x->hostid);
+    x->caps = ps__rbuf_u8(&r);
     if (port > 65535) r.err = 1;
   }
   if (r.err || r.off != n) {

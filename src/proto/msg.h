@@ -26,6 +26,7 @@ typedef struct ps__member {
   char host[PS_HOST_MAX];
   char unix_path[PS_PATH_MAX];
   char hostid[PS_HOST_MAX];
+  uint8_t caps;           /* PS_CAP_* the node offers */
 } ps__member;
 
 /* hello: who is registering and where it can be reached. */
@@ -36,7 +37,13 @@ typedef struct ps__hello {
   char host[PS_HOST_MAX];
   char unix_path[PS_PATH_MAX];
   char hostid[PS_HOST_MAX];
+  uint8_t caps;
 } ps__hello;
+
+/* Capabilities a node announces in its hello (ps__member.caps). */
+enum {
+  PS_CAP_PEER_MEM = 1 /* a server serving peer-memory frames (net/peermem.c) */
+};
 
 typedef struct ps__membership {
   uint64_t epoch;

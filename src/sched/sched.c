@@ -377,6 +377,7 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
   memcpy(n->m.host, hello.host, sizeof n->m.host);
   memcpy(n->m.unix_path, hello.unix_path, sizeof n->m.unix_path);
   memcpy(n->m.hostid, hello.hostid, sizeof n->m.hostid);
+  n->m.caps = hello.caps;
   n->conn = c;
   c->udata = n; /* only used as a marker; lookups go through node_by_conn */
   n->last_seen_ms = ps__now_ms();

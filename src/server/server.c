@@ -122,6 +122,7 @@ struct ps__server {
   uint64_t frames;   /* worker frames handled (the poll window of ps__server_run) */
   uv_loop_t loop;
   ps__pool *pool;
+  float *pm_chunk;   /* PM_CHUNK floats: a streamed peer-memory push's staging (cache-sized) */
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
   ps__conn *sched;
@@ -1010,12 +1011,23 @@ typedef struct acc_arg {
   uint64_t last;
 } acc_arg;
 
+/* A created accumulator row: zero but for [within, within + n), which the caller fills. */
+static void acc_row_fresh(float *row, size_t row_floats, uint64_t within, uint64_t n) {
+  memset(row, 0, within * 4);
+  memset(row + within + n, 0, (row_floats - within - n) * 4);
+}
+
 static int acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
   acc_arg *a = arg;
   int created;
-  float *row = ps__rowmap_upsert(a->acc, slice, &created);
+  float *row = ps__rowmap_upsert_uninit(a->acc, slice, &created);
   if (!row) return PS_ERR_NOMEM;
-  ps__axpy(row + within, a->weight, a->vals + pos, n);
+  if (created) { /* the first gradient of this slice: written, not added to zeros */
+    acc_row_fresh(row, a->width + (size_t)a->count_weight, within, n);
+    ps__vset(row + within, a->weight, a->vals + pos, n);
+  } else {
+    ps__axpy(row + within, a->weight, a->vals + pos, n);
+  }
   if (a->count_weight && (!a->have_last || slice != a->last)) {
     row[a->width] += a->weight;
     a->last = slice;
@@ -1024,47 +1036,74 @@ static int acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uin
   return 0;
 }
 
-static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
+/* The checks every push passes before it changes anything: its table and kind, the
+ * batch of a mean-mode table, the keys or segments against its nvals values, and its
+ * clock. Returns the table, or NULL when the push is answered already (an error, or a
+ * late push under sync:M acknowledged as dropped). */
+static table *push_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, uint64_t nvals,
+                         int dense) {
   table *t;
-  if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
+  if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return NULL;
   apply_flush(t); /* an earlier push is in before this one */
-  const uint8_t *keys = b->buf;
-  const float *vals = (const float *)((const uint8_t *)b->buf + 8u * h->nkeys);
-  uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
   unsigned width = t->spec.width;
-  int mean = t->spec.update == PS__UPDATE_MEAN;
-  if (mean && h->batch == 0 && h->nkeys > 0) {
+  if (t->spec.update == PS__UPDATE_MEAN && h->batch == 0 && h->nkeys > 0) {
     reply_err(c, h, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
-    return;
+    return NULL;
   }
   if (dense) {
     int64_t total = check_segments(s, c, h, t, keys);
-    if (total < 0) return;
+    if (total < 0) return NULL;
     if ((uint64_t)total != nvals) {
       reply_err(c, h, PS_ERR_SIZE, "push of %llu floats for segments covering %lld", (unsigned long long)nvals,
                 (long long)total);
-      return;
+      return NULL;
     }
   } else {
     if (nvals != (uint64_t)h->nkeys * width) {
       reply_err(c, h, PS_ERR_DIM, "push of %llu floats for %u keys of table '%s' with dim %u",
                 (unsigned long long)nvals, h->nkeys, t->decl.name, width);
-      return;
+      return NULL;
     }
     for (uint32_t i = 0; i < h->nkeys; i++) {
       if (!owns(s, h->table, ps__get_u64(keys + 8 * i))) {
         reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
                   (unsigned long long)ps__get_u64(keys + 8 * i), t->decl.name, (unsigned long long)s->epoch);
-        return;
+        return NULL;
       }
     }
   }
   int st = check_push_clock(s, c, h, t);
-  if (st == PUSH_REJECTED) return;
+  if (st == PUSH_REJECTED) return NULL;
   if (st == PUSH_DROP) {
     reply_ok(c, h, PS_FLAG_DROPPED);
-    return;
+    return NULL;
   }
+  return t;
+}
+
+/* The accumulator of a sync push's round, with the pusher and its learning rate
+ * recorded; NULL (answered) when out of memory. */
+static ps__rowmap *round_acc_for(table *t, ps__conn *c, const ps__frame_hdr *h) {
+  round_acc *r = get_round(t, h->clock / (int64_t)t->spec.every);
+  if (!r || round_add_pusher(r, h->sender, h->clock, h->batch)) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return NULL;
+  }
+  if (h->lr >= 0) {
+    r->lr = h->lr;
+    r->has_lr = 1;
+  }
+  return r->acc;
+}
+
+static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
+  const uint8_t *keys = b->buf;
+  const float *vals = (const float *)((const uint8_t *)b->buf + 8u * h->nkeys);
+  uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
+  table *t = push_admit(s, c, h, keys, nvals, dense);
+  if (!t) return;
+  unsigned width = t->spec.width;
+  int mean = t->spec.update == PS__UPDATE_MEAN;
 
   if (!is_sync(t) && (t->spec.agg_n == 1 || (t->spec.agg_n == 0 && t->spec.agg_ms == 0))) {
     if (dense) {
@@ -1102,16 +1141,7 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
   int sync = is_sync(t);
   float weight = mean ? (float)h->batch : 1.0f;
   if (sync) {
-    round_acc *r = get_round(t, h->clock / (int64_t)t->spec.every);
-    if (!r || round_add_pusher(r, h->sender, h->clock, h->batch)) {
-      reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
-      return;
-    }
-    if (h->lr >= 0) {
-      r->lr = h->lr;
-      r->has_lr = 1;
-    }
-    acc = r->acc;
+    if (!(acc = round_acc_for(t, c, h))) return;
   } else {
     if (!t->agg && !(t->agg = ps__rowmap_new((size_t)width + 1))) {
       reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
@@ -1276,10 +1306,43 @@ static size_t produce_apply(void *arg) {
   return t->pend.active ? (size_t)t->pend.done * 4 : SIZE_MAX;
 }
 
-static int send_rows(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, table *t, ps__frame_hdr *r) {
+/* A peer-memory pull (PS_CODEC_PEER_MEM): write the rows straight into the worker's
+ * buffers named after the segment list, and answer with an empty reply. 1 if done (or
+ * answered with an error), 0 if the values must go in the reply instead (this server
+ * may not write that process's memory after all). */
+static int write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
+                              const regions_arg *a, ps__frame_hdr *r) {
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid || blen <= kbytes) return 0;
+  int rc = ps__pm_copy(c->peer_pid, 1, a->v, a->n, keys + kbytes, (blen - kbytes) / 16, 0);
+  if (rc == PS_ERR_UNAVAILABLE) {
+    ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
+    return 0;
+  }
+  if (rc) {
+    reply_err(c, h, rc, "%s", ps_errmsg());
+    return 1;
+  }
+  r->codec = PS_CODEC_PEER_MEM;
+  ps__conn_send_ctrl(c, r, NULL, 0);
+  return 1;
+}
+
+static int send_rows(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen, table *t,
+                     ps__frame_hdr *r) {
   regions_arg a = {.t = t, .cap = sizeof a.small / sizeof a.small[0]};
   pending_apply *p = &t->pend;
   a.v = a.small;
+  if (h->codec == PS_CODEC_PEER_MEM && c->peer_pid) {
+    apply_flush(t); /* one copy of the finished rows, no overlap to gain */
+    int rc = walk_slices(keys, h->nkeys, t->spec.width, region_slice, &a);
+    int done = !rc && write_rows_to_peer(c, h, keys, blen, &a, r);
+    if (rc || done) {
+      if (a.v != a.small) free(a.v);
+      return rc;
+    }
+    a.n = 0; /* answered inline below */
+  }
   /* A pull of exactly the ranges of the push being applied: the reply's values are the
    * push's in the same order, so byte i of the payload is final once p->done * 4 > i.
    * The rest of the apply then runs while the socket drains. Any other pull waits. */
@@ -1349,7 +1412,6 @@ static size_t produce_rows(void *arg) {
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   table *t = get_table(s, h->table);
   const uint8_t *keys = body;
-  (void)blen;
   if (!t) {
     reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
     return;
@@ -1368,7 +1430,7 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
   ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
                      .clock = at, .epoch = s->epoch};
   if (t->spec.kind == PS_DENSE) {
-    if (send_rows(c, h, keys, t, &r)) {
+    if (send_rows(c, h, keys, blen, t, &r)) {
       reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
       return;
     }
@@ -1415,12 +1477,27 @@ oom:
 static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   table *t;
   if (check_request(s, c, h, dense ? PS_DENSE : PS_SPARSE, &t)) return;
-  if (h->payload_len != 8u * h->nkeys) {
+  if (h->payload_len != 8u * h->nkeys && h->codec != PS_CODEC_PEER_MEM) {
     reply_err(c, h, PS_ERR_SIZE, "pull request carries %llu bytes of values", (unsigned long long)(h->payload_len - 8u * h->nkeys));
     return;
   }
   if (dense) {
-    if (check_segments(s, c, h, t, b->buf) < 0) return;
+    int64_t n = check_segments(s, c, h, t, b->buf);
+    if (n < 0) return;
+    if (h->codec == PS_CODEC_PEER_MEM) {
+      /* The worker's buffers must hold exactly the values asked for. */
+      uint64_t total;
+      size_t kbytes = 8u * (size_t)h->nkeys;
+      if (ps__pm_descs_check((const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, &total)) {
+        reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
+        return;
+      }
+      if (total != 4u * (uint64_t)n) {
+        reply_err(c, h, PS_ERR_SIZE, "peer-memory regions of %llu bytes for %lld values", (unsigned long long)total,
+                  (long long)n);
+        return;
+      }
+    }
   } else {
     for (uint32_t i = 0; i < h->nkeys; i++) {
       uint64_t k = ps__get_u64((const uint8_t *)b->buf + 8 * i);
@@ -1524,6 +1601,132 @@ static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   }
 }
 
+/* A streamed peer-memory push: a sync round's accumulator rows are filled from the
+ * worker's buffers directly (the round's first gradient for a slice) or through a
+ * cache-sized staging buffer (the others), without a copy of the whole push. */
+#define PM_STREAM_MIN ((uint64_t)1 << 20)
+#define PM_CHUNK ((size_t)32 << 10)
+
+typedef struct pm_acc_arg {
+  ps__server *s;
+  ps__rowmap *acc;
+  float weight;
+  unsigned width;
+  int pid;
+  const uint8_t *d;
+  size_t nd;
+} pm_acc_arg;
+
+static int pm_read(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
+  uv_buf_t l = uv_buf_init((char *)dst, 0);
+  l.len = (size_t)n * 4;
+  return ps__pm_copy(a->pid, 0, &l, 1, a->d, a->nd, pos * 4);
+}
+
+static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  pm_acc_arg *a = arg;
+  int created, rc;
+  float *row = ps__rowmap_upsert_uninit(a->acc, slice, &created);
+  if (!row) return PS_ERR_NOMEM;
+  if (created) {
+    acc_row_fresh(row, a->width, within, n);
+    if ((rc = pm_read(a, row + within, n, pos))) {
+      memset(row + within, 0, n * 4);
+      return rc;
+    }
+    if (a->weight != 1.0f) ps__vscale(row + within, a->weight, n);
+    return 0;
+  }
+  for (uint64_t k = 0; k < n; k += PM_CHUNK) {
+    uint64_t m = n - k < PM_CHUNK ? n - k : PM_CHUNK;
+    if ((rc = pm_read(a, a->s->pm_chunk, m, pos + k))) return rc;
+    ps__axpy(row + within + k, a->weight, a->s->pm_chunk, m);
+  }
+  return 0;
+}
+
+/* A large peer-memory push to a sync dense table. 0 if handled (answered), 1 if it
+ * must be staged instead. The worker's regions are checked against its mappings first,
+ * so a bad address fails before any value is added (process_vm_readv would stop part
+ * way); only a mapping removed while the push runs (the worker freeing a buffer it
+ * is pushing from) can then leave part of it in the round, which is logged. */
+static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys,
+                              const uint8_t *d, size_t nd, uint64_t total) {
+  table *t = get_table(s, h->table);
+  if (!t || t->spec.kind != PS_DENSE || !is_sync(t) || total < PM_STREAM_MIN) return 1;
+  if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
+  int rc = ps__pm_mapped(c->peer_pid, 0, d, nd);
+  if (rc == PS_ERR_IO) {
+    reply_err(c, h, rc, "%s", ps_errmsg());
+    return 0;
+  }
+  if (rc) return 1;
+  if (!(t = push_admit(s, c, h, keys, total / 4, 1))) return 0;
+  ps__rowmap *acc = round_acc_for(t, c, h);
+  if (!acc) return 0;
+  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, c->peer_pid, d, nd};
+  if ((rc = walk_slices(keys, h->nkeys, t->spec.width, pm_acc_slice, &a))) {
+    if (rc != PS_ERR_NOMEM)
+      ps__log(PS_LOG_ERROR, "a push of worker %u to table '%s' failed part way (%s): round %lld may hold part of it",
+              h->sender, t->decl.name, ps_errmsg(), (long long)(h->clock / (int64_t)t->spec.every));
+    reply_err(c, h, rc, "%s", rc == PS_ERR_NOMEM ? "server out of memory" : ps_errmsg());
+    return 0;
+  }
+  t->pushes++;
+  reply_ok(c, h, 0);
+  return 0;
+}
+
+/* A peer-memory dense push: fetch the values from the worker's buffers into a body of
+ * the usual form (segments, then values), then handle it like any push. Nothing is
+ * applied unless every value was read. */
+static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  uint64_t total;
+  if (!c->peer_pid || !ps__pm_usable()) {
+    reply_err(c, h, PS_ERR_PROTO, "this server does not take peer-memory pushes on this connection (%s)",
+              c->peer_pid ? "peer memory is not usable here" : "not a same-host AF_UNIX socket");
+    return;
+  }
+  if (ps__pm_descs_check((const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, &total)) {
+    reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
+    return;
+  }
+  if (total > c->max_payload - kbytes) {
+    reply_err(c, h, PS_ERR_TOO_LARGE, "a peer-memory push of %llu bytes exceeds the frame limit",
+              (unsigned long long)total);
+    return;
+  }
+  if (total % 4) {
+    reply_err(c, h, PS_ERR_SIZE, "a peer-memory push of %llu bytes is not whole floats", (unsigned long long)total);
+    return;
+  }
+  if (!push_peer_streamed(s, c, h, b->buf, (const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, total))
+    return;
+  size_t len = kbytes + (size_t)total;
+  uint8_t *buf = ps__pool_get(c->pool, len);
+  if (!buf) {
+    reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte push", len);
+    return;
+  }
+  memcpy(buf, b->buf, kbytes);
+  uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
+  dst.len = (size_t)total;
+  int rc = ps__pm_copy(c->peer_pid, 0, &dst, 1, (const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, 0);
+  if (rc) {
+    ps__pool_put(c->pool, buf, len);
+    reply_err(c, h, rc, "%s", ps_errmsg());
+    return;
+  }
+  ps__pool_put(c->pool, b->buf, b->len);
+  b->buf = buf;
+  b->len = len;
+  ps__frame_hdr raw = *h;
+  raw.codec = PS_CODEC_RAW;
+  raw.payload_len = len;
+  on_push(s, c, &raw, b, 1);
+}
+
 static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__server *s = c->loop->data;
   if (s->stopping) return;
@@ -1531,7 +1734,10 @@ static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   switch (h->type) {
   case PS_MSG_CREATE: on_create(s, c, h, b); break;
   case PS_MSG_PUSH: on_push(s, c, h, b, 0); break;
-  case PS_MSG_PUSH_DENSE: on_push(s, c, h, b, 1); break;
+  case PS_MSG_PUSH_DENSE:
+    if (h->codec == PS_CODEC_PEER_MEM) on_push_peer(s, c, h, b);
+    else on_push(s, c, h, b, 1);
+    break;
   case PS_MSG_PULL: on_pull(s, c, h, b, 0); break;
   case PS_MSG_PULL_DENSE: on_pull(s, c, h, b, 1); break;
   case PS_MSG_CLOCK: on_clock(s, h); break;
@@ -1691,6 +1897,7 @@ static void on_sched_connected(void *arg, ps__conn *c, int status) {
   snprintf(hello.host, sizeof hello.host, "%s", s->o.host);
   snprintf(hello.unix_path, sizeof hello.unix_path, "%s", s->unix_path);
   ps__hostid(hello.hostid, sizeof hello.hostid);
+  if (s->unix_path[0] && ps__pm_usable()) hello.caps |= PS_CAP_PEER_MEM;
   ps__wbuf_init(&w);
   ps__hello_encode(&w, &hello);
   ps__frame_hdr h = {.type = PS_MSG_HELLO, .req_id = 1};
@@ -1839,5 +2046,6 @@ void ps__server_destroy(ps__server *s) {
   ps__ring_free(s->ring);
   ps__pool_free(s->pool);
   ps__par_free(s->par);
+  free(s->pm_chunk);
   free(s);
 }

@@ -20,6 +20,8 @@
  * computed (see ftrl_step) for the same reason. Check with
  * `gcc -O3 -fopt-info-vec-optimized`: all eight loops here vectorise.
  */
+#include <string.h>
+
 #include "store/store.h"
 
 #include <math.h>
@@ -142,6 +144,14 @@ void ps__axpy(float *restrict y, float a, const float *restrict x, size_t n) {
 
 void ps__vadd(float *restrict y, const float *restrict x, size_t n) {
   for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+void ps__vset(float *restrict y, float a, const float *restrict x, size_t n) {
+  if (a == 1.0f) {
+    memcpy(y, x, n * 4);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) y[i] = a * x[i];
 }
 
 void ps__vscale(float *y, float a, size_t n) {

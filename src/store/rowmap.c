@@ -327,7 +327,7 @@ static int rehash(ps__rowmap *m, size_t ncap) {
   return 0;
 }
 
-float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) {
+static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero) {
   size_t mask, s = 0, off, c;
   float *row;
 
@@ -354,11 +354,15 @@ float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) {
   c = locate(m, m->count, &off);
   m->chunks[c].keys[off] = key;
   row = m->chunks[c].rows + off * m->row_floats;
-  memset(row, 0, m->row_bytes);
+  if (zero) memset(row, 0, m->row_bytes);
   m->count++;
   if (created) *created = 1;
   return row;
 }
+
+float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 1); }
+
+float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 0); }
 
 size_t ps__rowmap_count(const ps__rowmap *m) { return m->count; }
 

@@ -112,6 +112,8 @@ void ps__axpy(float *restrict y, float a, const float *restrict x, size_t n);
 void ps__vadd(float *restrict y, const float *restrict x, size_t n);
 /* y[i] *= a. */
 void ps__vscale(float *y, float a, size_t n);
+/* y = a * x (a plain copy for a = 1). */
+void ps__vset(float *restrict y, float a, const float *restrict x, size_t n);
 
 /* ---------------------------------------------------------------- row map */
 
@@ -138,6 +140,9 @@ void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key);
 /* The row for key, created if absent (*created set to 1 then, row zero-filled).
  * NULL only on allocation failure (the map is unchanged then). */
 float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created);
+/* Like ps__rowmap_upsert, but a created row's floats are undefined: the caller writes
+ * every one of them (saves a pass over rows filled at once, e.g. accumulators). */
+float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created);
 /* Number of rows. Rows are numbered 0..count-1 in insertion order. */
 size_t ps__rowmap_count(const ps__rowmap *m);
 /* Key and row of the i-th inserted row (i < count). */

@@ -308,6 +308,34 @@ Test(frame, rejects_unknown_codec) {
   }
 }
 
+/* The peer-memory codec: dense requests carry (address, length) pairs after their
+ * segments; a dense pull's reply with it has no payload. Nowhere else. */
+Test(frame, peer_memory_codec_only_where_it_means_something) {
+  ps__frame_hdr h = hdr_of(PS_MSG_PUSH_DENSE);
+  h.codec = PS_CODEC_PEER_MEM;
+  h.nkeys = 2;
+  h.payload_len = 16 + 2 * 16;
+  expect_accept(&h, BIG_LIMIT);
+  h.type = PS_MSG_PULL_DENSE;
+  expect_accept(&h, BIG_LIMIT);
+  h.payload_len = 16 + 24; /* a pair and a half */
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "peer-memory request");
+  ps__frame_hdr r = hdr_of(PS_MSG_PULL_DENSE | PS_FRAME_REPLY);
+  r.codec = PS_CODEC_PEER_MEM;
+  expect_accept(&r, BIG_LIMIT);
+  r.payload_len = 4;
+  expect_reject(&r, BIG_LIMIT, PS_ERR_PROTO, "peer-memory reply");
+  r = hdr_of(PS_MSG_PUSH_DENSE | PS_FRAME_REPLY);
+  r.codec = PS_CODEC_PEER_MEM;
+  expect_reject(&r, BIG_LIMIT, PS_ERR_PROTO, "peer-memory codec");
+  uint8_t others[] = {PS_MSG_PUSH, PS_MSG_PULL, PS_MSG_PULL | PS_FRAME_REPLY, PS_MSG_HELLO, PS_MSG_CLOCK};
+  for (size_t i = 0; i < sizeof others; i++) {
+    ps__frame_hdr o = hdr_of(others[i]);
+    o.codec = PS_CODEC_PEER_MEM;
+    expect_reject(&o, BIG_LIMIT, PS_ERR_PROTO, "codec");
+  }
+}
+
 Test(frame, rejects_bad_status) {
   int32_t bad[] = {-1, INT32_MIN, PS_ERR__COUNT, PS_ERR__COUNT + 1, INT32_MAX};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -666,6 +694,7 @@ static ps__hello sample_hello(void) {
   memset(h.host, 'h', PS_HOST_MAX - 1);
   memset(h.unix_path, 'p', PS_PATH_MAX - 1);
   memset(h.hostid, 'i', PS_HOST_MAX - 1);
+  h.caps = PS_CAP_PEER_MEM;
   return h;
 }
 
@@ -676,6 +705,7 @@ static void assert_same_hello(const ps__hello *a, const ps__hello *b) {
   cr_assert(eq(str, (char *)a->host, (char *)b->host));
   cr_assert(eq(str, (char *)a->unix_path, (char *)b->unix_path));
   cr_assert(eq(str, (char *)a->hostid, (char *)b->hostid));
+  cr_assert(eq(u8, a->caps, b->caps));
 }
 
 static ps__wbuf encode_hello(const ps__hello *h) {
@@ -689,7 +719,7 @@ static ps__wbuf encode_hello(const ps__hello *h) {
 Test(msg, hello_round_trip) {
   ps__hello in = sample_hello(), out;
   ps__wbuf w = encode_hello(&in);
-  cr_assert(eq(sz, w.len, 1 + 4 + 4 + 3 * 4 + 63 + 107 + 63));
+  cr_assert(eq(sz, w.len, 1 + 4 + 4 + 3 * 4 + 63 + 107 + 63 + 1));
   cr_assert(eq(int, ps__hello_decode(w.data, w.len, &out), 0), "%s", ps_errmsg());
   assert_same_hello(&out, &in);
   ps__wbuf_free(&w);
@@ -757,6 +787,7 @@ static ps__membership sample_membership(uint32_t n) {
     snprintf(x->host, sizeof x->host, "10.0.0.%u", i);
     if (i % 2) snprintf(x->unix_path, sizeof x->unix_path, "/tmp/pshard-%u.sock", i);
     snprintf(x->hostid, sizeof x->hostid, "host-%u", i / 2);
+    x->caps = (uint8_t)(i % 2);
   }
   if (n > 0) {
     memset(m.m[0].host, 'h', PS_HOST_MAX - 1);
@@ -784,6 +815,7 @@ static void assert_same_membership(const ps__membership *a, const ps__membership
     cr_assert(eq(str, (char *)x->host, (char *)y->host), "member %u", i);
     cr_assert(eq(str, (char *)x->unix_path, (char *)y->unix_path), "member %u", i);
     cr_assert(eq(str, (char *)x->hostid, (char *)y->hostid), "member %u", i);
+    cr_assert(eq(u8, x->caps, y->caps), "member %u", i);
   }
 }
 

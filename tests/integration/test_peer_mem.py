@@ -1,0 +1,171 @@
+"""Peer memory (src/net/peermem.c): a same-host server copies a large dense push's values
+straight from the worker's buffers, and a pull's values straight into them.
+
+1. Training results do not depend on it: the same run with PSHARD_PEER_MEM=0 (values in
+   the frames) and without (values by peer memory) ends with identical tables, and the
+   closed form, for sync sum and mean tables (streamed pushes) and an async table
+   (staged pushes), with ranges that start and end inside slices.
+2. Bad peer-memory frames get an error reply and change nothing: addresses the sender
+   does not have, regions that do not match the segments, peer-memory frames over TCP;
+   and a raw client's own valid buffers are read and written as the protocol says.
+"""
+import ctypes
+import os
+import re
+import socket
+import struct
+import time
+
+import pytest
+
+from cluster import Cluster, binary
+from test_core import (DENSE_SGD, HDR, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_PULL_DENSE, T_PUSH_DENSE,
+                       frame, load_params, run_sync, server_port, stats, wait_for_line, worst)
+
+CODEC_PEER_MEM = 1
+E_IO, E_PROTO, E_SIZE = 5, 6, 9
+
+
+def run_pm(tmp_path, env, steps=3, floats=1536 << 10):
+    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}.txt")
+    with Cluster(2, 2, extra_env=env) as c:
+        procs = [c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out],
+                          f"worker{i}") for i in range(2)]
+        codes = c.wait(procs, RUN_TIMEOUT)
+        assert codes == [0, 0], "\n".join(c.log(f"worker{i}") for i in range(2))
+        parts = [int(re.search(r"peer_mem_parts (\d+)", c.log(f"worker{i}")).group(1)) for i in range(2)]
+    rows = {}
+    with open(out) as f:
+        for line in f:
+            name, h, *vals = line.split()
+            rows[name] = (h, [float(v) for v in vals])
+    return rows, parts
+
+
+def test_peer_memory_matches_the_socket_path(tmp_path):
+    steps, n = 3, 1536 << 10
+    pm, pm_parts = run_pm(tmp_path, {}, steps, n)
+    sock, sock_parts = run_pm(tmp_path, {"PSHARD_PEER_MEM": "0"}, steps, n)
+    # The comparison means something only if one run used peer memory and the other not.
+    assert all(p > 0 for p in pm_parts), pm_parts
+    assert sock_parts == [0, 0], sock_parts
+    assert pm == sock, f"peer memory {pm} vs socket {sock}"
+    # And both are the closed form (see pm_worker.c): elements 0, lo, n/2, n-1.
+    lo, cnt = 1000, n - 100000
+    for name, (_, vals) in pm.items():
+        for j, got in zip((0, lo, n // 2, n - 1), vals):
+            g = (j % 7 + 1) / 16  # worker r pushes (r+1) g; K = 2
+            if name == "sum":
+                exp = -0.5 * steps * 3 * g * (2 if lo <= j < lo + cnt else 1)
+            elif name == "mean":
+                exp = -0.5 * steps * (4 * 1 + 8 * 2) / 12 * g
+            else:
+                exp = -0.5 * steps * 3 * g
+            assert got == pytest.approx(exp, rel=1e-6), f"{name}[{j}] = {got}, expected {exp}"
+
+
+# ------------------------------------------------------------------ 2. bad input
+
+
+class Conn:
+    """A raw connection (TCP or AF_UNIX) that reads whole frames, codec included."""
+
+    def __init__(self, sock):
+        self.s = sock
+        self.s.settimeout(5 * SCALE)
+        self.buf = b""
+
+    def request(self, data):
+        self.s.sendall(data)
+        while True:
+            if len(self.buf) >= 64:
+                f = HDR.unpack(self.buf[:64])
+                plen = f[-1]
+                if len(self.buf) >= 64 + plen:
+                    body, self.buf = self.buf[64:64 + plen], self.buf[64 + plen:]
+                    return dict(type=f[2], codec=f[4], status=f[5], req_id=f[7]), body
+            chunk = self.s.recv(65536)
+            assert chunk, "the server closed the connection"
+            self.buf += chunk
+
+    def close(self):
+        self.s.close()
+
+
+def unix_conn(c):
+    pid, port = c.server_procs[0].pid, server_port(c)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(f"/tmp/pshard-{pid}-{port}-0.sock")
+    return Conn(s)
+
+
+def pm_frame(type_, req_id, segs, regions, table=1):
+    """A peer-memory request: segments (offset, count), then (address, length) pairs."""
+    body = b"".join(struct.pack("<QQ", o, n) for o, n in segs) + b"".join(struct.pack("<QQ", a, n) for a, n in regions)
+    return frame(type_, body, codec=CODEC_PEER_MEM, req_id=req_id, table=table, batch=1, nkeys=2 * len(segs))
+
+
+def test_bad_peer_memory_frames_change_nothing(tmp_path):
+    """Table 1 of sync_worker is the dense "w" of 32 floats. Bad peer-memory requests
+    beside a training worker get error replies on connections that stay usable, and the
+    worker ends with exactly the parameters of an undisturbed run."""
+    args = ["--batch", "4", "--steps", "60", "--sleep-ms", "40", "--dense-opt", DENSE_SGD,
+            "--sparse-opt", SPARSE_ADAGRAD]
+    ref = run_sync(1, 1, 4, 60, str(tmp_path / "ref.txt"), DENSE_SGD, SPARSE_ADAGRAD)
+    out = str(tmp_path / "out.txt")
+    with Cluster(1, 1) as c:
+        w = c.worker([binary("sync_worker"), *args, "--progress", "1", "--out", out], "worker0")
+        wait_for_line(c, "worker0", "step 1", RUN_TIMEOUT, [w])
+        buf = (ctypes.c_float * 32)(*([7.0] * 32))
+        addr = ctypes.addressof(buf)
+        u = unix_conn(c)
+        try:
+            # Addresses this process does not have: an i/o error, nothing applied.
+            h, body = u.request(pm_frame(T_PUSH_DENSE, 1, [(0, 32)], [(0x1000, 128)]))
+            assert (h["req_id"], h["status"]) == (1, E_IO), (h, body)
+            h, body = u.request(pm_frame(T_PUSH_DENSE, 2, [(0, 32)], [(addr, 64), (0x2000, 64)]))
+            assert (h["req_id"], h["status"]) == (2, E_IO), (h, body)
+            # Regions that do not hold the segments' values.
+            h, body = u.request(pm_frame(T_PUSH_DENSE, 3, [(0, 32)], [(addr, 64)]))
+            assert (h["req_id"], h["status"]) == (3, E_SIZE), (h, body)
+            h, body = u.request(pm_frame(T_PULL_DENSE, 4, [(0, 32)], [(addr, 124)]))
+            assert (h["req_id"], h["status"]) == (4, E_SIZE), (h, body)
+            # An empty region and a null address: malformed.
+            h, body = u.request(pm_frame(T_PUSH_DENSE, 5, [(0, 32)], [(addr, 0), (addr, 128)]))
+            assert (h["req_id"], h["status"]) == (5, E_PROTO), (h, body)
+            h, body = u.request(pm_frame(T_PULL_DENSE, 6, [(0, 32)], [(0, 128)]))
+            assert (h["req_id"], h["status"]) == (6, E_PROTO), (h, body)
+            # A pull into addresses this process does not have.
+            h, body = u.request(pm_frame(T_PULL_DENSE, 7, [(0, 32)], [(0x1000, 128)]))
+            assert (h["req_id"], h["status"]) == (7, E_IO), (h, body)
+            assert list(buf) == [7.0] * 32, "a failed request wrote into the client's buffer"
+        finally:
+            u.close()
+        # Over TCP the server cannot know the sender's process: a push is refused, a
+        # pull answered with the values in the reply.
+        sport = server_port(c)
+        t = Conn(socket.create_connection(("127.0.0.1", sport)))
+        try:
+            h, body = t.request(pm_frame(T_PUSH_DENSE, 8, [(0, 32)], [(addr, 128)]))
+            assert (h["req_id"], h["status"]) == (8, E_PROTO) and b"AF_UNIX" in body, (h, body)
+            h, body = t.request(pm_frame(T_PULL_DENSE, 9, [(0, 32)], [(addr, 128)]))
+            assert (h["req_id"], h["status"], h["codec"], len(body)) == (9, 0, 0, 128), (h, body)
+        finally:
+            t.close()
+        assert list(buf) == [7.0] * 32
+        assert c.wait([w], RUN_TIMEOUT) == [0], c.log("worker0")
+        assert "\nrows " in stats(sport)
+        # With the training over, a peer-memory pull writes the very values an inline
+        # pull returns, and answers with an empty peer-memory reply.
+        u = unix_conn(c)
+        try:
+            h, body = u.request(pm_frame(T_PULL_DENSE, 10, [(0, 16), (16, 16)], [(addr, 40), (addr + 40, 88)]))
+            assert (h["req_id"], h["status"], h["codec"], body) == (10, 0, CODEC_PEER_MEM, b""), (h, body)
+            h, body = u.request(frame(T_PULL_DENSE, struct.pack("<QQ", 0, 32), req_id=11, table=1, nkeys=2))
+            assert (h["req_id"], h["status"], len(body)) == (11, 0, 128), (h, body)
+            assert bytes(buf) == body, "peer-memory pull and inline pull differ"
+        finally:
+            u.close()
+    got = load_params(out)
+    d, key, x, y = worst(got, ref)
+    assert d == 0, f"the bad frames changed training: {key} {x} vs {y}"
