@@ -51,6 +51,8 @@ struct part {
   size_t recv_len;
   uint64_t deadline_ms;
   int queued, sent, write_done, reply_done, finished;
+  int pm_answered;         /* a peer-memory part's reply arrived: the server is done */
+  int held;                /* on ctx->held until its deadline (part_finish) */
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
   int64_t reply_clock;     /* hdr.clock of the reply */
@@ -135,6 +137,7 @@ struct ps_ctx {
   int connect_refused;     /* the scheduler refused a connection (retrying) */
   peer *links;             /* scheduler link first */
   peer *sched;
+  part *held;              /* peer-memory parts held until their deadline (loop) */
 
   /* shared state under mu */
   pthread_mutex_t mu;
@@ -242,9 +245,42 @@ static void req_complete(ps_req *r) {
   pthread_mutex_unlock(&r->mu);
 }
 
+/* A peer-memory part (PS_CODEC_PEER_MEM) names the caller's buffers, and the server
+ * copies from or into them until the expiry the frame carries, PM_SLACK_MS before the
+ * part's deadline. A part that ends without the server's answer (cancel, a failed or
+ * closed connection, a closing context) therefore keeps the buffers, and its request
+ * stays unfinished, until that deadline: the caller must not reuse them while a
+ * server may still write there. The loop's sweep finishes such held parts. */
+#define PM_SLACK_MS 2000u
+
+static int pm_must_hold(const part *p) {
+  return p->hdr.codec == PS_CODEC_PEER_MEM && p->sent && !p->pm_answered && ps__now_ms() < p->deadline_ms;
+}
+
 /* A part is finished when its reply arrived (or it failed) and its write completed. */
 static void part_finish(part *p) {
   if (p->finished) return;
+  if (!p->held && pm_must_hold(p)) {
+    ps_ctx *ctx = p->req->ctx;
+    if (p->lk) {
+      list_remove(&p->lk->inflight, p);
+      p->lk = NULL;
+    }
+    p->held = 1;
+    p->prev = NULL;
+    p->next = ctx->held;
+    if (ctx->held) ctx->held->prev = p;
+    ctx->held = p;
+    return;
+  }
+  if (p->held) {
+    ps_ctx *ctx = p->req->ctx;
+    p->held = 0;
+    if (p->prev) p->prev->next = p->next;
+    else ctx->held = p->next;
+    if (p->next) p->next->prev = p->prev;
+    p->prev = p->next = NULL;
+  }
   p->finished = 1;
   /* A part that expects no reply (a queued fire-and-forget frame) finishes on its write
    * completion while still on the link's in-flight list; a detached request is freed
@@ -646,6 +682,7 @@ static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
       char msg[160];
       snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len,
                p->recv_len);
+      p->pm_answered = 1;
       list_remove(&l->inflight, p);
       p->lk = NULL;
       part_fail(p, PS_ERR_SIZE, msg);
@@ -707,6 +744,7 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   part *p = b->udata;
   l->reading = NULL;
   if (!p) return;
+  p->pm_answered = 1;
   list_remove(&l->inflight, p);
   p->lk = NULL;
   if (h->status) {
@@ -738,6 +776,10 @@ static void link_on_close(ps__conn *c, int status) {
   peer *l = c->udata;
   ps_ctx *ctx = c->loop->data;
   if (!l) return;
+  /* The server closed the connection (or died): it no longer serves any frame of it,
+   * so its peer-memory parts need not be held (part_finish). */
+  if (status == PS_ERR_CLOSED)
+    for (part *p = l->inflight; p; p = p->next) p->pm_answered = 1;
   l->conn = NULL;
   __atomic_store_n(&l->pm, 0, __ATOMIC_RELAXED);
   char msg[160];
@@ -785,6 +827,11 @@ static void hb_tick(uv_timer_t *t) {
 static void sweep_tick(uv_timer_t *t) {
   ps_ctx *ctx = t->data;
   uint64_t now = ps__now_ms();
+  for (part *p = ctx->held; p;) { /* peer-memory parts whose buffers the server may no longer touch */
+    part *next = p->next;
+    if (now >= p->deadline_ms) part_finish(p);
+    p = next;
+  }
   for (peer *l = ctx->links; l; l = l->next) {
     int close_conn = 0;
     for (part *p = l->queue_head; p;) {
@@ -843,6 +890,11 @@ static void mail_cancel(void *arg) {
         p->prev = p->next = NULL;
         p->queued = 0;
       }
+    } else if (l && p->hdr.codec == PS_CODEC_PEER_MEM && p->sent) {
+      /* The server may be copying from or into the caller's buffers: the part stays in
+       * flight until its answer (or its deadline), which finishes it as canceled. */
+      req_set_error(r, PS_ERR_CANCELED, "canceled");
+      continue;
     } else if (l) {
       if (l->reading == p && l->conn) {
         l->conn->body.discard = 1;
@@ -1204,6 +1256,7 @@ static void dl_frame_done(ps_ctx *ctx, dlink *d) {
   if (!p) return; /* a late reply to an earlier call, or an error notice */
   d->pending--;
   p->reply_done = 1;
+  p->pm_answered = 1;
   if (d->cur.status) {
     size_t n = d->cur.payload_len < sizeof d->errtxt - 1 ? (size_t)d->cur.payload_len : sizeof d->errtxt - 1;
     d->errtxt[n] = '\0';
@@ -1263,6 +1316,7 @@ static int dl_begin(dlink *d) {
 static int dl_read_end(const peer *l, ssize_t got) {
   if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
   if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  if (errno == ECONNRESET) return ps__fail(PS_ERR_CLOSED, "server %u reset the connection", l->id);
   return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
 }
 
@@ -1331,6 +1385,8 @@ static int dl_write(dlink *d) {
     ssize_t put = sendmsg(d->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (put < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+      if (errno == EPIPE || errno == ECONNRESET)
+        return ps__fail(PS_ERR_CLOSED, "sending to server %u: %s", d->l->id, strerror(errno));
       return ps__fail(PS_ERR_UNAVAILABLE, "sending to server %u: %s", d->l->id, strerror(errno));
     }
     size_t k = (size_t)put;
@@ -1542,6 +1598,15 @@ static int direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadl
   __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
   direct_io(ctx, dl, n, deadline_ms, ctx->spin_ns > 0);
   direct_release(ctx, dl, n);
+  /* A peer-memory part left unanswered (a failed link) keeps the caller's buffers until
+   * its deadline, as on the loop (part_finish). */
+  uint64_t hold = 0;
+  for (unsigned j = 0; j < n; j++)
+    for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) {
+      part *p = dl[j].parts[k];
+      if (p->hdr.codec == PS_CODEC_PEER_MEM && p->sent && !p->pm_answered && p->deadline_ms > hold) hold = p->deadline_ms;
+    }
+  for (uint64_t now; (now = ps__now_ms()) < hold;) usleep((useconds_t)((hold - now > 100 ? 100 : hold - now) * 1000));
   for (unsigned q = 0; q < nreqs; q++) {
     ps_req *r = reqs[q];
     if (r->status == 0 && r->pos) req_scatter(r);
@@ -1828,6 +1893,8 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
 /* Dense parts of at least this many bytes go by peer memory where they can: below it a
  * socket's two copies cost less than the system call's page pinning. */
 #define PM_MIN_BYTES ((size_t)64 << 10)
+/* A peer-memory frame expires this long before its request's deadline (PM_SLACK_MS,
+ * defined above part_finish). */
 
 static int link_takes_pm(ps_ctx *ctx, uint32_t target) {
   if (!ctx->peer_mem) return 0;
@@ -1885,7 +1952,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
    * one region per segment. segbuf: the segment lists, then the descriptors (one
    * (address, length) pair per segment). */
   ps_req *r = req_new(ctx, nparts, 2 * nparts + (unsigned)nseg);
-  uint64_t *segbuf = ps__malloc((nseg ? nseg : 1) * 4 * 8);
+  uint64_t *segbuf = ps__malloc(((nseg ? nseg : 1) * 4 + 2 * (size_t)nparts) * 8);
   if (!r || !segbuf) {
     free(segs); free(segown); free(nseg_of); free(segbuf);
     if (r) req_destroy(r);
@@ -1901,7 +1968,10 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   unsigned pi = 0, bi = 0;
   size_t sb = 0;
-  uint64_t *descs = segbuf + 2 * nseg;
+  uint64_t *descs = segbuf + 2 * nseg; /* per part: expiry, reserved, then its pairs */
+  /* The server may touch the caller's buffers until PM_SLACK_MS before the deadline;
+   * the caller gets them back at the deadline at the latest (part_finish). */
+  int pm_time = deadline >= ps__now_ms() + 2 * PM_SLACK_MS;
   for (size_t s = 0; s < S; s++) {
     if (!is_push && !nseg_of[s]) continue;
     uint32_t target = ps__ring_server_at(ring, s);
@@ -1914,7 +1984,10 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     unsigned nreg = 2;
     size_t sb0 = sb;
     regs[0] = uv_buf_init((char *)(segbuf + 2 * sb), (unsigned)(nseg_of[s] * 16));
-    regs[1] = uv_buf_init((char *)(descs + 2 * sb), (unsigned)(nseg_of[s] * 16));
+    uint64_t *tail = descs + 2 * (sb + pi);
+    regs[1] = uv_buf_init((char *)tail, (unsigned)(16 + nseg_of[s] * 16));
+    tail[0] = deadline - PM_SLACK_MS;
+    tail[1] = 0;
     size_t bytes = 0;
     for (size_t k = 0; k < nseg; k++) {
       if (segown[k] != s) continue;
@@ -1924,8 +1997,8 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       uv_buf_t rb;
       rb.base = is_push ? (char *)(grads + rel) : (char *)(out + rel);
       rb.len = segs[2 * k + 1] * 4;
-      descs[2 * sb] = (uint64_t)(uintptr_t)rb.base;
-      descs[2 * sb + 1] = rb.len;
+      tail[2 + 2 * (sb - sb0)] = (uint64_t)(uintptr_t)rb.base;
+      tail[3 + 2 * (sb - sb0)] = rb.len;
       sb++;
       bytes += rb.len;
       regs[nreg++] = rb;
@@ -1933,12 +2006,11 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     bi += nreg;
     /* A large part to a server on this host goes by peer memory: the frame names the
      * caller's buffers, the server copies from or into them (net/peermem.c). */
-    int pm = bytes >= PM_MIN_BYTES && link_takes_pm(ctx, target);
+    int pm = pm_time && bytes >= PM_MIN_BYTES && link_takes_pm(ctx, target);
     if (pm) {
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
       p->hdr.codec = PS_CODEC_PEER_MEM;
-      for (size_t k = sb0; k < sb; k++) /* little-endian on the wire */
-        for (int j = 0; j < 2; j++) ps__put_u64((uint8_t *)&descs[2 * k + j], descs[2 * k + j]);
+      for (size_t k = 0; k < 2 + 2 * nseg_of[s]; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]); /* little-endian */
     }
     if (is_push) {
       p->send = regs;
@@ -2482,6 +2554,12 @@ void ps_ctx_close(ps_ctx *ctx) {
     uv_walk(&ctx->loop, walk_close, NULL);
     uv_run(&ctx->loop, UV_RUN_DEFAULT);
   }
+  /* The loop is gone: release held peer-memory parts at their deadlines. */
+  uint64_t hold = 0;
+  for (part *p = ctx->held; p; p = p->next)
+    if (p->deadline_ms > hold) hold = p->deadline_ms;
+  for (uint64_t now; (now = ps__now_ms()) < hold;) usleep((useconds_t)((hold - now > 100 ? 100 : hold - now) * 1000));
+  while (ctx->held) part_finish(ctx->held);
   uv_loop_close(&ctx->loop);
   stop_embedded(ctx);
   while (ctx->links) {

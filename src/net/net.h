@@ -209,9 +209,12 @@ void ps__pm_reset(void);
 int ps__pm_descs_check(const uint8_t *d, size_t nd, uint64_t *total);
 /* Copy between process pid's regions d[nd], from byte off of their concatenation on,
  * and the local regions loc: the peer's into loc (write = 0), or loc into the peer's
- * (write = 1), as many bytes as loc holds. 0, PS_ERR_UNAVAILABLE (not permitted here),
- * PS_ERR_IO (a bad address; part may have moved) or PS_ERR_SIZE, with a message. */
-int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off);
+ * (write = 1), as many bytes as loc holds, in system calls of at most 8 MiB, none
+ * started at or after until_ms (ps__now_ms; 0 = no limit). 0, PS_ERR_UNAVAILABLE (not
+ * permitted here), PS_ERR_IO (a bad address), PS_ERR_TIMEOUT (expired) or PS_ERR_SIZE,
+ * with a message; after a failure part of the bytes may have moved. */
+int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off,
+                uint64_t until_ms);
 /* Are the regions d[nd] all mapped in process pid, readable (write = 0) or writable?
  * 0, PS_ERR_IO (not), PS_ERR_UNAVAILABLE (cannot tell) or PS_ERR_NOMEM. */
 int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd);

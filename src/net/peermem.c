@@ -34,6 +34,22 @@
 
 static int pm_state; /* 0 unknown, 1 usable, -1 not */
 
+#define PM_CALL_MAX ((size_t)8 << 20) /* bytes per system call */
+
+/* Peer-memory frames carry an expiry in CLOCK_MONOTONIC milliseconds, which both sides
+ * read: a time namespace that shifts that clock would break the agreement. */
+static int clock_unshifted(void) {
+  FILE *f = fopen("/proc/self/timens_offsets", "r");
+  if (!f) return 1; /* no time namespaces */
+  char name[32];
+  long long sec, nsec;
+  int ok = 1;
+  while (ok && fscanf(f, "%31s %lld %lld", name, &sec, &nsec) == 3)
+    if (!strcmp(name, "monotonic") && (sec || nsec)) ok = 0;
+  fclose(f);
+  return ok;
+}
+
 static int yama_allows(void) {
   FILE *f = fopen("/proc/sys/kernel/yama/ptrace_scope", "r");
   if (!f) return 1; /* no Yama */
@@ -56,7 +72,7 @@ int ps__pm_usable(void) {
   }
   /* ... no Yama rule stands between two processes of one user, and this process may be
    * accessed at all (a non-dumpable one may not). */
-  if (ok) ok = yama_allows() && prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1;
+  if (ok) ok = yama_allows() && prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 1 && clock_unshifted();
   __atomic_store_n(&pm_state, ok ? 1 : -1, __ATOMIC_RELAXED);
   return ok;
 }
@@ -79,7 +95,8 @@ int ps__pm_descs_check(const uint8_t *d, size_t nd, uint64_t *total) {
 /* Copy between the local regions loc and the peer's regions d[nd] taken from byte off
  * of their concatenation on, 64 regions a call on each side; a short transfer goes on
  * where it stopped. */
-int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off) {
+int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off,
+                uint64_t until_ms) {
   struct iovec lv[64], rv[64];
   unsigned li = 0;
   size_t lo = 0, ri = 0;
@@ -89,14 +106,19 @@ int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const ui
     while (li < nloc && loc[li].len == lo) li++, lo = 0;
     if (li == nloc) return 0;
     if (ri == nd) return ps__fail(PS_ERR_SIZE, "peer-memory regions shorter than the values");
+    /* The sender lets go of its buffers at its deadline: no copy starts after
+     * until_ms, and none is longer than PM_CALL_MAX, so none ends much later. */
+    if (until_ms && ps__now_ms() >= until_ms)
+      return ps__fail(PS_ERR_TIMEOUT, "peer-memory request of process %d expired", pid);
     /* Up to 64 regions on each side, covering the same number of bytes. */
     unsigned nl = 0, nr = 0;
     size_t want = 0, have = 0;
-    for (unsigned lj = li; lj < nloc && nl < 64; lj++) {
+    for (unsigned lj = li; lj < nloc && nl < 64 && want < PM_CALL_MAX; lj++) {
       size_t from = lj == li ? lo : 0;
       if (loc[lj].len == from) continue;
       lv[nl].iov_base = loc[lj].base + from;
       lv[nl].iov_len = loc[lj].len - from;
+      if (lv[nl].iov_len > PM_CALL_MAX - want) lv[nl].iov_len = PM_CALL_MAX - want;
       want += lv[nl++].iov_len;
     }
     for (size_t rj = ri; rj < nd && nr < 64 && have < want; rj++) {
@@ -146,7 +168,11 @@ int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd) {
   size_t n = 0, cap = 64;
   uint64_t *run = ps__malloc(cap * 2 * sizeof *run);
   char line[512];
+  int line_start = 1; /* a long line (a long path) is read in pieces: parse only its first */
   while (run && fgets(line, sizeof line, f)) {
+    int first = line_start;
+    line_start = strchr(line, '\n') != NULL;
+    if (!first) continue;
     unsigned long long a, b;
     char perms[8];
     if (sscanf(line, "%llx-%llx %7s", &a, &b, perms) != 3) continue;

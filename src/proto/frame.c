@@ -97,7 +97,7 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
     if (h->codec == PS_CODEC_PEER_MEM) {
       if (t != PS_MSG_PULL_DENSE && (t != PS_MSG_PUSH_DENSE || reply))
         return ps__fail(PS_ERR_PROTO, "peer-memory codec on a %s frame", ps__frame_type_name(h->type));
-      if (reply ? h->payload_len != 0 : (h->payload_len - kbytes) % 16u)
+      if (reply ? h->payload_len != 0 : (h->payload_len - kbytes) % 16u || h->payload_len - kbytes < 16u)
         return ps__fail(PS_ERR_PROTO, "a peer-memory %s carries %llu bytes after its keys", reply ? "reply" : "request",
                         (unsigned long long)(h->payload_len - kbytes));
     }

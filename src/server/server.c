@@ -1306,15 +1306,31 @@ static size_t produce_apply(void *arg) {
   return t->pend.active ? (size_t)t->pend.done * 4 : SIZE_MAX;
 }
 
+/* The tail of a peer-memory request after its segments: the time (ps__now_ms) after
+ * which the worker lets go of its buffers, 8 reserved bytes, then (address, length)
+ * pairs (protocol.md 6.2a). The frame decoder checked that it has at least 16 bytes. */
+typedef struct pm_tail {
+  uint64_t until;
+  const uint8_t *d;
+  size_t nd;
+} pm_tail;
+
+static pm_tail pm_tail_of(const ps__frame_hdr *h, const void *body, size_t blen) {
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  const uint8_t *t = (const uint8_t *)body + kbytes;
+  pm_tail q = {ps__get_u64(t), t + 16, (blen - kbytes - 16) / 16};
+  return q;
+}
+
 /* A peer-memory pull (PS_CODEC_PEER_MEM): write the rows straight into the worker's
  * buffers named after the segment list, and answer with an empty reply. 1 if done (or
  * answered with an error), 0 if the values must go in the reply instead (this server
  * may not write that process's memory after all). */
 static int write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
                               const regions_arg *a, ps__frame_hdr *r) {
-  size_t kbytes = 8u * (size_t)h->nkeys;
-  if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid || blen <= kbytes) return 0;
-  int rc = ps__pm_copy(c->peer_pid, 1, a->v, a->n, keys + kbytes, (blen - kbytes) / 16, 0);
+  if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid) return 0;
+  pm_tail q = pm_tail_of(h, keys, blen);
+  int rc = ps__pm_copy(c->peer_pid, 1, a->v, a->n, q.d, q.nd, 0, q.until);
   if (rc == PS_ERR_UNAVAILABLE) {
     ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
     return 0;
@@ -1487,8 +1503,8 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
     if (h->codec == PS_CODEC_PEER_MEM) {
       /* The worker's buffers must hold exactly the values asked for. */
       uint64_t total;
-      size_t kbytes = 8u * (size_t)h->nkeys;
-      if (ps__pm_descs_check((const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, &total)) {
+      pm_tail q = pm_tail_of(h, b->buf, b->len);
+      if (ps__pm_descs_check(q.d, q.nd, &total)) {
         reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
         return;
       }
@@ -1613,14 +1629,13 @@ typedef struct pm_acc_arg {
   float weight;
   unsigned width;
   int pid;
-  const uint8_t *d;
-  size_t nd;
+  pm_tail q;
 } pm_acc_arg;
 
 static int pm_read(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
   uv_buf_t l = uv_buf_init((char *)dst, 0);
   l.len = (size_t)n * 4;
-  return ps__pm_copy(a->pid, 0, &l, 1, a->d, a->nd, pos * 4);
+  return ps__pm_copy(a->pid, 0, &l, 1, a->q.d, a->q.nd, pos * 4, a->q.until);
 }
 
 static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
@@ -1650,12 +1665,12 @@ static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, 
  * so a bad address fails before any value is added (process_vm_readv would stop part
  * way); only a mapping removed while the push runs (the worker freeing a buffer it
  * is pushing from) can then leave part of it in the round, which is logged. */
-static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys,
-                              const uint8_t *d, size_t nd, uint64_t total) {
+static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, pm_tail q,
+                              uint64_t total) {
   table *t = get_table(s, h->table);
   if (!t || t->spec.kind != PS_DENSE || !is_sync(t) || total < PM_STREAM_MIN) return 1;
   if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
-  int rc = ps__pm_mapped(c->peer_pid, 0, d, nd);
+  int rc = ps__pm_mapped(c->peer_pid, 0, q.d, q.nd);
   if (rc == PS_ERR_IO) {
     reply_err(c, h, rc, "%s", ps_errmsg());
     return 0;
@@ -1664,7 +1679,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   if (!(t = push_admit(s, c, h, keys, total / 4, 1))) return 0;
   ps__rowmap *acc = round_acc_for(t, c, h);
   if (!acc) return 0;
-  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, c->peer_pid, d, nd};
+  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, c->peer_pid, q};
   if ((rc = walk_slices(keys, h->nkeys, t->spec.width, pm_acc_slice, &a))) {
     if (rc != PS_ERR_NOMEM)
       ps__log(PS_LOG_ERROR, "a push of worker %u to table '%s' failed part way (%s): round %lld may hold part of it",
@@ -1688,7 +1703,8 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
               c->peer_pid ? "peer memory is not usable here" : "not a same-host AF_UNIX socket");
     return;
   }
-  if (ps__pm_descs_check((const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, &total)) {
+  pm_tail q = pm_tail_of(h, b->buf, b->len);
+  if (ps__pm_descs_check(q.d, q.nd, &total)) {
     reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
     return;
   }
@@ -1701,8 +1717,7 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
     reply_err(c, h, PS_ERR_SIZE, "a peer-memory push of %llu bytes is not whole floats", (unsigned long long)total);
     return;
   }
-  if (!push_peer_streamed(s, c, h, b->buf, (const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, total))
-    return;
+  if (!push_peer_streamed(s, c, h, b->buf, q, total)) return;
   size_t len = kbytes + (size_t)total;
   uint8_t *buf = ps__pool_get(c->pool, len);
   if (!buf) {
@@ -1712,7 +1727,7 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
   memcpy(buf, b->buf, kbytes);
   uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
   dst.len = (size_t)total;
-  int rc = ps__pm_copy(c->peer_pid, 0, &dst, 1, (const uint8_t *)b->buf + kbytes, (h->payload_len - kbytes) / 16, 0);
+  int rc = ps__pm_copy(c->peer_pid, 0, &dst, 1, q.d, q.nd, 0, q.until);
   if (rc) {
     ps__pool_put(c->pool, buf, len);
     reply_err(c, h, rc, "%s", ps_errmsg());

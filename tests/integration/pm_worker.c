@@ -13,12 +13,21 @@
  * Rank 0 writes to --out, per table, the FNV-1a hash of the pulled bytes and a few
  * elements; every worker prints "peer_mem_parts N" (ps_ctx_stat) on stdout.
  * Options: --floats N (default 1.5M) --steps S (3) --out FILE.
+ *
+ * --hold FILE instead checks that a canceled peer-memory pull keeps the caller's buffer
+ * while the server may still write into it: after one pull it prints "ready" and waits
+ * for FILE to appear (the test stops the server meanwhile), starts a pull of table
+ * "async", frees the request at once and prints "freed after MS ms" (it must block
+ * until the request's deadline, timeout_ms), fills the buffer with a marker, prints
+ * "released", and after 1.5 s (the test resumes the server meanwhile, which must find
+ * the request expired) prints "intact" if the marker is still there, else "overwritten".
  * Exit status: 0 success, 1 a pshard call failed, 2 bad usage.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "pshard.h"
 
@@ -41,11 +50,12 @@ static uint64_t fnv(const void *p, size_t n) {
 int main(int argc, char **argv) {
   uint64_t n = 1536u << 10;
   int steps = 3;
-  const char *out = NULL;
+  const char *out = NULL, *hold = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--floats")) n = strtoull(argv[i + 1], NULL, 10);
     else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
+    else if (!strcmp(argv[i], "--hold")) hold = argv[i + 1];
     else {
       fprintf(stderr, "pm_worker: unknown option %s\n", argv[i]);
       return 2;
@@ -67,6 +77,43 @@ int main(int argc, char **argv) {
   float *g = malloc(n * 4), *w = malloc(n * 4);
   if (!g || !w) return 1;
   for (uint64_t j = 0; j < n; j++) g[j] = (float)((r + 1) * (int)(j % 7 + 1)) / 16.0f;
+  if (hold) {
+    CHECK(ps_pull_range(ctx, tid[2], 0, n, w, -1));
+    printf("ready\n");
+    fflush(stdout);
+    for (int i = 0; i < 3000; i++) { /* 30 s at most */
+      FILE *f = fopen(hold, "r");
+      if (f) {
+        fclose(f);
+        break;
+      }
+      struct timespec ts = {0, 10000000};
+      nanosleep(&ts, NULL);
+    }
+    ps_req *req;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    CHECK(ps_pull_range_start(ctx, tid[2], 0, n, w, &req));
+    ps_req_free(req);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    printf("freed after %.0f ms\n", (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6);
+    for (uint64_t j = 0; j < n; j++) w[j] = 12345.0f;
+    printf("released\n");
+    fflush(stdout);
+    struct timespec ts = {1, 500000000};
+    nanosleep(&ts, NULL);
+    uint64_t bad = 0;
+    for (uint64_t j = 0; j < n; j++) bad += w[j] != 12345.0f;
+    printf("%s\n", bad ? "overwritten" : "intact");
+    double parts = 0;
+    CHECK(ps_ctx_stat(ctx, "peer_mem_parts", &parts));
+    printf("peer_mem_parts %.0f\n", parts);
+    fflush(stdout);
+    free(g);
+    free(w);
+    ps_ctx_close(ctx);
+    return 0;
+  }
   uint64_t lo = 1000, cnt = n - 100000; /* starts and ends inside a slice */
   CHECK(ps_barrier(ctx, -1));
   uint64_t h[3] = {0};

@@ -12,6 +12,7 @@ straight from the worker's buffers, and a pull's values straight into them.
 import ctypes
 import os
 import re
+import signal
 import socket
 import struct
 import time
@@ -23,7 +24,7 @@ from test_core import (DENSE_SGD, HDR, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD
                        frame, load_params, run_sync, server_port, stats, wait_for_line, worst)
 
 CODEC_PEER_MEM = 1
-E_IO, E_PROTO, E_SIZE = 5, 6, 9
+E_TIMEOUT, E_IO, E_PROTO, E_SIZE = 3, 5, 6, 9
 
 
 def run_pm(tmp_path, env, steps=3, floats=1536 << 10):
@@ -64,6 +65,29 @@ def test_peer_memory_matches_the_socket_path(tmp_path):
             assert got == pytest.approx(exp, rel=1e-6), f"{name}[{j}] = {got}, expected {exp}"
 
 
+def test_a_freed_peer_memory_request_keeps_its_buffer_until_the_deadline(tmp_path):
+    """A pull freed while its server is stopped: ps_req_free returns only at the
+    request's deadline (the server could still write into the buffer until then), and
+    the server, resumed later, finds the request expired and leaves the buffer alone."""
+    flag = str(tmp_path / "go")
+    with Cluster(1, 1, extra_env={"PSHARD_TIMEOUT_MS": "5000"}) as c:
+        w = c.worker([binary("pm_worker"), "--hold", flag], "worker0")
+        wait_for_line(c, "worker0", "ready", RUN_TIMEOUT, [w])
+        server = c.server_procs[0]
+        server.send_signal(signal.SIGSTOP)
+        try:
+            open(flag, "w").close()
+            wait_for_line(c, "worker0", "released", RUN_TIMEOUT, [w])
+        finally:
+            server.send_signal(signal.SIGCONT)
+        assert c.wait([w], RUN_TIMEOUT) == [0], c.log("worker0")
+        log = c.log("worker0")
+        freed_ms = float(re.search(r"freed after (\d+) ms", log).group(1))
+        assert 4000 <= freed_ms <= 5000 + 3000 * SCALE, log
+        assert "intact" in log and "overwritten" not in log, log
+        assert int(re.search(r"peer_mem_parts (\d+)", log).group(1)) == 2, log
+
+
 # ------------------------------------------------------------------ 2. bad input
 
 
@@ -99,9 +123,13 @@ def unix_conn(c):
     return Conn(s)
 
 
-def pm_frame(type_, req_id, segs, regions, table=1):
-    """A peer-memory request: segments (offset, count), then (address, length) pairs."""
-    body = b"".join(struct.pack("<QQ", o, n) for o, n in segs) + b"".join(struct.pack("<QQ", a, n) for a, n in regions)
+def pm_frame(type_, req_id, segs, regions, table=1, expires_in=30.0):
+    """A peer-memory request: segments (offset, count), the expiry (CLOCK_MONOTONIC ms,
+    after which the sender lets go of its buffers) and 8 reserved bytes, then (address,
+    length) pairs."""
+    until = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000 + expires_in * 1000)
+    body = (b"".join(struct.pack("<QQ", o, n) for o, n in segs) + struct.pack("<QQ", max(until, 1), 0) +
+            b"".join(struct.pack("<QQ", a, n) for a, n in regions))
     return frame(type_, body, codec=CODEC_PEER_MEM, req_id=req_id, table=table, batch=1, nkeys=2 * len(segs))
 
 
@@ -138,7 +166,22 @@ def test_bad_peer_memory_frames_change_nothing(tmp_path):
             # A pull into addresses this process does not have.
             h, body = u.request(pm_frame(T_PULL_DENSE, 7, [(0, 32)], [(0x1000, 128)]))
             assert (h["req_id"], h["status"]) == (7, E_IO), (h, body)
+            # Expired requests: the sender may have let go of these buffers.
+            h, body = u.request(pm_frame(T_PUSH_DENSE, 12, [(0, 32)], [(addr, 128)], expires_in=-1))
+            assert (h["req_id"], h["status"]) == (12, E_TIMEOUT) and b"expired" in body, (h, body)
+            h, body = u.request(pm_frame(T_PULL_DENSE, 13, [(0, 32)], [(addr, 128)], expires_in=-1))
+            assert (h["req_id"], h["status"]) == (13, E_TIMEOUT) and b"expired" in body, (h, body)
+
             assert list(buf) == [7.0] * 32, "a failed request wrote into the client's buffer"
+        finally:
+            u.close()
+        # No room for the expiry: a malformed frame, answered with an error, then a close.
+        u = unix_conn(c)
+        try:
+            h, body = u.request(frame(T_PUSH_DENSE, struct.pack("<QQ", 0, 32), codec=CODEC_PEER_MEM, req_id=14,
+                                      table=1, nkeys=2))
+            assert h["status"] == E_PROTO and b"peer-memory" in body, (h, body)
+            assert u.s.recv(1) == b"", "the connection stayed open after a malformed frame"
         finally:
             u.close()
         # Over TCP the server cannot know the sender's process: a push is refused, a
