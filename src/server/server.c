@@ -587,6 +587,11 @@ static void apply_acc(table *t, ps__rowmap *acc, double denom, int per_row_denom
       return;
     }
     uint32_t len = ps__spec_row_len(&t->spec, key);
+    if (d != 1.0 && t->spec.opt.kind == PS__OPT_SGD) {
+      /* sgd is linear in the gradient: scale the step, not the gradient (one pass less) */
+      ps__optim_apply(&t->spec.opt, (float)(lr / d), step, w, w + width, width, g, len);
+      continue;
+    }
     if (d != 1.0) ps__vscale(g, (float)(1.0 / d), len);
     ps__optim_apply(&t->spec.opt, lr, step, w, w + width, width, g, len);
   }
