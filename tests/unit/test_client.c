@@ -892,14 +892,18 @@ Test(api, barrier_after_a_timeout, .timeout = 30) {
 
 /* ---------------------------------------------------------------- caller-side I/O (lent links) */
 
-static ps_ctx *open_embedded_direct(unsigned servers, const char *direct) {
+/* An embedded job with one more option set (key = value). */
+static ps_ctx *open_embedded_with(unsigned servers, const char *key, const char *value);
+#define open_embedded_with_direct(servers, direct) open_embedded_with(servers, "direct", direct)
+
+static ps_ctx *open_embedded_with(unsigned servers, const char *key, const char *value) {
   ps_config *cfg;
   char n[16];
   OK(ps_config_new(&cfg));
   snprintf(n, sizeof n, "%u", servers);
   OK(ps_config_set(cfg, "embedded", n));
   OK(ps_config_set(cfg, "workers", "1"));
-  OK(ps_config_set(cfg, "direct", direct));
+  OK(ps_config_set(cfg, key, value));
   set_common(cfg);
   ps_ctx *ctx = NULL;
   OK(ps_ctx_open(cfg, &ctx));
@@ -918,7 +922,7 @@ static double stat_of(ps_ctx *ctx, const char *name) {
  * (direct=1) and through the I/O thread (direct=0). */
 Test(direct, push_pull_equals_push_then_pull, .timeout = 60) {
   for (int mode = 0; mode < 2; mode++) {
-    ps_ctx *ctx = open_embedded_direct(2, mode ? "1" : "0");
+    ps_ctx *ctx = open_embedded_with_direct(2, mode ? "1" : "0");
     uint32_t ts, td;
     OK(ps_table_declare(ctx, "s", PS_SPARSE, 3, "opt=sgd lr=1 update=sum mode=async", &ts));
     OK(ps_table_declare(ctx, "d", PS_DENSE, 1000, "opt=sgd lr=1 update=sum mode=async slice=16", &td));
@@ -1135,7 +1139,7 @@ Test(direct, a_server_leaving_ends_a_waiting_call, .timeout = 60) {
  * up (>= 16 MiB) answers exactly what small pulls of the same keys answer: existing
  * rows, rows it creates (initialised by the table's rule), and repeated keys. */
 Test(api, a_streamed_sparse_pull_matches_small_pulls, .timeout = 120) {
-  ps_ctx *ctx = open_embedded(1);
+  ps_ctx *ctx = open_embedded_with(1, "dedup", "0"); /* the whole 17.9 MB reply, repeats included */
   uint32_t ts;
   enum { DIM = 64, N = 70000 };
   OK(ps_table_declare(ctx, "e", PS_SPARSE, DIM, "opt=sgd lr=1 update=sum mode=async init=uniform:0.5", &ts));
@@ -1159,4 +1163,55 @@ Test(api, a_streamed_sparse_pull_matches_small_pulls, .timeout = 120) {
   free(small);
   free(g);
   ps_ctx_close(ctx);
+}
+
+/* A large pull with repeated keys asks for each distinct key once (dedup) and gives the
+ * same rows, in caller order, as small pulls (which are not de-duplicated) and as the
+ * same pull with dedup=0: through lent links and through the loop (a *_start call), on
+ * one server and routed over three, for rows of dim 16. Mostly distinct keys take the
+ * plain path. */
+Test(api, a_deduplicated_pull_matches_small_pulls, .timeout = 120) {
+  enum { DIM = 16, N = 30000, DISTINCT = 4000 };
+  uint64_t *keys = malloc(N * sizeof *keys), *uniq = malloc(N * sizeof *uniq);
+  float *a = malloc((size_t)N * DIM * 4), *b = malloc((size_t)N * DIM * 4), *g = malloc(1000 * DIM * 4);
+  cr_assert(keys && uniq && a && b && g);
+  for (int i = 0; i < N; i++) keys[i] = (uint64_t)((i * 7919) % DISTINCT) * 2654435761u + 11;
+  for (int i = 0; i < N; i++) uniq[i] = (uint64_t)i * 40503u + 5;
+  for (int i = 0; i < 1000 * DIM; i++) g[i] = 0.5f;
+  for (unsigned servers = 1; servers <= 3; servers += 2) {
+    for (int dedup = 1; dedup >= 0; dedup--) {
+      ps_ctx *ctx = open_embedded_with(servers, "dedup", dedup ? "1" : "0");
+      uint32_t ts;
+      OK(ps_table_declare(ctx, "e", PS_SPARSE, DIM, "opt=sgd lr=1 update=sum mode=async init=uniform:0.5 seed=9", &ts));
+      for (int k = 0; k < 2000; k += 1000) OK(ps_push(ctx, ts, keys + k, 1000, g, 1, PS_LR_SCHEDULE, -1));
+      double before = stat_of(ctx, "bytes_pulled");
+      OK(ps_pull(ctx, ts, keys, N, a, -1));
+      double moved = stat_of(ctx, "bytes_pulled") - before;
+      if (dedup) /* one row per distinct key went over the wire */
+        cr_assert(eq(dbl, moved, (double)DISTINCT * DIM * 4), "%u servers: %g bytes pulled", servers, moved);
+      else
+        cr_assert(eq(dbl, moved, (double)N * DIM * 4), "%u servers: %g bytes pulled", servers, moved);
+      for (int k = 0; k < N; k += 1000) OK(ps_pull(ctx, ts, keys + k, 1000, b + (size_t)k * DIM, -1));
+      cr_assert(eq(int, memcmp(a, b, (size_t)N * DIM * 4), 0), "%u servers, dedup %d: rows differ", servers, dedup);
+      memset(a, 0, (size_t)N * DIM * 4);
+      ps_req *q;
+      OK(ps_pull_start(ctx, ts, keys, N, a, &q));
+      OK(ps_req_wait(q, -1));
+      ps_req_free(q);
+      cr_assert(eq(int, memcmp(a, b, (size_t)N * DIM * 4), 0), "%u servers, dedup %d: *_start rows differ", servers,
+                dedup);
+      /* Mostly distinct keys: the plain path, every row on the wire. */
+      before = stat_of(ctx, "bytes_pulled");
+      OK(ps_pull(ctx, ts, uniq, N, a, -1));
+      cr_assert(eq(dbl, stat_of(ctx, "bytes_pulled") - before, (double)N * DIM * 4));
+      for (int k = 0; k < N; k += 1000) OK(ps_pull(ctx, ts, uniq + k, 1000, b + (size_t)k * DIM, -1));
+      cr_assert(eq(int, memcmp(a, b, (size_t)N * DIM * 4), 0));
+      ps_ctx_close(ctx);
+    }
+  }
+  free(keys);
+  free(uniq);
+  free(a);
+  free(b);
+  free(g);
 }
