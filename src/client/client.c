@@ -1970,7 +1970,7 @@ static int dedup_keys(ps_ctx *ctx, const uint64_t *keys, size_t n, void **blockp
 static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t *keys, size_t nkeys,
                         const float *grads, float *out, uint32_t batch, float lr, uint64_t deadline, ps_req **out_req) {
   unsigned w = 0;
-  if (!is_push && ctx->dedup && nkeys >= DEDUP_MIN_KEYS && nkeys <= UINT32_MAX && keys && out) {
+  if (ctx && !is_push && ctx->dedup && nkeys >= DEDUP_MIN_KEYS && nkeys <= UINT32_MAX && keys && out) {
     pthread_mutex_lock(&ctx->mu);
     if (table < ctx->ntables && ctx->tables[table].kind == PS_SPARSE) w = ctx->tables[table].width;
     pthread_mutex_unlock(&ctx->mu);
