@@ -18,6 +18,7 @@
  * and the caller's memory free again, only once every part has finished.
  */
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
@@ -52,6 +53,7 @@ struct part {
   uint64_t deadline_ms;
   int queued, sent, write_done, reply_done, finished;
   int pm_answered;         /* a peer-memory part's reply arrived: the server is done */
+  int pm_pid;              /* a peer-memory part's server process */
   int held;                /* on ctx->held until its deadline (part_finish) */
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
@@ -110,7 +112,7 @@ struct peer {
   int lend_wanted;         /* a caller would use the link: lend it when idle */
   int broken;              /* a caller's I/O failed mid-frame: close, do not resume */
   int fd;
-  int pm;                  /* peer-memory frames may go to this server (atomic) */
+  int pm;                  /* peer-memory frames may go to this server: its pid (atomic), or 0 */
   uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
   size_t doff, dlen;
 };
@@ -272,7 +274,9 @@ static void req_complete(ps_req *r) {
 #define PM_SLACK_MS 2000u
 
 static int pm_must_hold(const part *p) {
-  return p->hdr.codec == PS_CODEC_PEER_MEM && p->sent && !p->pm_answered && ps__now_ms() < p->deadline_ms;
+  if (p->hdr.codec != PS_CODEC_PEER_MEM || !p->sent || p->pm_answered || ps__now_ms() >= p->deadline_ms) return 0;
+  /* A server process that is gone (killed, crashed) writes nowhere any more. */
+  return kill(p->pm_pid, 0) == 0 || errno != ESRCH;
 }
 
 /* A part is finished when its reply arrived (or it failed) and its write completed. */
@@ -555,7 +559,7 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
    * this user or privileged (the kernel's ptrace rule for process_vm_readv). */
   int pm = ctx->peer_mem && c->is_unix && c->peer_pid && (l->m.caps & PS_CAP_PEER_MEM) &&
            (c->peer_uid == (unsigned)geteuid() || c->peer_uid == 0);
-  __atomic_store_n(&l->pm, pm, __ATOMIC_RELAXED);
+  __atomic_store_n(&l->pm, pm ? c->peer_pid : 0, __ATOMIC_RELAXED);
   link_flush(ctx, l);
 }
 
@@ -847,7 +851,7 @@ static void sweep_tick(uv_timer_t *t) {
   uint64_t now = ps__now_ms();
   for (part *p = ctx->held; p;) { /* peer-memory parts whose buffers the server may no longer touch */
     part *next = p->next;
-    if (now >= p->deadline_ms) part_finish(p);
+    if (!pm_must_hold(p)) part_finish(p);
     p = next;
   }
   for (peer *l = ctx->links; l; l = l->next) {
@@ -1620,13 +1624,12 @@ static int direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadl
   direct_release(ctx, dl, n);
   /* A peer-memory part left unanswered (a failed link) keeps the caller's buffers until
    * its deadline, as on the loop (part_finish). */
-  uint64_t hold = 0;
-  for (unsigned j = 0; j < n; j++)
-    for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) {
-      part *p = dl[j].parts[k];
-      if (p->hdr.codec == PS_CODEC_PEER_MEM && p->sent && !p->pm_answered && p->deadline_ms > hold) hold = p->deadline_ms;
-    }
-  for (uint64_t now; (now = ps__now_ms()) < hold;) usleep((useconds_t)((hold - now > 100 ? 100 : hold - now) * 1000));
+  for (int held = 1; held;) {
+    held = 0;
+    for (unsigned j = 0; j < n; j++)
+      for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) held |= pm_must_hold(dl[j].parts[k]);
+    if (held) usleep(20000);
+  }
   for (unsigned q = 0; q < nreqs; q++) {
     ps_req *r = reqs[q];
     if (r->status == 0) req_rows_done(r);
@@ -2008,6 +2011,7 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
 /* A peer-memory frame expires this long before its request's deadline (PM_SLACK_MS,
  * defined above part_finish). */
 
+/* The pid of target's server process if peer-memory frames may go to it, else 0. */
 static int link_takes_pm(ps_ctx *ctx, uint32_t target) {
   if (!ctx->peer_mem) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
@@ -2118,8 +2122,9 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     bi += nreg;
     /* A large part to a server on this host goes by peer memory: the frame names the
      * caller's buffers, the server copies from or into them (net/peermem.c). */
-    int pm = pm_time && bytes >= PM_MIN_BYTES && link_takes_pm(ctx, target);
+    int pm = pm_time && bytes >= PM_MIN_BYTES ? link_takes_pm(ctx, target) : 0;
     if (pm) {
+      p->pm_pid = pm;
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
       p->hdr.codec = PS_CODEC_PEER_MEM;
       for (size_t k = 0; k < 2 + 2 * nseg_of[s]; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]); /* little-endian */
@@ -2668,10 +2673,11 @@ void ps_ctx_close(ps_ctx *ctx) {
     uv_run(&ctx->loop, UV_RUN_DEFAULT);
   }
   /* The loop is gone: release held peer-memory parts at their deadlines. */
-  uint64_t hold = 0;
-  for (part *p = ctx->held; p; p = p->next)
-    if (p->deadline_ms > hold) hold = p->deadline_ms;
-  for (uint64_t now; (now = ps__now_ms()) < hold;) usleep((useconds_t)((hold - now > 100 ? 100 : hold - now) * 1000));
+  for (int held = 1; held;) {
+    held = 0;
+    for (part *p = ctx->held; p; p = p->next) held |= pm_must_hold(p);
+    if (held) usleep(20000);
+  }
   while (ctx->held) part_finish(ctx->held);
   uv_loop_close(&ctx->loop);
   stop_embedded(ctx);

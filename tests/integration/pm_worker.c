@@ -12,7 +12,10 @@
  * is exact in float32 in any order, and the results must not depend on the transport.
  * Rank 0 writes to --out, per table, the FNV-1a hash of the pulled bytes and a few
  * elements; every worker prints "peer_mem_parts N" (ps_ctx_stat) on stdout.
- * Options: --floats N (default 1.5M) --steps S (3) --out FILE.
+ * Options: --floats N (default 1.5M) --steps S (3) --out FILE --lag-ms L (rank 1 waits L
+ * ms before each clock, so rank 0's pulls wait for the round at the servers: they are
+ * then written by the round's fused update). Rank 0 also prints each server's
+ * "fused_pulls N" (ps_server_stats).
  *
  * --hold FILE instead checks that a canceled peer-memory pull keeps the caller's buffer
  * while the server may still write into it: after one pull it prints "ready" and waits
@@ -51,11 +54,13 @@ int main(int argc, char **argv) {
   uint64_t n = 1536u << 10;
   int steps = 3;
   const char *out = NULL, *hold = NULL;
+  int lag_ms = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--floats")) n = strtoull(argv[i + 1], NULL, 10);
     else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
     else if (!strcmp(argv[i], "--hold")) hold = argv[i + 1];
+    else if (!strcmp(argv[i], "--lag-ms")) lag_ms = atoi(argv[i + 1]);
     else {
       fprintf(stderr, "pm_worker: unknown option %s\n", argv[i]);
       return 2;
@@ -122,6 +127,10 @@ int main(int argc, char **argv) {
     CHECK(ps_push_range(ctx, tid[0], lo, cnt, g + lo, 1, -1, -1));
     CHECK(ps_push_range(ctx, tid[1], 0, n, g, (uint32_t)(4 * (r + 1)), -1, -1));
     CHECK(ps_push_range(ctx, tid[2], 0, n, g, 1, -1, -1));
+    if (r == 1 && lag_ms > 0) {
+      struct timespec ts = {lag_ms / 1000, (long)(lag_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
     CHECK(ps_clock(ctx));
     for (int t = 0; t < 3; t++) {
       CHECK(ps_pull_range(ctx, tid[t], 0, n, w, -1));
@@ -132,6 +141,13 @@ int main(int argc, char **argv) {
   double parts = 0;
   CHECK(ps_ctx_stat(ctx, "peer_mem_parts", &parts));
   printf("peer_mem_parts %.0f\n", parts);
+  for (int i = 0; r == 0 && i < ps_ctx_num_servers(ctx); i++) {
+    char st[4096];
+    CHECK(ps_server_stats(ctx, i, st, sizeof st, -1));
+    const char *f = strstr(st, "fused_pulls ");
+    printf("server %d fused_pulls %lld\n", i, f ? atoll(f + 12) : -1LL);
+  }
+  fflush(stdout);
   if (r == 0 && out) {
     FILE *f = fopen(out, "w");
     if (!f) return 1;

@@ -27,30 +27,38 @@ CODEC_PEER_MEM = 1
 E_TIMEOUT, E_IO, E_PROTO, E_SIZE = 3, 5, 6, 9
 
 
-def run_pm(tmp_path, env, steps=3, floats=1536 << 10):
-    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}.txt")
+def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0):
+    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}-{lag_ms}.txt")
     with Cluster(2, 2, extra_env=env) as c:
-        procs = [c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out],
-                          f"worker{i}") for i in range(2)]
+        procs = [c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out,
+                           "--lag-ms", str(lag_ms)], f"worker{i}") for i in range(2)]
         codes = c.wait(procs, RUN_TIMEOUT)
         assert codes == [0, 0], "\n".join(c.log(f"worker{i}") for i in range(2))
         parts = [int(re.search(r"peer_mem_parts (\d+)", c.log(f"worker{i}")).group(1)) for i in range(2)]
+        fused = sum(int(x) for x in re.findall(r"fused_pulls (-?\d+)", c.log("worker0")))
     rows = {}
     with open(out) as f:
         for line in f:
             name, h, *vals = line.split()
             rows[name] = (h, [float(v) for v in vals])
-    return rows, parts
+    return rows, parts, fused
 
 
 def test_peer_memory_matches_the_socket_path(tmp_path):
+    """Also with rank 1 late to every clock: rank 0's pulls of the sync tables then wait
+    at the servers and are written by the round's fused update (fused_pulls)."""
     steps, n = 3, 1536 << 10
-    pm, pm_parts = run_pm(tmp_path, {}, steps, n)
-    sock, sock_parts = run_pm(tmp_path, {"PSHARD_PEER_MEM": "0"}, steps, n)
+    pm, pm_parts, _ = run_pm(tmp_path, {}, steps, n)
+    lagged, _, fused = run_pm(tmp_path, {}, steps, n, lag_ms=150)
+    sock, sock_parts, sock_fused = run_pm(tmp_path, {"PSHARD_PEER_MEM": "0"}, steps, n, lag_ms=150)
     # The comparison means something only if one run used peer memory and the other not.
     assert all(p > 0 for p in pm_parts), pm_parts
-    assert sock_parts == [0, 0], sock_parts
+    assert sock_parts == [0, 0] and sock_fused == 0, (sock_parts, sock_fused)
+    # Each round, rank 0's first pull (table "sum") waits at both servers for rank 1's
+    # clock and is written by the fused update; by its next pull the round is applied.
+    assert fused >= 2 * steps, fused
     assert pm == sock, f"peer memory {pm} vs socket {sock}"
+    assert lagged == sock, f"fused rounds {lagged} vs socket {sock}"
     # And both are the closed form (see pm_worker.c): elements 0, lo, n/2, n-1.
     lo, cnt = 1000, n - 100000
     for name, (_, vals) in pm.items():
