@@ -200,6 +200,15 @@ static int owns(ps__server *s, uint32_t tid, uint64_t key) {
   return !s->ring || ps__ring_size(s->ring) <= 1 || ps__ring_owner(s->ring, tid, key) == s->id;
 }
 
+/* The position of the first key of keys[0 .. n) (wire bytes) this server does not own,
+ * or n. A server alone in its ring owns every key, so the keys are not read then. */
+static uint32_t first_foreign(ps__server *s, uint32_t tid, const uint8_t *keys, uint32_t n) {
+  if (!s->ring || ps__ring_size(s->ring) <= 1) return n;
+  for (uint32_t i = 0; i < n; i++)
+    if (ps__ring_owner(s->ring, tid, ps__get_u64(keys + 8 * (size_t)i)) != s->id) return i;
+  return n;
+}
+
 static int is_sync(const table *t) { return t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M; }
 
 static void stale_record(uint64_t *hist, int64_t *max, int64_t v) {
@@ -1051,12 +1060,11 @@ static void on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
                 (unsigned long long)nvals, h->nkeys, t->decl.name, width);
       return;
     }
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      if (!owns(s, h->table, ps__get_u64(keys + 8 * i))) {
-        reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
-                  (unsigned long long)ps__get_u64(keys + 8 * i), t->decl.name, (unsigned long long)s->epoch);
-        return;
-      }
+    uint32_t i = first_foreign(s, h->table, keys, h->nkeys);
+    if (i < h->nkeys) {
+      reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                (unsigned long long)ps__get_u64(keys + 8 * (size_t)i), t->decl.name, (unsigned long long)s->epoch);
+      return;
     }
   }
   int st = check_push_clock(s, c, h, t);
@@ -1422,13 +1430,12 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
   if (dense) {
     if (check_segments(s, c, h, t, b->buf) < 0) return;
   } else {
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      uint64_t k = ps__get_u64((const uint8_t *)b->buf + 8 * i);
-      if (!owns(s, h->table, k)) {
-        reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
-                  (unsigned long long)k, t->decl.name, (unsigned long long)s->epoch);
-        return;
-      }
+    uint32_t i = first_foreign(s, h->table, b->buf, h->nkeys);
+    if (i < h->nkeys) {
+      reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                (unsigned long long)ps__get_u64((const uint8_t *)b->buf + 8 * (size_t)i), t->decl.name,
+                (unsigned long long)s->epoch);
+      return;
     }
   }
   if (!s->started || pull_ready(s, t, h->clock)) {
