@@ -6,9 +6,12 @@
  * async, init=const) get the same operations: on "big" each is one call of N keys, on
  * "small" the same keys in calls of SMALL keys (served on the loop thread alone). The
  * keys repeat and mix rows that exist with rows that do not yet, and two calls name
- * only new rows (where the helper gives up and the loop thread creates the rows).
- * Gradients are dyadic, so sums are exact whatever the order. After each pull, and at
- * the end over every key touched, the two tables must agree bit for bit.
+ * only new rows (where the helper gives up and the loop thread creates the rows); one
+ * push starts with mostly new rows and goes on with rows that exist, so the helper gives
+ * up early and the rows that exist are applied in part by each thread. Gradients are
+ * multiples of 1/10, so rounding makes a row's result depend on the order of its updates:
+ * the big call must apply them in request order, as the small calls do. After each pull,
+ * and at the end over every key touched, the two tables must agree bit for bit.
  * Exit status: 0 equal, 1 a call failed or the tables differ.
  */
 #include <stdio.h>
@@ -81,7 +84,7 @@ int main(void) {
   /* A push over keys 0 .. 299999, each about twice, a third of them new. */
   for (uint32_t i = 0; i < N; i++) {
     keys[i] = ((uint64_t)i * 7919u) % 300000u;
-    for (int j = 0; j < DIM; j++) g[(size_t)i * DIM + (size_t)j] = (float)((keys[i] % 16) + (uint64_t)j + 1) / 16.0f;
+    for (int j = 0; j < DIM; j++) g[(size_t)i * DIM + (size_t)j] = (float)((keys[i] % 16) + (uint64_t)j + 1) / 10.0f;
   }
   push_both(keys, N, g);
   /* A pull over keys 0 .. 399999 (a sixth of them new) with repeats. */
@@ -94,6 +97,15 @@ int main(void) {
   bad |= compare("pull of new keys", keys, N, big, small);
   for (uint32_t i = 0; i < N; i++) keys[i] = 700000u + (i % 300000u);
   push_both(keys, N, g);
+  /* Mostly new rows first (1000000 ..), two in three, then rows that exist, repeated
+   * (also in the first part), with gradients that differ per position. */
+  for (uint32_t i = 0; i < N; i++) {
+    keys[i] = i < 60000u && i % 3 ? 1000000u + i : ((uint64_t)i * 7919u) % 250000u;
+    for (int j = 0; j < DIM; j++) g[(size_t)i * DIM + (size_t)j] = (float)((i % 29) + (uint32_t)j + 1) / 10.0f;
+  }
+  push_both(keys, N, g);
+  pull_both(keys, N, big, small);
+  bad |= compare("pull after a push that starts with new rows", keys, N, big, small);
   /* Everything, in small pulls from both tables. */
   for (uint64_t i = 0; i < SPAN; i++) all[i] = i;
   for (size_t o = 0; o < SPAN; o += SMALL) {
