@@ -183,9 +183,13 @@ float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
 #define FM_ROW_AHEAD 8   /* keys between probing (row prefetch) and emitting */
 #define FM_RING 32       /* > FM_SLOT_AHEAD, a power of two */
 
+/* A little-endian key: one (unaligned) load, swapped on a big-endian host. */
 static inline uint64_t key_le(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  uint64_t v;
+  memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
   return v;
 }
 
