@@ -314,7 +314,10 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     s->ntables = n;
   }
   t = ps__calloc(1, sizeof *t);
-  if (!t || !(t->params = ps__rowmap_new(ps__spec_row_floats(&spec)))) {
+  /* Sparse rows of one float live in the index (store.h): every use of such a row
+   * pointer below ends before the next insert into the table. */
+  if (!t || !(t->params = spec.kind == PS_SPARSE ? ps__rowmap_new_in_index(ps__spec_row_floats(&spec))
+                                                 : ps__rowmap_new(ps__spec_row_floats(&spec)))) {
     free(t);
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
     return;
@@ -937,9 +940,11 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
     float *rows[FIND_BLOCK];
     for (uint32_t b = 0; b < h->nkeys; b += FIND_BLOCK) {
       uint32_t n = h->nkeys - b < FIND_BLOCK ? h->nkeys - b : FIND_BLOCK;
+      int added = 0; /* after an insert, the block's rows may have moved (store.h) */
       ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
       for (uint32_t i = 0; i < n; i++) {
-        float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+        added |= !rows[i];
+        float *row = rows[i] && !added ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
         if (!row) return PS_ERR_NOMEM;
         ps__optim_apply(&t->spec.opt, lr, step, row, row + width, width, vals + (size_t)(b + i) * width, width);
       }
@@ -1267,10 +1272,12 @@ static int copy_rows(table *t, const uint8_t *keys, uint32_t lo, uint32_t hi, fl
   int oom = 0;
   for (uint32_t b = lo; b < hi; b += FIND_BLOCK) {
     uint32_t n = hi - b < FIND_BLOCK ? hi - b : FIND_BLOCK;
+    int added = 0; /* after an insert, the block's rows may have moved (store.h) */
     ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
     for (uint32_t i = 0; i < n; i++) {
       float *o = out + (size_t)(b + i) * width;
-      float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+      added |= !rows[i];
+      float *row = rows[i] && !added ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
       if (!row) {
         memset(o, 0, width * 4);
         oom = 1;
