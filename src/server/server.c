@@ -204,6 +204,15 @@ static int owns(ps__server *s, uint32_t tid, uint64_t key) {
   return !s->ring || ps__ring_size(s->ring) <= 1 || ps__ring_owner(s->ring, tid, key) == s->id;
 }
 
+/* The position of the first key of keys[0 .. n) (wire bytes) this server does not own,
+ * or n. A server alone in its ring owns every key, so the keys are not read then. */
+static uint32_t first_foreign(ps__server *s, uint32_t tid, const uint8_t *keys, uint32_t n) {
+  if (!s->ring || ps__ring_size(s->ring) <= 1) return n;
+  for (uint32_t i = 0; i < n; i++)
+    if (ps__ring_owner(s->ring, tid, ps__get_u64(keys + 8 * (size_t)i)) != s->id) return i;
+  return n;
+}
+
 static int is_sync(const table *t) { return t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M; }
 
 static void stale_record(uint64_t *hist, int64_t *max, int64_t v) {
@@ -309,7 +318,10 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     s->ntables = n;
   }
   t = ps__calloc(1, sizeof *t);
-  if (!t || !(t->params = ps__rowmap_new(ps__spec_row_floats(&spec)))) {
+  /* Sparse rows of one float live in the index (store.h): every use of such a row
+   * pointer below ends before the next insert into the table. */
+  if (!t || !(t->params = spec.kind == PS_SPARSE ? ps__rowmap_new_in_index(ps__spec_row_floats(&spec))
+                                                 : ps__rowmap_new(ps__spec_row_floats(&spec)))) {
     free(t);
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
     return;
@@ -452,8 +464,8 @@ static ps__par *huge_par(ps__server *s, uint32_t nkeys) {
  * counter, so that when the machine is busy and the kernel deschedules one thread,
  * the other does its share instead of waiting for it. A key the map lacks is marked
  * in `left` (a byte per position, 1 = left to the loop thread). */
-#define PULL_UNIT 16384u  /* positions per unit of a pull */
-#define PUSH_CLASS_BITS 5 /* a push's keys fall into 32 classes, one unit each */
+#define PULL_UNIT 16384u /* positions per unit of a pull */
+#define PUSH_CLASS_BITS 1 /* a push's keys fall into 2 classes, one unit each */
 #define PUSH_CLASSES (1u << PUSH_CLASS_BITS)
 
 typedef struct huge_job huge_job;
@@ -470,12 +482,6 @@ struct huge_job {
   const float *vals;     /* push: the gradients, rate and step */
   float lr;
   uint64_t step;
-  /* push: the keys, their positions and their gradients grouped by class (request
-   * order within a class), so that each class reads its own memory in order */
-  const uint64_t *ckeys;
-  const uint32_t *cpos;
-  const float *cvals;
-  uint32_t class_start[PUSH_CLASSES + 1];
 };
 
 /* A unit gives up, leaving the rest of its keys (and later units all theirs) to the
@@ -844,117 +850,66 @@ static int check_push_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
  * Sparse rows repeated in a push must be summed before a non-linear optimiser steps,
  * so only sgd (where two steps are one step with the sum) applies sparse rows
  * directly; the others sum them in the buffer first. Returns 0, or an error to answer. */
-/* One class of a huge sgd push: apply the gradients of the keys in the map. */
+/* One class of a huge sgd push: walk the whole request, and for the keys of class c,
+ * in request order, apply the gradients of those in the map. Every row has one class,
+ * so one writer, and gets its keys in request order. */
 static void push_unit(huge_job *a, uint32_t c) {
   const ps__rowmap *m = a->t->params;
   unsigned width = a->t->spec.width;
-  uint32_t base = a->class_start[c], n = a->class_start[c + 1] - base, j = 0, missed = 0;
-  const uint64_t *keys = a->ckeys + base;
-  const uint32_t *pos = a->cpos + base;
-  const float *g = a->cvals + (size_t)base * width;
+  const uint8_t *keys = a->keys;
+  uint32_t n = a->nkeys, i = 0, done = 0, missed = 0;
+  uint32_t pos[FIND_BLOCK];
+  uint64_t k64[FIND_BLOCK];
   float *rows[FIND_BLOCK];
   int stop = atomic_load_explicit(&a->mostly_new, memory_order_relaxed);
-  while (!stop && j < n) {
-    uint32_t nb = n - j < FIND_BLOCK ? n - j : FIND_BLOCK;
-    ps__rowmap_find_many(m, keys + j, nb, rows);
-    for (uint32_t i = 0; i < nb; i++, j++, g += width) {
-      if (rows[i]) {
+  while (!stop && i < n) {
+    /* The next FIND_BLOCK keys of the class (no branch on the class: it is random). */
+    uint32_t nb = 0;
+    for (; i < n && nb < FIND_BLOCK; i++) {
+      uint64_t k = ps__get_u64(keys + 8 * (size_t)i);
+      pos[nb] = i;
+      k64[nb] = k;
+      nb += key_class(k) == c;
+    }
+    ps__rowmap_find_many(m, k64, nb, rows);
+    for (uint32_t q = 0; q < nb; q++) {
+      if (rows[q]) {
         /* Only sgd pushes come here (push_direct): its step, inlined (sgd_step). */
-        float *w = rows[i];
+        float *w = rows[q];
+        const float *g = a->vals + (size_t)pos[q] * width;
         for (unsigned k = 0; k < width; k++) w[k] -= a->lr * g[k];
         continue;
       }
-      a->left[pos[j]] = 1;
-      if (give_up(++missed, j + 1)) {
+      a->left[pos[q]] = 1;
+      if (give_up(++missed, done + q + 1)) {
         atomic_store_explicit(&a->mostly_new, 1, memory_order_relaxed);
-        j++;
+        for (q++; q < nb; q++) a->left[pos[q]] = 1;
         stop = 1;
-        break;
       }
     }
+    done += nb;
   }
-  for (; j < n; j++) a->left[pos[j]] = 1;
+  for (; i < n; i++)
+    if (key_class(ps__get_u64(keys + 8 * (size_t)i)) == c) a->left[i] = 1;
 }
 
-/* Grouping a huge push's keys by class, half of the request per thread. */
-typedef struct part_job {
-  const uint8_t *keys;
-  const float *vals;
-  uint32_t nkeys;
-  size_t width;
-  uint64_t *ckeys;
-  uint32_t *cpos;
-  float *cvals;
-  uint32_t count[2][PUSH_CLASSES]; /* keys of each class in each half */
-  uint32_t fill[2][PUSH_CLASSES];  /* where each half writes its next key of a class */
-} part_job;
-
-static void part_range(const part_job *j, unsigned part, uint32_t *lo, uint32_t *hi) {
-  uint32_t half = j->nkeys / 2;
-  *lo = part ? half : 0;
-  *hi = part ? j->nkeys : half;
-}
-
-static void part_count(void *arg, unsigned part) {
-  part_job *j = arg;
-  uint32_t lo, hi, *cnt = j->count[part];
-  part_range(j, part, &lo, &hi);
-  memset(cnt, 0, sizeof j->count[part]);
-  for (uint32_t i = lo; i < hi; i++) cnt[key_class(ps__get_u64(j->keys + 8 * (size_t)i))]++;
-}
-
-static void part_scatter(void *arg, unsigned part) {
-  part_job *j = arg;
-  uint32_t lo, hi, *fill = j->fill[part];
-  size_t width = j->width;
-  part_range(j, part, &lo, &hi);
-  for (uint32_t i = lo; i < hi; i++) {
-    uint64_t k = ps__get_u64(j->keys + 8 * (size_t)i);
-    uint32_t at = fill[key_class(k)]++;
-    j->ckeys[at] = k;
-    j->cpos[at] = i;
-    if (width == 1)
-      j->cvals[at] = j->vals[i];
-    else
-      memcpy(j->cvals + (size_t)at * width, j->vals + (size_t)i * width, width * 4);
-  }
-}
-
-/* A huge sgd push: group the keys by class, apply on both threads, then the keys left
- * over (new rows) in request order. */
+/* A huge sgd push: apply on both threads, then the keys left over (new rows) in
+ * request order. */
 static int push_huge(ps__server *s, ps__par *par, table *t, const uint8_t *keys, const float *vals, uint32_t nkeys,
                      float lr, uint64_t step) {
   huge_job a = {.unit = push_unit, .t = t, .keys = keys, .nkeys = nkeys, .nunits = PUSH_CLASSES, .vals = vals,
                 .lr = lr, .step = step};
   size_t width = t->spec.width;
-  size_t klen = (size_t)nkeys * 8, plen = (size_t)nkeys * 4, vlen = (size_t)nkeys * width * 4;
-  uint64_t *ckeys = ps__pool_get(s->pool, klen);
-  uint32_t *cpos = ps__pool_get(s->pool, plen);
-  float *cvals = ps__pool_get(s->pool, vlen);
+  size_t plen = (size_t)nkeys * 4;
+  uint32_t *pos = ps__pool_get(s->pool, plen);
   uint8_t *left = NULL;
   int rc = PS_ERR_NOMEM;
-  if (!ckeys || !cpos || !cvals) goto out;
-  /* Group by class on both threads: each takes half of the request, counts, then writes
-   * its keys where the prefix sums put them (the first half's before the second's in
-   * every class, so request order holds within a class). */
-  part_job pj = {.keys = keys, .vals = vals, .nkeys = nkeys, .width = width, .ckeys = ckeys, .cpos = cpos,
-                 .cvals = cvals};
-  ps__par_run(par, part_count, &pj);
-  for (unsigned c = 0; c < PUSH_CLASSES; c++) {
-    pj.fill[0][c] = a.class_start[c];
-    pj.fill[1][c] = a.class_start[c] + pj.count[0][c];
-    a.class_start[c + 1] = a.class_start[c] + pj.count[0][c] + pj.count[1][c];
-  }
-  ps__par_run(par, part_scatter, &pj);
-  a.ckeys = ckeys;
-  a.cpos = cpos;
-  a.cvals = cvals;
-  if (!(left = huge_run(s, par, &a))) goto out;
+  if (!pos || !(left = huge_run(s, par, &a))) goto out;
   rc = 0;
-  uint32_t nleft = left_positions(left, nkeys, cpos); /* the classes are done with cpos */
+  uint32_t nleft = left_positions(left, nkeys, pos);
   for (uint32_t j = 0; j < nleft; j++) {
-    prefetch_ahead_at(t->params, keys, cpos, nleft, j);
-    size_t i = cpos[j];
+    prefetch_ahead_at(t->params, keys, pos, nleft, j);
+    size_t i = pos[j];
     float *row = param_row(t, ps__get_u64(keys + 8 * i));
     if (!row) {
       rc = PS_ERR_NOMEM;
@@ -964,9 +919,7 @@ static int push_huge(ps__server *s, ps__par *par, table *t, const uint8_t *keys,
   }
 out:
   ps__pool_put(s->pool, left, nkeys);
-  ps__pool_put(s->pool, ckeys, klen);
-  ps__pool_put(s->pool, cpos, plen);
-  ps__pool_put(s->pool, cvals, vlen);
+  ps__pool_put(s->pool, pos, plen);
   return rc;
 }
 
@@ -1014,9 +967,11 @@ static int push_direct(ps__server *s, table *t, const ps__frame_hdr *h, const ui
     float *rows[FIND_BLOCK];
     for (uint32_t b = 0; b < h->nkeys; b += FIND_BLOCK) {
       uint32_t n = h->nkeys - b < FIND_BLOCK ? h->nkeys - b : FIND_BLOCK;
+      int added = 0; /* after an insert, the block's rows may have moved (store.h) */
       ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
       for (uint32_t i = 0; i < n; i++) {
-        float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+        added |= !rows[i];
+        float *row = rows[i] && !added ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
         if (!row) return PS_ERR_NOMEM;
         ps__optim_apply(&t->spec.opt, lr, step, row, row + width, width, vals + (size_t)(b + i) * width, width);
       }
@@ -1090,12 +1045,11 @@ static table *push_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, con
                 (unsigned long long)nvals, h->nkeys, t->decl.name, width);
       return NULL;
     }
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      if (!owns(s, h->table, ps__get_u64(keys + 8 * i))) {
-        reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
-                  (unsigned long long)ps__get_u64(keys + 8 * i), t->decl.name, (unsigned long long)s->epoch);
-        return NULL;
-      }
+    uint32_t i = first_foreign(s, h->table, keys, h->nkeys);
+    if (i < h->nkeys) {
+      reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                (unsigned long long)ps__get_u64(keys + 8 * (size_t)i), t->decl.name, (unsigned long long)s->epoch);
+      return NULL;
     }
   }
   int st = check_push_clock(s, c, h, t);
@@ -1424,10 +1378,12 @@ static int copy_rows(table *t, const uint8_t *keys, uint32_t lo, uint32_t hi, fl
   int oom = 0;
   for (uint32_t b = lo; b < hi; b += FIND_BLOCK) {
     uint32_t n = hi - b < FIND_BLOCK ? hi - b : FIND_BLOCK;
+    int added = 0; /* after an insert, the block's rows may have moved (store.h) */
     ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
     for (uint32_t i = 0; i < n; i++) {
       float *o = out + (size_t)(b + i) * width;
-      float *row = rows[i] ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+      added |= !rows[i];
+      float *row = rows[i] && !added ? rows[i] : param_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
       if (!row) {
         memset(o, 0, width * 4);
         oom = 1;
@@ -1681,13 +1637,12 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
       }
     }
   } else {
-    for (uint32_t i = 0; i < h->nkeys; i++) {
-      uint64_t k = ps__get_u64((const uint8_t *)b->buf + 8 * i);
-      if (!owns(s, h->table, k)) {
-        reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
-                  (unsigned long long)k, t->decl.name, (unsigned long long)s->epoch);
-        return;
-      }
+    uint32_t i = first_foreign(s, h->table, b->buf, h->nkeys);
+    if (i < h->nkeys) {
+      reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                (unsigned long long)ps__get_u64((const uint8_t *)b->buf + 8 * (size_t)i), t->decl.name,
+                (unsigned long long)s->epoch);
+      return;
     }
   }
   if (!s->started || pull_ready(s, t, h->clock)) {

@@ -17,6 +17,13 @@
  * it, and 12 bytes per index slot (16-32 bytes per row). Callers walking many keys
  * hide the misses with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
  *
+ * In a map made with ps__rowmap_new_in_index, one-float rows (a sparse sgd table of
+ * dim 1) live in the index itself, in 16-byte slots (key, row number, value): a lookup then
+ * costs one cache miss, not two. Such a row moves when the index is rebuilt, so its
+ * pointer is valid only until the next insert; each chunk keeps the slot of each of its
+ * rows, for row_at(). Memory per row: the 8-byte key, the 4-byte slot number and 16
+ * bytes per index slot (33-55 bytes per row, against 28-44 with the row in a chunk).
+ *
  * Huge pages. A large index and the large chunks live in 2 MiB-aligned mappings
  * advised for transparent huge pages (THP is "madvise" on Debian): with 4 KiB pages a
  * random lookup in a table of millions of rows misses the TLB as well as the cache
@@ -41,16 +48,17 @@
 #define ARENA_BYTES ((size_t)64 << 20) /* address space reserved per arena */
 #define ARENA_MIN_CHUNK ((size_t)256 << 10) /* chunks this large come from arenas */
 
-/* One index slot: key and row number, packed so that both come in one cache line. */
-typedef struct __attribute__((packed)) islot {
-  uint64_t key;
-  uint32_t row; /* EMPTY if free */
-} islot;
+/* An index slot: the key (8 bytes), the row number (4 bytes, EMPTY if free), packed so
+ * that both come in one cache line (SLOT 12 bytes); in a map of one-float rows, also the
+ * row itself (SLOT1, 16 bytes, so a slot never straddles two lines). */
+#define SLOT 12u
+#define SLOT1 16u
 
 typedef struct chunk {
-  void *mem;      /* as allocated */
-  float *rows;    /* ALIGN-aligned start of the rows */
-  uint64_t *keys; /* the rows' keys, after the rows */
+  void *mem;       /* as allocated */
+  float *rows;     /* ALIGN-aligned start of the rows (NULL: rows in the index) */
+  uint64_t *keys;  /* the rows' keys, after the rows */
+  uint32_t *slots; /* rows in the index: each row's slot, after the keys */
 } chunk;
 
 typedef struct arena {
@@ -61,13 +69,15 @@ typedef struct arena {
 struct ps__rowmap {
   size_t row_floats;
   size_t row_bytes;
+  int in_index;       /* one-float rows, kept in the index slots */
+  size_t slot_bytes;  /* SLOT, or SLOT1 when in_index */
   unsigned shift;     /* a large chunk holds 1 << shift rows */
   size_t count;       /* rows in use */
   size_t row_cap;     /* rows the allocated chunks hold */
   chunk *chunks;
   size_t nchunks, chunks_cap;
   size_t chunk_bytes; /* sum of the chunks' allocation sizes */
-  islot *idx;         /* index slots */
+  unsigned char *idx; /* index slots, slot_bytes each */
   size_t idx_mapped;  /* bytes mapped for idx by huge_alloc, 0 if malloc'd */
   arena *arenas;      /* for large chunks; the last one is being filled */
   size_t narenas;
@@ -98,8 +108,27 @@ static size_t locate(const ps__rowmap *m, size_t i, size_t *off) {
   return c;
 }
 
+static inline unsigned char *slot_at(const ps__rowmap *m, size_t s) { return m->idx + s * m->slot_bytes; }
+static inline uint64_t slot_key(const unsigned char *p) {
+  uint64_t k;
+  memcpy(&k, p, sizeof k);
+  return k;
+}
+static inline uint32_t slot_row(const unsigned char *p) {
+  uint32_t r;
+  memcpy(&r, p + 8, sizeof r);
+  return r;
+}
+static inline void slot_set(unsigned char *p, uint64_t key, uint32_t row) {
+  memcpy(p, &key, sizeof key);
+  memcpy(p + 8, &row, sizeof row);
+}
+/* The row kept in slot p of a map of one-float rows. */
+static inline float *slot_val(unsigned char *p) { return (float *)(void *)(p + 12); }
+
 static float *row_ptr(const ps__rowmap *m, size_t i) {
   size_t off, c = locate(m, i, &off);
+  if (m->in_index) return slot_val(m->idx + (size_t)m->chunks[c].slots[off] * SLOT1);
   return m->chunks[c].rows + off * m->row_floats;
 }
 
@@ -142,7 +171,7 @@ static void *arena_take(ps__rowmap *m, size_t n) {
 
 static size_t slot_of(uint64_t key, size_t mask) { return (size_t)ps__mix64(key) & mask; }
 
-ps__rowmap *ps__rowmap_new(size_t row_floats) {
+static ps__rowmap *rowmap_new(size_t row_floats, int in_index) {
   ps__rowmap *m;
   size_t per_row;
   if (row_floats > MAX_CHUNK / sizeof(float)) return NULL;
@@ -150,10 +179,16 @@ ps__rowmap *ps__rowmap_new(size_t row_floats) {
   if (!m) return NULL;
   m->row_floats = row_floats;
   m->row_bytes = row_floats * sizeof(float);
-  per_row = m->row_bytes + sizeof(uint64_t);
+  m->in_index = in_index && row_floats == 1;
+  m->slot_bytes = m->in_index ? SLOT1 : SLOT;
+  per_row = m->in_index ? sizeof(uint64_t) + sizeof(uint32_t) : m->row_bytes + sizeof(uint64_t);
   while (m->shift < 30 && ((size_t)2 << m->shift) * per_row <= CHUNK_TARGET) m->shift++;
   return m;
 }
+
+ps__rowmap *ps__rowmap_new(size_t row_floats) { return rowmap_new(row_floats, 0); }
+
+ps__rowmap *ps__rowmap_new_in_index(size_t row_floats) { return rowmap_new(row_floats, 1); }
 
 void ps__rowmap_free(ps__rowmap *m) {
   if (!m) return;
@@ -173,9 +208,10 @@ float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
   if (m->count == 0) return NULL;
   mask = m->icap - 1;
   for (s = slot_of(key, mask);; s = (s + 1) & mask) {
-    uint32_t r = m->idx[s].row;
+    unsigned char *p = slot_at(m, s);
+    uint32_t r = slot_row(p);
     if (r == EMPTY) return NULL;
-    if (m->idx[s].key == key) return row_ptr(m, r);
+    if (slot_key(p) == key) return m->in_index ? slot_val(p) : row_ptr(m, r);
   }
 }
 
@@ -183,15 +219,48 @@ float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
 #define FM_ROW_AHEAD 8   /* keys between probing (row prefetch) and emitting */
 #define FM_RING 32       /* > FM_SLOT_AHEAD, a power of two */
 
+/* A little-endian key: one (unaligned) load, swapped on a big-endian host. */
 static inline uint64_t key_le(const uint8_t *p) {
-  uint64_t v = 0;
-  for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+  uint64_t v;
+  memcpy(&v, p, sizeof v);
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+  v = __builtin_bswap64(v);
+#endif
   return v;
 }
 
 static inline void prefetch_row_lines(const ps__rowmap *m, const char *r) {
   size_t n = m->row_bytes < 1024 ? m->row_bytes : 1024;
   for (size_t off = 0; off < n; off += 64) __builtin_prefetch(r + off);
+}
+
+/* For rows in the index: the probe finds the row, so two stages, the probe
+ * SLOT_AHEAD keys after the prefetch. */
+static inline void find_many_in_index(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n,
+                                      float **rows) {
+  size_t sring[FM_RING];
+  const size_t mask = m->icap - 1;
+  for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
+    if (t < n) {
+      size_t s = slot_of(k64 ? k64[t] : key_le(kle + 8 * t), mask);
+      sring[t & (FM_RING - 1)] = s;
+      __builtin_prefetch(m->idx + s * SLOT1);
+    }
+    if (t >= FM_SLOT_AHEAD) {
+      size_t b = t - FM_SLOT_AHEAD;
+      uint64_t key = k64 ? k64[b] : key_le(kle + 8 * b);
+      float *r = NULL;
+      for (size_t s = sring[b & (FM_RING - 1)];; s = (s + 1) & mask) {
+        unsigned char *p = m->idx + s * SLOT1;
+        if (slot_row(p) == EMPTY) break;
+        if (slot_key(p) == key) {
+          r = slot_val(p);
+          break;
+        }
+      }
+      rows[b] = r;
+    }
+  }
 }
 
 /* Stage 1 at key t, stage 2 (probe) at t - (SLOT_AHEAD - ROW_AHEAD), emit at
@@ -203,22 +272,27 @@ static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uin
     for (size_t i = 0; i < n; i++) rows[i] = NULL;
     return;
   }
+  if (m->in_index) {
+    find_many_in_index(m, k64, kle, n, rows);
+    return;
+  }
   const size_t mask = m->icap - 1;
   for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
     if (t < n) {
       uint64_t key = k64 ? k64[t] : key_le(kle + 8 * t);
       size_t s = slot_of(key, mask);
       sring[t & (FM_RING - 1)] = s;
-      __builtin_prefetch(&m->idx[s]);
+      __builtin_prefetch(m->idx + s * SLOT);
     }
     size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);
     if (t >= FM_SLOT_AHEAD - FM_ROW_AHEAD && b < n) {
       uint64_t key = k64 ? k64[b] : key_le(kle + 8 * b);
       uint32_t r = EMPTY;
       for (size_t s = sring[b & (FM_RING - 1)];; s = (s + 1) & mask) {
-        uint32_t x = m->idx[s].row;
+        const unsigned char *p = m->idx + s * SLOT;
+        uint32_t x = slot_row(p);
         if (x == EMPTY) break;
-        if (m->idx[s].key == key) {
+        if (slot_key(p) == key) {
           r = x;
           break;
         }
@@ -243,7 +317,7 @@ void ps__rowmap_find_many_le(const ps__rowmap *m, const uint8_t *keys_le, size_t
 }
 
 void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
-  if (m->icap) __builtin_prefetch(&m->idx[slot_of(key, m->icap - 1)]);
+  if (m->icap) __builtin_prefetch(slot_at(m, slot_of(key, m->icap - 1)));
 }
 
 void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key) {
@@ -263,9 +337,9 @@ static int add_chunk(ps__rowmap *m) {
   uintptr_t at;
 
   if (m->row_bytes > MAX_CHUNK / n) return -1;
-  rows_bytes = (n * m->row_bytes + 7) & ~(size_t)7;
+  rows_bytes = m->in_index ? 0 : (n * m->row_bytes + 7) & ~(size_t)7;
   if (rows_bytes > MAX_CHUNK - n * sizeof(uint64_t)) return -1;
-  bytes = rows_bytes + n * sizeof(uint64_t) + ALIGN - 1;
+  bytes = rows_bytes + n * sizeof(uint64_t) + (m->in_index ? n * sizeof(uint32_t) : 0) + ALIGN - 1;
   if (m->nchunks == m->chunks_cap) {
     size_t cap = m->chunks_cap ? 2 * m->chunks_cap : 32;
     chunk *cs = ps__realloc(m->chunks, cap * sizeof *cs);
@@ -285,8 +359,9 @@ static int add_chunk(ps__rowmap *m) {
     at = ((uintptr_t)mem + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1);
   }
   m->chunks[c].mem = mem;
-  m->chunks[c].rows = (float *)at;
+  m->chunks[c].rows = m->in_index ? NULL : (float *)at;
   m->chunks[c].keys = (uint64_t *)(at + rows_bytes);
+  m->chunks[c].slots = m->in_index ? (uint32_t *)(m->chunks[c].keys + n) : NULL;
   m->nchunks++;
   m->row_cap += n;
   m->chunk_bytes += bytes;
@@ -295,11 +370,11 @@ static int add_chunk(ps__rowmap *m) {
 
 /* Rebuild the index with ncap slots. 0 or -1 (nothing changed). */
 static int rehash(ps__rowmap *m, size_t ncap) {
-  islot *idx;
-  size_t mask = ncap - 1;
+  unsigned char *idx;
+  size_t mask = ncap - 1, sb = m->slot_bytes;
 
-  if (ncap > SIZE_MAX / sizeof(islot)) return -1;
-  size_t bytes = ncap * sizeof *idx, mapped = 0;
+  if (ncap > SIZE_MAX / sb) return -1;
+  size_t bytes = ncap * sb, mapped = 0;
   if (bytes >= HUGE_PAGE) {
     mapped = round_huge(bytes);
     idx = huge_alloc(mapped);
@@ -307,15 +382,19 @@ static int rehash(ps__rowmap *m, size_t ncap) {
     idx = ps__malloc(bytes);
   }
   if (!idx) return -1;
-  for (size_t t = 0; t < ncap; t++) idx[t].row = EMPTY;
+  for (size_t t = 0; t < ncap; t++) slot_set(idx + t * sb, 0, EMPTY);
   for (size_t s = 0; s < m->icap; s++) {
-    uint32_t r = m->idx[s].row;
+    const unsigned char *p = slot_at(m, s);
+    uint32_t r = slot_row(p);
     size_t t;
     if (r == EMPTY) continue;
-    for (t = slot_of(m->idx[s].key, mask); idx[t].row != EMPTY; t = (t + 1) & mask) {
+    for (t = slot_of(slot_key(p), mask); slot_row(idx + t * sb) != EMPTY; t = (t + 1) & mask) {
     }
-    idx[t].key = m->idx[s].key;
-    idx[t].row = r;
+    memcpy(idx + t * sb, p, sb); /* key, row number and, in the index, the row */
+    if (m->in_index) {
+      size_t off, c = locate(m, r, &off);
+      m->chunks[c].slots[off] = (uint32_t)t;
+    }
   }
   if (m->idx_mapped)
     munmap(m->idx, m->idx_mapped);
@@ -335,9 +414,10 @@ static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero) {
   if (m->icap) {
     mask = m->icap - 1;
     for (s = slot_of(key, mask);; s = (s + 1) & mask) {
-      uint32_t r = m->idx[s].row;
+      unsigned char *p = slot_at(m, s);
+      uint32_t r = slot_row(p);
       if (r == EMPTY) break;
-      if (m->idx[s].key == key) return row_ptr(m, r);
+      if (slot_key(p) == key) return m->in_index ? slot_val(p) : row_ptr(m, r);
     }
   }
   /* A new row: make room first, so that a failure leaves the map as it was. */
@@ -346,14 +426,18 @@ static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero) {
   if ((m->count + 1) * 4 > m->icap * 3) {
     if (rehash(m, m->icap ? 2 * m->icap : MIN_INDEX)) return NULL;
     mask = m->icap - 1;
-    for (s = slot_of(key, mask); m->idx[s].row != EMPTY; s = (s + 1) & mask) {
+    for (s = slot_of(key, mask); slot_row(slot_at(m, s)) != EMPTY; s = (s + 1) & mask) {
     }
   }
-  m->idx[s].key = key;
-  m->idx[s].row = (uint32_t)m->count;
+  slot_set(slot_at(m, s), key, (uint32_t)m->count);
   c = locate(m, m->count, &off);
   m->chunks[c].keys[off] = key;
-  row = m->chunks[c].rows + off * m->row_floats;
+  if (m->in_index) {
+    m->chunks[c].slots[off] = (uint32_t)s;
+    row = slot_val(slot_at(m, s));
+  } else {
+    row = m->chunks[c].rows + off * m->row_floats;
+  }
   if (zero) memset(row, 0, m->row_bytes);
   m->count++;
   if (created) *created = 1;
@@ -379,11 +463,11 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
 }
 
 void ps__rowmap_clear(ps__rowmap *m) {
-  for (size_t s = 0; s < m->icap; s++) m->idx[s].row = EMPTY;
+  for (size_t s = 0; s < m->icap; s++) slot_set(slot_at(m, s), 0, EMPTY);
   m->count = 0;
 }
 
 size_t ps__rowmap_bytes(const ps__rowmap *m) {
   return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes +
-         m->icap * sizeof(islot);
+         m->icap * m->slot_bytes;
 }

@@ -121,8 +121,13 @@ typedef struct ps__rowmap ps__rowmap;
 
 /* A map from uint64 key to a row of row_floats floats. Rows are stored in chunks of
  * (1 << chunk_shift) rows, index entries in one open-addressing array (load <= 0.75).
- * Returns NULL on allocation failure. */
+ * A row pointer stays valid until the map is cleared or freed. Returns NULL on
+ * allocation failure. */
 ps__rowmap *ps__rowmap_new(size_t row_floats);
+/* The same, except that when row_floats == 1 the rows live in the index slots, so a
+ * lookup costs one cache miss instead of two; a row pointer is then valid only until
+ * the next insert (an upsert that creates a row), which may move every row. */
+ps__rowmap *ps__rowmap_new_in_index(size_t row_floats);
 void ps__rowmap_free(ps__rowmap *m);
 /* The row for key, or NULL if absent. */
 float *ps__rowmap_get(const ps__rowmap *m, uint64_t key);

@@ -326,6 +326,16 @@ def test_huge_requests_match_small_ones(tmp_path):
         assert codes == [0], c.log("worker0")
 
 
+def test_foreign_keys_are_rejected_and_change_nothing():
+    """A sparse push or pull naming keys the server does not own (a worker whose ring
+    has other vnodes) fails with PS_ERR_MOVED, small or large, and leaves the table as
+    it was."""
+    with Cluster(2, 2) as c:
+        p = c.worker([binary("moved_worker")], "worker0")
+        codes = c.wait([p], RUN_TIMEOUT)
+        assert codes == [0], c.log("worker0")
+
+
 # ------------------------------------------------------------------ 3. a worker dies mid-run
 
 def survivors_after(c, procs, victim, action, hb_s):

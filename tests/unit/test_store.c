@@ -579,8 +579,8 @@ Test(rowmap, allocation_failure_leaves_map_unchanged) {
 
 /* ps__rowmap_find_many(_le) answers exactly as ps__rowmap_get does, key by key, for
  * batches shorter and longer than its pipeline, present and absent keys, repeats. */
-Test(rowmap, find_many_matches_get) {
-  ps__rowmap *m = ps__rowmap_new(3);
+static void find_many_matches_get(size_t row_floats, int in_index) {
+  ps__rowmap *m = in_index ? ps__rowmap_new_in_index(row_floats) : ps__rowmap_new(row_floats);
   cr_assert(not(zero(ptr, m)));
   uint64_t keys[3000];
   uint8_t le[3000 * 8];
@@ -605,6 +605,57 @@ Test(rowmap, find_many_matches_get) {
       for (size_t i = 0; i < n; i++)
         cr_assert(eq(ptr, rows[i], ps__rowmap_get(m, keys[i])), "n %zu variant %d key %zu", n, variant, i);
     }
+  }
+  ps__rowmap_free(m);
+}
+
+Test(rowmap, find_many_matches_get) {
+  find_many_matches_get(3, 0);
+  find_many_matches_get(1, 0);
+  find_many_matches_get(3, 1); /* rows of 3 floats stay in chunks */
+}
+
+/* The same for one-float rows in the index (a pipeline of its own). */
+Test(rowmap, find_many_matches_get_rows_in_index) { find_many_matches_get(1, 1); }
+
+/* One-float rows in the index move when it grows: their values, keys and insertion
+ * order survive every rebuild, and a clear keeps the memory. */
+Test(rowmap, one_float_rows_in_the_index) {
+  ps__rowmap *m = ps__rowmap_new_in_index(1);
+  for (size_t i = 0; i < NKEYS; i++) {
+    int created = 0;
+    float *r = ps__rowmap_upsert(m, key_of(i), &created);
+    if (!r || !created || *r != 0.0f) cr_fatal("insert %zu", i);
+    *r = (float)i; /* valid until the next insert */
+    if (i % 3 == 0) {
+      float *again = ps__rowmap_upsert(m, key_of(i), &created); /* not an insert */
+      if (again != r || created) cr_fatal("repeat %zu", i);
+    }
+  }
+  cr_assert(eq(sz, ps__rowmap_count(m), NKEYS));
+  for (size_t i = 0; i < NKEYS; i++) {
+    float *r = ps__rowmap_get(m, key_of(i));
+    if (!r || *r != (float)i) cr_fatal("get %zu", i);
+    if (ps__rowmap_row_at(m, i) != r) cr_fatal("row_at %zu", i);
+    if (ps__rowmap_key_at(m, i) != key_of(i)) cr_fatal("key_at %zu", i);
+  }
+  for (size_t i = NKEYS; i < NKEYS + 1000; i++)
+    if (ps__rowmap_get(m, key_of(i))) cr_fatal("absent key %zu found", i);
+  /* Memory: the key and the slot number per row, 16-byte index slots at load <= 3/4. */
+  size_t bytes = ps__rowmap_bytes(m);
+  cr_log_info("rowmap: %zu one-float rows: %zu bytes, %.1f bytes/row", (size_t)NKEYS, bytes, (double)bytes / NKEYS);
+  cr_assert(le(dbl, (double)bytes / NKEYS, 12.0 + 16.0 * 8 / 3 + 1), "%zu bytes", bytes);
+  ps__rowmap_clear(m);
+  cr_assert(zero(ptr, ps__rowmap_get(m, key_of(0))));
+  for (size_t i = 0; i < NKEYS; i++) {
+    float *r = ps__rowmap_upsert(m, key_of(NKEYS + i), NULL);
+    if (!r || *r != 0.0f) cr_fatal("reuse %zu", i);
+    *r = -(float)i;
+  }
+  cr_assert(eq(sz, ps__rowmap_bytes(m), bytes), "reuse allocated more memory");
+  for (size_t i = 0; i < NKEYS; i += 997) {
+    float *r = ps__rowmap_get(m, key_of(NKEYS + i));
+    if (!r || *r != -(float)i || ps__rowmap_row_at(m, i) != r) cr_fatal("after reuse %zu", i);
   }
   ps__rowmap_free(m);
 }
