@@ -1306,11 +1306,62 @@ static pm_tail pm_tail_of(const ps__frame_hdr *h, const void *body, size_t blen)
  * buffers named after the segment list, and answer with an empty reply. 1 if done (or
  * answered with an error), 0 if the values must go in the reply instead (this server
  * may not write that process's memory after all). */
+/* A peer-memory copy of PM_PAR_MIN bytes or more runs on the server's two threads,
+ * half each: one core copies at about 3.5 GB/s here, and a socket would have split the
+ * work between the worker's core and the server's. */
+#define PM_PAR_MIN ((size_t)2 << 20)
+
+typedef struct pm_par_job {
+  int pid, write;
+  const uv_buf_t *loc;
+  unsigned nloc;
+  pm_tail q;
+  size_t split; /* part 0 copies bytes [0, split), part 1 the rest */
+  int rc[2];
+  char msg[2][256];
+} pm_par_job;
+
+static void pm_par_part(void *arg, unsigned part) {
+  pm_par_job *j = arg;
+  uv_buf_t one[1], *sub = j->nloc > 1 ? ps__malloc(j->nloc * sizeof *sub) : one;
+  if (!sub) {
+    j->rc[part] = PS_ERR_NOMEM;
+    snprintf(j->msg[part], sizeof j->msg[part], "out of memory");
+    return;
+  }
+  unsigned n = 0;
+  size_t at = 0; /* bytes before loc[i] */
+  for (unsigned i = 0; i < j->nloc; at += j->loc[i].len, i++) {
+    size_t a = at, b = at + j->loc[i].len; /* this region's bytes, cut to the part's range */
+    size_t lo = part ? j->split : 0, hi = part ? SIZE_MAX : j->split;
+    if (a < lo) a = lo;
+    if (b > hi) b = hi;
+    if (a >= b) continue;
+    sub[n] = uv_buf_init(j->loc[i].base + (a - at), 0);
+    sub[n++].len = b - a;
+  }
+  j->rc[part] = ps__pm_copy(j->pid, j->write, sub, n, j->q.d, j->q.nd, part ? j->split : 0, j->q.until);
+  if (j->rc[part]) snprintf(j->msg[part], sizeof j->msg[part], "%s", ps_errmsg());
+  if (sub != one) free(sub);
+}
+
+static int pm_copy_par(ps__server *s, int pid, int write, const uv_buf_t *loc, unsigned nloc, pm_tail q) {
+  size_t total = 0;
+  for (unsigned i = 0; i < nloc; i++) total += loc[i].len;
+  ps__par *par = total >= PM_PAR_MIN ? huge_par(s, UINT32_MAX) : NULL;
+  if (!par) return ps__pm_copy(pid, write, loc, nloc, q.d, q.nd, 0, q.until);
+  pm_par_job j = {.pid = pid, .write = write, .loc = loc, .nloc = nloc, .q = q, .split = (total / 2) & ~(size_t)4095};
+  ps__par_run(par, pm_par_part, &j);
+  for (unsigned k = 0; k < 2; k++)
+    if (j.rc[k]) return ps__fail(j.rc[k], "%s", j.msg[k]);
+  return 0;
+}
+
 static int write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
                               const regions_arg *a, ps__frame_hdr *r) {
   if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid) return 0;
   pm_tail q = pm_tail_of(h, keys, blen);
-  int rc = ps__pm_copy(c->peer_pid, 1, a->v, a->n, q.d, q.nd, 0, q.until);
+  int rc = pm_copy_par(c->loop->data, c->peer_pid, 1, a->v, a->n, q);
   if (rc == PS_ERR_UNAVAILABLE) {
     ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
     return 0;
@@ -1852,7 +1903,7 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
   memcpy(buf, b->buf, kbytes);
   uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
   dst.len = (size_t)total;
-  int rc = ps__pm_copy(c->peer_pid, 0, &dst, 1, q.d, q.nd, 0, q.until);
+  int rc = pm_copy_par(s, c->peer_pid, 0, &dst, 1, q);
   if (rc) {
     ps__pool_put(c->pool, buf, len);
     reply_err(c, h, rc, "%s", ps_errmsg());
