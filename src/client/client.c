@@ -273,10 +273,23 @@ static void req_complete(ps_req *r) {
  * server may still write there. The loop's sweep finishes such held parts. */
 #define PM_SLACK_MS 2000u
 
+/* Is process pid gone (exited, or a zombie not reaped yet)? */
+static int process_gone(int pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return kill(pid, 0) != 0 && errno == ESRCH;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *e = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold anything */
+  return e && (e[2] == 'Z' || e[2] == 'X');
+}
+
 static int pm_must_hold(const part *p) {
   if (p->hdr.codec != PS_CODEC_PEER_MEM || !p->sent || p->pm_answered || ps__now_ms() >= p->deadline_ms) return 0;
   /* A server process that is gone (killed, crashed) writes nowhere any more. */
-  return kill(p->pm_pid, 0) == 0 || errno != ESRCH;
+  return !process_gone(p->pm_pid);
 }
 
 /* A part is finished when its reply arrived (or it failed) and its write completed. */
@@ -2016,7 +2029,7 @@ static int link_takes_pm(ps_ctx *ctx, uint32_t target) {
   if (!ctx->peer_mem) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
   peer *l = find_link(ctx, target);
-  int pm = l && __atomic_load_n(&l->pm, __ATOMIC_RELAXED);
+  int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;
   pthread_mutex_unlock(&ctx->lend_mu);
   return pm;
 }

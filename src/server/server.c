@@ -731,7 +731,11 @@ static void try_advance(ps__server *s) {
       round_acc *r = &t->rounds[t->version % ROUND_WINDOW];
       pending_pull *fused = NULL;
       if (r->round == t->version) {
-        if (!(fused = take_fusable_pulls(s, t)) || apply_round_fused(s, t, r, fused)) apply_round(t, r);
+        fused = take_fusable_pulls(s, t);
+        if (!fused || apply_round_fused(s, t, r, fused)) {
+          apply_round(t, r);
+          for (pending_pull *p = fused; p; p = p->next) p->fused_err = PS_ERR_UNAVAILABLE; /* answered as usual */
+        }
         r->round = -1;
         ps__rowmap_clear(r->acc);
       }
@@ -1647,7 +1651,7 @@ static void answer_fused_pulls(ps__server *s, table *t, pending_pull *f) {
     pending_pull *p = f;
     f = p->next;
     if (p->fused_err == PS_ERR_UNAVAILABLE) {
-      answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not permitted after all: the values inline */
+      answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not fused, or not permitted after all */
     } else if (p->fused_err) {
       reply_err(p->conn, &p->h, p->fused_err, "%s", p->fused_msg);
     } else {

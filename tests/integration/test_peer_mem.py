@@ -97,6 +97,29 @@ def test_a_freed_peer_memory_request_keeps_its_buffer_until_the_deadline(tmp_pat
         assert int(re.search(r"peer_mem_parts (\d+)", log).group(1)) == 2, log
 
 
+def test_a_freed_peer_memory_request_is_released_when_its_server_dies(tmp_path):
+    """The same, but the stopped server is then killed: nothing can write into the
+    buffer any more, so ps_req_free returns within a second of the kill instead of
+    at the deadline (whether the worker hears of the death from the closed socket or
+    first from the scheduler, which test_server_killed_workers_fail_loudly also runs
+    into: a bug that held such parts for the whole timeout showed there)."""
+    flag = str(tmp_path / "go")
+    with Cluster(1, 1, extra_env={"PSHARD_TIMEOUT_MS": "20000"}) as c:
+        w = c.worker([binary("pm_worker"), "--hold", flag], "worker0")
+        wait_for_line(c, "worker0", "ready", RUN_TIMEOUT, [w])
+        server = c.server_procs[0]
+        server.send_signal(signal.SIGSTOP)
+        open(flag, "w").close()
+        time.sleep(0.5)
+        os.killpg(server.pid, signal.SIGKILL)
+        wait_for_line(c, "worker0", "released", RUN_TIMEOUT, [w])
+        c.wait([w], RUN_TIMEOUT)
+        log = c.log("worker0")
+        freed_ms = float(re.search(r"freed after (\d+) ms", log).group(1))
+        assert 400 <= freed_ms <= 500 + 1500 * SCALE, log
+        assert "intact" in log, log
+
+
 # ------------------------------------------------------------------ 2. bad input
 
 
