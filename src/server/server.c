@@ -1848,6 +1848,9 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
                               uint64_t total) {
   table *t = get_table(s, h->table);
   if (!t || t->spec.kind != PS_DENSE || !is_sync(t) || total < PM_STREAM_MIN) return 1;
+  /* Close to its expiry a streamed push could expire part way: the staged path then
+   * fails whole instead. */
+  if (q.until && ps__now_ms() + 1000 >= q.until) return 1;
   if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
   int rc = ps__pm_mapped(c->peer_pid, 0, q.d, q.nd);
   if (rc == PS_ERR_IO) {
