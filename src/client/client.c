@@ -296,25 +296,17 @@ static int pm_must_hold(const part *p) {
 static void part_finish(part *p) {
   if (p->finished) return;
   if (!p->held && pm_must_hold(p)) {
-    ps_ctx *ctx = p->req->ctx;
     if (p->lk) {
       list_remove(&p->lk->inflight, p);
       p->lk = NULL;
     }
     p->held = 1;
-    p->prev = NULL;
-    p->next = ctx->held;
-    if (ctx->held) ctx->held->prev = p;
-    ctx->held = p;
+    list_push(&p->req->ctx->held, p);
     return;
   }
   if (p->held) {
-    ps_ctx *ctx = p->req->ctx;
     p->held = 0;
-    if (p->prev) p->prev->next = p->next;
-    else ctx->held = p->next;
-    if (p->next) p->next->prev = p->prev;
-    p->prev = p->next = NULL;
+    list_remove(&p->req->ctx->held, p);
   }
   p->finished = 1;
   /* A part that expects no reply (a queued fire-and-forget frame) finishes on its write
@@ -1935,14 +1927,6 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
 #define DEDUP_MIN_ROW_BYTES 32u
 #define DEDUP_MAX_SHARE 0.8
 
-static inline uint64_t key_mix(uint64_t k) {
-  k ^= k >> 33;
-  k *= 0xff51afd7ed558ccdull;
-  k ^= k >> 33;
-  k *= 0xc4ceb9fe1a85ec53ull;
-  return k ^ (k >> 33);
-}
-
 /* Distinct keys of keys[n] in first-seen order into a pooled block: ukeys[nu], then
  * idx[n] (the distinct index of each key). 1 if worth it (set *blockp, *block_len, *nu),
  * 0 if not (or out of memory: the plain path then runs). */
@@ -1958,7 +1942,7 @@ static int dedup_keys(ps_ctx *ctx, const uint64_t *keys, size_t n, void **blockp
   size_t mask = cap - 1, nu = 0, limit = (size_t)(DEDUP_MAX_SHARE * (double)n);
   for (size_t j = 0; j < n; j++) {
     uint64_t k = keys[j];
-    size_t h = (size_t)key_mix(k) & mask;
+    size_t h = (size_t)ps__mix64(k) & mask;
     for (;; h = (h + 1) & mask) {
       uint32_t u = slot[h];
       if (!u) {
@@ -2021,8 +2005,6 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
 /* Dense parts of at least this many bytes go by peer memory where they can: below it a
  * socket's two copies cost less than the system call's page pinning. */
 #define PM_MIN_BYTES ((size_t)64 << 10)
-/* A peer-memory frame expires this long before its request's deadline (PM_SLACK_MS,
- * defined above part_finish). */
 
 /* The pid of target's server process if peer-memory frames may go to it, else 0. */
 static int link_takes_pm(ps_ctx *ctx, uint32_t target) {

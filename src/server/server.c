@@ -660,7 +660,7 @@ static void agg_timeout(uv_timer_t *tm) {
 
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen);
 static pending_pull *take_fusable_pulls(ps__server *s, table *t);
-static int apply_round_fused(ps__server *s, table *t, round_acc *r, pending_pull *f);
+static int apply_round_fused(table *t, round_acc *r, pending_pull *f);
 static void answer_fused_pulls(ps__server *s, table *t, pending_pull *f);
 
 /* May a pull at clock c of table t be answered now? */
@@ -732,7 +732,7 @@ static void try_advance(ps__server *s) {
       pending_pull *fused = NULL;
       if (r->round == t->version) {
         fused = take_fusable_pulls(s, t);
-        if (!fused || apply_round_fused(s, t, r, fused)) {
+        if (!fused || apply_round_fused(t, r, fused)) {
           apply_round(t, r);
           for (pending_pull *p = fused; p; p = p->next) p->fused_err = PS_ERR_UNAVAILABLE; /* answered as usual */
         }
@@ -1306,6 +1306,15 @@ static pm_tail pm_tail_of(const ps__frame_hdr *h, const void *body, size_t blen)
   return q;
 }
 
+/* A request's tail with its regions checked and their total in *total; 0, or -1 when
+ * they are malformed (answered). */
+static int pm_tail_checked(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, pm_tail *q, uint64_t *total) {
+  *q = pm_tail_of(h, b->buf, b->len);
+  if (ps__pm_descs_check(q->d, q->nd, total) == 0) return 0;
+  reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
+  return -1;
+}
+
 /* A peer-memory pull (PS_CODEC_PEER_MEM): write the rows straight into the worker's
  * buffers named after the segment list, and answer with an empty reply. 1 if done (or
  * answered with an error), 0 if the values must go in the reply instead (this server
@@ -1595,8 +1604,7 @@ static void fused_write(table *t, pending_pull *p, uint64_t sl, const float *w) 
 
 /* Apply round r of table t, writing each updated slice into the pulls f at once.
  * 0, or -1 if nothing was done (out of memory: the caller applies it the usual way). */
-static int apply_round_fused(ps__server *s, table *t, round_acc *r, pending_pull *f) {
-  (void)s;
+static int apply_round_fused(table *t, round_acc *r, pending_pull *f) {
   uint64_t width = t->spec.width, nsl = (t->spec.size + width - 1) / width, lo = UINT64_MAX, hi = 0;
   for (pending_pull *p = f; p; p = p->next) {
     const uint8_t *keys = p->buf;
@@ -1680,11 +1688,8 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
     if (h->codec == PS_CODEC_PEER_MEM) {
       /* The worker's buffers must hold exactly the values asked for. */
       uint64_t total;
-      pm_tail q = pm_tail_of(h, b->buf, b->len);
-      if (ps__pm_descs_check(q.d, q.nd, &total)) {
-        reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
-        return;
-      }
+      pm_tail q;
+      if (pm_tail_checked(c, h, b, &q, &total)) return;
       if (total != 4u * (uint64_t)n) {
         reply_err(c, h, PS_ERR_SIZE, "peer-memory regions of %llu bytes for %lld values", (unsigned long long)total,
                   (long long)n);
@@ -1886,11 +1891,8 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
               c->peer_pid ? "peer memory is not usable here" : "not a same-host AF_UNIX socket");
     return;
   }
-  pm_tail q = pm_tail_of(h, b->buf, b->len);
-  if (ps__pm_descs_check(q.d, q.nd, &total)) {
-    reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
-    return;
-  }
+  pm_tail q;
+  if (pm_tail_checked(c, h, b, &q, &total)) return;
   if (total > c->max_payload - kbytes) {
     reply_err(c, h, PS_ERR_TOO_LARGE, "a peer-memory push of %llu bytes exceeds the frame limit",
               (unsigned long long)total);
