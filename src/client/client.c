@@ -2038,13 +2038,15 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   uint64_t *segs = ps__malloc(maxseg * 2 * 8);
   uint32_t *segown = ps__malloc(maxseg * sizeof *segown);
   size_t *nseg_of = ps__calloc(S, sizeof *nseg_of);
-  if (!segs || !segown || !nseg_of) {
-    free(segs); free(segown); free(nseg_of);
+  uint32_t *order = ps__malloc(S * sizeof *order);
+  if (!segs || !segown || !nseg_of || !order || !ps__ring_dense_order(ring, table, order)) {
+    free(segs); free(segown); free(nseg_of); free(order);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
   size_t nseg = 0;
+  uint64_t nsl = (ti.size + w - 1) / w;
   for (uint64_t sl = first; sl <= last; sl++) {
-    uint32_t o = S == 1 ? 0 : (uint32_t)ps__ring_owner_index(ring, table, sl);
+    uint32_t o = order[ps__dense_run(sl, nsl, S)];
     uint64_t a = sl == first ? offset : sl * w;
     uint64_t b = sl == last ? offset + cnt : (sl + 1) * w;
     if (nseg && segown[nseg - 1] == o && segs[2 * (nseg - 1)] + segs[2 * (nseg - 1) + 1] == a) {
@@ -2057,6 +2059,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       nseg++;
     }
   }
+  free(order);
   unsigned nparts = 0;
   for (size_t s = 0; s < S; s++) nparts += (is_push || nseg_of[s]) ? 1 : 0;
   /* Per part: 1 buffer for its segment list, 1 for its peer-memory descriptors, plus

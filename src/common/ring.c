@@ -186,3 +186,22 @@ size_t ps__ring_chain(const ps__ring *r, uint32_t table, uint64_t key, uint32_t 
   PS_ASSERT(got == want);
   return got;
 }
+
+size_t ps__ring_dense_order(const ps__ring *r, uint32_t table, uint32_t *order) {
+  size_t S = r->nservers, got = 0;
+  uint64_t one = 0, *seen = S <= 64 ? &one : ps__calloc((S + 63) / 64, 8);
+  if (!seen) return 0;
+  size_t pos = first_point_at_or_after(r, ps__ring_key_hash(table, 0));
+  /* One lap visits every server, so this terminates. */
+  for (size_t step = 0; step < r->npoints && got < S; step++) {
+    uint32_t i = r->points[pos].server;
+    if (!(seen[i / 64] >> (i % 64) & 1)) {
+      seen[i / 64] |= 1ull << (i % 64);
+      order[got++] = i;
+    }
+    if (++pos == r->npoints) pos = 0;
+  }
+  if (seen != &one) free(seen);
+  PS_ASSERT(got == S);
+  return S;
+}

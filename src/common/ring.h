@@ -28,6 +28,22 @@ uint32_t ps__ring_owner(const ps__ring *r, uint32_t table, uint64_t key);
 /* The replica chain: up to nmax distinct servers starting with the owner, clockwise.
  * Returns how many were written to out (min(nmax, size)). */
 size_t ps__ring_chain(const ps__ring *r, uint32_t table, uint64_t key, uint32_t *out, size_t nmax);
+/* Dense tables: the table's slices are cut into S contiguous runs whose lengths differ by
+ * at most one slice, and run j goes to order[j], the j-th distinct server met walking the
+ * ring clockwise from the point of (table, 0). A dense table is then spread evenly (the
+ * ring alone gives 16 slices over 4 servers as 5/2/1/8 for some ids) and each server's
+ * share is one contiguous range; different tables start at different servers.
+ * ps__ring_dense_order fills order[0 .. S) with server indices; returns S, or 0 on
+ * allocation failure. */
+size_t ps__ring_dense_order(const ps__ring *r, uint32_t table, uint32_t *order);
+/* The run (index into order) of slice `slice` of a table of `nslices` slices over S
+ * servers, and the first slice of run j (run j is [start(j), start(j + 1))). */
+static inline size_t ps__dense_run(uint64_t slice, uint64_t nslices, size_t S) {
+  return (size_t)(((unsigned __int128)slice * S) / nslices);
+}
+static inline uint64_t ps__dense_run_start(size_t j, uint64_t nslices, size_t S) {
+  return (uint64_t)(((unsigned __int128)j * nslices + S - 1) / S);
+}
 /* The hash of a key as used for placement (exposed for tests). */
 uint64_t ps__ring_key_hash(uint32_t table, uint64_t key);
 

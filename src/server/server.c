@@ -100,6 +100,8 @@ typedef struct table {
   float last_lr;       /* learning rate of the last update */
   double last_batch;   /* global batch of the last update */
   pending_apply pend;  /* async dense push being applied (apply_some) */
+  /* dense: the slices [mine_lo, mine_hi) this server owns under ring generation mine_gen */
+  uint64_t mine_gen, mine_lo, mine_hi;
 } table;
 
 typedef struct worker {
@@ -128,6 +130,7 @@ struct ps__server {
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
   ps__conn *sched;
+  uint64_t ring_gen; /* incremented whenever ring is replaced (dense ownership caches) */
   uv_timer_t hb_timer, connect_timer, retry_timer;
   uint32_t id, rank;
   uint64_t epoch;
@@ -198,10 +201,6 @@ static worker *add_worker(ps__server *s, uint32_t id, int64_t clock, int live) {
   w->pending = !live;
   w->clock = clock;
   return w;
-}
-
-static int owns(ps__server *s, uint32_t tid, uint64_t key) {
-  return !s->ring || ps__ring_size(s->ring) <= 1 || ps__ring_owner(s->ring, tid, key) == s->id;
 }
 
 /* The position of the first key of keys[0 .. n) (wire bytes) this server does not own,
@@ -764,6 +763,35 @@ static int check_request(ps__server *s, ps__conn *c, const ps__frame_hdr *h, int
   return 0;
 }
 
+/* The dense slices [*lo, *hi) of t this server owns (ring.h: one contiguous run per
+ * server), cached per ring. 0, or -1 when out of memory. */
+static int dense_mine(ps__server *s, table *t, uint64_t *lo, uint64_t *hi) {
+  uint64_t nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
+  size_t S = s->ring ? ps__ring_size(s->ring) : 0;
+  if (S <= 1) {
+    *lo = 0, *hi = nsl;
+    return 0;
+  }
+  if (t->mine_gen != s->ring_gen + 1) {
+    uint32_t *order = ps__malloc(S * sizeof *order);
+    if (!order || !ps__ring_dense_order(s->ring, t->id, order)) {
+      free(order);
+      return -1;
+    }
+    t->mine_lo = t->mine_hi = 0;
+    for (size_t j = 0; j < S; j++) {
+      if (ps__ring_server_at(s->ring, order[j]) == s->id) {
+        t->mine_lo = ps__dense_run_start(j, nsl, S);
+        t->mine_hi = ps__dense_run_start(j + 1, nsl, S);
+      }
+    }
+    free(order);
+    t->mine_gen = s->ring_gen + 1;
+  }
+  *lo = t->mine_lo, *hi = t->mine_hi;
+  return 0;
+}
+
 /* Check a dense segment list: in range, owned. Returns total elements or -1 (answered). */
 static int64_t check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t, const uint8_t *keys) {
   uint64_t total = 0;
@@ -774,12 +802,15 @@ static int64_t check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h
                 (unsigned long long)cnt, t->decl.name, (unsigned long long)t->spec.size);
       return -1;
     }
-    for (uint64_t sl = off / t->spec.width; sl <= (off + cnt - 1) / t->spec.width; sl++) {
-      if (!owns(s, h->table, sl)) {
-        reply_err(c, h, PS_ERR_MOVED, "slice %llu of table '%s' is not on this server (epoch %llu)",
-                  (unsigned long long)sl, t->decl.name, (unsigned long long)s->epoch);
-        return -1;
-      }
+    uint64_t lo, hi, a = off / t->spec.width, b = (off + cnt - 1) / t->spec.width;
+    if (dense_mine(s, t, &lo, &hi)) {
+      reply_err(c, h, PS_ERR_NOMEM, "out of memory");
+      return -1;
+    }
+    if (a < lo || b >= hi) {
+      reply_err(c, h, PS_ERR_MOVED, "slice %llu of table '%s' is not on this server (epoch %llu)",
+                (unsigned long long)(a < lo ? a : hi), t->decl.name, (unsigned long long)s->epoch);
+      return -1;
     }
     total += cnt;
   }
@@ -2002,6 +2033,7 @@ static void on_membership(ps__server *s, const ps__body *b) {
   if (ring) {
     ps__ring_free(s->ring);
     s->ring = ring;
+    s->ring_gen++;
   }
   free(ids);
   s->epoch = m.epoch;

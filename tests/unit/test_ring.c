@@ -210,3 +210,55 @@ Test(ring, bad_input_returns_null) {
   cr_assert_null(ps__ring_new(dup, 3, VNODES, 1));
   cr_assert(strstr(ps_errmsg(), "twice") != NULL, "message: %s", ps_errmsg());
 }
+
+/* Dense placement (ring.h): S contiguous runs whose lengths differ by at most one slice,
+ * every server owning exactly one, in an order that is a permutation of the servers,
+ * starts at the owner of (table, 0) and differs between tables. */
+Test(ring, dense_tables_are_cut_into_one_even_run_per_server) {
+  uint32_t ids[70];
+  for (uint32_t i = 0; i < 70; i++) ids[i] = 3 + 5 * i;
+  size_t sizes[] = {1, 2, 4, 70};
+  uint64_t nsls[] = {1, 2, 3, 15, 16, 17, 69, 70, 71, 1000, 1ull << 40};
+  for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+    size_t S = sizes[si];
+    ps__ring *r = ring_of(ids, S);
+    uint32_t order[70];
+    for (uint32_t t = 0; t < 20; t++) {
+      cr_assert_eq(ps__ring_dense_order(r, t, order), S);
+      cr_assert_eq(order[0], ps__ring_owner_index(r, t, 0), "table %u starts at the owner of slice 0", t);
+      int seen[70] = {0};
+      for (size_t j = 0; j < S; j++) {
+        cr_assert_lt(order[j], S);
+        cr_assert_eq(seen[order[j]]++, 0, "server index %u twice in the order", order[j]);
+      }
+      for (size_t k = 0; k < sizeof nsls / sizeof *nsls; k++) {
+        uint64_t n = nsls[k], lo = n / S, hi = (n + S - 1) / S;
+        cr_assert_eq(ps__dense_run_start(0, n, S), 0);
+        cr_assert_eq(ps__dense_run_start(S, n, S), n);
+        for (size_t j = 0; j < S; j++) {
+          uint64_t a = ps__dense_run_start(j, n, S), b = ps__dense_run_start(j + 1, n, S);
+          cr_assert(b - a == lo || b - a == hi, "S=%zu n=%llu run %zu has %llu slices", S, (unsigned long long)n, j,
+                    (unsigned long long)(b - a));
+          /* ps__dense_run agrees with the run boundaries at both ends of every run. */
+          if (b > a) {
+            cr_assert_eq(ps__dense_run(a, n, S), j, "S=%zu n=%llu slice %llu", S, (unsigned long long)n,
+                         (unsigned long long)a);
+            cr_assert_eq(ps__dense_run(b - 1, n, S), j, "S=%zu n=%llu slice %llu", S, (unsigned long long)n,
+                         (unsigned long long)(b - 1));
+          }
+        }
+        if (n <= 1000)
+          for (uint64_t sl = 1; sl < n; sl++) cr_assert_geq(ps__dense_run(sl, n, S), ps__dense_run(sl - 1, n, S));
+      }
+    }
+    if (S == 4) { /* the tables do not all start at the same server */
+      int first[4] = {0};
+      for (uint32_t t = 0; t < 40; t++) {
+        ps__ring_dense_order(r, t, order);
+        first[order[0]]++;
+      }
+      for (size_t i = 0; i < 4; i++) cr_expect_gt(first[i], 0, "no table starts at server %zu", i);
+    }
+    ps__ring_free(r);
+  }
+}
