@@ -80,8 +80,9 @@ static pid_t spawn_logged(char *const argv[], const char *log) {
   return pid;
 }
 
-void bench_cluster_start(bench_cluster *c, int S, int K, const char *transport) {
+static void cluster_start(bench_cluster *c, int S, int K, const char *transport, int colocated) {
   memset(c, 0, sizeof *c);
+  c->colocated = colocated;
   snprintf(c->dir, sizeof c->dir, "/tmp/pshard-bench-XXXXXX");
   if (!mkdtemp(c->dir)) {
     perror("mkdtemp");
@@ -111,11 +112,20 @@ void bench_cluster_start(bench_cluster *c, int S, int K, const char *transport) 
     fprintf(stderr, "bench: the scheduler did not start (see %s)\n", log);
     exit(1);
   }
-  for (int i = 0; i < S; i++) {
+  for (int i = 0; i < S && !c->colocated; i++) {
     char *va[] = {(char *)bin, "server", "--scheduler", c->addr, "--transport", (char *)transport, NULL};
     c->server_pid[i] = spawn_logged(va, log);
     if (getenv("BENCH_PIDS")) fprintf(stderr, "# server %d pid %d\n", i, (int)c->server_pid[i]);
   }
+}
+
+void bench_cluster_start(bench_cluster *c, int S, int K, const char *transport) {
+  cluster_start(c, S, K, transport, 0);
+}
+
+void bench_cluster_start_colocated(bench_cluster *c, int K) {
+  cluster_start(c, K, K, "auto", 1);
+  c->nservers = 0;
 }
 
 void bench_cluster_stop(bench_cluster *c) {
@@ -141,6 +151,7 @@ ps_ctx *bench_open(const bench_cluster *c, int embedded_servers, int workers, co
   bench_check(ps_config_new(&cfg), "ps_config_new");
   if (c) {
     bench_check(ps_config_set(cfg, "scheduler", c->addr), "config scheduler");
+    if (c->colocated) bench_check(ps_config_set(cfg, "colocate", "1"), "config colocate");
   } else {
     snprintf(buf, sizeof buf, "%d", embedded_servers);
     bench_check(ps_config_set(cfg, "embedded", buf), "config embedded");

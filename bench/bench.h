@@ -32,6 +32,7 @@ typedef struct bench_cluster {
   pid_t sched_pid;
   pid_t server_pid[16];
   int nservers, nworkers;
+  int colocated;        /* the K workers bring the servers (colocate=1): no server processes */
 } bench_cluster;
 
 /* Path of the pshard binary (env PSHARD_BIN, else the build tree's). */
@@ -39,6 +40,8 @@ const char *bench_pshard_bin(void);
 /* Start a scheduler for S servers and K workers and S server processes
  * (transport "auto" or "tcp"). Their output goes to DIR/log. */
 void bench_cluster_start(bench_cluster *c, int S, int K, const char *transport);
+/* A scheduler for K workers that each run a colocated server (K servers in all). */
+void bench_cluster_start_colocated(bench_cluster *c, int K);
 void bench_cluster_stop(bench_cluster *c);
 /* Open a worker context on the cluster (c != NULL), or embedded with S servers
  * (c == NULL). mode: job consistency mode ("async", "sync"), transport "auto"/"tcp". */

@@ -19,7 +19,9 @@
  * This machine has 2 cores: K workers, S servers and a scheduler are oversubscribed,
  * as are the K MPI ranks.
  *
- * usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH]
+ * usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc] [--no-mpi]
+ *   --layouts  which server layouts to run: 1 (one server process), K (K server processes),
+ *              Kc (a server colocated in each worker process)
  */
 #include <signal.h>
 #include <stdio.h>
@@ -68,9 +70,10 @@ static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd)
 
 /* Median over steps of the slowest worker's step time; ph: medians over workers and
  * steps of the push and pull calls. */
-static double run_ps(int K, int S, uint64_t n, int steps, double *share_max, double ph[2]) {
+static double run_ps(int K, int S, int colocated, uint64_t n, int steps, double *share_max, double ph[2]) {
   bench_cluster c;
-  bench_cluster_start(&c, S, K, "auto");
+  if (colocated) bench_cluster_start_colocated(&c, K);
+  else bench_cluster_start(&c, S, K, "auto");
   int fds[8][2];
   pid_t pids[8];
   for (int k = 0; k < K; k++) {
@@ -137,14 +140,17 @@ static double run_mpi(const char *mpirun, const char *prog, int K, uint64_t n, i
 int main(int argc, char **argv) {
   const char *floats_s = "1M,16M", *workers_s = "2,4", *mpirun = "mpirun";
   const char *prog = getenv("BENCH_MPI") ? getenv("BENCH_MPI") : MPI_BENCH_DEFAULT;
-  int steps = 15;
+  const char *layouts = "1,K,Kc";
+  int steps = 15, no_mpi = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--floats") && i + 1 < argc) floats_s = argv[++i];
     else if (!strcmp(argv[i], "--workers") && i + 1 < argc) workers_s = argv[++i];
     else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--mpirun") && i + 1 < argc) mpirun = argv[++i];
+    else if (!strcmp(argv[i], "--layouts") && i + 1 < argc) layouts = argv[++i];
+    else if (!strcmp(argv[i], "--no-mpi")) no_mpi = 1;
     else {
-      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH]\n");
+      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc] [--no-mpi]\n");
       return 2;
     }
   }
@@ -167,25 +173,32 @@ int main(int argc, char **argv) {
          "median of the slowest worker/rank\n", steps);
   printf("# MB/worker: payload each worker sends (= receives) per step; MB/server: what the busiest server "
          "receives (= sends) with an even spread; ring: 2(K-1)/K x 4N per rank\n");
+  printf("# S = Kc: the K workers each run a colocated server (colocate=1) instead of K server processes\n");
   printf("# push_ms / pull_ms: medians over workers and steps of one worker's push call and pull call (the pull "
          "waits for every worker's push and the update)\n");
-  printf("%2s %2s %9s %10s %10s %10s %9s %9s %9s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms", "mpi_ms",
+  printf("%2s %3s %9s %10s %10s %10s %9s %9s %9s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms", "mpi_ms",
          "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "push_ms", "pull_ms", "ratio", "vs_best", "target");
   fflush(stdout);
   for (int ki = 0; ki < nk; ki++) {
     int K = ks[ki];
     for (int si = 0; si < ns; si++) {
       uint64_t n = sizes[si];
-      double mpi = run_mpi(mpirun, prog, K, n, steps, 0);
-      double mpi_big = run_mpi(mpirun, prog, K, n, steps, 1);
+      double mpi = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 0);
+      double mpi_big = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 1);
       double best = mpi > 0 && (mpi_big <= 0 || mpi < mpi_big) ? mpi : mpi_big;
-      int Ss[2] = {1, K};
-      for (int j = 0; j < 2; j++) {
-        int S = Ss[j];
+      int Ss[3] = {1, K, K};
+      for (int j = 0; j < 3; j++) {
+        int S = Ss[j], colo = j == 2;
+        const char *name = j == 0 ? "1" : j == 1 ? "K" : "Kc";
+        char lay[64];
+        snprintf(lay, sizeof lay, ",%s,", layouts);
+        char want[8];
+        snprintf(want, sizeof want, ",%s,", name);
+        if (!strstr(lay, want)) continue;
         double share, ph[2];
-        double ps = run_ps(K, S, n, steps, &share, ph);
+        double ps = run_ps(K, S, colo, n, steps, &share, ph);
         double mb = 4.0 * (double)n / 1e6;
-        printf("%2d %2d %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K, S,
+        printf("%2d %2d%s %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K, S, colo ? "c" : " ",
                (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K * share,
                2.0 * (K - 1) / K * mb, ph[0] * 1e3, ph[1] * 1e3, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
                S == K ? "<= 1.5x all-reduce (S = K)" : "");

@@ -89,6 +89,10 @@ typedef struct ps_config ps_config;
  *   workers            expected number of workers K           [PSHARD_WORKERS]
  *   embedded           run a scheduler and this many servers as threads in the
  *                      calling process (0 = off)              [PSHARD_EMBEDDED]
+ *   colocate           1: also run one of the job's servers as a thread in this
+ *                      process, registered with `scheduler`; ps_ctx_close then waits
+ *                      (at most timeout_ms) until no worker is left in the job
+ *                                                             [PSHARD_COLOCATE]
  *   mode               consistency model of tables declared without their own
  *                      mode= option: sync (BSP), sync:M (a round needs the first M
  *                      workers; later pushes are dropped and counted), ssp:S (bounded

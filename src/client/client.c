@@ -195,6 +195,7 @@ struct ps_ctx {
   ps__server **emb_servers;
   pthread_t *emb_server_threads;
   unsigned n_emb;
+  int colocated;    /* emb_servers are the job's servers, colocated here (no emb_sched) */
 };
 
 /* ================================================================== loop side */
@@ -2443,6 +2444,30 @@ static void stop_embedded(ps_ctx *ctx) {
   }
 }
 
+/* Start n server threads registering with the scheduler at ctx->sched_host:sched_port:
+ * an embedded scheduler's, or the job's (colocated servers, which bind `host` and stop
+ * once no worker is alive in the job). */
+static int start_servers(ps_ctx *ctx, const char *host, unsigned n, int colocated) {
+  ctx->emb_servers = ps__calloc(n, sizeof *ctx->emb_servers);
+  ctx->emb_server_threads = ps__calloc(n, sizeof *ctx->emb_server_threads);
+  if (!ctx->emb_servers || !ctx->emb_server_threads) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  for (unsigned i = 0; i < n; i++) {
+    ps__server_opts o = {.host = host, .sched_host = ctx->sched_host, .sched_port = ctx->sched_port,
+                         .use_unix = ctx->use_unix, .heartbeat_ms = ctx->heartbeat_ms, .vnodes = ctx->vnodes,
+                         .max_payload = ctx->max_payload, .connect_timeout_ms = ctx->connect_timeout_ms,
+                         .stop_without_workers = colocated};
+    int rc = ps__server_create(&o, &ctx->emb_servers[i]);
+    if (rc) return rc;
+    ctx->n_emb = i + 1;
+    if (pthread_create(&ctx->emb_server_threads[i], NULL, emb_server_main, ctx->emb_servers[i])) {
+      ps__server_destroy(ctx->emb_servers[i]);
+      ctx->emb_servers[i] = NULL;
+      return ps__fail(PS_ERR_NOMEM, "cannot start %s server thread", colocated ? "a colocated" : "an embedded");
+    }
+  }
+  return 0;
+}
+
 static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, uint32_t nworkers) {
   ps__sched_opts so = {.host = "127.0.0.1", .port = 0, .servers = nservers, .workers = nworkers,
                        .heartbeat_ms = ctx->heartbeat_ms,
@@ -2457,23 +2482,7 @@ static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, 
   }
   snprintf(ctx->sched_host, sizeof ctx->sched_host, "127.0.0.1");
   ctx->sched_port = ps__sched_port(ctx->emb_sched);
-  ctx->emb_servers = ps__calloc(nservers, sizeof *ctx->emb_servers);
-  ctx->emb_server_threads = ps__calloc(nservers, sizeof *ctx->emb_server_threads);
-  if (!ctx->emb_servers || !ctx->emb_server_threads) return ps__fail(PS_ERR_NOMEM, "out of memory");
-  for (unsigned i = 0; i < nservers; i++) {
-    ps__server_opts o = {.host = "127.0.0.1", .sched_host = "127.0.0.1", .sched_port = ctx->sched_port,
-                         .use_unix = ctx->use_unix, .heartbeat_ms = ctx->heartbeat_ms, .vnodes = ctx->vnodes,
-                         .max_payload = ctx->max_payload, .connect_timeout_ms = ctx->connect_timeout_ms};
-    rc = ps__server_create(&o, &ctx->emb_servers[i]);
-    if (rc) return rc;
-    ctx->n_emb = i + 1;
-    if (pthread_create(&ctx->emb_server_threads[i], NULL, emb_server_main, ctx->emb_servers[i])) {
-      ps__server_destroy(ctx->emb_servers[i]);
-      ctx->emb_servers[i] = NULL;
-      return ps__fail(PS_ERR_NOMEM, "cannot start an embedded server thread");
-    }
-  }
-  return 0;
+  return start_servers(ctx, "127.0.0.1", nservers, 0);
 }
 
 static void mail_connect(void *arg);
@@ -2599,6 +2608,11 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
       rc = ps__fail(PS_ERR_CONFIG, "bad scheduler address '%s'", addr);
       goto fail;
     }
+    /* A colocated server: one more server of the job, in this process (design.md §10). */
+    if (ps__config_uint(cfg, "colocate", 0)) {
+      ctx->colocated = 1;
+      if ((rc = start_servers(ctx, ps__config_str(cfg, "host", "127.0.0.1"), 1, 1))) goto fail;
+    }
   }
   ps__mailbox_post(ctx->mail, mail_connect, ctx);
   if (pthread_create(&ctx->thread, NULL, io_main, ctx)) {
@@ -2638,6 +2652,7 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
 fail: {
   char msg[512];
   snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ctx->colocated = 0; /* the job did not start with us: stop our server at once */
   ps_ctx_close(ctx);
   ps_config_free(empty);
   return ps__fail(rc, "%s", msg);
@@ -2678,6 +2693,20 @@ void ps_ctx_close(ps_ctx *ctx) {
   }
   while (ctx->held) part_finish(ctx->held);
   uv_loop_close(&ctx->loop);
+  /* A colocated server serves the other workers until none is left in the job (it stops
+   * by itself then), bounded by the request timeout. */
+  if (ctx->colocated) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ctx->timeout_ms / 1000;
+    ts.tv_nsec += (long)(ctx->timeout_ms % 1000) * 1000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    for (unsigned i = 0; i < ctx->n_emb; i++) {
+      if (!ctx->emb_servers[i] || pthread_timedjoin_np(ctx->emb_server_threads[i], NULL, &ts)) continue;
+      ps__server_destroy(ctx->emb_servers[i]);
+      ctx->emb_servers[i] = NULL;
+    }
+  }
   stop_embedded(ctx);
   while (ctx->links) {
     peer *l = ctx->links;

@@ -21,6 +21,7 @@ static const struct {
     {"transport", K_TRANSPORT, 0}, {"host", K_STR, 0},           {"vnodes", K_UINT, 4096},
     {"max_frame_mb", K_UINT, 1u << 20}, {"port", K_UINT, 65535}, {"rank", K_UINT, 1u << 20},
     {"direct", K_UINT, 1},         {"peer_mem", K_UINT, 1},      {"dedup", K_UINT, 1},
+    {"colocate", K_UINT, 1},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

@@ -212,7 +212,11 @@ int ps__pm_descs_check(const uint8_t *d, size_t nd, uint64_t *total);
  * (write = 1), as many bytes as loc holds, in system calls of at most 8 MiB, none
  * started at or after until_ms (ps__now_ms; 0 = no limit). 0, PS_ERR_UNAVAILABLE (not
  * permitted here), PS_ERR_IO (a bad address), PS_ERR_TIMEOUT (expired) or PS_ERR_SIZE,
- * with a message; after a failure part of the bytes may have moved. */
+ * with a message; after a failure part of the bytes may have moved.
+ * pid PS_PM_SELF: the regions are this process's own, named by our own client library
+ * (a server colocated with its worker): plain memcpy, no system call and no check of the
+ * addresses (a bad one is the caller's own bad pointer). */
+#define PS_PM_SELF (-1)
 int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off,
                 uint64_t until_ms);
 /* Are the regions d[nd] all mapped in process pid, readable (write = 0) or writable?

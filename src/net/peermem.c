@@ -95,6 +95,23 @@ int ps__pm_descs_check(const uint8_t *d, size_t nd, uint64_t *total) {
 /* Copy between the local regions loc and the peer's regions d[nd] taken from byte off
  * of their concatenation on, 64 regions a call on each side; a short transfer goes on
  * where it stopped. */
+/* process_vm_readv/writev within this process (a server colocated with its worker):
+ * plain memcpy between the two region lists, which cover the same number of bytes. The
+ * regions are our own client library's, naming the caller's live buffers. */
+static ssize_t self_copy(int write, const struct iovec *lv, unsigned nl, const struct iovec *rv, unsigned nr) {
+  size_t moved = 0, lo = 0, ro = 0;
+  for (unsigned li = 0, ri = 0; li < nl && ri < nr;) {
+    size_t n = lv[li].iov_len - lo < rv[ri].iov_len - ro ? lv[li].iov_len - lo : rv[ri].iov_len - ro;
+    char *l = (char *)lv[li].iov_base + lo, *r = (char *)rv[ri].iov_base + ro;
+    if (write) memcpy(r, l, n);
+    else memcpy(l, r, n);
+    moved += n, lo += n, ro += n;
+    if (lo == lv[li].iov_len) li++, lo = 0;
+    if (ro == rv[ri].iov_len) ri++, ro = 0;
+  }
+  return (ssize_t)moved;
+}
+
 int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off,
                 uint64_t until_ms) {
   struct iovec lv[64], rv[64];
@@ -136,7 +153,8 @@ int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const ui
       }
       acc += lv[k].iov_len;
     }
-    ssize_t got = write ? process_vm_writev(pid, lv, nl, rv, nr, 0) : process_vm_readv(pid, lv, nl, rv, nr, 0);
+    ssize_t got = pid == PS_PM_SELF ? self_copy(write, lv, nl, rv, nr)
+                  : write ? process_vm_writev(pid, lv, nl, rv, nr, 0) : process_vm_readv(pid, lv, nl, rv, nr, 0);
     if (got <= 0)
       return ps__fail(got < 0 && (errno == EPERM || errno == ENOSYS) ? PS_ERR_UNAVAILABLE : PS_ERR_IO,
                       "cannot %s the memory of process %d: %s", write ? "write" : "read", pid,

@@ -22,7 +22,9 @@ def binary(name):
 
 
 class Cluster:
-    def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None):
+    def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False):
+        """colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
+        one each), so no server process is started."""
         self.dir = tempfile.mkdtemp(prefix="pshard-test-")
         self.procs = []
         self.servers = servers
@@ -42,8 +44,10 @@ class Cluster:
         with open(addr_file) as f:
             self.addr = f.read().strip()
         self.env["PSHARD_SCHEDULER"] = self.addr
+        if colocate:
+            self.env["PSHARD_COLOCATE"] = "1"
         self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr], f"server{i}")
-                             for i in range(servers)]
+                             for i in range(0 if colocate else servers)]
 
     def _spawn(self, argv, name, env=None):
         out = open(os.path.join(self.dir, name + ".log"), "wb")

@@ -27,9 +27,9 @@ CODEC_PEER_MEM = 1
 E_TIMEOUT, E_IO, E_PROTO, E_SIZE = 3, 5, 6, 9
 
 
-def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0):
-    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}-{lag_ms}.txt")
-    with Cluster(2, 2, extra_env=env) as c:
+def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0, colocate=False):
+    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}-{lag_ms}-{int(colocate)}.txt")
+    with Cluster(2, 2, extra_env=env, colocate=colocate) as c:
         procs = [c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out,
                            "--lag-ms", str(lag_ms)], f"worker{i}") for i in range(2)]
         codes = c.wait(procs, RUN_TIMEOUT)

@@ -184,6 +184,7 @@ static void expect_same(const uint8_t *got, const uint8_t *want, size_t n, const
 }
 
 static uint64_t copy_until_ms; /* the deadline check_copy passes (0 = none) */
+static int copy_self;           /* check_copy passes PS_PM_SELF instead of getpid() */
 
 /* Copy between local regions of sizes lcyc (cut to `ltotal` bytes, at most nl regions)
  * and remote regions of sizes rcyc (nr regions) of this process, from byte off of the
@@ -205,7 +206,7 @@ static void check_copy(int write, const size_t *lcyc, size_t nlcyc, size_t nl, s
   uv_buf_t *v = layout_bufs(&loc);
   descs d = {0};
   layout_descs(&rem, &d);
-  OK(ps__pm_copy((int)getpid(), write, v, (unsigned)loc.n, d.d, d.n, off, copy_until_ms));
+  OK(ps__pm_copy(copy_self ? PS_PM_SELF : (int)getpid(), write, v, (unsigned)loc.n, d.d, d.n, off, copy_until_ms));
   expect_same(loc.arena, lref, loc.size, &loc, write ? "local side after a write" : "local side after a read");
   expect_same(rem.arena, rref, rem.size, &rem, write ? "remote side after a write" : "remote side after a read");
 
@@ -370,6 +371,40 @@ Test(pm_copy, regions_larger_than_one_call, .timeout = 120) {
     check_copy(w, l, 3, 3, l[0] + l[1] + l[2], one, 1, 1, 4);
     check_copy(w, RCYC, NRCYC, 100000, SIZE_MAX, one, 1, 1, 0); /* many small local regions */
   }
+}
+
+/* PS_PM_SELF (a colocated worker's regions, copied with memcpy) moves exactly what the
+ * system call moves, for the layouts above: many regions, tiny ones, offsets, regions
+ * larger than one call; and it keeps the deadline. */
+Test(pm_copy, self_copies_like_the_system_call, .timeout = 120) {
+  copy_self = 1;
+  static const size_t l[] = {1, 0, 2, 1, 0, 0, 3};
+  static const size_t r[] = {3, 1, 1, 2};
+  static const size_t big[] = {(9u << 20) + 3, 5};
+  for (int w = 0; w < 2; w++) {
+    check_copy(w, LCYC, NLCYC, 100000, SIZE_MAX, RCYC, NRCYC, 130, 0);
+    check_copy(w, LCYC, NLCYC, 100000, 200000, RCYC, NRCYC, 130, 4099 + 35000);
+    check_copy(w, l, 7, 100000, SIZE_MAX, r, 4, 1000, 0);
+    check_copy(w, big, 2, 2, SIZE_MAX, RCYC, NRCYC, 400, 1);
+    check_copy(w, RCYC, NRCYC, 100000, SIZE_MAX, big, 2, 2, 0);
+  }
+  layout loc, rem;
+  layout_make(&rem, RCYC, NRCYC, 10, SIZE_MAX, 1, 1);
+  layout_make(&loc, LCYC, NLCYC, 100, rem.total, 0, 2);
+  uint8_t *before = malloc(loc.size);
+  cr_assert(before != NULL);
+  memcpy(before, loc.arena, loc.size);
+  uv_buf_t *v = layout_bufs(&loc);
+  descs d = {0};
+  layout_descs(&rem, &d);
+  FAILS(PS_ERR_TIMEOUT, ps__pm_copy(PS_PM_SELF, 0, v, (unsigned)loc.n, d.d, d.n, 0, 1));
+  cr_assert(eq(int, memcmp(before, loc.arena, loc.size), 0), "an expired copy moved bytes");
+  free(v);
+  free(before);
+  descs_free(&d);
+  layout_free(&loc);
+  layout_free(&rem);
+  copy_self = 0;
 }
 
 /* A deadline still ahead changes nothing; one passed fails before anything moves. */
