@@ -54,6 +54,7 @@ struct part {
   int queued, sent, write_done, reply_done, finished;
   int pm_answered;         /* a peer-memory part's reply arrived: the server is done */
   int pm_pid;              /* a peer-memory part's server process */
+  uint64_t pm_bytes;       /* a peer-memory part's value bytes (the server copies them) */
   int held;                /* on ctx->held until its deadline (part_finish) */
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
@@ -1618,6 +1619,8 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
   }
 }
 
+#define PM_NOSPIN_BYTES (512u << 10)
+
 /* Run requests on lent links if they can be claimed. Returns 1 when done here (the
  * requests' statuses say how it went), 0 when they must go through the loop. */
 static int direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
@@ -1626,7 +1629,13 @@ static int direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadl
   unsigned n = direct_claim(ctx, reqs, nreqs, dl, 16);
   if (n == 0) return 0;
   __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
-  direct_io(ctx, dl, n, deadline_ms, ctx->spin_ns > 0);
+  /* No polling while servers copy large peer-memory parts: no bytes move on the socket
+   * meanwhile, the answer comes after the copy (about 100 us per MiB), and a polling
+   * caller takes a CPU the servers need when workers and servers share the cores. */
+  uint64_t pm_bytes = 0;
+  for (unsigned j = 0; j < n; j++)
+    for (unsigned k = 0; k < dl[j].nparts; k++) pm_bytes += dl[j].parts[k]->pm_bytes;
+  direct_io(ctx, dl, n, deadline_ms, ctx->spin_ns > 0 && pm_bytes < PM_NOSPIN_BYTES);
   direct_release(ctx, dl, n);
   /* A peer-memory part left unanswered (a failed link) keeps the caller's buffers until
    * its deadline, as on the loop (part_finish). */
@@ -2124,6 +2133,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     int pm = pm_time && bytes >= PM_MIN_BYTES ? link_takes_pm(ctx, target) : 0;
     if (pm) {
       p->pm_pid = pm;
+      p->pm_bytes = bytes;
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
       p->hdr.codec = PS_CODEC_PEER_MEM;
       for (size_t k = 0; k < 2 + 2 * nseg_of[s]; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]); /* little-endian */
