@@ -1869,6 +1869,25 @@ static int pm_read(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
   return ps__pm_copy(a->pid, 0, &l, 1, a->q.d, a->q.nd, pos * 4, a->q.until);
 }
 
+/* A colocated worker's gradient (PS_PM_SELF) is added straight from its buffers, which
+ * are this process's own: no staging copy. Values [pos, pos + n) of the regions. */
+static int pm_self_axpy(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
+  if (a->q.until && ps__now_ms() >= a->q.until) return ps__fail(PS_ERR_TIMEOUT, "peer-memory request expired");
+  uint64_t at = pos * 4, done = 0;
+  for (size_t i = 0; i < a->q.nd && done < n; i++) {
+    uint64_t addr = ps__get_u64(a->q.d + 16 * i), len = ps__get_u64(a->q.d + 16 * i + 8);
+    if (at >= len) {
+      at -= len;
+      continue;
+    }
+    uint64_t m = (len - at) / 4 < n - done ? (len - at) / 4 : n - done;
+    if (m == 0) break;
+    ps__axpy(dst + done, a->weight, (const float *)(uintptr_t)(addr + at), m);
+    done += m, at = 0;
+  }
+  return done == n ? 0 : ps__fail(PS_ERR_SIZE, "peer-memory regions shorter than the values");
+}
+
 static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
   pm_acc_arg *a = arg;
   int created, rc;
@@ -1883,6 +1902,7 @@ static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, 
     if (a->weight != 1.0f) ps__vscale(row + within, a->weight, n);
     return 0;
   }
+  if (a->pid == PS_PM_SELF) return pm_self_axpy(a, row + within, n, pos);
   for (uint64_t k = 0; k < n; k += PM_CHUNK) {
     uint64_t m = n - k < PM_CHUNK ? n - k : PM_CHUNK;
     if ((rc = pm_read(a, a->s->pm_chunk, m, pos + k))) return rc;
