@@ -5,7 +5,9 @@
  * step to a dense table in sync mode (opt=sgd): push_range(all), ps_clock, pull_range
  * (all), which returns once the round is applied on every server - the PS equivalent
  * of one all-reduce. S = 1 server, or S = K servers with the tensor's slices spread
- * over them by the ring. The step time is the slowest worker's, median over steps.
+ * evenly over them (design.md section 4), as K server processes or as a server
+ * colocated in each worker process (S = Kc, colocate=1). The step time is the slowest
+ * worker's, median over steps, then the median over --runs fresh clusters.
  *
  * Peer: bench_mpi_allreduce under `mpirun -np K --oversubscribe` (Open MPI), run twice:
  * with glibc's default allocation thresholds, and with MALLOC_MMAP_THRESHOLD_ and
@@ -20,6 +22,10 @@
  * as are the K MPI ranks.
  *
  * usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc] [--no-mpi]
+ *                   [--runs R]
+ *   --runs     fresh clusters (and mpirun calls) per configuration, interleaved (3); the
+ *              table shows the median over them: on this VM one cluster's rounds can be
+ *              twice as slow as the next one's, for the whole run
  *   --layouts  which server layouts to run: 1 (one server process), K (K server processes),
  *              Kc (a server colocated in each worker process)
  */
@@ -70,7 +76,7 @@ static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd)
 
 /* Median over steps of the slowest worker's step time; ph: medians over workers and
  * steps of the push and pull calls. */
-static double run_ps(int K, int S, int colocated, uint64_t n, int steps, double *share_max, double ph[2]) {
+static double run_ps(int K, int S, int colocated, uint64_t n, int steps, double ph[2]) {
   bench_cluster c;
   if (colocated) bench_cluster_start_colocated(&c, K);
   else bench_cluster_start(&c, S, K, "auto");
@@ -110,9 +116,6 @@ static double run_ps(int K, int S, int colocated, uint64_t n, int steps, double 
   free(push);
   free(pull);
   for (int k = 0; k < K; k++) waitpid(pids[k], NULL, 0);
-  /* An even spread; the ring's actual spread of 64Ki-float slices is within a few
-   * slices of it (docs/benchmarks.md). */
-  *share_max = 1.0 / S;
   bench_cluster_stop(&c);
   double m = bench_median(t, (size_t)steps);
   free(t);
@@ -141,7 +144,7 @@ int main(int argc, char **argv) {
   const char *floats_s = "1M,16M", *workers_s = "2,4", *mpirun = "mpirun";
   const char *prog = getenv("BENCH_MPI") ? getenv("BENCH_MPI") : MPI_BENCH_DEFAULT;
   const char *layouts = "1,K,Kc";
-  int steps = 15, no_mpi = 0;
+  int steps = 15, no_mpi = 0, runs = 3;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--floats") && i + 1 < argc) floats_s = argv[++i];
     else if (!strcmp(argv[i], "--workers") && i + 1 < argc) workers_s = argv[++i];
@@ -149,8 +152,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--mpirun") && i + 1 < argc) mpirun = argv[++i];
     else if (!strcmp(argv[i], "--layouts") && i + 1 < argc) layouts = argv[++i];
     else if (!strcmp(argv[i], "--no-mpi")) no_mpi = 1;
+    else if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc] [--no-mpi]\n");
+      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc] [--no-mpi] [--runs R]\n");
       return 2;
     }
   }
@@ -170,37 +174,56 @@ int main(int argc, char **argv) {
   for (char *s = strtok(buf, ","); s && nk < 8; s = strtok(NULL, ",")) ks[nk++] = atoi(s);
 
   printf("# bench_sync: sync round (push, aggregate, pull) of N floats per worker vs MPI_Allreduce, %d steps, "
-         "median of the slowest worker/rank\n", steps);
-  printf("# MB/worker: payload each worker sends (= receives) per step; MB/server: what the busiest server "
-         "receives (= sends) with an even spread; ring: 2(K-1)/K x 4N per rank\n");
+         "median of the slowest worker/rank; then the median over %d runs (fresh clusters, interleaved)\n", steps, runs);
+  printf("# MB/worker: payload each worker sends (= receives) per step; MB/server: what each server receives "
+         "(= sends): a dense table is spread evenly, to one slice; ring: 2(K-1)/K x 4N per rank\n");
+  printf("# xproc_MB: bytes copied from one process to another per step, all processes together: 2 K 4N with "
+         "server processes, 2 (K-1) 4N with colocated servers (a worker's part for its own server stays in its "
+         "process), 2 (K-1) 4N for a ring all-reduce (mpi_x)\n");
   printf("# S = Kc: the K workers each run a colocated server (colocate=1) instead of K server processes\n");
   printf("# push_ms / pull_ms: medians over workers and steps of one worker's push call and pull call (the pull "
          "waits for every worker's push and the update)\n");
-  printf("%2s %3s %9s %10s %10s %10s %9s %9s %9s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms", "mpi_ms",
-         "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "push_ms", "pull_ms", "ratio", "vs_best", "target");
+  printf("%2s %3s %9s %10s %10s %10s %9s %9s %9s %9s %8s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms",
+         "mpi_ms", "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "xproc_MB", "mpi_x", "push_ms", "pull_ms", "ratio",
+         "vs_best", "target");
   fflush(stdout);
+  enum { RUNS_MAX = 32 };
+  if (runs < 1 || runs > RUNS_MAX) runs = runs < 1 ? 1 : RUNS_MAX;
   for (int ki = 0; ki < nk; ki++) {
     int K = ks[ki];
     for (int si = 0; si < ns; si++) {
       uint64_t n = sizes[si];
-      double mpi = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 0);
-      double mpi_big = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 1);
-      double best = mpi > 0 && (mpi_big <= 0 || mpi < mpi_big) ? mpi : mpi_big;
-      int Ss[3] = {1, K, K};
+      double mpi_r[RUNS_MAX], big_r[RUNS_MAX], ps_r[3][RUNS_MAX], push_r[3][RUNS_MAX], pull_r[3][RUNS_MAX];
+      int Ss[3] = {1, K, K}, on[3];
       for (int j = 0; j < 3; j++) {
-        int S = Ss[j], colo = j == 2;
         const char *name = j == 0 ? "1" : j == 1 ? "K" : "Kc";
-        char lay[64];
+        char lay[64], want[8];
         snprintf(lay, sizeof lay, ",%s,", layouts);
-        char want[8];
         snprintf(want, sizeof want, ",%s,", name);
-        if (!strstr(lay, want)) continue;
-        double share, ph[2];
-        double ps = run_ps(K, S, colo, n, steps, &share, ph);
-        double mb = 4.0 * (double)n / 1e6;
-        printf("%2d %2d%s %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K, S, colo ? "c" : " ",
-               (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K * share,
-               2.0 * (K - 1) / K * mb, ph[0] * 1e3, ph[1] * 1e3, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
+        on[j] = strstr(lay, want) != NULL;
+      }
+      for (int r = 0; r < runs; r++) {
+        mpi_r[r] = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 0);
+        big_r[r] = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 1);
+        for (int j = 0; j < 3; j++) {
+          if (!on[j]) continue;
+          double ph[2];
+          ps_r[j][r] = run_ps(K, Ss[j], j == 2, n, steps, ph);
+          push_r[j][r] = ph[0], pull_r[j][r] = ph[1];
+        }
+      }
+      double mpi = bench_median(mpi_r, (size_t)runs), mpi_big = bench_median(big_r, (size_t)runs);
+      double best = mpi > 0 && (mpi_big <= 0 || mpi < mpi_big) ? mpi : mpi_big;
+      double mb = 4.0 * (double)n / 1e6;
+      for (int j = 0; j < 3; j++) {
+        if (!on[j]) continue;
+        int S = Ss[j], colo = j == 2;
+        double ps = bench_median(ps_r[j], (size_t)runs);
+        double xproc = (colo ? 2.0 * (K - 1) : 2.0 * K) * mb;
+        printf("%2d %2d%s %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K,
+               S, colo ? "c" : " ", (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K / S,
+               2.0 * (K - 1) / K * mb, xproc, 2.0 * (K - 1) * mb, bench_median(push_r[j], (size_t)runs) * 1e3,
+               bench_median(pull_r[j], (size_t)runs) * 1e3, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
                S == K ? "<= 1.5x all-reduce (S = K)" : "");
         fflush(stdout);
       }
