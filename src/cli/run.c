@@ -251,6 +251,9 @@ static void run_usage(FILE *f) {
           "options:\n"
           "  -s, --servers S               number of servers (1)\n"
           "  -w, --workers K               number of workers (1)\n"
+          "      --colocate                every worker runs one of the servers as a thread\n"
+          "                                (PSHARD_COLOCATE=1) instead of S server processes;\n"
+          "                                S is then K (-s, if given, must equal -w)\n"
           "      --heartbeat-timeout-ms N  a silent node is dead after N ms (3000)\n"
           "      --progress-ms N           progress line period, 0 = none (1000)\n"
           "      --mode M                  consistency model for the job's tables: sync, sync:M,\n"
@@ -278,18 +281,19 @@ int ps_cli_run(int argc, char **argv) {
       {"transport", required_argument, 0, 'T'}, {"grace-ms", required_argument, 0, 'g'},
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
       {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
-      {0, 0, 0, 0}};
+      {"colocate", no_argument, 0, 'C'},      {0, 0, 0, 0}};
   const char *stats_out = NULL;
   uint64_t S = 1, K = 1, hbt = 3000, prog = 1000, grace = 3000;
   const char *mode = NULL;
   const char *transport = "auto";
-  int verbose = 0, c;
+  int verbose = 0, colocate = 0, s_given = 0, c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:w:h", opts, NULL)) != -1) {
     uint64_t *dst = NULL, max = 0;
     switch (c) {
-    case 's': dst = &S; max = 256; break;
+    case 's': dst = &S; max = 256; s_given = 1; break;
+    case 'C': colocate = 1; break;
     case 'w': dst = &K; max = 512; break;
     case 't': dst = &hbt; max = 86400000; break;
     case 'P': dst = &prog; max = 3600000; break;
@@ -318,6 +322,17 @@ int ps_cli_run(int argc, char **argv) {
       run_usage(stderr);
       return 2;
     }
+  }
+  if (colocate) {
+    if (s_given && S != K) {
+      fprintf(stderr, "pshard run: --colocate runs one server in each worker: -s must equal -w (or be left out)\n");
+      return 2;
+    }
+    if (K > 256) {
+      fprintf(stderr, "pshard run: --colocate: at most 256 servers, so at most 256 workers\n");
+      return 2;
+    }
+    S = K;
   }
   if (S == 0 || K == 0 || hbt == 0) {
     fprintf(stderr, "pshard run: servers, workers and the heartbeat timeout must be at least 1\n");
@@ -388,7 +403,7 @@ int ps_cli_run(int argc, char **argv) {
   }
   char *srv_argv[] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)transport,
                       verbose ? "--verbose" : NULL, NULL};
-  for (uint64_t i = 0; i < S; i++) {
+  for (uint64_t i = 0; i < (colocate ? 0 : S); i++) {
     char name[32];
     snprintf(name, sizeof name, "server %llu", (unsigned long long)i);
     if (!spawn(name, 0, srv_argv, NULL)) {
@@ -409,7 +424,8 @@ int ps_cli_run(int argc, char **argv) {
     if (!env_i) break;
     snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
     snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
-    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m, NULL};
+    static char env_colo[] = "PSHARD_COLOCATE=1";
+    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m, colocate ? env_colo : NULL, NULL};
     if (!spawn(name, 1, cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
       stop_all((int)grace);

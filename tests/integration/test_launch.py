@@ -44,6 +44,21 @@ def test_run_prefixes_output_and_succeeds():
     assert "all 3 workers finished" in r.stderr
 
 
+def test_run_colocate_starts_no_server_processes(tmp_path):
+    """`pshard run --colocate -w 3`: the scheduler expects 3 servers, which the 3 workers
+    bring (PSHARD_COLOCATE=1); the job trains and ends. -s other than -w is refused."""
+    out = str(tmp_path / "colo.txt")
+    r = run([binary("pshard"), "run", "-w", "3", "--colocate", "--progress-ms", "0", "--",
+             binary("sync_worker"), "--steps", "5", "--out", out])
+    assert r.returncode == 0, r.stderr
+    assert "all 3 workers finished" in r.stderr
+    assert not any(l.startswith("[server") for l in r.stdout.splitlines() + r.stderr.splitlines()), r.stdout
+    with open(out) as f:
+        assert len(f.read().splitlines()) == 32 + 1000 * 4
+    r = run([binary("pshard"), "run", "-s", "2", "-w", "3", "--colocate", "--", "true"])
+    assert r.returncode == 2 and "-s must equal -w" in r.stderr, r.stderr
+
+
 def test_run_propagates_first_failure_status():
     r = run([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--", "sh", "-c", "exit 7"])
     assert r.returncode == 7
