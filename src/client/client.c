@@ -2605,6 +2605,10 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   ctx->retry_timer.data = ctx;
   ctx->connect_deadline_ms = ps__now_ms() + ctx->connect_timeout_ms;
   uv_timer_start(&ctx->sweep_timer, sweep_tick, 50, 50);
+  if (emb && ps__config_uint(cfg, "colocate", 0)) {
+    rc = ps__fail(PS_ERR_CONFIG, "'embedded' and 'colocate' exclude each other: an embedded job has its own servers");
+    goto fail;
+  }
   if (emb) {
     rc = start_embedded(ctx, cfg, emb, (uint32_t)ps__config_uint(cfg, "workers", 1));
     if (rc) goto fail;

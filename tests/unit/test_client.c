@@ -276,6 +276,14 @@ Test(ctx, open_errors, .timeout = 30) {
   cr_assert(not(eq(ptr, strstr(ps_errmsg(), "scheduler"), NULL)), "message: %s", ps_errmsg());
   ps_config_free(cfg);
 
+  OK(ps_config_new(&cfg)); /* an embedded job has its own servers: no colocated one */
+  OK(ps_config_set(cfg, "embedded", "1"));
+  OK(ps_config_set(cfg, "colocate", "1"));
+  FAILS(PS_ERR_CONFIG, ps_ctx_open(cfg, &ctx));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "colocate"), NULL)), "message: %s", ps_errmsg());
+  cr_assert(eq(ptr, ctx, NULL));
+  ps_config_free(cfg);
+
   /* A scheduler address where nobody listens: a port that was just free. */
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -295,6 +303,19 @@ Test(ctx, open_errors, .timeout = 30) {
   cr_assert(rc == PS_ERR_UNAVAILABLE || rc == PS_ERR_TIMEOUT, "got %s: %s", ps_err_name(rc), ps_errmsg());
   cr_assert(not(eq(ptr, strstr(ps_errmsg(), "scheduler"), NULL)), "message: %s", ps_errmsg());
   cr_assert(lt(dbl, now_s() - t0, 3.0), "a refused connection took %.2fs to report", now_s() - t0);
+  cr_assert(eq(ptr, ctx, NULL));
+  ps_config_free(cfg);
+
+  /* The same with a colocated server: its thread (which cannot register either) is
+   * stopped at once, not kept for the job's other workers. */
+  OK(ps_config_new(&cfg));
+  OK(ps_config_set(cfg, "scheduler", addr));
+  OK(ps_config_set(cfg, "connect_timeout_ms", "1000"));
+  OK(ps_config_set(cfg, "colocate", "1"));
+  t0 = now_s();
+  rc = ps_ctx_open(cfg, &ctx);
+  cr_assert(rc == PS_ERR_UNAVAILABLE || rc == PS_ERR_TIMEOUT, "got %s: %s", ps_err_name(rc), ps_errmsg());
+  cr_assert(lt(dbl, now_s() - t0, 3.0), "a colocated open took %.2fs to fail", now_s() - t0);
   cr_assert(eq(ptr, ctx, NULL));
   ps_config_free(cfg);
 
