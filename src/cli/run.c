@@ -588,6 +588,9 @@ static void exec_usage(FILE *f) {
           "                            file system every rank sees); the others read it\n"
           "      --host H              this rank's address to bind and advertise (127.0.0.1)\n"
           "      --wait-ms N           how long ranks wait for the address file (60000)\n"
+          "      --colocate            every rank but 0 is a worker that also runs one of the\n"
+          "                            servers as a thread (PSHARD_COLOCATE=1, bound to --host);\n"
+          "                            S is then the number of workers (-s may be left out)\n"
           "  -h, --help                this text\n");
 }
 
@@ -596,10 +599,10 @@ int ps_cli_exec(int argc, char **argv) {
       {"servers", required_argument, 0, 's'}, {"scheduler", required_argument, 0, 'S'},
       {"addr-file", required_argument, 0, 'a'}, {"host", required_argument, 0, 'H'},
       {"wait-ms", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
-      {0, 0, 0, 0}};
+      {"colocate", no_argument, 0, 'C'},      {0, 0, 0, 0}};
   uint64_t S = 0, wait_ms = 60000;
   const char *sched = NULL, *addr_file = NULL, *host = "127.0.0.1";
-  int c;
+  int c, colocate = 0;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:h", opts, NULL)) != -1) {
@@ -613,6 +616,7 @@ int ps_cli_exec(int argc, char **argv) {
     case 'S': sched = optarg; break;
     case 'a': addr_file = optarg; break;
     case 'H': host = optarg; break;
+    case 'C': colocate = 1; break;
     case 'W':
       if (ps__parse_u64(optarg, &wait_ms)) {
         fprintf(stderr, "pshard exec: bad --wait-ms '%s'\n", optarg);
@@ -626,8 +630,9 @@ int ps_cli_exec(int argc, char **argv) {
       return 2;
     }
   }
-  if (S == 0 || (!sched == !addr_file) || optind >= argc) {
-    fprintf(stderr, "pshard exec: need --servers, exactly one of --scheduler/--addr-file, and a command\n");
+  if ((S == 0 && !colocate) || (!sched == !addr_file) || optind >= argc) {
+    fprintf(stderr, "pshard exec: need --servers (or --colocate), exactly one of --scheduler/--addr-file, and a "
+                    "command\n");
     exec_usage(stderr);
     return 2;
   }
@@ -639,12 +644,21 @@ int ps_cli_exec(int argc, char **argv) {
     fprintf(stderr, "pshard exec: no launcher rank found (run under mpirun or srun)\n");
     return 2;
   }
-  if (size < S + 2) {
+  if (colocate) {
+    if (size < 2 || (S && S != size - 1)) {
+      fprintf(stderr, "pshard exec: --colocate: %llu ranks hold a scheduler and %llu workers, each with a server%s\n",
+              (unsigned long long)size, (unsigned long long)(size ? size - 1 : 0),
+              size < 2 ? "; at least 2 ranks are needed" : ": -s must equal that number or be left out");
+      return 2;
+    }
+    S = size - 1;
+  } else if (size < S + 2) {
     fprintf(stderr, "pshard exec: %llu ranks cannot hold a scheduler, %llu servers and a worker\n",
             (unsigned long long)size, (unsigned long long)S);
     return 2;
   }
-  uint64_t K = size - 1 - S;
+  uint64_t K = colocate ? size - 1 : size - 1 - S;
+  uint64_t first_worker = colocate ? 1 : S + 1;
   char s_s[16], s_k[16], addr[160];
   snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
@@ -690,7 +704,7 @@ int ps_cli_exec(int argc, char **argv) {
       usleep(20000);
     }
   }
-  if (rank <= S) {
+  if (rank < first_worker) {
     char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)host, NULL};
     execv(exe, a);
     fprintf(stderr, "pshard exec: cannot run the server: %s\n", strerror(errno));
@@ -701,8 +715,12 @@ int ps_cli_exec(int argc, char **argv) {
   setenv("PSHARD_SERVERS", s_s, 1);
   setenv("PSHARD_WORKERS", s_k, 1);
   char idx[24];
-  snprintf(idx, sizeof idx, "%llu", (unsigned long long)(rank - 1 - S));
+  snprintf(idx, sizeof idx, "%llu", (unsigned long long)(rank - first_worker));
   setenv("PSHARD_WORKER_INDEX", idx, 1);
+  if (colocate) {
+    setenv("PSHARD_COLOCATE", "1", 1);
+    setenv("PSHARD_HOST", host, 1);
+  }
   execvp(argv[optind], argv + optind);
   fprintf(stderr, "pshard exec: cannot run %s: %s\n", argv[optind], strerror(errno));
   return 127;

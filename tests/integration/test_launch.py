@@ -139,13 +139,18 @@ def test_dead_workers_partitions_are_requeued():
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="Open MPI (openmpi-bin) is not installed")
-def test_exec_under_mpirun():
+@pytest.mark.parametrize("layout", ["servers", "colocate"])
+def test_exec_under_mpirun(layout):
+    """5 ranks: a scheduler, 2 servers and 2 workers; or (--colocate) a scheduler and 4
+    workers that each run one of the 4 servers."""
     d = tempfile.mkdtemp(prefix="pshard-mpi-")
     try:
         out = os.path.join(d, "params.txt")
+        roles = ["-s", "2"] if layout == "servers" else ["--colocate"]
+        workers = 2 if layout == "servers" else 4
         # In its own session, so that a timeout kills every rank, not only mpirun.
         p = subprocess.Popen(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "5",
-                              binary("pshard"), "exec", "-s", "2", "--addr-file", os.path.join(d, "addr"), "--",
+                              binary("pshard"), "exec", *roles, "--addr-file", os.path.join(d, "addr"), "--",
                               binary("sync_worker"), "--steps", "10", "--out", out],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                              env=dict(os.environ, OMPI_MCA_rmaps_base_oversubscribe="1"))
@@ -158,7 +163,8 @@ def test_exec_under_mpirun():
         r = subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr)
         # the scheduler and servers do not exit by themselves: mpirun returns when they
         # are stopped, so the workers' success is read from their output
-        assert r.stdout.count("done after 10 steps") == 2, r.stdout + r.stderr
+        assert r.stdout.count("done after 10 steps") == workers, r.stdout + r.stderr
+        assert f"of {workers} done" in r.stdout, r.stdout
         assert os.path.getsize(out) > 0
     finally:
         shutil.rmtree(d, ignore_errors=True)
