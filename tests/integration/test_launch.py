@@ -170,6 +170,17 @@ def test_exec_under_mpirun(layout):
         shutil.rmtree(d, ignore_errors=True)
 
 
+def test_exec_colocate_checks_the_rank_count():
+    """--colocate with -s other than N-1, or with one rank, is refused (exit 2) before
+    any role starts."""
+    for size, extra in (("5", ["-s", "3"]), ("1", [])):
+        env = dict(os.environ, OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE=size)
+        r = run([binary("pshard"), "exec", "--colocate", *extra, "--addr-file", "/nonexistent/x", "--", "true"],
+                env=env)
+        assert r.returncode == 2, (size, r.stderr)
+        assert "--colocate" in r.stderr, r.stderr
+
+
 def test_exec_without_launcher_fails_cleanly():
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_"))}
