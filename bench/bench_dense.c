@@ -17,7 +17,11 @@
  * or auto = AF_UNIX for a same-host server); "embedded" runs the server as a thread of
  * this process (transport auto).
  *
- * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,embedded] [--calls two,one]
+ * Noise: the whole measurement (limit, pshard, limit) runs --rounds times (3), and the
+ * figures are medians over the rounds; on this VM one run's ratio at 1 MiB over TCP can
+ * differ from the next one's by 0.3.
+ *
+ * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,embedded] [--calls two,one] [--rounds R]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,16 +121,22 @@ int main(int argc, char **argv) {
   const char *paths_s = "tcp,unix,embedded";
   double reps_scale = 1.0;
   const char *calls_s = "two,one";
+  int rounds = 3;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--sizes") && i + 1 < argc) sizes_s = argv[++i];
     else if (!strcmp(argv[i], "--paths") && i + 1 < argc) paths_s = argv[++i];
     else if (!strcmp(argv[i], "--reps-scale") && i + 1 < argc) reps_scale = atof(argv[++i]);
     else if (!strcmp(argv[i], "--calls") && i + 1 < argc) calls_s = argv[++i];
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else {
       fprintf(stderr, "usage: bench_dense [--sizes 4K,256K,1M,...] [--paths tcp,unix,embedded] [--reps-scale F] "
-                      "[--calls two,one]\n");
+                      "[--calls two,one] [--rounds R]\n");
       return 2;
     }
+  }
+  if (rounds < 1 || rounds > 9) {
+    fprintf(stderr, "bench_dense: --rounds takes 1 to 9\n");
+    return 2;
   }
   size_t sizes[16];
   int nsizes = 0;
@@ -147,68 +157,92 @@ int main(int argc, char **argv) {
     return 2;
   }
   printf("# calls: '2 calls' = ps_push_range + ps_pull_range; 'push_pull' = one ps_push_pull_range.\n");
-  printf("%-9s %-9s %-7s %10s %10s %9s %9s %7s %9s %9s %8s  %s\n", "path", "calls", "size", "med_us", "p99_us", "GB/s", "limit",
-         "ratio", "srv_cpu_us", "wrk_cpu_us", "memcpy", "target");
+  printf("# %d rounds (limit before, pshard, limit after); every figure is the median over the rounds, the\n"
+         "# ratio the median of each round's ratio to its own limit, and ratio_range its range.\n", rounds);
+  printf("%-9s %-9s %-7s %10s %10s %9s %9s %7s %11s %9s %9s %8s  %s\n", "path", "calls", "size", "med_us", "p99_us",
+         "GB/s", "limit", "ratio", "ratio_range", "srv_cpu_us", "wrk_cpu_us", "memcpy", "target");
   fflush(stdout);
   char pbuf[128];
   snprintf(pbuf, sizeof pbuf, "%s", paths_s);
   char *save = NULL;
+  enum { ROUNDS_MAX = 9 };
   for (char *path = strtok_r(pbuf, ",", &save); path; path = strtok_r(NULL, ",", &save)) {
-    bench_cluster c;
-    ps_ctx *ctx;
     int emb = !strcmp(path, "embedded");
     int is_tcp = !strcmp(path, "tcp");
     const char *transport = is_tcp ? "tcp" : "auto";
-    /* Limits are measured before the context opens and after it closes (no fork while
-     * the worker's I/O thread runs: copy-on-write faults would slow pshard down); the
-     * better of the two is the limit. */
-    double lim[16][2];
-    for (int i = 0; i < nsizes; i++) lim[i][0] = limit_of(is_tcp, sizes[i]);
-    if (emb) {
-      ctx = bench_open(NULL, 1, 1, transport, "async");
-    } else {
-      bench_cluster_start(&c, 1, 1, transport);
-      ctx = bench_open(&c, 0, 1, transport, "async");
-    }
-    pid_t srv = emb ? 0 : c.server_pid[0];
-    result res[16][2];
-    for (int i = 0; i < nsizes; i++) {
-      for (int k = 0; k < ncalls; k++) {
-        sizerun z;
-        size_setup(&z, ctx, sizes[i], reps_scale, path);
-        z.one_call = calls[k];
-        size_block(&z, ctx, z.reps, srv);
-        res[i][k] = size_result(&z, sizes[i]);
+    static result res[ROUNDS_MAX][16][2];
+    static double limit[ROUNDS_MAX][16];
+    double dc = 0, np = 0, nq = 0;
+    for (int rd = 0; rd < rounds; rd++) {
+      bench_cluster c;
+      ps_ctx *ctx;
+      /* Limits are measured before the context opens and after it closes (no fork while
+       * the worker's I/O thread runs: copy-on-write faults would slow pshard down); the
+       * better of the two is the round's limit. */
+      double lim0[16];
+      for (int i = 0; i < nsizes; i++) lim0[i] = limit_of(is_tcp, sizes[i]);
+      if (emb) {
+        ctx = bench_open(NULL, 1, 1, transport, "async");
+      } else {
+        bench_cluster_start(&c, 1, 1, transport);
+        ctx = bench_open(&c, 0, 1, transport, "async");
+      }
+      pid_t srv = emb ? 0 : c.server_pid[0];
+      for (int i = 0; i < nsizes; i++) {
+        for (int k = 0; k < ncalls; k++) {
+          sizerun z;
+          size_setup(&z, ctx, sizes[i], reps_scale, path);
+          z.one_call = calls[k];
+          size_block(&z, ctx, z.reps, srv);
+          res[rd][i][k] = size_result(&z, sizes[i]);
+        }
+      }
+      double x;
+      if (!ps_ctx_stat(ctx, "direct_calls", &x)) dc += x;
+      if (!ps_ctx_stat(ctx, "pushes", &x)) np += x;
+      if (!ps_ctx_stat(ctx, "pulls", &x)) nq += x;
+      ps_ctx_close(ctx);
+      if (!emb) bench_cluster_stop(&c);
+      for (int i = 0; i < nsizes; i++) {
+        double l1 = limit_of(is_tcp, sizes[i]);
+        limit[rd][i] = sizes[i] <= 4096 ? (lim0[i] < l1 ? lim0[i] : l1) : (lim0[i] > l1 ? lim0[i] : l1);
       }
     }
-    double dc = 0, np = 0, nq = 0;
-    ps_ctx_stat(ctx, "direct_calls", &dc);
-    ps_ctx_stat(ctx, "pushes", &np);
-    ps_ctx_stat(ctx, "pulls", &nq);
     printf("# %s: %.0f of %.0f requests ran on the caller's thread (lent links)\n", path, dc, np + nq);
-    ps_ctx_close(ctx);
-    if (!emb) bench_cluster_stop(&c);
     for (int i = 0; i < nsizes; i++) {
       size_t bytes = sizes[i];
-      lim[i][1] = limit_of(is_tcp, bytes);
-      double limit = bytes <= 4096 ? (lim[i][0] < lim[i][1] ? lim[i][0] : lim[i][1])
-                                   : (lim[i][0] > lim[i][1] ? lim[i][0] : lim[i][1]);
       double mc = bench_memcpy(bytes);
       for (int k = 0; k < ncalls; k++) {
-      result r = res[i][k];
-      const char *cl = calls[k] ? "push_pull" : "2 calls";
-      char sz[16];
-      fmt_size(bytes, sz, sizeof sz);
-      if (bytes <= 4096) {
-        printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %9.1f %9.1f %8.1f  %s\n", path, cl, sz, r.t_med * 1e6,
-               r.t_p99 * 1e6, r.gbps, limit * 1e6, r.t_med / limit, r.srv_cpu * 1e6, r.cli_cpu * 1e6, mc,
-               is_tcp ? "<= 2x raw TCP round trip" : "(vs raw AF_UNIX round trip)");
-      } else {
-        const char *tgt = bytes >= (1u << 20) ? (is_tcp ? ">= 0.80 of raw TCP" : ">= 0.60 of raw AF_UNIX") : "-";
-        printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %9.1f %9.1f %8.1f  %s\n", path, cl, sz, r.t_med * 1e6,
-               r.t_p99 * 1e6, r.gbps, limit, r.gbps / limit, r.srv_cpu * 1e6, r.cli_cpu * 1e6, mc, tgt);
-      }
-      fflush(stdout);
+        /* Medians over the rounds: of each figure, and of each round's ratio to its own
+         * limit (the ratio's range over the rounds is printed too). */
+        double med[ROUNDS_MAX], p99[ROUNDS_MAX], gb[ROUNDS_MAX], sc[ROUNDS_MAX], cc[ROUNDS_MAX], lm[ROUNDS_MAX],
+            ra[ROUNDS_MAX], lo = 1e300, hi = 0;
+        for (int rd = 0; rd < rounds; rd++) {
+          result r = res[rd][i][k];
+          med[rd] = r.t_med, p99[rd] = r.t_p99, gb[rd] = r.gbps, sc[rd] = r.srv_cpu, cc[rd] = r.cli_cpu;
+          lm[rd] = limit[rd][i];
+          ra[rd] = bytes <= 4096 ? r.t_med / limit[rd][i] : r.gbps / limit[rd][i];
+          if (ra[rd] < lo) lo = ra[rd];
+          if (ra[rd] > hi) hi = ra[rd];
+        }
+        size_t n = (size_t)rounds;
+        double t_med = bench_median(med, n), t_p99 = bench_median(p99, n), gbps = bench_median(gb, n);
+        double srv_cpu = bench_median(sc, n), cli_cpu = bench_median(cc, n), lim = bench_median(lm, n);
+        double ratio = bench_median(ra, n);
+        const char *cl = calls[k] ? "push_pull" : "2 calls";
+        char sz[16], range[48];
+        fmt_size(bytes, sz, sizeof sz);
+        snprintf(range, sizeof range, "%.2f-%.2f", lo, hi);
+        if (bytes <= 4096) {
+          printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %11s %9.1f %9.1f %8.1f  %s\n", path, cl, sz,
+                 t_med * 1e6, t_p99 * 1e6, gbps, lim * 1e6, ratio, range, srv_cpu * 1e6, cli_cpu * 1e6, mc,
+                 is_tcp ? "<= 2x raw TCP round trip" : "(vs raw AF_UNIX round trip)");
+        } else {
+          const char *tgt = bytes >= (1u << 20) ? (is_tcp ? ">= 0.80 of raw TCP" : ">= 0.60 of raw AF_UNIX") : "-";
+          printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %11s %9.1f %9.1f %8.1f  %s\n", path, cl, sz,
+                 t_med * 1e6, t_p99 * 1e6, gbps, lim, ratio, range, srv_cpu * 1e6, cli_cpu * 1e6, mc, tgt);
+        }
+        fflush(stdout);
       }
     }
   }
