@@ -14,8 +14,13 @@
  * values (a read-modify-write a naive user would do is not counted: SET only). The
  * ratio printed is pshard rows/s over Redis rows/s; target >= 5 for pulls.
  *
+ * Both systems hold the rows at once, and the measurements run in --rounds (3) rounds of
+ * pshard pull, pshard push, Redis MGET, Redis SET per batch size, --seconds (0.5) each:
+ * every figure is the median over the rounds, and the ratio the median of each round's
+ * ratio (its range is printed), so that a noisy minute does not fall on one system only.
+ *
  * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
- *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--big-only]
+ *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--rounds R] [--big-only]
  *
  * --big-only: only the 10M-key calls at dim 1 (populate, then three pull/push pairs;
  * no batch sweep, no Redis), each run printed with the server's and this process's
@@ -39,7 +44,9 @@
 #define ZIPF_S 1.1
 #define POOL_KEYS (4u << 20)
 
-static double g_seconds = 1.5; /* per (system, dim, batch, op) measurement */
+static double g_seconds = 0.5; /* per (system, dim, batch, op) measurement, per round */
+static int rounds = 3;
+#define ROUNDS_MAX 9
 
 typedef struct stats {
   double rows_s, gb_s, p50, p99;
@@ -357,13 +364,18 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--batches") && i + 1 < argc) batches_s = argv[++i];
     else if (!strcmp(argv[i], "--transport") && i + 1 < argc) transport = argv[++i];
     else if (!strcmp(argv[i], "--seconds") && i + 1 < argc) g_seconds = atof(argv[++i]);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-redis")) use_redis = 0;
     else if (!strcmp(argv[i], "--big-only")) big_only = 1;
     else {
       fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
-                      "[--no-redis] [--seconds S] [--big-only]\n");
+                      "[--no-redis] [--seconds S] [--rounds R] [--big-only]\n");
       return 2;
     }
+  }
+  if (rounds < 1 || rounds > ROUNDS_MAX) {
+    fprintf(stderr, "bench_sparse: --rounds takes 1 to %d\n", ROUNDS_MAX);
+    return 2;
   }
   signal(SIGPIPE, SIG_IGN);
   unsigned dims[8];
@@ -415,7 +427,6 @@ int main(int argc, char **argv) {
 
   for (int di = 0; di < nd; di++) {
     unsigned dim = dims[di];
-    stats ps_res[8][2];
     /* ---- pshard */
     bench_cluster c;
     bench_cluster_start(&c, 1, 1, transport);
@@ -443,10 +454,6 @@ int main(int argc, char **argv) {
       free(out);
     }
     ctx_args a = {.ctx = ctx, .tid = tid};
-    for (int bi = 0; bi < nb; bi++) {
-      ps_res[bi][0] = measure(&a, 0, pool, npool, batches[bi], dim);
-      ps_res[bi][1] = measure(&a, 1, pool, npool, batches[bi], dim);
-    }
     if (dim == 1) {
       /* 10M keys in one call. */
       float *vals = malloc(nbig * 4);
@@ -473,15 +480,13 @@ int main(int argc, char **argv) {
              bench_median(tq, 3), (double)nbig / bench_median(tq, 3));
       free(vals);
     }
-    ps_ctx_close(ctx);
-    bench_cluster_stop(&c);
 
-    /* ---- redis */
-    stats rd_res[8][2];
+    /* ---- redis, populated beside pshard: both hold the rows while the requests run */
+    pid_t rpid = 0;
+    rconn rc;
     if (use_redis) {
       int port = free_port();
-      pid_t rpid = redis_start(port);
-      rconn rc;
+      rpid = redis_start(port);
       redis_connect(&rc, port);
       double t0 = bench_now();
       redis_populate(&rc, nrows, dim);
@@ -490,23 +495,49 @@ int main(int argc, char **argv) {
              (unsigned long long)nrows, t, (double)redis_rss(rpid) / 1e6);
       fflush(stdout);
       a.rc = &rc;
-      for (int bi = 0; bi < nb; bi++) {
-        rd_res[bi][0] = measure(&a, 2, pool, npool, batches[bi], dim);
-        rd_res[bi][1] = measure(&a, 3, pool, npool, batches[bi], dim);
-      }
+    }
+    /* Rounds of (pshard pull, pshard push, redis MGET, redis SET) per batch size,
+     * interleaved, so that both systems see the same moments of a noisy machine. */
+    static stats res[ROUNDS_MAX][8][4];
+    for (int r = 0; r < rounds; r++)
+      for (int bi = 0; bi < nb; bi++)
+        for (int op = 0; op < (use_redis ? 4 : 2); op++) res[r][bi][op] = measure(&a, op, pool, npool, batches[bi], dim);
+    ps_ctx_close(ctx);
+    bench_cluster_stop(&c);
+    if (use_redis) {
       close(rc.fd);
       kill(rpid, SIGTERM);
       if (redis_unix[0]) unlink(redis_unix);
       waitpid(rpid, NULL, 0);
     }
     for (int bi = 0; bi < nb; bi++) {
-      double rp = use_redis ? ps_res[bi][0].rows_s / rd_res[bi][0].rows_s : 0;
-      double rq = use_redis ? ps_res[bi][1].rows_s / rd_res[bi][1].rows_s : 0;
-      print_row("pshard", "pull", dim, batches[bi], ps_res[bi][0], rp, ">= 5x redis MGET");
-      print_row("pshard", "push", dim, batches[bi], ps_res[bi][1], rq, "(vs redis SET)");
+      stats med[4];
+      double ratio[2] = {0, 0}, lo[2] = {1e300, 1e300}, hi[2] = {0, 0};
+      for (int op = 0; op < (use_redis ? 4 : 2); op++) {
+        double f[4][ROUNDS_MAX];
+        for (int r = 0; r < rounds; r++)
+          f[0][r] = res[r][bi][op].rows_s, f[1][r] = res[r][bi][op].gb_s, f[2][r] = res[r][bi][op].p50,
+          f[3][r] = res[r][bi][op].p99;
+        med[op] = (stats){bench_median(f[0], (size_t)rounds), bench_median(f[1], (size_t)rounds),
+                          bench_median(f[2], (size_t)rounds), bench_median(f[3], (size_t)rounds)};
+      }
+      for (int op = 0; use_redis && op < 2; op++) {
+        double q[ROUNDS_MAX];
+        for (int r = 0; r < rounds; r++) {
+          q[r] = res[r][bi][op].rows_s / res[r][bi][op + 2].rows_s;
+          if (q[r] < lo[op]) lo[op] = q[r];
+          if (q[r] > hi[op]) hi[op] = q[r];
+        }
+        ratio[op] = bench_median(q, (size_t)rounds);
+      }
+      char tp[64], tq[64];
+      snprintf(tp, sizeof tp, ">= 5x redis MGET (rounds %.2f-%.2f)", lo[0], hi[0]);
+      snprintf(tq, sizeof tq, "(vs redis SET; rounds %.2f-%.2f)", lo[1], hi[1]);
+      print_row("pshard", "pull", dim, batches[bi], med[0], ratio[0], use_redis ? tp : ">= 5x redis MGET");
+      print_row("pshard", "push", dim, batches[bi], med[1], ratio[1], use_redis ? tq : "(vs redis SET)");
       if (use_redis) {
-        print_row("redis", "mget", dim, batches[bi], rd_res[bi][0], 0, "");
-        print_row("redis", "set", dim, batches[bi], rd_res[bi][1], 0, "");
+        print_row("redis", "mget", dim, batches[bi], med[2], 0, "");
+        print_row("redis", "set", dim, batches[bi], med[3], 0, "");
       }
     }
   }
