@@ -337,6 +337,38 @@ double bench_raw_rtt(int unix_sock, size_t req, size_t resp, int iters) {
   return m;
 }
 
+double bench_raw_exchange(int unix_sock, size_t bytes, int iters) {
+  char upath[128];
+  int cfd, pfd = connected_pair(unix_sock, &cfd, upath);
+  int warm = iters / 10 + 3;
+  pid_t pid = fork();
+  if (pid == 0) { /* the server's side: receive into one buffer, answer from another */
+    close(pfd);
+    char *in = calloc(1, bytes), *out = calloc(1, bytes);
+    for (int i = 0; i < warm + iters; i++) {
+      full_read(cfd, in, bytes);
+      full_write(cfd, out, bytes);
+    }
+    _exit(0);
+  }
+  close(cfd);
+  char *g = calloc(1, bytes), *w = calloc(1, bytes);
+  double *t = malloc(sizeof *t * (size_t)iters);
+  for (int i = 0; i < warm + iters; i++) {
+    double t0 = bench_now();
+    full_write(pfd, g, bytes);
+    full_read(pfd, w, bytes);
+    if (i >= warm) t[i - warm] = bench_now() - t0;
+  }
+  close(pfd);
+  waitpid(pid, NULL, 0);
+  double m = bench_median(t, (size_t)iters);
+  free(t);
+  free(g);
+  free(w);
+  return 2.0 * (double)bytes / m / 1e9;
+}
+
 double bench_memcpy(size_t n) {
   char *a = malloc(n), *b = malloc(n);
   memset(a, 1, n);

@@ -64,6 +64,11 @@ double bench_raw_stream(int unix_sock, size_t msg, size_t total);
 /* Median round trip in seconds of a `req`-byte request answered by a `resp`-byte reply
  * over TCP loopback (unix = 0) or AF_UNIX, between two processes, TCP_NODELAY. */
 double bench_raw_rtt(int unix_sock, size_t req, size_t resp, int iters);
+/* The raw form of a push+pull: `bytes` one way, then `bytes` back, between two processes,
+ * each side sending from one buffer and receiving into another (a worker pushes from its
+ * gradient and pulls into its parameters; a server receives into a request body and
+ * answers from its rows). GB/s (1e9) of 2 x bytes over the median exchange. */
+double bench_raw_exchange(int unix_sock, size_t bytes, int iters);
 /* memcpy bandwidth GB/s between two warm buffers of n bytes (counts bytes copied). */
 double bench_memcpy(size_t n);
 

@@ -110,6 +110,12 @@ static result size_result(sizerun *z, size_t bytes) {
   return r;
 }
 
+/* The raw exchange (push+pull's own pattern, bench_raw_exchange) for a message size, GB/s. */
+static double xchg_of(int is_tcp, size_t bytes) {
+  size_t it = ((size_t)256 << 20) / bytes;
+  return bench_raw_exchange(!is_tcp, bytes, it < 5 ? 5 : it > 2000 ? 2000 : (int)it);
+}
+
 /* The limit for a message size: raw round trip (4 KiB and less) or raw stream GB/s. */
 static double limit_of(int is_tcp, size_t bytes) {
   if (bytes <= 4096) return bench_raw_rtt(!is_tcp, bytes, bytes, 3000);
@@ -159,8 +165,11 @@ int main(int argc, char **argv) {
   printf("# calls: '2 calls' = ps_push_range + ps_pull_range; 'push_pull' = one ps_push_pull_range.\n");
   printf("# %d rounds (limit before, pshard, limit after); every figure is the median over the rounds, the\n"
          "# ratio the median of each round's ratio to its own limit, and ratio_range its range.\n", rounds);
-  printf("%-9s %-9s %-7s %10s %10s %9s %9s %7s %11s %9s %9s %8s  %s\n", "path", "calls", "size", "med_us", "p99_us",
-         "GB/s", "limit", "ratio", "ratio_range", "srv_cpu_us", "wrk_cpu_us", "memcpy", "target");
+  printf("# xchg: GB/s of a raw exchange, push+pull's own pattern with no parameter server: size bytes one way,\n"
+         "# then size bytes back, each side sending from one buffer and receiving into another; vs_xchg: GB/s / xchg.\n");
+  printf("%-9s %-9s %-7s %10s %10s %9s %9s %7s %11s %7s %7s %9s %9s %8s  %s\n", "path", "calls", "size", "med_us",
+         "p99_us", "GB/s", "limit", "ratio", "ratio_range", "xchg", "vs_xchg", "srv_cpu_us", "wrk_cpu_us", "memcpy",
+         "target");
   fflush(stdout);
   char pbuf[128];
   snprintf(pbuf, sizeof pbuf, "%s", paths_s);
@@ -171,7 +180,7 @@ int main(int argc, char **argv) {
     int is_tcp = !strcmp(path, "tcp");
     const char *transport = is_tcp ? "tcp" : "auto";
     static result res[ROUNDS_MAX][16][2];
-    static double limit[ROUNDS_MAX][16];
+    static double limit[ROUNDS_MAX][16], xchg[ROUNDS_MAX][16];
     double dc = 0, np = 0, nq = 0;
     for (int rd = 0; rd < rounds; rd++) {
       bench_cluster c;
@@ -179,8 +188,11 @@ int main(int argc, char **argv) {
       /* Limits are measured before the context opens and after it closes (no fork while
        * the worker's I/O thread runs: copy-on-write faults would slow pshard down); the
        * better of the two is the round's limit. */
-      double lim0[16];
-      for (int i = 0; i < nsizes; i++) lim0[i] = limit_of(is_tcp, sizes[i]);
+      double lim0[16], x0[16];
+      for (int i = 0; i < nsizes; i++) {
+        lim0[i] = limit_of(is_tcp, sizes[i]);
+        x0[i] = sizes[i] > 4096 ? xchg_of(is_tcp, sizes[i]) : 0;
+      }
       if (emb) {
         ctx = bench_open(NULL, 1, 1, transport, "async");
       } else {
@@ -204,8 +216,9 @@ int main(int argc, char **argv) {
       ps_ctx_close(ctx);
       if (!emb) bench_cluster_stop(&c);
       for (int i = 0; i < nsizes; i++) {
-        double l1 = limit_of(is_tcp, sizes[i]);
+        double l1 = limit_of(is_tcp, sizes[i]), x1 = sizes[i] > 4096 ? xchg_of(is_tcp, sizes[i]) : 0;
         limit[rd][i] = sizes[i] <= 4096 ? (lim0[i] < l1 ? lim0[i] : l1) : (lim0[i] > l1 ? lim0[i] : l1);
+        xchg[rd][i] = x0[i] > x1 ? x0[i] : x1;
       }
     }
     printf("# %s: %.0f of %.0f requests ran on the caller's thread (lent links)\n", path, dc, np + nq);
@@ -216,31 +229,35 @@ int main(int argc, char **argv) {
         /* Medians over the rounds: of each figure, and of each round's ratio to its own
          * limit (the ratio's range over the rounds is printed too). */
         double med[ROUNDS_MAX], p99[ROUNDS_MAX], gb[ROUNDS_MAX], sc[ROUNDS_MAX], cc[ROUNDS_MAX], lm[ROUNDS_MAX],
-            ra[ROUNDS_MAX], lo = 1e300, hi = 0;
+            ra[ROUNDS_MAX], xr[ROUNDS_MAX], lo = 1e300, hi = 0;
         for (int rd = 0; rd < rounds; rd++) {
           result r = res[rd][i][k];
           med[rd] = r.t_med, p99[rd] = r.t_p99, gb[rd] = r.gbps, sc[rd] = r.srv_cpu, cc[rd] = r.cli_cpu;
           lm[rd] = limit[rd][i];
           ra[rd] = bytes <= 4096 ? r.t_med / limit[rd][i] : r.gbps / limit[rd][i];
+          xr[rd] = bytes <= 4096 ? 0 : r.gbps / xchg[rd][i];
           if (ra[rd] < lo) lo = ra[rd];
           if (ra[rd] > hi) hi = ra[rd];
         }
         size_t n = (size_t)rounds;
         double t_med = bench_median(med, n), t_p99 = bench_median(p99, n), gbps = bench_median(gb, n);
         double srv_cpu = bench_median(sc, n), cli_cpu = bench_median(cc, n), lim = bench_median(lm, n);
-        double ratio = bench_median(ra, n);
+        double ratio = bench_median(ra, n), vs_x = bench_median(xr, n);
         const char *cl = calls[k] ? "push_pull" : "2 calls";
         char sz[16], range[48];
         fmt_size(bytes, sz, sizeof sz);
         snprintf(range, sizeof range, "%.2f-%.2f", lo, hi);
         if (bytes <= 4096) {
-          printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %11s %9.1f %9.1f %8.1f  %s\n", path, cl, sz,
-                 t_med * 1e6, t_p99 * 1e6, gbps, lim * 1e6, ratio, range, srv_cpu * 1e6, cli_cpu * 1e6, mc,
-                 is_tcp ? "<= 2x raw TCP round trip" : "(vs raw AF_UNIX round trip)");
+          printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %7.1fus %6.2fx %11s %7s %7s %9.1f %9.1f %8.1f  %s\n", path, cl,
+                 sz, t_med * 1e6, t_p99 * 1e6, gbps, lim * 1e6, ratio, range, "-", "-", srv_cpu * 1e6, cli_cpu * 1e6,
+                 mc, is_tcp ? "<= 2x raw TCP round trip" : "(vs raw AF_UNIX round trip)");
         } else {
           const char *tgt = bytes >= (1u << 20) ? (is_tcp ? ">= 0.80 of raw TCP" : ">= 0.60 of raw AF_UNIX") : "-";
-          printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %11s %9.1f %9.1f %8.1f  %s\n", path, cl, sz,
-                 t_med * 1e6, t_p99 * 1e6, gbps, lim, ratio, range, srv_cpu * 1e6, cli_cpu * 1e6, mc, tgt);
+          double xm[ROUNDS_MAX];
+          for (int rd = 0; rd < rounds; rd++) xm[rd] = xchg[rd][i];
+          printf("%-9s %-9s %-7s %10.1f %10.1f %9.3f %9.3f %7.2f %11s %7.3f %7.2f %9.1f %9.1f %8.1f  %s\n", path, cl,
+                 sz, t_med * 1e6, t_p99 * 1e6, gbps, lim, ratio, range, bench_median(xm, n), vs_x, srv_cpu * 1e6,
+                 cli_cpu * 1e6, mc, tgt);
         }
         fflush(stdout);
       }
