@@ -305,68 +305,46 @@ double bench_raw_stream(int unix_sock, size_t msg, size_t total) {
   return (double)(n * msg) / t / 1e9;
 }
 
-double bench_raw_rtt(int unix_sock, size_t req, size_t resp, int iters) {
+/* Median seconds of a req-byte request answered by a resp-byte reply between two
+ * processes; with two_bufs each side receives into one buffer and sends from another. */
+static double raw_round_trip(int unix_sock, size_t req, size_t resp, int iters, int two_bufs, int warm) {
   char upath[128];
   int cfd, pfd = connected_pair(unix_sock, &cfd, upath);
-  int warm = iters / 10 + 10;
   size_t cap = req > resp ? req : resp;
   pid_t pid = fork();
   if (pid == 0) { /* echo side */
     close(pfd);
-    char *buf = calloc(1, cap);
+    char *in = calloc(1, cap), *out = two_bufs ? calloc(1, cap) : in;
     for (int i = 0; i < warm + iters; i++) {
-      full_read(cfd, buf, req);
-      full_write(cfd, buf, resp);
+      full_read(cfd, in, req);
+      full_write(cfd, out, resp);
     }
     _exit(0);
   }
   close(cfd);
-  char *buf = calloc(1, cap);
+  char *snd = calloc(1, cap), *rcv = two_bufs ? calloc(1, cap) : snd;
   double *t = malloc(sizeof *t * (size_t)iters);
   for (int i = 0; i < warm + iters; i++) {
     double t0 = bench_now();
-    full_write(pfd, buf, req);
-    full_read(pfd, buf, resp);
+    full_write(pfd, snd, req);
+    full_read(pfd, rcv, resp);
     if (i >= warm) t[i - warm] = bench_now() - t0;
   }
   close(pfd);
   waitpid(pid, NULL, 0);
   double m = bench_median(t, (size_t)iters);
   free(t);
-  free(buf);
+  if (rcv != snd) free(rcv);
+  free(snd);
   return m;
 }
 
+double bench_raw_rtt(int unix_sock, size_t req, size_t resp, int iters) {
+  return raw_round_trip(unix_sock, req, resp, iters, 0, iters / 10 + 10);
+}
+
 double bench_raw_exchange(int unix_sock, size_t bytes, int iters) {
-  char upath[128];
-  int cfd, pfd = connected_pair(unix_sock, &cfd, upath);
-  int warm = iters / 10 + 3;
-  pid_t pid = fork();
-  if (pid == 0) { /* the server's side: receive into one buffer, answer from another */
-    close(pfd);
-    char *in = calloc(1, bytes), *out = calloc(1, bytes);
-    for (int i = 0; i < warm + iters; i++) {
-      full_read(cfd, in, bytes);
-      full_write(cfd, out, bytes);
-    }
-    _exit(0);
-  }
-  close(cfd);
-  char *g = calloc(1, bytes), *w = calloc(1, bytes);
-  double *t = malloc(sizeof *t * (size_t)iters);
-  for (int i = 0; i < warm + iters; i++) {
-    double t0 = bench_now();
-    full_write(pfd, g, bytes);
-    full_read(pfd, w, bytes);
-    if (i >= warm) t[i - warm] = bench_now() - t0;
-  }
-  close(pfd);
-  waitpid(pid, NULL, 0);
-  double m = bench_median(t, (size_t)iters);
-  free(t);
-  free(g);
-  free(w);
-  return 2.0 * (double)bytes / m / 1e9;
+  return 2.0 * (double)bytes / raw_round_trip(unix_sock, bytes, bytes, iters, 1, iters / 10 + 3) / 1e9;
 }
 
 double bench_memcpy(size_t n) {

@@ -199,6 +199,16 @@ struct ps_ctx {
   int colocated;    /* emb_servers are the job's servers, colocated here (no emb_sched) */
 };
 
+/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
+static struct timespec abs_after_ms(uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + (ms % 1000) * 1000000ull;
+  ts.tv_sec += (time_t)(ms / 1000 + ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  return ts;
+}
+
 /* ================================================================== loop side */
 
 static void part_finish(part *p);
@@ -1144,11 +1154,7 @@ static uint64_t req_bytes(const ps_req *r) {
 int ps_req_wait(ps_req *r, int timeout_ms) {
   if (!r) return ps__fail(PS_ERR_INVALID, "NULL request");
   uint64_t tmo = timeout_ms < 0 ? r->ctx->timeout_ms : (uint64_t)timeout_ms;
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = (uint64_t)ts.tv_nsec + (tmo % 1000) * 1000000ull;
-  ts.tv_sec += (time_t)(tmo / 1000 + ns / 1000000000ull);
-  ts.tv_nsec = (long)(ns % 1000000000ull);
+  struct timespec ts = abs_after_ms(tmo);
   uint64_t t0 = ps__now_ns();
   /* Poll briefly before sleeping. A loopback reply comes within tens of microseconds,
    * and in a VM a thread woken on a halted CPU pays the hypervisor's wake-up (measured
@@ -1491,13 +1497,7 @@ static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *
     /* Connected links that are not lent yet: ask the loop and wait for its answer (one
      * loop wake-up). Going through the loop instead would take the links back at once. */
     post_lend(ctx);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 5000000;
-    if (ts.tv_nsec >= 1000000000) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000;
-    }
+    struct timespec ts = abs_after_ms(5);
     pthread_mutex_lock(&ctx->lend_mu);
     while (ctx->lend_posted)
       if (pthread_cond_timedwait(&ctx->lend_cv, &ctx->lend_mu, &ts) != 0) break;
@@ -2641,12 +2641,7 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   while (!ctx->failed && !(ctx->registered && ctx->started && ctx->ring)) {
     uint64_t now = ps__now_ms();
     if (now >= deadline) break;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t wait = deadline - now < 100 ? deadline - now : 100;
-    ts.tv_nsec += (long)(wait * 1000000);
-    ts.tv_sec += ts.tv_nsec / 1000000000;
-    ts.tv_nsec %= 1000000000;
+    struct timespec ts = abs_after_ms(deadline - now < 100 ? deadline - now : 100);
     pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
   }
   if (ctx->failed) {
@@ -2710,11 +2705,7 @@ void ps_ctx_close(ps_ctx *ctx) {
   /* A colocated server serves the other workers until none is left in the job (it stops
    * by itself then), bounded by the request timeout. */
   if (ctx->colocated) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ctx->timeout_ms / 1000;
-    ts.tv_nsec += (long)(ctx->timeout_ms % 1000) * 1000000;
-    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    struct timespec ts = abs_after_ms(ctx->timeout_ms);
     for (unsigned i = 0; i < ctx->n_emb; i++) {
       if (!ctx->emb_servers[i] || pthread_timedjoin_np(ctx->emb_server_threads[i], NULL, &ts)) continue;
       ps__server_destroy(ctx->emb_servers[i]);

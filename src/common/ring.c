@@ -169,39 +169,44 @@ uint32_t ps__ring_owner(const ps__ring *r, uint32_t table, uint64_t key) {
   return r->ids[ps__ring_owner_index(r, table, key)];
 }
 
-size_t ps__ring_chain(const ps__ring *r, uint32_t table, uint64_t key, uint32_t *out, size_t nmax) {
-  size_t want = nmax < r->nservers ? nmax : r->nservers;
-  if (want == 0) return 0;
-  size_t pos = first_point_at_or_after(r, ps__ring_key_hash(table, key));
-  size_t got = 0;
-  /* Chains are short (the replication factor), so a linear duplicate check is cheaper
-   * than a bitmap over all servers. One lap visits every server, so this terminates. */
+/* Distinct server indices in the order their points follow h clockwise, up to want of
+ * them, into idx. Duplicates are found with the bitmap seen over all servers, or, with
+ * seen NULL, by a linear search of idx (cheaper for short chains). One lap visits every
+ * server, so this terminates. */
+static size_t walk_distinct(const ps__ring *r, uint64_t h, uint32_t *idx, size_t want, uint64_t *seen) {
+  size_t pos = first_point_at_or_after(r, h), got = 0;
   for (size_t step = 0; step < r->npoints && got < want; step++) {
-    uint32_t id = r->ids[r->points[pos].server];
-    size_t j = 0;
-    while (j < got && out[j] != id) j++;
-    if (j == got) out[got++] = id;
+    uint32_t i = r->points[pos].server;
+    int dup;
+    if (seen) {
+      dup = (int)(seen[i / 64] >> (i % 64) & 1);
+      seen[i / 64] |= 1ull << (i % 64);
+    } else {
+      size_t j = 0;
+      while (j < got && idx[j] != i) j++;
+      dup = j < got;
+    }
+    if (!dup) idx[got++] = i;
     if (++pos == r->npoints) pos = 0;
   }
   PS_ASSERT(got == want);
   return got;
 }
 
+size_t ps__ring_chain(const ps__ring *r, uint32_t table, uint64_t key, uint32_t *out, size_t nmax) {
+  size_t want = nmax < r->nservers ? nmax : r->nservers;
+  if (want == 0) return 0;
+  /* Chains are short (the replication factor): no bitmap over all servers. */
+  walk_distinct(r, ps__ring_key_hash(table, key), out, want, NULL);
+  for (size_t j = 0; j < want; j++) out[j] = r->ids[out[j]];
+  return want;
+}
+
 size_t ps__ring_dense_order(const ps__ring *r, uint32_t table, uint32_t *order) {
-  size_t S = r->nservers, got = 0;
+  size_t S = r->nservers;
   uint64_t one = 0, *seen = S <= 64 ? &one : ps__calloc((S + 63) / 64, 8);
   if (!seen) return 0;
-  size_t pos = first_point_at_or_after(r, ps__ring_key_hash(table, 0));
-  /* One lap visits every server, so this terminates. */
-  for (size_t step = 0; step < r->npoints && got < S; step++) {
-    uint32_t i = r->points[pos].server;
-    if (!(seen[i / 64] >> (i % 64) & 1)) {
-      seen[i / 64] |= 1ull << (i % 64);
-      order[got++] = i;
-    }
-    if (++pos == r->npoints) pos = 0;
-  }
+  walk_distinct(r, ps__ring_key_hash(table, 0), order, S, seen);
   if (seen != &one) free(seen);
-  PS_ASSERT(got == S);
   return S;
 }

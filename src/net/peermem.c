@@ -92,9 +92,6 @@ int ps__pm_descs_check(const uint8_t *d, size_t nd, uint64_t *total) {
   return 0;
 }
 
-/* Copy between the local regions loc and the peer's regions d[nd] taken from byte off
- * of their concatenation on, 64 regions a call on each side; a short transfer goes on
- * where it stopped. */
 /* process_vm_readv/writev within this process (a server colocated with its worker):
  * plain memcpy between the two region lists, which cover the same number of bytes. The
  * regions are our own client library's, naming the caller's live buffers. */
@@ -112,6 +109,9 @@ static ssize_t self_copy(int write, const struct iovec *lv, unsigned nl, const s
   return (ssize_t)moved;
 }
 
+/* Copy between the local regions loc and the peer's regions d[nd] taken from byte off
+ * of their concatenation on, 64 regions a call on each side; a short transfer goes on
+ * where it stopped. */
 int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const uint8_t *d, size_t nd, uint64_t off,
                 uint64_t until_ms) {
   struct iovec lv[64], rv[64];

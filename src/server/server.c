@@ -130,7 +130,8 @@ struct ps__server {
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
   ps__conn *sched;
-  uint64_t ring_gen; /* incremented whenever ring is replaced (dense ownership caches) */
+  uint64_t ring_gen; /* from 1, incremented whenever ring is replaced (a table's dense
+                      * ownership cache, mine_gen 0, is then never current before use) */
   int pid;           /* getpid(): a peer with this pid is a colocated worker */
   uv_timer_t hb_timer, connect_timer, retry_timer;
   uint32_t id, rank;
@@ -780,7 +781,7 @@ static int dense_mine(ps__server *s, table *t, uint64_t *lo, uint64_t *hi) {
     *lo = 0, *hi = nsl;
     return 0;
   }
-  if (t->mine_gen != s->ring_gen + 1) {
+  if (t->mine_gen != s->ring_gen) {
     uint32_t *order = ps__malloc(S * sizeof *order);
     if (!order || !ps__ring_dense_order(s->ring, t->id, order)) {
       free(order);
@@ -794,7 +795,7 @@ static int dense_mine(ps__server *s, table *t, uint64_t *lo, uint64_t *hi) {
       }
     }
     free(order);
-    t->mine_gen = s->ring_gen + 1;
+    t->mine_gen = s->ring_gen;
   }
   *lo = t->mine_lo, *hi = t->mine_hi;
   return 0;
@@ -1925,7 +1926,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   if (q.until && ps__now_ms() + 1000 >= q.until) return 1;
   if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
   /* A colocated worker (our own process) names its own live buffers: nothing to check. */
-  int rc = c->peer_pid == s->pid ? 0 : ps__pm_mapped(c->peer_pid, 0, q.d, q.nd);
+  int pid = pm_pid(s, c), rc = pid == PS_PM_SELF ? 0 : ps__pm_mapped(pid, 0, q.d, q.nd);
   if (rc == PS_ERR_IO) {
     reply_err(c, h, rc, "%s", ps_errmsg());
     return 0;
@@ -1934,7 +1935,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   if (!(t = push_admit(s, c, h, keys, total / 4, 1))) return 0;
   ps__rowmap *acc = round_acc_for(t, c, h);
   if (!acc) return 0;
-  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, pm_pid(s, c), q};
+  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, pid, q};
   if ((rc = walk_slices(keys, h->nkeys, t->spec.width, pm_acc_slice, &a))) {
     if (rc != PS_ERR_NOMEM)
       ps__log(PS_LOG_ERROR, "a push of worker %u to table '%s' failed part way (%s): round %lld may hold part of it",
@@ -2220,6 +2221,7 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   if (!s) return ps__fail(PS_ERR_NOMEM, "out of memory");
   s->o = *o;
   s->pid = (int)getpid();
+  s->ring_gen = 1;
   if (!s->o.host) s->o.host = "127.0.0.1";
   if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 200;
   if (!s->o.vnodes) s->o.vnodes = 128;
