@@ -1523,12 +1523,14 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
  * every reply arrived or the deadline passed. Part failures are recorded in their
  * requests. */
 /* Polling: the caller keeps its CPU (no sleep in poll) while bytes keep moving, and
- * for up to spin_ns after the last progress: a loopback peer answers or drains within
- * that, and a sleeping thread pays a wake-up each time (tens of microseconds on an
- * idle VM). spin = 0 (one CPU) always sleeps. */
+ * for up to spin_ns after the last progress, longer by ps__poll_extra_ns of the bytes
+ * it sends (a server takes about that long to read them before it answers; 0.5 ms per
+ * MiB): a loopback peer answers or drains within that, and a sleeping thread pays a
+ * wake-up each time (tens of microseconds on an idle VM). spin = 0 (one CPU) always
+ * sleeps. */
 static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, int spin) {
   struct pollfd pf[64];
-  uint64_t t0 = ps__now_ns(), moved = 0;
+  uint64_t t0 = ps__now_ns(), moved = 0, sending = 0;
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
     unsigned niov = 0;
@@ -1544,6 +1546,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
       p->hdr.sender = ctx->id;
       p->hdr.payload_len = total;
+      sending += total;
       p->sent = 1;
       ps__frame_encode(&p->hdr, d->hdrs[k]);
       d->iov[d->niov].iov_base = d->hdrs[k];
@@ -1556,6 +1559,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       d->pending++;
     }
   }
+  uint64_t window = ctx->spin_ns + ps__poll_extra_ns(sending);
   for (;;) {
     unsigned busy = 0, np = 0;
     for (unsigned j = 0; j < n; j++) {
@@ -1603,7 +1607,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       }
       break;
     }
-    if (spin && ps__now_ns() - t0 < ctx->spin_ns) {
+    if (spin && ps__now_ns() - t0 < window) {
 #if defined(__x86_64__) || defined(__i386__)
       __builtin_ia32_pause();
 #endif

@@ -39,6 +39,11 @@ void ps__block_sigpipe(void);
 /* Monotonic time. */
 uint64_t ps__now_ns(void);
 static inline uint64_t ps__now_ms(void) { return ps__now_ns() / 1000000u; }
+/* How much longer than its base window a poller keeps polling after handing a loopback
+ * peer `bytes` (or taking them from it): the peer needs about that long to take them in
+ * (2 GB/s) before it answers or sends its next request, and a sleeping poller on an
+ * idle virtual CPU pays a hypervisor wake-up when it does. At most 1 ms. */
+static inline uint64_t ps__poll_extra_ns(uint64_t bytes) { return bytes / 2 < 1000000u ? bytes / 2 : 1000000u; }
 
 /* Parsing helpers: 0 on success. */
 int ps__parse_u64(const char *s, uint64_t *out);

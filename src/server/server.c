@@ -124,6 +124,7 @@ typedef struct pending_pull {
 struct ps__server {
   ps__server_opts o;
   uint64_t frames;   /* worker frames handled (the poll window of ps__server_run) */
+  uint64_t poll_extra_ns; /* the last frame's bytes in and out, as poll time (ps__poll_extra_ns) */
   uv_loop_t loop;
   ps__pool *pool;
   float *pm_chunk;   /* PM_CHUNK floats: a streamed peer-memory push's staging (cache-sized) */
@@ -1996,10 +1997,18 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
   on_push(s, c, &raw, b, 1);
 }
 
+static void data_dispatch(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+
 static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__server *s = c->loop->data;
   if (s->stopping) return;
   s->frames++;
+  uint64_t out0 = c->bytes_out + c->write_queue_bytes;
+  data_dispatch(s, c, h, b);
+  s->poll_extra_ns = ps__poll_extra_ns(h->payload_len + (c->bytes_out + c->write_queue_bytes - out0));
+}
+
+static void data_dispatch(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   switch (h->type) {
   case PS_MSG_CREATE: on_create(s, c, h, b); break;
   case PS_MSG_PUSH: on_push(s, c, h, b, 0); break;
@@ -2284,7 +2293,10 @@ int ps__server_port(const ps__server *s) { return s->tcp.port; }
  * (epoll with no wait). A worker's next request usually follows within that (the other
  * half of a push and pull, the next batch), and a server asleep on an idle virtual CPU
  * pays the hypervisor's wake-up for it: tens of microseconds, several loopback round
- * trips. A busy server never sleeps anyway; an idle one polls once per burst. */
+ * trips. A frame that brought or answered with many bytes over the socket extends the
+ * window by the time the worker needs for them (ps__poll_extra_ns: 0.5 ms per MiB, at
+ * most 1 ms): a worker reading a 1 MiB reply sends its next request only after that.
+ * A busy server never sleeps anyway; an idle one polls once per burst. */
 int ps__server_run(ps__server *s) {
   ps__block_sigpipe();
   uint64_t poll_ns = (uint64_t)s->o.poll_us * 1000u;
@@ -2294,7 +2306,7 @@ int ps__server_run(ps__server *s) {
   }
   uint64_t seen = s->frames, last = 0;
   for (;;) {
-    int more = uv_run(&s->loop, ps__now_ns() - last < poll_ns ? UV_RUN_NOWAIT : UV_RUN_ONCE);
+    int more = uv_run(&s->loop, ps__now_ns() - last < poll_ns + s->poll_extra_ns ? UV_RUN_NOWAIT : UV_RUN_ONCE);
     if (!more) break;
     if (s->frames != seen) {
       seen = s->frames;
