@@ -222,5 +222,9 @@ int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const ui
 /* Are the regions d[nd] all mapped in process pid, readable (write = 0) or writable?
  * 0, PS_ERR_IO (not), PS_ERR_UNAVAILABLE (cannot tell) or PS_ERR_NOMEM. */
 int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd);
+/* Its two ways, for tests: by PROCMAP_QUERY (Linux 6.11; returns 1 where the kernel
+ * does not have it), and from the text of /proc/pid/maps. */
+int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd);
+int ps__pm_mapped_text(int pid, int write, const uint8_t *d, size_t nd);
 
 #endif

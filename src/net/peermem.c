@@ -16,10 +16,12 @@
  * write a pull's values into the worker sends them in the reply instead.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -173,11 +175,62 @@ int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const ui
   }
 }
 
+/* PROCMAP_QUERY (Linux 6.11): one mapping of a process by address, asked with an ioctl
+ * on its /proc/pid/maps instead of reading the whole text. Declared here: Debian 12's
+ * kernel headers predate it (linux/fs.h, struct procmap_query, a stable interface). */
+struct pm_procmap_query {
+  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+  uint64_t vma_name_addr, build_id_addr;
+};
+#define PM_PROCMAP_QUERY _IOWR('f', 17, struct pm_procmap_query)
+#define PM_QUERY_READABLE 0x01u
+#define PM_QUERY_WRITABLE 0x02u
+
+/* Each region is followed from mapping to mapping, every one of them with the access
+ * needed, until its end. */
+int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/maps", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ps__fail(PS_ERR_UNAVAILABLE, "cannot read %s: %s", path, strerror(errno));
+  int rc = 0;
+  for (size_t i = 0; i < nd && !rc; i++) {
+    uint64_t a = ps__get_u64(d + 16 * i), e = a + ps__get_u64(d + 16 * i + 8);
+    while (a < e && !rc) {
+      struct pm_procmap_query q;
+      memset(&q, 0, sizeof q);
+      q.size = sizeof q;
+      q.query_flags = write ? PM_QUERY_WRITABLE : PM_QUERY_READABLE;
+      q.query_addr = a;
+      if (ioctl(fd, PM_PROCMAP_QUERY, &q) == 0 && q.vma_end > a) {
+        a = q.vma_end;
+      } else if (errno == ENOTTY || errno == EINVAL || errno == EOPNOTSUPP) {
+        rc = 1;
+      } else if (errno == ENOENT) {
+        rc = ps__fail(PS_ERR_IO, "process %d has no %s mapping for [%#llx, %#llx)", pid, write ? "writable" : "readable",
+                      (unsigned long long)ps__get_u64(d + 16 * i), (unsigned long long)e);
+      } else {
+        rc = ps__fail(PS_ERR_UNAVAILABLE, "cannot query %s: %s", path, strerror(errno));
+      }
+    }
+  }
+  close(fd);
+  return rc;
+}
+
 /* Is every region mapped in process pid with the access a transfer needs (read for a
- * push, write for a pull)? From /proc/pid/maps, whose lines are sorted by address: a
- * streamed push checks this first, so that a bad address fails before any value is
- * applied (process_vm_readv itself would stop part way). 0, PS_ERR_IO or PS_ERR_UNAVAILABLE. */
+ * push, write for a pull)? A streamed push checks this first, so that a bad address
+ * fails before any value is applied (process_vm_readv itself would stop part way).
+ * By PROCMAP_QUERY where the kernel has it, else from the text of /proc/pid/maps,
+ * whose lines are sorted by address (a process's whole map as text: about 3% of the
+ * samples of 1M-float sync rounds at K = 4). 0, PS_ERR_IO or PS_ERR_UNAVAILABLE. */
 int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd) {
+  int rc = ps__pm_mapped_query(pid, write, d, nd);
+  return rc == 1 ? ps__pm_mapped_text(pid, write, d, nd) : rc;
+}
+
+int ps__pm_mapped_text(int pid, int write, const uint8_t *d, size_t nd) {
   char path[64];
   snprintf(path, sizeof path, "/proc/%d/maps", pid);
   FILE *f = fopen(path, "r");

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 #include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -574,15 +575,19 @@ Test(pm_copy, read_only_page, .timeout = 120) {
 
 /* ---------------------------------------------------------------- ps__pm_mapped */
 
-static int mapped1(int pid, int write, const void *addr, uint64_t len) {
+/* Each case runs the way ps__pm_mapped picks on this kernel (PROCMAP_QUERY from Linux
+ * 6.11) and again from the text of /proc/pid/maps, the way of older kernels. */
+typedef int (*mapped_fn)(int pid, int write, const uint8_t *d, size_t nd);
+
+static int mapped1(mapped_fn mapped, int pid, int write, const void *addr, uint64_t len) {
   descs d = {0};
   descs_add(&d, (uint64_t)(uintptr_t)addr, len);
-  int rc = ps__pm_mapped(pid, write, d.d, d.n);
+  int rc = mapped(pid, write, d.d, d.n);
   descs_free(&d);
   return rc;
 }
 
-Test(pm_mapped, heap_stack_and_mmap_regions, .timeout = 120) {
+static void heap_stack_and_mmap_regions(mapped_fn mapped) {
   int pid = (int)getpid();
   uint8_t stack[1000];
   memset(stack, 0, sizeof stack);
@@ -590,79 +595,107 @@ Test(pm_mapped, heap_stack_and_mmap_regions, .timeout = 120) {
   cr_assert(small && large);
   uint8_t *m = map_pages(4, PROT_READ | PROT_WRITE);
   for (int w = 0; w < 2; w++) {
-    OK(mapped1(pid, w, stack, sizeof stack));
-    OK(mapped1(pid, w, small, 100));
-    OK(mapped1(pid, w, large, 8u << 20));
-    OK(mapped1(pid, w, m, 4 * page_size()));
-    OK(mapped1(pid, w, m + 1, 4 * page_size() - 1));
+    OK(mapped1(mapped, pid, w, stack, sizeof stack));
+    OK(mapped1(mapped, pid, w, small, 100));
+    OK(mapped1(mapped, pid, w, large, 8u << 20));
+    OK(mapped1(mapped, pid, w, m, 4 * page_size()));
+    OK(mapped1(mapped, pid, w, m + 1, 4 * page_size() - 1));
     descs d = {0};
     descs_add(&d, (uint64_t)(uintptr_t)large + 5, 1);
     descs_add(&d, (uint64_t)(uintptr_t)stack, sizeof stack);
     descs_add(&d, (uint64_t)(uintptr_t)m + 3, 3);
     descs_add(&d, (uint64_t)(uintptr_t)small, 100);
-    OK(ps__pm_mapped(pid, w, d.d, d.n));
+    OK(mapped(pid, w, d.d, d.n));
     descs_free(&d);
   }
-  OK(ps__pm_mapped(pid, 0, NULL, 0));
+  OK(mapped(pid, 0, NULL, 0));
   free(small);
   free(large);
   munmap(m, 4 * page_size());
 }
 
-Test(pm_mapped, hole_in_the_middle, .timeout = 120) {
+static void hole_in_the_middle(mapped_fn mapped) {
   int pid = (int)getpid();
   size_t pg = page_size();
   uint8_t *p = map_pages(3, PROT_READ | PROT_WRITE);
-  OK(mapped1(pid, 0, p, 3 * pg));
+  OK(mapped1(mapped, pid, 0, p, 3 * pg));
   cr_assert(eq(int, munmap(p + pg, pg), 0));
   for (int w = 0; w < 2; w++) {
-    FAILS(PS_ERR_IO, mapped1(pid, w, p, 3 * pg));
+    FAILS(PS_ERR_IO, mapped1(mapped, pid, w, p, 3 * pg));
     char want[64];
     snprintf(want, sizeof want, "[%#llx, %#llx)", (unsigned long long)(uintptr_t)p,
              (unsigned long long)(uintptr_t)(p + 3 * pg));
     cr_assert(not(eq(ptr, strstr(ps_errmsg(), want), NULL)), "message: %s (wanted %s)", ps_errmsg(), want);
-    FAILS(PS_ERR_IO, mapped1(pid, w, p + pg - 1, 2));   /* one byte into the hole */
-    FAILS(PS_ERR_IO, mapped1(pid, w, p + pg + 10, 1));  /* inside it */
-    FAILS(PS_ERR_IO, mapped1(pid, w, p + 2 * pg - 1, 2)); /* from its last byte */
-    OK(mapped1(pid, w, p, pg));                          /* the pages either side are fine */
-    OK(mapped1(pid, w, p + 2 * pg, pg));
+    FAILS(PS_ERR_IO, mapped1(mapped, pid, w, p + pg - 1, 2));   /* one byte into the hole */
+    FAILS(PS_ERR_IO, mapped1(mapped, pid, w, p + pg + 10, 1));  /* inside it */
+    FAILS(PS_ERR_IO, mapped1(mapped, pid, w, p + 2 * pg - 1, 2)); /* from its last byte */
+    OK(mapped1(mapped, pid, w, p, pg));                          /* the pages either side are fine */
+    OK(mapped1(mapped, pid, w, p + 2 * pg, pg));
     /* a good list with one bad region, last */
     descs d = {0};
     descs_add(&d, (uint64_t)(uintptr_t)p, pg);
     descs_add(&d, (uint64_t)(uintptr_t)(p + 2 * pg), pg);
-    OK(ps__pm_mapped(pid, w, d.d, d.n));
+    OK(mapped(pid, w, d.d, d.n));
     descs_add(&d, (uint64_t)(uintptr_t)(p + 10), 2 * pg);
-    FAILS(PS_ERR_IO, ps__pm_mapped(pid, w, d.d, d.n));
+    FAILS(PS_ERR_IO, mapped(pid, w, d.d, d.n));
     descs_free(&d);
   }
   munmap(p, pg);
   munmap(p + 2 * pg, pg);
 }
 
-Test(pm_mapped, read_only_mapping, .timeout = 120) {
+static void read_only_mapping(mapped_fn mapped) {
   int pid = (int)getpid();
   size_t pg = page_size();
   uint8_t *p = map_pages(2, PROT_READ);
-  OK(mapped1(pid, 0, p, 2 * pg));
-  FAILS(PS_ERR_IO, mapped1(pid, 1, p, 2 * pg));
+  OK(mapped1(mapped, pid, 0, p, 2 * pg));
+  FAILS(PS_ERR_IO, mapped1(mapped, pid, 1, p, 2 * pg));
   cr_assert(not(eq(ptr, strstr(ps_errmsg(), "writable"), NULL)), "message: %s", ps_errmsg());
-  FAILS(PS_ERR_IO, mapped1(pid, 1, p + 7, 1));
+  FAILS(PS_ERR_IO, mapped1(mapped, pid, 1, p + 7, 1));
   munmap(p, 2 * pg);
 
   /* rw, r, rw pages in one mapping: readable throughout (adjacent mappings join), but
    * only the outer pages are writable */
   p = map_pages(3, PROT_READ | PROT_WRITE);
   cr_assert(eq(int, mprotect(p + pg, pg, PROT_READ), 0));
-  OK(mapped1(pid, 0, p, 3 * pg));
-  FAILS(PS_ERR_IO, mapped1(pid, 1, p, 3 * pg));
-  FAILS(PS_ERR_IO, mapped1(pid, 1, p + pg - 1, 2));
-  OK(mapped1(pid, 1, p, pg));
-  OK(mapped1(pid, 1, p + 2 * pg, pg));
+  OK(mapped1(mapped, pid, 0, p, 3 * pg));
+  FAILS(PS_ERR_IO, mapped1(mapped, pid, 1, p, 3 * pg));
+  FAILS(PS_ERR_IO, mapped1(mapped, pid, 1, p + pg - 1, 2));
+  OK(mapped1(mapped, pid, 1, p, pg));
+  OK(mapped1(mapped, pid, 1, p + 2 * pg, pg));
   /* no access at all */
   cr_assert(eq(int, mprotect(p + pg, pg, PROT_NONE), 0));
-  FAILS(PS_ERR_IO, mapped1(pid, 0, p, 3 * pg));
-  FAILS(PS_ERR_IO, mapped1(pid, 0, p + pg, 1));
+  FAILS(PS_ERR_IO, mapped1(mapped, pid, 0, p, 3 * pg));
+  FAILS(PS_ERR_IO, mapped1(mapped, pid, 0, p + pg, 1));
   munmap(p, 3 * pg);
+}
+
+Test(pm_mapped, heap_stack_and_mmap_regions, .timeout = 120) { heap_stack_and_mmap_regions(ps__pm_mapped); }
+Test(pm_mapped_text, heap_stack_and_mmap_regions, .timeout = 120) { heap_stack_and_mmap_regions(ps__pm_mapped_text); }
+
+Test(pm_mapped, hole_in_the_middle, .timeout = 120) { hole_in_the_middle(ps__pm_mapped); }
+Test(pm_mapped_text, hole_in_the_middle, .timeout = 120) { hole_in_the_middle(ps__pm_mapped_text); }
+
+Test(pm_mapped, read_only_mapping, .timeout = 120) { read_only_mapping(ps__pm_mapped); }
+Test(pm_mapped_text, read_only_mapping, .timeout = 120) { read_only_mapping(ps__pm_mapped_text); }
+
+/* From Linux 6.11 on the check must not fall back to reading the text: PROCMAP_QUERY
+ * answers, for a good region and for a bad one. */
+Test(pm_mapped_query, answers_from_linux_6_11, .timeout = 120) {
+  struct utsname u;
+  unsigned major = 0, minor = 0;
+  cr_assert(eq(int, uname(&u), 0));
+  if (sscanf(u.release, "%u.%u", &major, &minor) != 2 || major < 6 || (major == 6 && minor < 11))
+    cr_skip_test("kernel %s has no PROCMAP_QUERY", u.release);
+  int pid = (int)getpid();
+  size_t pg = page_size();
+  uint8_t *p = map_pages(3, PROT_READ | PROT_WRITE);
+  cr_assert(eq(int, mprotect(p + pg, pg, PROT_READ), 0));
+  OK(mapped1(ps__pm_mapped_query, pid, 0, p, 3 * pg));
+  OK(mapped1(ps__pm_mapped_query, pid, 1, p + 2 * pg, pg));
+  FAILS(PS_ERR_IO, mapped1(ps__pm_mapped_query, pid, 1, p, 3 * pg));
+  munmap(p, 3 * pg);
+  FAILS(PS_ERR_IO, mapped1(ps__pm_mapped_query, pid, 0, p, 1));
 }
 
 /* ---------------------------------------------------------------- ps__pm_usable */
@@ -838,11 +871,14 @@ Test(pm_child, read_and_write_another_process, .timeout = 120, .fini = kid_stop)
   }
   free(back);
 
-  /* the middle page of `hole` is gone in the child only */
-  OK(mapped1((int)getpid(), 0, hole, 3 * pg));
-  FAILS(PS_ERR_IO, mapped1(pid, 0, hole, 3 * pg));
-  FAILS(PS_ERR_IO, mapped1(pid, 1, hole + pg, 1));
-  OK(mapped1(pid, 1, hole, pg));
+  /* the middle page of `hole` is gone in the child only (both ways of checking) */
+  mapped_fn ways[2] = {ps__pm_mapped, ps__pm_mapped_text};
+  for (int k = 0; k < 2; k++) {
+    OK(mapped1(ways[k], (int)getpid(), 0, hole, 3 * pg));
+    FAILS(PS_ERR_IO, mapped1(ways[k], pid, 0, hole, 3 * pg));
+    FAILS(PS_ERR_IO, mapped1(ways[k], pid, 1, hole + pg, 1));
+    OK(mapped1(ways[k], pid, 1, hole, pg));
+  }
   descs h = {0};
   descs_add(&h, (uint64_t)(uintptr_t)(hole + pg - 8), 16);
   uint8_t x[16];
