@@ -220,7 +220,7 @@ int main(int argc, char **argv) {
         int S = Ss[j], colo = j == 2;
         double ps = bench_median(ps_r[j], (size_t)runs);
         double xproc = (colo ? 2.0 * (K - 1) : 2.0 * K) * mb;
-        printf("%2d %2d%s %8.0fM %10.1f %10.1f %10.1f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K,
+        printf("%2d %2d%s %8.0fM %10.2f %10.2f %10.2f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K,
                S, colo ? "c" : " ", (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K / S,
                2.0 * (K - 1) / K * mb, xproc, 2.0 * (K - 1) * mb, bench_median(push_r[j], (size_t)runs) * 1e3,
                bench_median(pull_r[j], (size_t)runs) * 1e3, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
