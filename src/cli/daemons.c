@@ -182,7 +182,8 @@ static void server_usage(FILE *f) {
           "  --max-frame-mb N        largest accepted frame (2048) [PSHARD_MAX_FRAME_MB]\n"
           "  --connect-timeout-ms N  give up registering after N ms (60000) [PSHARD_CONNECT_TIMEOUT_MS]\n"
           "  --poll-us N             after a worker's frame, poll the sockets for N us before sleeping,\n"
-          "                          so a request that follows soon finds the server awake (50; 0 = off)\n"
+          "                          so a request that follows soon finds the server awake (50; 0 = off);\n"
+          "                          0.5 ms more per MiB the frame moved on the socket, at most 1 ms\n"
           "                          [PSHARD_POLL_US]\n"
           "  --verbose               log table creation and membership changes\n"
           "  --help                  this text\n");
