@@ -246,12 +246,13 @@ def test_a_joining_worker_changes_k_for_the_next_round():
         while ws[0].poll() is None and ws[1].poll() is None and time.time() < deadline:
             time.sleep(0.02)
         leaver = ws[0] if ws[0].poll() is not None else ws[1]
-        assert leaver.wait(timeout=10) == 0
+        assert leaver.wait(timeout=10) == 0, c.log("w0") + c.log("w1")
         joiner = c.worker([binary("lr_worker"), "10", "1000", "32", opts, "40"], "joiner")
         stayer = ws[1] if leaver is ws[0] else ws[0]
         assert c.wait([stayer, joiner], 60 * SLOW) == [0, 0], c.log("w0") + c.log("w1") + c.log("joiner")
         out = c.log("w0") + c.log("w1") + c.log("joiner")
     batches = [float(l.split()[5]) for l in out.splitlines() if l.startswith("step ")]
-    assert batches[0] == 64.0, batches
+    assert batches and batches[0] == 64.0, out
+    assert 32.0 in batches, out
     first32 = batches.index(32.0)
-    assert 64.0 in batches[first32:], batches
+    assert 64.0 in batches[first32:], out
