@@ -51,12 +51,14 @@ if [ "${QUICK:-0}" = 1 ]; then
   run sync   "$B/bench_sync" --floats 1M --workers 2 --steps 5
   run ctr    "$B/bench_ctr" --rows 400000 --workers 1,2 --servers 1 --data "$OUT/ctr-data"
 else
-  run dense  "$B/bench_dense"
+  # Five repeats (rather than the programs' default three) for the two whose ratios move
+  # most from run to run on a small VM: 1 MiB over TCP, and 1M-float sync rounds.
+  run dense  "$B/bench_dense" --rounds 5
   run sparse "$B/bench_sparse"
   # The same-host pairing: pshard over AF_UNIX (its default there), Redis on a unix socket.
   run sparse_unix "$B/bench_sparse" --dims 1,8,128 --batches 1000,10000 --transport auto
   run memory "$B/bench_memory"
-  run sync   "$B/bench_sync"
+  run sync   "$B/bench_sync" --runs 5
   run ctr    "$B/bench_ctr"
 fi
 
