@@ -203,15 +203,19 @@ int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd) {
       q.size = sizeof q;
       q.query_flags = write ? PM_QUERY_WRITABLE : PM_QUERY_READABLE;
       q.query_addr = a;
-      if (ioctl(fd, PM_PROCMAP_QUERY, &q) == 0 && q.vma_end > a) {
+      int err = ioctl(fd, PM_PROCMAP_QUERY, &q) == 0 ? 0 : errno;
+      if (!err && q.vma_start <= a && q.vma_end > a) {
         a = q.vma_end;
-      } else if (errno == ENOTTY || errno == EINVAL || errno == EOPNOTSUPP) {
+        continue;
+      }
+      if (!err) err = ENOENT; /* an answer about another mapping: none covers a */
+      if (err == ENOTTY || err == EINVAL || err == EOPNOTSUPP) {
         rc = 1;
-      } else if (errno == ENOENT) {
+      } else if (err == ENOENT) {
         rc = ps__fail(PS_ERR_IO, "process %d has no %s mapping for [%#llx, %#llx)", pid, write ? "writable" : "readable",
                       (unsigned long long)ps__get_u64(d + 16 * i), (unsigned long long)e);
       } else {
-        rc = ps__fail(PS_ERR_UNAVAILABLE, "cannot query %s: %s", path, strerror(errno));
+        rc = ps__fail(PS_ERR_UNAVAILABLE, "cannot query %s: %s", path, strerror(err));
       }
     }
   }
