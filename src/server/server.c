@@ -793,6 +793,7 @@ static int dense_mine(ps__server *s, table *t, uint64_t *lo, uint64_t *hi) {
       if (ps__ring_server_at(s->ring, order[j]) == s->id) {
         t->mine_lo = ps__dense_run_start(j, nsl, S);
         t->mine_hi = ps__dense_run_start(j + 1, nsl, S);
+        break;
       }
     }
     free(order);
@@ -809,7 +810,11 @@ static int pm_pid(const ps__server *s, const ps__conn *c) { return c->peer_pid =
 
 /* Check a dense segment list: in range, owned. Returns total elements or -1 (answered). */
 static int64_t check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, table *t, const uint8_t *keys) {
-  uint64_t total = 0;
+  uint64_t total = 0, lo = 0, hi = 0;
+  if (h->nkeys && dense_mine(s, t, &lo, &hi)) {
+    reply_err(c, h, PS_ERR_NOMEM, "out of memory");
+    return -1;
+  }
   for (uint32_t i = 0; i < h->nkeys; i += 2) {
     uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
     if (cnt == 0 || off >= t->spec.size || cnt > t->spec.size - off) {
@@ -817,11 +822,7 @@ static int64_t check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h
                 (unsigned long long)cnt, t->decl.name, (unsigned long long)t->spec.size);
       return -1;
     }
-    uint64_t lo, hi, a = off / t->spec.width, b = (off + cnt - 1) / t->spec.width;
-    if (dense_mine(s, t, &lo, &hi)) {
-      reply_err(c, h, PS_ERR_NOMEM, "out of memory");
-      return -1;
-    }
+    uint64_t a = off / t->spec.width, b = (off + cnt - 1) / t->spec.width;
     if (a < lo || b >= hi) {
       reply_err(c, h, PS_ERR_MOVED, "slice %llu of table '%s' is not on this server (epoch %llu)",
                 (unsigned long long)(a < lo ? a : hi), t->decl.name, (unsigned long long)s->epoch);
