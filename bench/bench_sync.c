@@ -27,7 +27,9 @@
  *              table shows the median over them: on this VM one cluster's rounds can be
  *              twice as slow as the next one's, for the whole run
  *   --layouts  which server layouts to run: 1 (one server process), K (K server processes),
- *              Kc (a server colocated in each worker process)
+ *              Kc (a server colocated in each worker process); Ks and Kcs: K and Kc with
+ *              the workers' buffers from ps_alloc (shared with the servers of the host:
+ *              a server reads the gradients and writes the pulled values in place)
  */
 #include <signal.h>
 #include <stdio.h>
@@ -47,11 +49,12 @@
 #define NPH 4
 
 /* One worker: run steps, write its step and phase times (after warm-up) to fd. */
-static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd) {
+static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int shared, int fd) {
   ps_ctx *ctx = bench_open(c, 0, K, "auto", "sync");
   uint32_t tid;
   bench_check(ps_table_declare(ctx, "grad", PS_DENSE, n, "opt=sgd lr=0.0001 mode=sync", &tid), "declare");
-  float *g = malloc(n * 4), *w = malloc(n * 4);
+  float *g = shared ? ps_alloc(n * 4) : malloc(n * 4), *w = shared ? ps_alloc(n * 4) : malloc(n * 4);
+  if (!g || !w) _exit(1);
   for (uint64_t i = 0; i < n; i++) g[i] = (float)(i % 89) * 1e-3f;
   memset(w, 0, n * 4);
   int warm = 3;
@@ -76,7 +79,7 @@ static void worker(const bench_cluster *c, int K, uint64_t n, int steps, int fd)
 
 /* Median over steps of the slowest worker's step time; ph: medians over workers and
  * steps of the push and pull calls. */
-static double run_ps(int K, int S, int colocated, uint64_t n, int steps, double ph[2]) {
+static double run_ps(int K, int S, int colocated, int shared, uint64_t n, int steps, double ph[2]) {
   bench_cluster c;
   if (colocated) bench_cluster_start_colocated(&c, K);
   else bench_cluster_start(&c, S, K, "auto");
@@ -87,7 +90,7 @@ static double run_ps(int K, int S, int colocated, uint64_t n, int steps, double 
     pids[k] = fork();
     if (pids[k] == 0) {
       close(fds[k][0]);
-      worker(&c, K, n, steps, fds[k][1]);
+      worker(&c, K, n, steps, shared, fds[k][1]);
     }
     close(fds[k][1]);
   }
@@ -143,7 +146,7 @@ static double run_mpi(const char *mpirun, const char *prog, int K, uint64_t n, i
 int main(int argc, char **argv) {
   const char *floats_s = "1M,16M", *workers_s = "2,4", *mpirun = "mpirun";
   const char *prog = getenv("BENCH_MPI") ? getenv("BENCH_MPI") : MPI_BENCH_DEFAULT;
-  const char *layouts = "1,K,Kc";
+  const char *layouts = "1,K,Kc,Ks,Kcs";
   int steps = 15, no_mpi = 0, runs = 3;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--floats") && i + 1 < argc) floats_s = argv[++i];
@@ -154,7 +157,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--no-mpi")) no_mpi = 1;
     else if (!strcmp(argv[i], "--runs") && i + 1 < argc) runs = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc] [--no-mpi] [--runs R]\n");
+      fprintf(stderr, "usage: bench_sync [--floats 1M,16M] [--workers 2,4] [--steps N] [--mpirun PATH] [--layouts 1,K,Kc,Ks,Kcs] [--no-mpi] [--runs R]\n");
       return 2;
     }
   }
@@ -181,9 +184,11 @@ int main(int argc, char **argv) {
          "server processes, 2 (K-1) 4N with colocated servers (a worker's part for its own server stays in its "
          "process), 2 (K-1) 4N for a ring all-reduce (mpi_x)\n");
   printf("# S = Kc: the K workers each run a colocated server (colocate=1) instead of K server processes\n");
+  printf("# S = Ks, Kcs: the same with the workers' gradient and pull buffers from ps_alloc (memory shared with the "
+         "servers of the host, which read and write it in place instead of the kernel copying it)\n");
   printf("# push_ms / pull_ms: medians over workers and steps of one worker's push call and pull call (the pull "
          "waits for every worker's push and the update)\n");
-  printf("%2s %3s %9s %10s %10s %10s %9s %9s %9s %9s %8s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms",
+  printf("%2s %4s %8s %10s %10s %10s %9s %9s %9s %9s %8s %8s %8s %8s %8s  %s\n", "K", "S", "floats", "pshard_ms",
          "mpi_ms", "mpi_big_ms", "MB/wrk", "MB/srv", "ring_MB", "xproc_MB", "mpi_x", "push_ms", "pull_ms", "ratio",
          "vs_best", "target");
   fflush(stdout);
@@ -193,10 +198,13 @@ int main(int argc, char **argv) {
     int K = ks[ki];
     for (int si = 0; si < ns; si++) {
       uint64_t n = sizes[si];
-      double mpi_r[RUNS_MAX], big_r[RUNS_MAX], ps_r[3][RUNS_MAX], push_r[3][RUNS_MAX], pull_r[3][RUNS_MAX];
-      int Ss[3] = {1, K, K}, on[3];
-      for (int j = 0; j < 3; j++) {
-        const char *name = j == 0 ? "1" : j == 1 ? "K" : "Kc";
+      enum { NL = 5 };
+      static const char *names[NL] = {"1", "K", "Kc", "Ks", "Kcs"}, *tags[NL] = {"", "", "c", "s", "cs"};
+      static const int colo_of[NL] = {0, 0, 1, 0, 1}, shared_of[NL] = {0, 0, 0, 1, 1};
+      double mpi_r[RUNS_MAX], big_r[RUNS_MAX], ps_r[NL][RUNS_MAX], push_r[NL][RUNS_MAX], pull_r[NL][RUNS_MAX];
+      int Ss[NL] = {1, K, K, K, K}, on[NL];
+      for (int j = 0; j < NL; j++) {
+        const char *name = names[j];
         char lay[64], want[8];
         snprintf(lay, sizeof lay, ",%s,", layouts);
         snprintf(want, sizeof want, ",%s,", name);
@@ -205,23 +213,23 @@ int main(int argc, char **argv) {
       for (int r = 0; r < runs; r++) {
         mpi_r[r] = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 0);
         big_r[r] = no_mpi ? -1 : run_mpi(mpirun, prog, K, n, steps, 1);
-        for (int j = 0; j < 3; j++) {
+        for (int j = 0; j < NL; j++) {
           if (!on[j]) continue;
           double ph[2];
-          ps_r[j][r] = run_ps(K, Ss[j], j == 2, n, steps, ph);
+          ps_r[j][r] = run_ps(K, Ss[j], colo_of[j], shared_of[j], n, steps, ph);
           push_r[j][r] = ph[0], pull_r[j][r] = ph[1];
         }
       }
       double mpi = bench_median(mpi_r, (size_t)runs), mpi_big = bench_median(big_r, (size_t)runs);
       double best = mpi > 0 && (mpi_big <= 0 || mpi < mpi_big) ? mpi : mpi_big;
       double mb = 4.0 * (double)n / 1e6;
-      for (int j = 0; j < 3; j++) {
+      for (int j = 0; j < NL; j++) {
         if (!on[j]) continue;
-        int S = Ss[j], colo = j == 2;
+        int S = Ss[j], colo = colo_of[j];
         double ps = bench_median(ps_r[j], (size_t)runs);
         double xproc = (colo ? 2.0 * (K - 1) : 2.0 * K) * mb;
-        printf("%2d %2d%s %8.0fM %10.2f %10.2f %10.2f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K,
-               S, colo ? "c" : " ", (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K / S,
+        printf("%2d %2d%-2s %7.0fM %10.2f %10.2f %10.2f %9.1f %9.1f %9.1f %9.1f %8.1f %8.1f %8.1f %8.2f %8.2f  %s\n", K,
+               S, tags[j], (double)n / (1 << 20), ps * 1e3, mpi * 1e3, mpi_big * 1e3, mb, mb * K / S,
                2.0 * (K - 1) / K * mb, xproc, 2.0 * (K - 1) * mb, bench_median(push_r[j], (size_t)runs) * 1e3,
                bench_median(pull_r[j], (size_t)runs) * 1e3, mpi > 0 ? ps / mpi : 0, best > 0 ? ps / best : 0,
                S == K ? "<= 1.5x all-reduce (S = K)" : "");

@@ -207,6 +207,19 @@ PS_API int ps_push_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint
                               const float *grads, uint32_t batch, float lr, float *out,
                               int timeout_ms);
 
+/* Memory for the values of dense pushes and pulls that a server on this host reads and
+ * writes in place. ps_alloc returns zeroed memory aligned to a page, shared with the
+ * servers of this host through a sealed memfd: a server maps it once and then adds a
+ * pushed gradient straight from it and writes a pulled range straight into it, where
+ * for other memory the kernel copies the values between the processes (and pins the
+ * pages for it). Use it like any memory; pushes and pulls from it give the same
+ * results. Where memfd is not available it returns ordinary memory. NULL (with
+ * ps_errmsg) when out of memory or bytes is 0. The memory stays shared with children
+ * forked after the call. ps_free takes only a pointer from ps_alloc (or NULL); a
+ * server lets go of its mapping within a few seconds. Thread-safe; no context needed. */
+PS_API void *ps_alloc(size_t bytes);
+PS_API void ps_free(void *p);
+
 typedef struct ps_req ps_req;
 
 /* Non-blocking variants: *req receives a handle; see the buffer rules above. */

@@ -2140,6 +2140,8 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       p->pm_bytes = bytes;
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
       p->hdr.codec = PS_CODEC_PEER_MEM;
+      /* Regions in one ps_alloc buffer: the server may map it instead (net/shared.c). */
+      tail[1] = ps__shm_hint(tail + 2, nseg_of[s]);
       for (size_t k = 0; k < 2 + 2 * nseg_of[s]; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]); /* little-endian */
     }
     if (is_push) {

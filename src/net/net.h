@@ -227,4 +227,26 @@ int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd);
 int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd);
 int ps__pm_mapped_text(int pid, int write, const uint8_t *d, size_t nd);
 
+/* ------------------------------------------------------------------ shared buffers (shared.c) */
+
+/* Worker side: 1 + the file descriptor of the ps_alloc buffer that holds every region of
+ * pairs[n] (native address, length), or 0 (the tail's hint, protocol.md 6.2a). */
+uint64_t ps__shm_hint(const uint64_t *pairs, size_t n);
+/* Server side: the shared files of its workers, mapped here, per connection (owner). */
+typedef struct ps__shm_cache ps__shm_cache;
+ps__shm_cache *ps__shm_cache_new(void);
+void ps__shm_cache_free(ps__shm_cache *c);
+/* The regions d[nd] (little-endian pairs) of process pid, with the frame's hint, as
+ * this process's own addresses in out[nd] (same form), from a mapping of the worker's
+ * sealed file: 0. 1 when they cannot be (then out is undefined and the request goes by
+ * process_vm_readv / writev). The addresses are valid until control returns to the
+ * loop: ps__shm_sweep and ps__shm_forget may unmap them. */
+int ps__shm_translate(ps__shm_cache *c, const void *owner, int pid, uint64_t hint, int write, const uint8_t *d,
+                      size_t nd, uint8_t *out);
+/* Unmap what the workers no longer map where they last used it, or left unused for a
+ * minute; ps__shm_forget: everything of one connection (closed). */
+void ps__shm_sweep(ps__shm_cache *c);
+void ps__shm_forget(ps__shm_cache *c, const void *owner);
+void ps__shm_counts(const ps__shm_cache *c, uint64_t *translated, uint64_t *mapped, uint64_t *held);
+
 #endif

@@ -118,6 +118,8 @@ typedef struct pending_pull {
   void *buf;   /* request body (keys), pooled */
   size_t len;
   int fused_err;       /* a peer-memory write of a round's fused apply failed (apply_round_fused) */
+  int fused_pid;       /* the pid its writes go to (pm_local), and its regions in this */
+  uint8_t *fused_xd;   /* process where they are a shared buffer (else NULL) */
   char fused_msg[200];
 } pending_pull;
 
@@ -128,6 +130,7 @@ struct ps__server {
   uv_loop_t loop;
   ps__pool *pool;
   float *pm_chunk;   /* PM_CHUNK floats: a streamed peer-memory push's staging (cache-sized) */
+  ps__shm_cache *shm; /* workers' ps_alloc buffers mapped here (net/shared.c), or NULL */
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
   ps__conn *sched;
@@ -1341,7 +1344,7 @@ static size_t produce_apply(void *arg) {
  * which the worker lets go of its buffers, 8 reserved bytes, then (address, length)
  * pairs (protocol.md 6.2a). The frame decoder checked that it has at least 16 bytes. */
 typedef struct pm_tail {
-  uint64_t until;
+  uint64_t until, hint; /* hint: 1 + the worker's descriptor of a shared buffer, or 0 */
   const uint8_t *d;
   size_t nd;
 } pm_tail;
@@ -1349,8 +1352,27 @@ typedef struct pm_tail {
 static pm_tail pm_tail_of(const ps__frame_hdr *h, const void *body, size_t blen) {
   size_t kbytes = 8u * (size_t)h->nkeys;
   const uint8_t *t = (const uint8_t *)body + kbytes;
-  pm_tail q = {ps__get_u64(t), t + 16, (blen - kbytes - 16) / 16};
+  pm_tail q = {ps__get_u64(t), ps__get_u64(t + 8), t + 16, (blen - kbytes - 16) / 16};
   return q;
+}
+
+/* The pid to copy a peer-memory request's values with. Where the worker's regions lie
+ * in a buffer it shares with this server (ps_alloc, net/shared.c), q->d is pointed at
+ * this process's addresses of them, in *xd (the caller frees it), and the answer is
+ * PS_PM_SELF: the server reads and writes them itself, within this loop callback. */
+static int pm_local(ps__server *s, ps__conn *c, int write, pm_tail *q, uint8_t **xd) {
+  int pid = pm_pid(s, c);
+  *xd = NULL;
+  if (pid == PS_PM_SELF || !q->hint || !q->nd || q->nd > SIZE_MAX / 16) return pid;
+  if (!s->shm && !(s->shm = ps__shm_cache_new())) return pid;
+  uint8_t *out = ps__malloc(16 * q->nd);
+  if (!out || ps__shm_translate(s->shm, c, pid, q->hint, write, q->d, q->nd, out)) {
+    free(out);
+    return pid;
+  }
+  *xd = out;
+  q->d = out;
+  return PS_PM_SELF;
 }
 
 /* A request's tail with its regions checked and their total in *total; 0, or -1 when
@@ -1424,7 +1446,10 @@ static int write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t
                               const regions_arg *a, ps__frame_hdr *r) {
   if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid) return 0;
   pm_tail q = pm_tail_of(h, keys, blen);
-  int rc = pm_copy_par(c->loop->data, pm_pid(c->loop->data, c), 1, a->v, a->n, q);
+  uint8_t *xd;
+  int pid = pm_local(c->loop->data, c, 1, &q, &xd);
+  int rc = pm_copy_par(c->loop->data, pid, 1, a->v, a->n, q);
+  free(xd);
   if (rc == PS_ERR_UNAVAILABLE) {
     ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
     return 0;
@@ -1611,6 +1636,8 @@ static pending_pull *take_fusable_pulls(ps__server *s, table *t) {
       *pp = p->next;
       p->next = NULL;
       p->fused_err = 0;
+      pm_tail q = pm_tail_of(&p->h, p->buf, p->len);
+      p->fused_pid = pm_local(s, p->conn, 1, &q, &p->fused_xd);
       *tail = p;
       tail = &p->next;
     } else {
@@ -1635,6 +1662,7 @@ static int pull_covers(const table *t, const pending_pull *p, uint64_t sl) {
 static void fused_write(table *t, pending_pull *p, uint64_t sl, const float *w) {
   uint64_t width = t->spec.width, lo = sl * width, hi = lo + width, pos = 0;
   pm_tail q = pm_tail_of(&p->h, p->buf, p->len);
+  if (p->fused_xd) q.d = p->fused_xd;
   const uint8_t *keys = p->buf;
   for (uint32_t i = 0; i + 1 < p->h.nkeys && !p->fused_err; i += 2) {
     uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
@@ -1642,7 +1670,7 @@ static void fused_write(table *t, pending_pull *p, uint64_t sl, const float *w) 
     if (a < b) {
       uv_buf_t l = uv_buf_init((char *)(w + (a - lo)), 0);
       l.len = (size_t)(b - a) * 4;
-      int rc = ps__pm_copy(pm_pid(p->conn->loop->data, p->conn), 1, &l, 1, q.d, q.nd, (pos + a - off) * 4, q.until);
+      int rc = ps__pm_copy(p->fused_pid, 1, &l, 1, q.d, q.nd, (pos + a - off) * 4, q.until);
       if (rc) {
         p->fused_err = rc;
         snprintf(p->fused_msg, sizeof p->fused_msg, "%s", ps_errmsg());
@@ -1708,6 +1736,8 @@ static void answer_fused_pulls(ps__server *s, table *t, pending_pull *f) {
   while (f) {
     pending_pull *p = f;
     f = p->next;
+    free(p->fused_xd);
+    p->fused_xd = NULL;
     if (p->fused_err == PS_ERR_UNAVAILABLE) {
       answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not fused, or not permitted after all */
     } else if (p->fused_err) {
@@ -1767,6 +1797,7 @@ static void on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body
   }
   p->conn = c;
   p->h = *h;
+  p->fused_xd = NULL;
   p->buf = b->buf;
   p->len = b->len;
   b->buf = NULL; /* taken */
@@ -1829,6 +1860,11 @@ static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);
+  ps__wbuf_bytes(&w, line, (size_t)m);
+  uint64_t shm_req, shm_mapped, shm_held;
+  ps__shm_counts(s->shm, &shm_req, &shm_mapped, &shm_held);
+  m = snprintf(line, sizeof line, "shared_requests %llu\nshared_mapped %llu\nshared_held %llu\n",
+               (unsigned long long)shm_req, (unsigned long long)shm_mapped, (unsigned long long)shm_held);
   ps__wbuf_bytes(&w, line, (size_t)m);
   hist_line(&w, "push_staleness", s->push_stale, s->push_stale_max);
   hist_line(&w, "pull_staleness", s->pull_stale, s->pull_stale_max);
@@ -1920,7 +1956,7 @@ static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, 
  * way); only a mapping removed while the push runs (the worker freeing a buffer it
  * is pushing from) can then leave part of it in the round, which is logged. */
 static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, pm_tail q,
-                              uint64_t total) {
+                              int pid, uint64_t total) {
   table *t = get_table(s, h->table);
   if (!t || t->spec.kind != PS_DENSE || !is_sync(t) || total < PM_STREAM_MIN) return 1;
   /* Close to its expiry a streamed push could expire part way: the staged path then
@@ -1928,7 +1964,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   if (q.until && ps__now_ms() + 1000 >= q.until) return 1;
   if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
   /* A colocated worker (our own process) names its own live buffers: nothing to check. */
-  int pid = pm_pid(s, c), rc = pid == PS_PM_SELF ? 0 : ps__pm_mapped(pid, 0, q.d, q.nd);
+  int rc = pid == PS_PM_SELF ? 0 : ps__pm_mapped(pid, 0, q.d, q.nd);
   if (rc == PS_ERR_IO) {
     reply_err(c, h, rc, "%s", ps_errmsg());
     return 0;
@@ -1973,17 +2009,24 @@ static void on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
     reply_err(c, h, PS_ERR_SIZE, "a peer-memory push of %llu bytes is not whole floats", (unsigned long long)total);
     return;
   }
-  if (!push_peer_streamed(s, c, h, b->buf, q, total)) return;
+  uint8_t *xd;
+  int pid = pm_local(s, c, 0, &q, &xd);
+  if (!push_peer_streamed(s, c, h, b->buf, q, pid, total)) {
+    free(xd);
+    return;
+  }
   size_t len = kbytes + (size_t)total;
   uint8_t *buf = ps__pool_get(c->pool, len);
   if (!buf) {
+    free(xd);
     reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte push", len);
     return;
   }
   memcpy(buf, b->buf, kbytes);
   uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
   dst.len = (size_t)total;
-  int rc = pm_copy_par(s, pm_pid(s, c), 0, &dst, 1, q);
+  int rc = pm_copy_par(s, pid, 0, &dst, 1, q);
+  free(xd);
   if (rc) {
     ps__pool_put(c->pool, buf, len);
     reply_err(c, h, rc, "%s", ps_errmsg());
@@ -2029,6 +2072,7 @@ static void data_on_close(ps__conn *c, int status) {
   ps__server *s = c->loop->data;
   (void)status;
   drop_pulls_of(s, c);
+  ps__shm_forget(s->shm, c);
 }
 
 static const ps__conn_ops data_ops = {data_on_header, data_on_frame, data_on_close};
@@ -2141,6 +2185,7 @@ static const ps__conn_ops sched_link_ops = {sched_on_header, sched_on_frame, sch
 
 static void hb_tick(uv_timer_t *t) {
   ps__server *s = t->data;
+  ps__shm_sweep(s->shm); /* workers' buffers they freed */
   if (!s->sched) return;
   ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = s->id};
   ps__conn_send_ctrl(s->sched, &h, NULL, 0);
@@ -2339,5 +2384,6 @@ void ps__server_destroy(ps__server *s) {
   ps__pool_free(s->pool);
   ps__par_free(s->par);
   free(s->pm_chunk);
+  ps__shm_cache_free(s->shm);
   free(s);
 }

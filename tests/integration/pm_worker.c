@@ -24,6 +24,9 @@
  * until the request's deadline, timeout_ms), fills the buffer with a marker, prints
  * "released", and after 1.5 s (the test resumes the server meanwhile, which must find
  * the request expired) prints "intact" if the marker is still there, else "overwritten".
+ * --shared 1: the gradient and pull buffers come from ps_alloc (shared with the servers of
+ * the host, which then read and write them in place); rank 0 also prints each server's
+ * "shared_requests N".
  * Exit status: 0 success, 1 a pshard call failed, 2 bad usage.
  */
 #include <stdint.h>
@@ -54,13 +57,14 @@ int main(int argc, char **argv) {
   uint64_t n = 1536u << 10;
   int steps = 3;
   const char *out = NULL, *hold = NULL;
-  int lag_ms = 0;
+  int lag_ms = 0, shared = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--floats")) n = strtoull(argv[i + 1], NULL, 10);
     else if (!strcmp(argv[i], "--steps")) steps = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--out")) out = argv[i + 1];
     else if (!strcmp(argv[i], "--hold")) hold = argv[i + 1];
     else if (!strcmp(argv[i], "--lag-ms")) lag_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--shared")) shared = atoi(argv[i + 1]);
     else {
       fprintf(stderr, "pm_worker: unknown option %s\n", argv[i]);
       return 2;
@@ -79,7 +83,7 @@ int main(int argc, char **argv) {
                          "opt=sgd init=zero lr=0.5 mode=async"};
   uint32_t tid[3];
   for (int t = 0; t < 3; t++) CHECK(ps_table_declare(ctx, names[t], PS_DENSE, n, opts[t], &tid[t]));
-  float *g = malloc(n * 4), *w = malloc(n * 4);
+  float *g = shared ? ps_alloc(n * 4) : malloc(n * 4), *w = shared ? ps_alloc(n * 4) : malloc(n * 4);
   if (!g || !w) return 1;
   for (uint64_t j = 0; j < n; j++) g[j] = (float)((r + 1) * (int)(j % 7 + 1)) / 16.0f;
   if (hold) {
@@ -146,6 +150,8 @@ int main(int argc, char **argv) {
     CHECK(ps_server_stats(ctx, i, st, sizeof st, -1));
     const char *f = strstr(st, "fused_pulls ");
     printf("server %d fused_pulls %lld\n", i, f ? atoll(f + 12) : -1LL);
+    const char *sh = strstr(st, "shared_requests ");
+    printf("server %d shared_requests %lld\n", i, sh ? atoll(sh + 16) : -1LL);
   }
   fflush(stdout);
   if (r == 0 && out) {
@@ -163,8 +169,13 @@ int main(int argc, char **argv) {
     }
     fclose(f);
   }
-  free(g);
-  free(w);
+  if (shared) {
+    ps_free(g);
+    ps_free(w);
+  } else {
+    free(g);
+    free(w);
+  }
   ps_ctx_close(ctx);
   return 0;
 }

@@ -27,16 +27,19 @@ CODEC_PEER_MEM = 1
 E_TIMEOUT, E_IO, E_PROTO, E_SIZE = 3, 5, 6, 9
 
 
-def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0, colocate=False):
-    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}-{lag_ms}-{int(colocate)}.txt")
+def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0, colocate=False, shared=False, counts=None):
+    out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}-{lag_ms}-{int(colocate)}-{int(shared)}.txt")
     with Cluster(2, 2, extra_env=env, colocate=colocate) as c:
         procs = [c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out,
-                           "--lag-ms", str(lag_ms)], f"worker{i}") for i in range(2)]
+                           "--lag-ms", str(lag_ms), "--shared", str(int(shared))], f"worker{i}") for i in range(2)]
         codes = c.wait(procs, RUN_TIMEOUT)
         assert codes == [0, 0], "\n".join(c.log(f"worker{i}") for i in range(2))
         parts = [int(re.search(r"peer_mem_parts (\d+)", c.log(f"worker{i}")).group(1)) for i in range(2)]
         # rank 0 prints the servers' counts; it is either process
-        fused = sum(int(x) for i in range(2) for x in re.findall(r"fused_pulls (-?\d+)", c.log(f"worker{i}")))
+        logs = "".join(c.log(f"worker{i}") for i in range(2))
+        fused = sum(int(x) for x in re.findall(r"fused_pulls (-?\d+)", logs))
+        if counts is not None:
+            counts["shared"] = [int(x) for x in re.findall(r"shared_requests (-?\d+)", logs)]
     rows = {}
     with open(out) as f:
         for line in f:
@@ -72,6 +75,25 @@ def test_peer_memory_matches_the_socket_path(tmp_path):
             else:
                 exp = -0.5 * steps * 3 * g
             assert got == pytest.approx(exp, rel=1e-6), f"{name}[{j}] = {got}, expected {exp}"
+
+
+@pytest.mark.parametrize("colocate", [False, True], ids=["servers", "colocated"])
+def test_shared_buffers_give_the_socket_paths_results(tmp_path, colocate):
+    """Buffers from ps_alloc (net/shared.c): the servers map them and add the pushes and
+    write the pulls in place. With rank 1 late to every clock (fused pulls) and without,
+    the tables end as with values in the frames. Every server served requests from a
+    mapping (with colocated servers, each serves the other worker's buffers so)."""
+    steps, n = 3, 1536 << 10
+    sock, _, _ = run_pm(tmp_path, {"PSHARD_PEER_MEM": "0"}, steps, n)
+    counts = {}
+    shared, parts, _ = run_pm(tmp_path, {}, steps, n, colocate=colocate, shared=True, counts=counts)
+    assert all(p > 0 for p in parts), parts
+    assert len(counts["shared"]) == 2 and all(x > 0 for x in counts["shared"]), counts
+    assert shared == sock, f"shared buffers {shared} vs socket {sock}"
+    lagged, _, fused = run_pm(tmp_path, {}, steps, n, lag_ms=150, colocate=colocate, shared=True, counts=counts)
+    assert fused >= 2 * steps if not colocate else fused > 0, fused
+    assert all(x > 0 for x in counts["shared"]), counts
+    assert lagged == sock, f"shared buffers, fused rounds {lagged} vs socket {sock}"
 
 
 def test_a_freed_peer_memory_request_keeps_its_buffer_until_the_deadline(tmp_path):
