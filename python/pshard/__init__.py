@@ -11,7 +11,7 @@ The binding uses only the public C API (include/pshard.h) through ctypes; see
 docs/python.md. PyTorch helpers are in pshard.torch (imported on demand).
 """
 from ._lib import LIBRARY_PATH, Error, find_command, ERROR_CLASSES, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN
-from .core import Context, DenseTable, Future, SparseTable, Table, connect, embedded, set_log
+from .core import Context, DenseTable, Future, SparseTable, Table, connect, embedded, set_log, zeros
 
 __version__ = "0.1.0"
 
@@ -20,5 +20,5 @@ for _cls in ERROR_CLASSES.values():
     globals()[_cls.__name__] = _cls
 del _cls
 
-__all__ = ["find_command", "Context", "DenseTable", "SparseTable", "Table", "Future", "Error", "connect", "embedded", "set_log",
+__all__ = ["find_command", "Context", "DenseTable", "SparseTable", "Table", "Future", "Error", "connect", "embedded", "set_log", "zeros",
            "LIBRARY_PATH", "LOG_ERROR", "LOG_WARN", "LOG_INFO", "LOG_DEBUG"] + [c.__name__ for c in ERROR_CLASSES.values()]

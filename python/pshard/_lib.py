@@ -137,6 +137,8 @@ ps_clock = _proto("ps_clock", c_int, P)
 ps_barrier = _proto("ps_barrier", c_int, P, c_int)
 ps_metric = _proto("ps_metric", c_int, P, c_char_p, c_double)
 ps_set_log = _proto("ps_set_log", None, LOG_FN, c_void_p, c_int)
+ps_alloc = _proto("ps_alloc", c_void_p, c_size_t)
+ps_free = _proto("ps_free", None, c_void_p)
 
 
 class Task(ctypes.Structure):

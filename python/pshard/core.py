@@ -26,6 +26,7 @@ at a time is the C rule, enforced here with a lock per request. The GIL is relea
 during every C call (ctypes.CDLL), so waiting never blocks other Python threads.
 """
 import atexit
+import ctypes
 import math
 import os
 import threading
@@ -779,6 +780,24 @@ def _close_all():
 
 _log_callbacks = []  # kept forever: the library may call a replaced hook one last time
 _LEVELS = {"error": L.LOG_ERROR, "warn": L.LOG_WARN, "warning": L.LOG_WARN, "info": L.LOG_INFO, "debug": L.LOG_DEBUG}
+
+
+def zeros(shape):
+    """A zeroed float32 array in memory shared with the servers of this host
+    (ps_alloc): a same-host server adds a push from it, and writes a pull into it, in
+    place, where for other arrays the kernel copies the values between the processes.
+    Use it for large dense gradients and pull buffers (`out=`); results are the same as
+    with any array. The memory is freed with the last array that refers to it."""
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+    if any(d < 0 for d in shape):
+        raise ValueError(f"negative dimension in {shape}")
+    n = math.prod(shape)
+    p = L.ps_alloc(max(n, 1) * 4)
+    if not p:
+        raise MemoryError(L.ps_errmsg().decode("utf-8", "replace"))
+    buf = (ctypes.c_float * max(n, 1)).from_address(p)
+    weakref.finalize(buf, L.ps_free, p)
+    return np.frombuffer(buf, dtype=_F32, count=n).reshape(shape)
 
 
 def set_log(fn, level="info"):

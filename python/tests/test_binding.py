@@ -450,3 +450,26 @@ def test_zero_timeout_polls_a_future():
             assert e.name == "PS_ERR_TIMEOUT" and "still running" in e.message
         assert f.wait(timeout=30)[0] == 1.0 and f.done()
         assert finished_at_once in (True, False)
+
+
+def test_zeros_gives_shared_float32_arrays_that_push_and_pull_like_any():
+    a = pshard.zeros((3, 5))
+    assert a.shape == (3, 5) and a.dtype == np.float32 and a.flags["C_CONTIGUOUS"] and a.flags["WRITEABLE"]
+    assert not a.any() and a.ctypes.data % 4096 == 0
+    assert pshard.zeros(7).shape == (7,) and pshard.zeros(0).shape == (0,)
+    with pytest.raises(ValueError):
+        pshard.zeros((2, -1))
+    row = a[1]
+    del a
+    gc.collect()
+    row[:] = 2  # a view keeps the memory alive
+    assert row.sum() == 10
+    with pshard.embedded(servers=2) as ps:
+        w = ps.dense("w", 100000, opt="sgd", lr=0.5)
+        g = pshard.zeros(100000)
+        g[:] = np.arange(100000) % 5
+        out = pshard.zeros(100000)
+        w.push(g)
+        ps.clock()
+        w.pull(out=out)
+        np.testing.assert_array_equal(out, -0.5 * (np.arange(100000) % 5).astype(np.float32))
