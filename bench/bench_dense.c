@@ -14,14 +14,16 @@
  * (the push and the pull go out back to back: one round trip).
  *
  * Deployments: "tcp" and "unix" use a separate `pshard server` process (transport tcp,
- * or auto = AF_UNIX for a same-host server); "embedded" runs the server as a thread of
- * this process (transport auto).
+ * or auto = AF_UNIX for a same-host server); "shared" is "unix" with the worker's buffers
+ * from ps_alloc (the server maps them and reads and writes the values in place);
+ * "embedded" runs the server as a thread of this process (transport auto).
  *
  * Noise: the whole measurement (limit, pshard, limit) runs --rounds times (3), and the
  * figures are medians over the rounds; on this VM one run's ratio at 1 MiB over TCP can
  * differ from the next one's by 0.3.
  *
- * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,embedded] [--calls two,one] [--rounds R]
+ * usage: bench_dense [--reps-scale F] [--sizes LIST] [--paths tcp,unix,shared,embedded] [--calls two,one]
+ *                    [--rounds R]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +59,7 @@ typedef struct sizerun {
   double *t;
   int nt, reps;
   int one_call;            /* ps_push_pull_range instead of push then pull */
+  int shared;              /* g and w from ps_alloc */
   double srv_cpu, cli_cpu;
 } sizerun;
 
@@ -66,8 +69,10 @@ static void size_setup(sizerun *z, ps_ctx *ctx, size_t bytes, double reps_scale,
   z->n = bytes / 4;
   snprintf(name, sizeof name, "dense_%s_%zu", path, bytes);
   bench_check(ps_table_declare(ctx, name, PS_DENSE, z->n, "opt=sgd lr=0 mode=async", &z->tid), "declare");
-  z->g = malloc(bytes);
-  z->w = malloc(bytes);
+  z->shared = !strcmp(path, "shared");
+  z->g = z->shared ? ps_alloc(bytes) : malloc(bytes);
+  z->w = z->shared ? ps_alloc(bytes) : malloc(bytes);
+  if (!z->g || !z->w) bench_check(PS_ERR_NOMEM, "buffers");
   for (uint64_t i = 0; i < z->n; i++) z->g[i] = (float)(i & 1023) * 1e-3f;
   memset(z->w, 0, bytes);
   z->reps = (int)(((double)(3u << 30) / (double)bytes) * reps_scale);
@@ -105,8 +110,13 @@ static result size_result(sizerun *z, size_t bytes) {
   r.t_med = bench_median(z->t, (size_t)z->nt);
   r.gbps = 2.0 * (double)bytes / r.t_med / 1e9;
   free(z->t);
-  free(z->g);
-  free(z->w);
+  if (z->shared) {
+    ps_free(z->g);
+    ps_free(z->w);
+  } else {
+    free(z->g);
+    free(z->w);
+  }
   return r;
 }
 
@@ -124,7 +134,7 @@ static double limit_of(int is_tcp, size_t bytes) {
 
 int main(int argc, char **argv) {
   const char *sizes_s = "4K,256K,1M,4M,16M,64M";
-  const char *paths_s = "tcp,unix,embedded";
+  const char *paths_s = "tcp,unix,shared,embedded";
   double reps_scale = 1.0;
   const char *calls_s = "two,one";
   int rounds = 3;
@@ -135,7 +145,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--calls") && i + 1 < argc) calls_s = argv[++i];
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else {
-      fprintf(stderr, "usage: bench_dense [--sizes 4K,256K,1M,...] [--paths tcp,unix,embedded] [--reps-scale F] "
+      fprintf(stderr, "usage: bench_dense [--sizes 4K,256K,1M,...] [--paths tcp,unix,shared,embedded] [--reps-scale F] "
                       "[--calls two,one] [--rounds R]\n");
       return 2;
     }
@@ -152,7 +162,7 @@ int main(int argc, char **argv) {
 
   printf("# bench_dense: dense push+pull of the whole tensor, 1 worker, 1 server (opt=sgd lr=0 mode=async)\n");
   printf("# GB/s = 2 x size / median iteration; limit = raw stream of the same message size between two\n");
-  printf("# processes (tcp: TCP loopback; unix, embedded: AF_UNIX), measured before and after each path's\n");
+  printf("# processes (tcp: TCP loopback; unix, shared, embedded: AF_UNIX), measured before and after each path's\n");
   printf("# run (the better of the two); 4 KiB: latency against a raw 4 KiB request / 4 KiB reply round trip.\n");
   printf("# cpu_us: CPU per iteration of the server process and of this (worker) process.\n");
   int calls[2], ncalls = 0;
