@@ -16,7 +16,9 @@ local optimiser:
    dimension of the model's first forward argument, or sync.batch if set.
  - Pulls: step() starts a non-blocking pull of every parameter straight into the
    parameter's storage (no copy); a forward pre-hook waits for them before the next
-   forward. Do not read parameters between step() and the next forward without
+   forward. Parameters of 64 KiB and more are moved, at construction, into memory
+   shared with the servers of this host (pshard.zeros), which then write the pulled
+   values in place. Do not read parameters between step() and the next forward without
    calling sync.wait().
  - Two backward passes before step() push twice in the same round; the server adds
    them, which is PyTorch's gradient accumulation.
@@ -39,8 +41,13 @@ import numpy as np
 import torch
 
 from . import _lib as L
+from . import core as _core
 
 __all__ = ["ModelSync", "Embedding", "default_init"]
+
+# Parameters of this many bytes or more live in shared memory (pshard.zeros): the
+# client sends a same-host server the addresses of parts of 64 KiB and more.
+_SHARED_MIN = 64 << 10
 
 
 def _np(t):
@@ -182,6 +189,12 @@ class ModelSync:
             table = ps.dense(prefix + name, shape, options, init=ini, seed=seed + i, **opts)
             self.tables.append(table)
             self._params.append(p)
+            if p.numel() * 4 >= _SHARED_MIN:
+                # Large parameters move into memory shared with the servers of this
+                # host (pshard.zeros): their pulls are then written in place.
+                buf = _core.zeros(p.shape)
+                buf[...] = p.data.numpy()
+                p.data = torch.from_numpy(buf)
             self._bufs.append(p.data.numpy())
             self._hooks.append(p.register_hook(lambda g, k=len(self._params) - 1: self._on_grad(k, g)))
         self._hooks.append(model.register_forward_pre_hook(self._before_forward))

@@ -65,6 +65,34 @@ def test_pulls_land_in_the_parameters_without_copies():
         sync.close()
 
 
+def test_large_parameters_move_to_shared_memory_once_and_train_the_same():
+    """Parameters of 64 KiB and more are moved into pshard.zeros memory at construction
+    (the servers of the host then write pulls in place); the storage then stays put and
+    training matches PyTorch's SGD."""
+    with pshard.embedded(servers=2) as ps:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 4000), torch.nn.ReLU(), torch.nn.Linear(4000, 5))
+        sync = pt.ModelSync(ps, model, opt="sgd", lr=0.1)
+        ptrs = [p.data.data_ptr() for p in model.parameters()]
+        big = [p.numel() * 4 >= 64 << 10 for p in model.parameters()]
+        assert big == [True, False, True, False]
+        assert all(ptr % 4096 == 0 for ptr, b in zip(ptrs, big) if b)
+        ref = torch.nn.Sequential(torch.nn.Linear(6, 4000), torch.nn.ReLU(), torch.nn.Linear(4000, 5))
+        ref.load_state_dict(model.state_dict())
+        ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+        for x, y in batches(4):
+            F.cross_entropy(model(x), y).backward()
+            sync.step()
+            ropt.zero_grad()
+            F.cross_entropy(ref(x), y).backward()
+            ropt.step()
+        sync.wait()
+        assert [p.data.data_ptr() for p in model.parameters()] == ptrs
+        for (n, a), b in zip(model.named_parameters(), ref.parameters()):
+            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=2e-5, atol=2e-6, err_msg=n)
+        sync.close()
+
+
 def test_unused_parameter_and_accumulation():
     """A parameter without a gradient pushes zeros; two backward passes add up."""
     with pshard.embedded(servers=1) as ps:
