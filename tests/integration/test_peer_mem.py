@@ -177,12 +177,12 @@ def unix_conn(c):
     return Conn(s)
 
 
-def pm_frame(type_, req_id, segs, regions, table=1, expires_in=30.0):
+def pm_frame(type_, req_id, segs, regions, table=1, expires_in=30.0, hint=0):
     """A peer-memory request: segments (offset, count), the expiry (CLOCK_MONOTONIC ms,
-    after which the sender lets go of its buffers) and 8 reserved bytes, then (address,
-    length) pairs."""
+    after which the sender lets go of its buffers) and the shared-buffer hint (1 + a
+    descriptor of the sender, or 0), then (address, length) pairs."""
     until = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000 + expires_in * 1000)
-    body = (b"".join(struct.pack("<QQ", o, n) for o, n in segs) + struct.pack("<QQ", max(until, 1), 0) +
+    body = (b"".join(struct.pack("<QQ", o, n) for o, n in segs) + struct.pack("<QQ", max(until, 1), hint) +
             b"".join(struct.pack("<QQ", a, n) for a, n in regions))
     return frame(type_, body, codec=CODEC_PEER_MEM, req_id=req_id, table=table, batch=1, nkeys=2 * len(segs))
 
@@ -266,3 +266,74 @@ def test_bad_peer_memory_frames_change_nothing(tmp_path):
     got = load_params(out)
     d, key, x, y = worst(got, ref)
     assert d == 0, f"the bad frames changed training: {key} {x} vs {y}"
+
+
+def shared_requests(port):
+    return int(re.search(r"\nshared_requests (\d+)", "\n" + stats(port)).group(1))
+
+
+def memfd_buffer(nbytes, seal=True, shared=True):
+    """A memfd of nbytes mapped into this process (what ps_alloc makes when seal and
+    shared): (fd, mmap, address)."""
+    import fcntl
+    import mmap
+    fd = os.memfd_create("test-buffer", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, nbytes)
+    if seal:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+    m = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED if shared else mmap.MAP_PRIVATE)
+    return fd, m, ctypes.addressof(ctypes.c_char.from_buffer(m))
+
+
+def test_shared_buffer_hints_are_checked_and_bad_ones_ignored(tmp_path):
+    """The hint of a peer-memory request (1 + a descriptor of the sender) lets the server
+    map the sender's buffer (net/shared.c). A raw client's hints: every pull is answered
+    with the table's values, written into the client's buffer, whatever the hint says;
+    only a sealed memfd, mapped shared, named by its own descriptor, is used in place
+    (shared_requests counts it); any other hint is ignored (process_vm_writev)."""
+    out = str(tmp_path / "out.txt")
+    with Cluster(1, 1) as c:
+        w = c.worker([binary("sync_worker"), "--batch", "4", "--steps", "5", "--dense-opt", DENSE_SGD,
+                      "--sparse-opt", SPARSE_ADAGRAD, "--out", out], "worker0")
+        assert c.wait([w], RUN_TIMEOUT) == [0], c.log("worker0")
+        sport = server_port(c)
+        u = unix_conn(c)
+        good_fd, good, good_addr = memfd_buffer(8192)
+        other_fd, other, other_addr = memfd_buffer(8192)
+        loose_fd, loose, loose_addr = memfd_buffer(8192, seal=False)
+        priv_fd, priv, priv_addr = memfd_buffer(8192, shared=False)
+        plain = (ctypes.c_float * 32)()
+        try:
+            h, want = u.request(frame(T_PULL_DENSE, struct.pack("<QQ", 0, 32), req_id=1, table=1, nkeys=2))
+            assert (h["status"], len(want)) == (0, 128), (h, want)
+            base = shared_requests(sport)
+            cases = [  # (buffer to read back, address, hint, used in place)
+                ("plain, hint of the socket", lambda: bytes(plain), ctypes.addressof(plain), 1 + u.s.fileno(), False),
+                ("plain, huge hint", lambda: bytes(plain), ctypes.addressof(plain), 1 << 40, False),
+                ("sealed memfd, another memfd's hint", lambda: good[100:228], good_addr + 100, 1 + other_fd, False),
+                ("unsealed memfd", lambda: loose[0:128], loose_addr, 1 + loose_fd, False),
+                ("private mapping of a sealed memfd", lambda: priv[0:128], priv_addr, 1 + priv_fd, False),
+                ("sealed memfd, its own hint", lambda: good[100:228], good_addr + 100, 1 + good_fd, True),
+                ("the same again (mapped once)", lambda: other[4096:4224], other_addr + 4096, 1 + other_fd, True),
+            ]
+            used = 0
+            for i, (name, read, addr, hint, in_place) in enumerate(cases):
+                ctypes.memset(addr, 0, 128)
+                h, body = u.request(pm_frame(T_PULL_DENSE, 10 + i, [(0, 32)], [(addr, 128)], hint=hint))
+                assert (h["status"], h["codec"], body) == (0, CODEC_PEER_MEM, b""), (name, h, body)
+                assert read() == want, f"{name}: wrong values written"
+                used += in_place
+                assert shared_requests(sport) == base + used, name
+            # A region that runs past the end of the memfd's mapping: not in place, and
+            # an i/o error since this process has nothing mapped there either.
+            h, body = u.request(pm_frame(T_PULL_DENSE, 30, [(0, 32)], [(good_addr + 8192 - 64, 128)],
+                                         hint=1 + good_fd))
+            assert h["status"] in (0, E_IO), (h, body)
+            assert shared_requests(sport) == base + used
+            assert "shared_mapped 2" in stats(sport), stats(sport)
+        finally:
+            u.close()
+            for m in (good, other, loose, priv):
+                m.close()
+            for fd in (good_fd, other_fd, loose_fd, priv_fd):
+                os.close(fd)
