@@ -311,8 +311,10 @@ int ps__shm_translate(ps__shm_cache *c, const void *owner, int pid, uint64_t hin
     struct shm_procmap_query q;
     if (query(p, a, write, &q) || len > q.vma_end - a) return 1; /* not one shared mapping */
     uint64_t dev = makedev(q.dev_major, q.dev_minor);
-    if (!m || m->dev != dev || m->ino != q.inode) {
-      m = NULL;
+    /* The hint names one file: every region must be in it. (So only the first region can
+     * map a file, and evicting another can never unmap an earlier region's address.) */
+    if (m && (m->dev != dev || m->ino != q.inode)) return 1;
+    if (!m) {
       for (size_t k = 0; k < c->nmaps && !m; k++)
         if (c->maps[k].owner == owner && c->maps[k].dev == dev && c->maps[k].ino == q.inode) m = &c->maps[k];
       if (!m && !(m = map_file(c, p, hint, dev, q.inode))) return 1;
