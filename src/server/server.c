@@ -1341,8 +1341,8 @@ static size_t produce_apply(void *arg) {
 }
 
 /* The tail of a peer-memory request after its segments: the time (ps__now_ms) after
- * which the worker lets go of its buffers, 8 reserved bytes, then (address, length)
- * pairs (protocol.md 6.2a). The frame decoder checked that it has at least 16 bytes. */
+ * which the worker lets go of its buffers, the shared-buffer hint, then (address,
+ * length) pairs (protocol.md 6.2a). The frame decoder checked that it has at least 16 bytes. */
 typedef struct pm_tail {
   uint64_t until, hint; /* hint: 1 + the worker's descriptor of a shared buffer, or 0 */
   const uint8_t *d;
@@ -1963,7 +1963,8 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
    * fails whole instead. */
   if (q.until && ps__now_ms() + 1000 >= q.until) return 1;
   if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
-  /* A colocated worker (our own process) names its own live buffers: nothing to check. */
+  /* A colocated worker (our own process) names its own live buffers, and a shared
+   * buffer's regions were checked when they were looked up (pm_local): nothing to check. */
   int rc = pid == PS_PM_SELF ? 0 : ps__pm_mapped(pid, 0, q.d, q.nd);
   if (rc == PS_ERR_IO) {
     reply_err(c, h, rc, "%s", ps_errmsg());
