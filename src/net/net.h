@@ -227,6 +227,21 @@ int ps__pm_mapped(int pid, int write, const uint8_t *d, size_t nd);
 int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd);
 int ps__pm_mapped_text(int pid, int write, const uint8_t *d, size_t nd);
 
+/* PROCMAP_QUERY (Linux 6.11): one mapping of a process by address, asked with an ioctl
+ * on its /proc/pid/maps instead of reading the whole text. Declared here: Debian 12's
+ * kernel headers predate it (linux/fs.h, struct procmap_query, a stable interface).
+ * Used by peermem.c and shared.c. */
+struct ps__procmap_query {
+  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+  uint64_t vma_name_addr, build_id_addr;
+};
+#define PS_PROCMAP_QUERY _IOWR('f', 17, struct ps__procmap_query)
+#define PS_PMQ_READABLE 0x01u
+#define PS_PMQ_WRITABLE 0x02u
+#define PS_PMQ_SHARED 0x08u
+#define PS_PMQ_FILE_BACKED 0x20u
+
 /* ------------------------------------------------------------------ shared buffers (shared.c) */
 
 /* Worker side: 1 + the file descriptor of the ps_alloc buffer that holds every region of

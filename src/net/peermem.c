@@ -175,18 +175,6 @@ int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const ui
   }
 }
 
-/* PROCMAP_QUERY (Linux 6.11): one mapping of a process by address, asked with an ioctl
- * on its /proc/pid/maps instead of reading the whole text. Declared here: Debian 12's
- * kernel headers predate it (linux/fs.h, struct procmap_query, a stable interface). */
-struct pm_procmap_query {
-  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
-  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-  uint64_t vma_name_addr, build_id_addr;
-};
-#define PM_PROCMAP_QUERY _IOWR('f', 17, struct pm_procmap_query)
-#define PM_QUERY_READABLE 0x01u
-#define PM_QUERY_WRITABLE 0x02u
-
 /* Each region is followed from mapping to mapping, every one of them with the access
  * needed, until its end. */
 int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd) {
@@ -198,12 +186,12 @@ int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd) {
   for (size_t i = 0; i < nd && !rc; i++) {
     uint64_t a = ps__get_u64(d + 16 * i), e = a + ps__get_u64(d + 16 * i + 8);
     while (a < e && !rc) {
-      struct pm_procmap_query q;
+      struct ps__procmap_query q;
       memset(&q, 0, sizeof q);
       q.size = sizeof q;
-      q.query_flags = write ? PM_QUERY_WRITABLE : PM_QUERY_READABLE;
+      q.query_flags = write ? PS_PMQ_WRITABLE : PS_PMQ_READABLE;
       q.query_addr = a;
-      int err = ioctl(fd, PM_PROCMAP_QUERY, &q) == 0 ? 0 : errno;
+      int err = ioctl(fd, PS_PROCMAP_QUERY, &q) == 0 ? 0 : errno;
       if (!err && q.vma_start <= a && q.vma_end > a) {
         a = q.vma_end;
         continue;

@@ -165,17 +165,6 @@ uint64_t ps__shm_hint(const uint64_t *pairs, size_t n) {
 
 /* ------------------------------------------------------------------ the server's side */
 
-/* PROCMAP_QUERY, as in peermem.c (declared here too: Debian 12's headers predate it). */
-struct shm_procmap_query {
-  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
-  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
-  uint64_t vma_name_addr, build_id_addr;
-};
-#define SHM_PROCMAP_QUERY _IOWR('f', 17, struct shm_procmap_query)
-#define SHM_Q_READABLE 0x01u
-#define SHM_Q_WRITABLE 0x02u
-#define SHM_Q_SHARED 0x08u
-#define SHM_Q_FILE_BACKED 0x20u
 
 typedef struct shm_peer { /* a connection's process */
   const void *owner;
@@ -253,12 +242,12 @@ static shm_peer *peer_of(ps__shm_cache *c, const void *owner, int pid) {
 
 /* The mapping of process p holding address a, if shared and file-backed with the access
  * asked for. 0 or -1. */
-static int query(const shm_peer *p, uint64_t a, int write, struct shm_procmap_query *q) {
+static int query(const shm_peer *p, uint64_t a, int write, struct ps__procmap_query *q) {
   memset(q, 0, sizeof *q);
   q->size = sizeof *q;
-  q->query_flags = SHM_Q_READABLE | SHM_Q_SHARED | SHM_Q_FILE_BACKED | (write ? SHM_Q_WRITABLE : 0);
+  q->query_flags = PS_PMQ_READABLE | PS_PMQ_SHARED | PS_PMQ_FILE_BACKED | (write ? PS_PMQ_WRITABLE : 0);
   q->query_addr = a;
-  if (ioctl(p->maps_fd, SHM_PROCMAP_QUERY, q)) return -1;
+  if (ioctl(p->maps_fd, PS_PROCMAP_QUERY, q)) return -1;
   return q->vma_start <= a && q->vma_end > a ? 0 : -1;
 }
 
@@ -308,7 +297,7 @@ int ps__shm_translate(ps__shm_cache *c, const void *owner, int pid, uint64_t hin
   shm_map *m = NULL;
   for (size_t i = 0; i < nd; i++) {
     uint64_t a = ps__get_u64(d + 16 * i), len = ps__get_u64(d + 16 * i + 8);
-    struct shm_procmap_query q;
+    struct ps__procmap_query q;
     if (query(p, a, write, &q) || len > q.vma_end - a) return 1; /* not one shared mapping */
     uint64_t dev = makedev(q.dev_major, q.dev_minor);
     /* The hint names one file: every region must be in it. (So only the first region can
@@ -339,7 +328,7 @@ void ps__shm_sweep(ps__shm_cache *c) {
     shm_peer *p = NULL;
     for (size_t k = 0; k < c->npeers && !p; k++)
       if (c->peers[k].owner == m->owner) p = &c->peers[k];
-    struct shm_procmap_query q;
+    struct ps__procmap_query q;
     /* Still mapped where it was last used, the same file, at the same place? */
     int kept = p && now - m->used_ms < SHM_IDLE_MS && query(p, m->seen_addr, 0, &q) == 0 &&
                makedev(q.dev_major, q.dev_minor) == m->dev && q.inode == m->ino &&

@@ -41,49 +41,9 @@
 #include "net/net.h"
 #include "proto/frame.h"
 #include "pshard.h"
-
-#define OK(call)                                                                                    \
-  do {                                                                                              \
-    int rc_ = (call);                                                                               \
-    cr_assert(eq(int, rc_, 0), "%s -> %s: %s", #call, ps_err_name(rc_), ps_errmsg());               \
-  } while (0)
-
-/* A call that must fail with `err`. */
-#define FAILS(err, call)                                                                            \
-  do {                                                                                              \
-    int rc_ = (call);                                                                               \
-    cr_assert(eq(int, rc_, err), "%s -> %s (%s), expected %s", #call, ps_err_name(rc_),               \
-              rc_ ? ps_errmsg() : "", ps_err_name(err));                                            \
-  } while (0)
-
-static uint8_t pat(unsigned seed, size_t i) { return (uint8_t)((i + seed * 977u) * 2654435761u >> 13); }
-
-static size_t page_size(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+#include "pm_test.h"
 
 static size_t page_round(size_t n) { return (n + page_size() - 1) / page_size() * page_size(); }
-
-/* ---------------------------------------------------------------- descriptor lists */
-
-typedef struct descs {
-  uint8_t *d;
-  size_t n, cap;
-} descs;
-
-static void descs_add(descs *s, uint64_t addr, uint64_t len) {
-  if (s->n == s->cap) {
-    s->cap = s->cap ? 2 * s->cap : 16;
-    s->d = realloc(s->d, s->cap * 16);
-    cr_assert(s->d != NULL);
-  }
-  ps__put_u64(s->d + 16 * s->n, addr);
-  ps__put_u64(s->d + 16 * s->n + 8, len);
-  s->n++;
-}
-
-static void descs_free(descs *s) {
-  free(s->d);
-  memset(s, 0, sizeof *s);
-}
 
 /* ---------------------------------------------------------------- this process */
 
@@ -380,11 +340,6 @@ static struct {
   int ans; /* parent's read end */
 } kid = {0, -1, -1};
 
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int write_full(int fd, const void *buf, size_t n) {
   const char *p = buf;
@@ -417,22 +372,6 @@ static int read_full(int fd, void *buf, size_t n, int ms) {
   return 0;
 }
 
-/* Wait at most ms for pid to exit; 1 and its status if it did. */
-static int reap(pid_t pid, int ms, int *status) {
-  int64_t end = now_ms() + ms;
-  for (;;) {
-    int st = 0;
-    pid_t r = waitpid(pid, &st, WNOHANG);
-    if (r == pid) {
-      if (status) *status = st;
-      return 1;
-    }
-    if (r < 0 && errno != EINTR) return 0;
-    if (now_ms() >= end) return 0;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  }
-}
 
 static void kid_stop(void) {
   if (kid.cmd >= 0) close(kid.cmd); /* the child exits on EOF */
@@ -642,6 +581,15 @@ static void need_query(const kid_info *in) {
   cr_skip_test("kernel %s has no PROCMAP_QUERY: the fallback checked, nothing more to test", u.release);
 }
 
+/* The usual start of a test: the child, a kernel that can translate, an empty cache. */
+static ps__shm_cache *kid_cache(kid_info *in) {
+  kid_start(in);
+  need_query(in);
+  ps__shm_cache *c = ps__shm_cache_new();
+  cr_assert(c != NULL);
+  return c;
+}
+
 /* The child's A cut into regions of misaligned sizes covering [from, from + n), listed
  * in reverse order; at[k] is region k's offset in A. */
 static size_t cut(descs *d, size_t *at, size_t max, uint64_t a, size_t from, size_t n) {
@@ -663,11 +611,8 @@ static size_t cut(descs *d, size_t *at, size_t max, uint64_t a, size_t from, siz
 
 Test(shm_translate, reads_the_workers_buffer, .timeout = 120, .fini = kid_stop) {
   kid_info in;
-  kid_start(&in);
-  need_query(&in);
+  ps__shm_cache *c = kid_cache(&in);
   int pid = (int)in.pid, owner = 0;
-  ps__shm_cache *c = ps__shm_cache_new();
-  cr_assert(c != NULL);
   expect_counts(c, 0, 0, 0);
 
   descs d = {0};
@@ -711,11 +656,8 @@ Test(shm_translate, reads_the_workers_buffer, .timeout = 120, .fini = kid_stop) 
 
 Test(shm_translate, writes_into_the_workers_buffer, .timeout = 120, .fini = kid_stop) {
   kid_info in;
-  kid_start(&in);
-  need_query(&in);
+  ps__shm_cache *c = kid_cache(&in);
   int pid = (int)in.pid, owner = 0;
-  ps__shm_cache *c = ps__shm_cache_new();
-  cr_assert(c != NULL);
   const size_t woff = 4096 + 13, wlen = 300001;
   descs d = {0};
   size_t at[64];
@@ -858,11 +800,8 @@ Test(shm_translate, refuses_what_it_cannot_map, .timeout = 120, .fini = kid_stop
 
 Test(shm_sweep, keeps_what_the_worker_still_maps, .timeout = 120, .fini = kid_stop) {
   kid_info in;
-  kid_start(&in);
-  need_query(&in);
+  ps__shm_cache *c = kid_cache(&in);
   int pid = (int)in.pid, owner = 0;
-  ps__shm_cache *c = ps__shm_cache_new();
-  cr_assert(c != NULL);
   uint8_t *p = tr1(c, &owner, pid, in.a_hint, 0, in.a + 100, 5000);
   cr_assert(not(eq(ptr, p, NULL)));
   expect_counts(c, 1, 1, 1);
@@ -879,11 +818,8 @@ Test(shm_sweep, keeps_what_the_worker_still_maps, .timeout = 120, .fini = kid_st
 
 Test(shm_sweep, drops_what_the_worker_freed, .timeout = 120, .fini = kid_stop) {
   kid_info in;
-  kid_start(&in);
-  need_query(&in);
+  ps__shm_cache *c = kid_cache(&in);
   int pid = (int)in.pid, owner = 0;
-  ps__shm_cache *c = ps__shm_cache_new();
-  cr_assert(c != NULL);
   cr_assert(not(eq(ptr, tr1(c, &owner, pid, in.a_hint, 0, in.a, 100), NULL)));
   cr_assert(not(eq(ptr, tr1(c, &owner, pid, in.b_hint, 1, in.b, KID_B), NULL)));
   expect_counts(c, 2, 2, 2);
@@ -931,11 +867,8 @@ Test(shm_sweep, drops_what_the_worker_freed, .timeout = 120, .fini = kid_stop) {
 /* A worker that has exited: everything of it is swept. */
 Test(shm_sweep, drops_an_exited_worker, .timeout = 120, .fini = kid_stop) {
   kid_info in;
-  kid_start(&in);
-  need_query(&in);
+  ps__shm_cache *c = kid_cache(&in);
   int pid = (int)in.pid, owner = 0;
-  ps__shm_cache *c = ps__shm_cache_new();
-  cr_assert(c != NULL);
   cr_assert(not(eq(ptr, tr1(c, &owner, pid, in.a_hint, 0, in.a, 100), NULL)));
   expect_counts(c, 1, 1, 1);
   close(kid.cmd);
