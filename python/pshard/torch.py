@@ -18,7 +18,8 @@ local optimiser:
    parameter's storage (no copy); a forward pre-hook waits for them before the next
    forward. Parameters of 64 KiB and more are moved, at construction, into memory
    shared with the servers of this host (pshard.zeros), which then write the pulled
-   values in place. Do not read parameters between step() and the next forward without
+   values in place. A process forked afterwards (a DataLoader worker, say) shares
+   that memory with the trainer instead of getting a copy of it. Do not read parameters between step() and the next forward without
    calling sync.wait().
  - Two backward passes before step() push twice in the same round; the server adds
    them, which is PyTorch's gradient accumulation.
