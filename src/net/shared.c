@@ -15,8 +15,8 @@
  * The server trusts nothing in the frame but the hint. Each region is looked up in the
  * worker's own mappings (PROCMAP_QUERY, Linux 6.11): it must lie inside one shared
  * mapping of a file with the access the transfer needs; that file's device and inode
- * must be the descriptor's; the file must be sealed against shrinking (so that no
- * access of the server can fault). The region's place in the file is the mapping's
+ * must be the descriptor's; the file must be plain shmem (not hugetlbfs) sealed
+ * against shrinking (so that no access of the server can fault). The region's place in the file is the mapping's
  * offset, from the kernel. Anything else (no hint, an older kernel, another file, a
  * region across mappings) leaves the request to process_vm_readv / writev.
  *
@@ -34,6 +34,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -51,6 +52,9 @@
 #ifndef MFD_CLOEXEC
 #define MFD_CLOEXEC 0x0001U
 #define MFD_ALLOW_SEALING 0x0002U
+#endif
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
 #endif
 #ifndef SYS_pidfd_open
 #define SYS_pidfd_open 434
@@ -256,10 +260,14 @@ static shm_map *map_file(ps__shm_cache *c, shm_peer *p, uint64_t hint, uint64_t 
   int fd = (int)syscall(SYS_pidfd_getfd, p->pidfd, (int)(hint - 1), 0);
   if (fd < 0) return NULL;
   struct stat st;
+  struct statfs sf;
   shm_map *m = NULL;
   int seals = fcntl(fd, F_GET_SEALS), fl = fcntl(fd, F_GETFL);
+  /* Plain shmem only (memfd_create without MFD_HUGETLB): a hugetlbfs file's page
+   * faults can end in SIGBUS when its pool runs dry. */
   if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_ino == ino && (uint64_t)st.st_dev == dev &&
-      seals >= 0 && (seals & F_SEAL_SHRINK) && fl >= 0 && st.st_size > 0) {
+      fstatfs(fd, &sf) == 0 && sf.f_type == TMPFS_MAGIC && seals >= 0 && (seals & F_SEAL_SHRINK) && fl >= 0 &&
+      st.st_size > 0) {
     int writable = (fl & O_ACCMODE) == O_RDWR;
     void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | (writable ? PROT_WRITE : 0), MAP_SHARED, fd, 0);
     if (base != MAP_FAILED) {

@@ -321,6 +321,8 @@ typedef struct kid_info {
   uint64_t ro, ro_fd;                 /* sealed memfd, 4 pages, MAP_SHARED PROT_READ: pat(RO_SEED, i) */
   uint64_t whole, part, s_fd;         /* sealed memfd, 4 pages of pat(S_SEED, i): whole, and pages 1-2 */
   uint64_t over, over_fd;             /* sealed memfd of 1 page, mapped over 2 pages */
+  uint64_t huge, huge_fd;             /* sealed hugetlb memfd of 2 MiB, MAP_SHARED | MAP_NORESERVE,
+                                       * never touched; 0 where memfd_create cannot make one */
 } kid_info;
 
 /* A command: 'c' check that A[off + j] == pat(seed, base + j) for j < len; 'w' fill that
@@ -447,6 +449,13 @@ static _Noreturn void kid_main(pid_t parent, int cmd, int ans) {
   in.part = kid_map(2 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, pg);
   fd = kid_memfd(pg, MFD_ALLOW_SEALING, seals, S_SEED);
   in.over_fd = (uint64_t)fd, in.over = kid_map(2 * pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  /* A hugetlb file: its page faults can end in SIGBUS when the pool is dry (this
+   * machine has no huge pages), so a server must not map it. */
+  fd = memfd_create("pshard-test-huge", MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING);
+  if (fd >= 0 && ftruncate(fd, 2 << 20) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) == 0) {
+    void *h = mmap(NULL, 2 << 20, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+    if (h != MAP_FAILED) in.huge_fd = (uint64_t)fd, in.huge = (uint64_t)(uintptr_t)h;
+  }
   if (write_full(ans, &in, sizeof in)) _exit(21);
 
   for (;;) {
@@ -766,6 +775,7 @@ Test(shm_translate, refuses_what_it_cannot_map, .timeout = 120, .fini = kid_stop
     cr_assert(eq(ptr, tr1(c, &owner, pid, in.nosealing_fd + 1, w, in.nosealing, 100), NULL), "cannot be sealed");
     cr_assert(eq(ptr, tr1(c, &owner, pid, in.priv_fd + 1, w, in.priv, 100), NULL), "mapped privately");
     cr_assert(eq(ptr, tr1(c, &owner, pid, in.priv_fd + 1, w, in.priv + pg, pg), NULL), "mapped privately");
+    if (in.huge) cr_assert(eq(ptr, tr1(c, &owner, pid, in.huge_fd + 1, w, in.huge, 100), NULL), "hugetlb");
     /* no process, no regions, no cache */
     cr_assert(eq(ptr, tr1(c, &owner, 0, in.a_hint, w, in.a, 100), NULL), "pid 0");
     cr_assert(eq(ptr, tr1(c, &owner, -1, in.a_hint, w, in.a, 100), NULL), "pid -1");
