@@ -26,7 +26,9 @@
  * the request expired) prints "intact" if the marker is still there, else "overwritten".
  * --shared 1: the gradient and pull buffers come from ps_alloc (shared with the servers of
  * the host, which then read and write them in place); rank 0 also prints each server's
- * "shared_requests N".
+ * "shared_requests N". --shared 2: the same, with new buffers from ps_alloc before every
+ * push and pull (the old ones freed), so that the servers keep mapping new files and
+ * dropping freed ones (more than the 64 a connection keeps).
  * Exit status: 0 success, 1 a pshard call failed, 2 bad usage.
  */
 #include <stdint.h>
@@ -51,6 +53,18 @@ static uint64_t fnv(const void *p, size_t n) {
   uint64_t h = 1469598103934665603ull;
   for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
   return h;
+}
+
+/* A new ps_alloc buffer with p's n floats; p freed. */
+static float *renew(float *p, uint64_t n) {
+  float *q = ps_alloc(n * 4);
+  if (!q) {
+    fprintf(stderr, "pm_worker: ps_alloc failed: %s\n", ps_errmsg());
+    exit(1);
+  }
+  memcpy(q, p, n * 4);
+  ps_free(p);
+  return q;
 }
 
 int main(int argc, char **argv) {
@@ -127,6 +141,7 @@ int main(int argc, char **argv) {
   CHECK(ps_barrier(ctx, -1));
   uint64_t h[3] = {0};
   for (int s = 0; s < steps; s++) {
+    if (shared == 2) g = renew(g, n), w = renew(w, n);
     CHECK(ps_push_range(ctx, tid[0], 0, n, g, 1, -1, -1));
     CHECK(ps_push_range(ctx, tid[0], lo, cnt, g + lo, 1, -1, -1));
     CHECK(ps_push_range(ctx, tid[1], 0, n, g, (uint32_t)(4 * (r + 1)), -1, -1));
@@ -137,6 +152,7 @@ int main(int argc, char **argv) {
     }
     CHECK(ps_clock(ctx));
     for (int t = 0; t < 3; t++) {
+      if (shared == 2) w = renew(w, n);
       CHECK(ps_pull_range(ctx, tid[t], 0, n, w, -1));
       h[t] = fnv(w, n * 4);
     }

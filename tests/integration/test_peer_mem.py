@@ -28,6 +28,7 @@ E_TIMEOUT, E_IO, E_PROTO, E_SIZE = 3, 5, 6, 9
 
 
 def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0, colocate=False, shared=False, counts=None):
+    """shared: False, True (ps_alloc buffers) or 2 (new ps_alloc buffers for every call)."""
     out = str(tmp_path / f"pm-{env.get('PSHARD_PEER_MEM', 'on')}-{lag_ms}-{int(colocate)}-{int(shared)}.txt")
     with Cluster(2, 2, extra_env=env, colocate=colocate) as c:
         procs = [c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out,
@@ -94,6 +95,19 @@ def test_shared_buffers_give_the_socket_paths_results(tmp_path, colocate):
     assert fused >= 2 * steps if not colocate else fused > 0, fused
     assert all(x > 0 for x in counts["shared"]), counts
     assert lagged == sock, f"shared buffers, fused rounds {lagged} vs socket {sock}"
+
+
+def test_shared_buffers_freed_and_renewed_at_every_call(tmp_path):
+    """Every push and pull from a new ps_alloc buffer (the previous one freed): 80 files
+    per worker over the run, more than the 64 mappings a connection keeps, and freed
+    while the servers still hold them. The tables end as with values in the frames."""
+    steps, n = 16, 300000
+    sock, _, _ = run_pm(tmp_path, {"PSHARD_PEER_MEM": "0"}, steps, n)
+    counts = {}
+    churn, parts, _ = run_pm(tmp_path, {}, steps, n, shared=2, counts=counts)
+    assert all(p > 0 for p in parts), parts
+    assert all(x > 0 for x in counts["shared"]), counts
+    assert churn == sock, f"renewed shared buffers {churn} vs socket {sock}"
 
 
 def test_a_freed_peer_memory_request_keeps_its_buffer_until_the_deadline(tmp_path):
