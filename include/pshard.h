@@ -294,6 +294,8 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *   direct_calls     blocking calls done on the caller's thread (lent links)
  *   peer_mem_parts   dense request parts whose values a same-host server copied
  *                    straight from or into the caller's buffers (peer memory)
+ *   shared_parts     of those, parts in a ps_alloc buffer, which the server may
+ *                    map and read or write in place (its STATS: shared_requests)
  * Every worker also reports these to the scheduler about once a second (metrics named
  * "ps.<name>"), which `pshard plan --measured` reads.
  * PS_ERR_INVALID for an unknown name. Thread-safe. */

@@ -182,6 +182,7 @@ struct ps_ctx {
   uint64_t outstanding;    /* requests and fire-and-forget frames not finished by the loop */
   uint64_t direct_calls;   /* blocking calls and clocks done on lent links */
   uint64_t pm_parts;       /* dense parts sent as peer-memory frames */
+  uint64_t shared_parts;   /* of those, parts naming a ps_alloc buffer (the server may map it) */
   /* Buffers for partitioned requests, reused across calls (callers' threads). */
   pthread_mutex_t upool_mu;
   ps__pool *upool;
@@ -2142,6 +2143,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       p->hdr.codec = PS_CODEC_PEER_MEM;
       /* Regions in one ps_alloc buffer: the server may map it instead (net/shared.c). */
       tail[1] = ps__shm_hint(tail + 2, nseg_of[s]);
+      if (tail[1]) __atomic_add_fetch(&ctx->shared_parts, 1, __ATOMIC_RELAXED);
       for (size_t k = 0; k < 2 + 2 * nseg_of[s]; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]); /* little-endian */
     }
     if (is_push) {
@@ -2814,6 +2816,7 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "examples")) *value = (double)__atomic_load_n(&c->examples, __ATOMIC_RELAXED);
   else if (!strcmp(name, "direct_calls")) *value = (double)__atomic_load_n(&c->direct_calls, __ATOMIC_RELAXED);
   else if (!strcmp(name, "peer_mem_parts")) *value = (double)__atomic_load_n(&c->pm_parts, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "shared_parts")) *value = (double)__atomic_load_n(&c->shared_parts, __ATOMIC_RELAXED);
   else return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
   return 0;
 }

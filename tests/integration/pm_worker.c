@@ -158,9 +158,10 @@ int main(int argc, char **argv) {
     }
   }
   CHECK(ps_barrier(ctx, -1)); /* every async push is in */
-  double parts = 0;
+  double parts = 0, sparts = 0;
   CHECK(ps_ctx_stat(ctx, "peer_mem_parts", &parts));
-  printf("peer_mem_parts %.0f\n", parts);
+  CHECK(ps_ctx_stat(ctx, "shared_parts", &sparts));
+  printf("peer_mem_parts %.0f\nshared_parts %.0f\n", parts, sparts);
   for (int i = 0; r == 0 && i < ps_ctx_num_servers(ctx); i++) {
     char st[4096];
     CHECK(ps_server_stats(ctx, i, st, sizeof st, -1));

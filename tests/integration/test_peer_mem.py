@@ -41,6 +41,8 @@ def run_pm(tmp_path, env, steps=3, floats=1536 << 10, lag_ms=0, colocate=False, 
         fused = sum(int(x) for x in re.findall(r"fused_pulls (-?\d+)", logs))
         if counts is not None:
             counts["shared"] = [int(x) for x in re.findall(r"shared_requests (-?\d+)", logs)]
+            counts["shared_parts"] = [int(re.search(r"shared_parts (\d+)", c.log(f"worker{i}")).group(1))
+                                      for i in range(2)]
     rows = {}
     with open(out) as f:
         for line in f:
@@ -53,7 +55,9 @@ def test_peer_memory_matches_the_socket_path(tmp_path):
     """Also with rank 1 late to every clock: rank 0's pulls of the sync tables then wait
     at the servers and are written by the round's fused update (fused_pulls)."""
     steps, n = 3, 1536 << 10
-    pm, pm_parts, _ = run_pm(tmp_path, {}, steps, n)
+    counts = {}
+    pm, pm_parts, _ = run_pm(tmp_path, {}, steps, n, counts=counts)
+    assert counts["shared_parts"] == [0, 0], counts  # malloc buffers: no hint
     lagged, _, fused = run_pm(tmp_path, {}, steps, n, lag_ms=150)
     sock, sock_parts, sock_fused = run_pm(tmp_path, {"PSHARD_PEER_MEM": "0"}, steps, n, lag_ms=150)
     # The comparison means something only if one run used peer memory and the other not.
@@ -89,6 +93,7 @@ def test_shared_buffers_give_the_socket_paths_results(tmp_path, colocate):
     counts = {}
     shared, parts, _ = run_pm(tmp_path, {}, steps, n, colocate=colocate, shared=True, counts=counts)
     assert all(p > 0 for p in parts), parts
+    assert counts["shared_parts"] == parts, counts  # every part names its ps_alloc buffer
     assert len(counts["shared"]) == 2 and all(x > 0 for x in counts["shared"]), counts
     assert shared == sock, f"shared buffers {shared} vs socket {sock}"
     lagged, _, fused = run_pm(tmp_path, {}, steps, n, lag_ms=150, colocate=colocate, shared=True, counts=counts)
