@@ -213,7 +213,8 @@ PS_API int ps_push_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint
  * pushed gradient straight from it and writes a pulled range straight into it, where
  * for other memory the kernel copies the values between the processes (and pins the
  * pages for it). Use it like any memory; pushes and pulls from it give the same
- * results. Where memfd is not available it returns ordinary memory. NULL (with
+ * results. Where memfd is not available, and beyond 256 buffers alive at once (each
+ * holds a file descriptor), it returns ordinary memory. NULL (with
  * ps_errmsg) when out of memory or bytes is 0. The memory stays shared with children
  * forked after the call. ps_free takes only a pointer from ps_alloc (or NULL); a
  * server lets go of its mapping within a few seconds. Thread-safe; no context needed. */

@@ -244,6 +244,10 @@ struct ps__procmap_query {
 
 /* ------------------------------------------------------------------ shared buffers (shared.c) */
 
+/* At most this many ps_alloc buffers of a process are shared at once (each holds a file
+ * descriptor; later ones are ordinary memory until one is freed), and a server keeps at
+ * most this many files mapped per connection (the least recently used goes). */
+#define PS_SHM_MAX 256
 /* Worker side: 1 + the file descriptor of the ps_alloc buffer that holds every region of
  * pairs[n] (native address, length), or 0 (the tail's hint, protocol.md 6.2a). */
 uint64_t ps__shm_hint(const uint64_t *pairs, size_t n);

@@ -20,7 +20,9 @@
  * offset, from the kernel. Anything else (no hint, an older kernel, another file, a
  * region across mappings) leaves the request to process_vm_readv / writev.
  *
- * Mappings are kept per connection: dropped when it closes, when the worker no longer
+ * A process shares at most PS_SHM_MAX buffers at once (each holds a descriptor: a
+ * process's soft limit is often 1024); later ones are ordinary memory, which pushes and
+ * pulls the usual way. Mappings are kept per connection, as many: dropped when it closes, when the worker no longer
  * maps the file where it was last seen (ps_free), or after a minute unused. The server
  * only touches them inside the loop callback that translated the regions, so dropping
  * one between callbacks is always safe.
@@ -74,6 +76,7 @@ typedef struct shm_buf {
 static pthread_mutex_t bufs_mu = PTHREAD_MUTEX_INITIALIZER;
 static shm_buf *bufs; /* sorted by base */
 static size_t nbufs, capbufs;
+static size_t nshared; /* of them with a memfd (at most PS_SHM_MAX) */
 
 static size_t page_round(size_t n) {
   size_t pg = (size_t)sysconf(_SC_PAGESIZE);
@@ -96,11 +99,26 @@ void *ps_alloc(size_t bytes) {
     ps__fail(PS_ERR_INVALID, "ps_alloc of %zu bytes", bytes);
     return NULL;
   }
-  int fd = memfd_open(len);
+  pthread_mutex_lock(&bufs_mu);
+  int room = nshared < PS_SHM_MAX;
+  if (room) nshared++; /* taken now, given back below if no memfd comes of it */
+  pthread_mutex_unlock(&bufs_mu);
+  int fd = room ? memfd_open(len) : -1;
+  if (room && fd < 0) {
+    pthread_mutex_lock(&bufs_mu);
+    nshared--;
+    pthread_mutex_unlock(&bufs_mu);
+  }
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS, fd, 0);
   if (p == MAP_FAILED) {
-    if (fd >= 0) close(fd);
-    ps__fail(PS_ERR_NOMEM, "ps_alloc of %zu bytes: %s", bytes, strerror(errno));
+    int err = errno;
+    if (fd >= 0) {
+      close(fd);
+      pthread_mutex_lock(&bufs_mu);
+      nshared--;
+      pthread_mutex_unlock(&bufs_mu);
+    }
+    ps__fail(PS_ERR_NOMEM, "ps_alloc of %zu bytes: %s", bytes, strerror(err));
     return NULL;
   }
   pthread_mutex_lock(&bufs_mu);
@@ -108,6 +126,7 @@ void *ps_alloc(size_t bytes) {
     size_t cap = capbufs ? 2 * capbufs : 16;
     shm_buf *g = ps__realloc(bufs, cap * sizeof *g);
     if (!g) {
+      if (fd >= 0) nshared--;
       pthread_mutex_unlock(&bufs_mu);
       munmap(p, len);
       if (fd >= 0) close(fd);
@@ -137,6 +156,7 @@ void ps_free(void *p) {
   shm_buf b = bufs[i];
   memmove(bufs + i, bufs + i + 1, (nbufs - i - 1) * sizeof *bufs);
   nbufs--;
+  if (b.fd >= 0) nshared--;
   pthread_mutex_unlock(&bufs_mu);
   munmap((void *)b.base, b.len);
   if (b.fd >= 0) close(b.fd);
@@ -193,7 +213,6 @@ struct ps__shm_cache {
   uint64_t translated, mapped; /* requests served from a mapping; files mapped */
 };
 
-#define SHM_MAPS_PER_PEER 64
 #define SHM_IDLE_MS 60000
 
 ps__shm_cache *ps__shm_cache_new(void) { return ps__calloc(1, sizeof(ps__shm_cache)); }
@@ -277,7 +296,7 @@ static shm_map *map_file(ps__shm_cache *c, shm_peer *p, uint64_t hint, uint64_t 
           mine++;
           if (lru == SIZE_MAX || c->maps[i].used_ms < c->maps[lru].used_ms) lru = i;
         }
-      if (mine >= SHM_MAPS_PER_PEER) map_drop(c, lru);
+      if (mine >= PS_SHM_MAX) map_drop(c, lru);
       if (c->nmaps == c->capmaps) {
         size_t cap = c->capmaps ? 2 * c->capmaps : 8;
         shm_map *g = ps__realloc(c->maps, cap * sizeof *g);

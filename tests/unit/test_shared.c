@@ -73,6 +73,7 @@ static int count_maps(const char *needle) {
 }
 
 #define SHM_NAME "/memfd:pshard-buffer"
+#define KID_FILE "/memfd:pshard-test " /* the child's own files (the space: not -huge) */
 
 /* What fd names in /proc/self/fd. */
 static void fd_target(int fd, char *out, size_t n) {
@@ -227,6 +228,38 @@ static void expect_buffer_fd(uint64_t h) {
   int seals = fcntl(fd, F_GET_SEALS);
   cr_assert(ge(int, seals, 0), "F_GET_SEALS: %s", strerror(errno));
   cr_assert(eq(int, seals & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW), "seals %#x", seals);
+}
+
+/* At most PS_SHM_MAX buffers are shared at once (each holds a descriptor); later ones
+ * are ordinary memory (no hint) that works the same, until a shared one is freed. */
+Test(shm_alloc, shares_at_most_a_cap_of_buffers_at_once, .timeout = 120) {
+  size_t pg = page_size();
+  int fds = count_fds();
+  enum { N = PS_SHM_MAX + 3 };
+  static uint8_t *p[N];
+  for (unsigned k = 0; k < N; k++) {
+    p[k] = ps_alloc(pg);
+    cr_assert(not(eq(ptr, p[k], NULL)), "buffer %u: %s", k, ps_errmsg());
+    cr_assert(eq(u64, (uint64_t)(uintptr_t)p[k] % pg, 0));
+    cr_assert(eq(u8, p[k][0] | p[k][pg - 1], 0), "buffer %u is not zeroed", k);
+    p[k][0] = p[k][pg - 1] = (uint8_t)(k + 1);
+    if (k < PS_SHM_MAX) cr_assert(not(eq(u64, hint1(p[k], pg), 0)), "buffer %u is not shared", k);
+    else cr_assert(eq(u64, hint1(p[k], pg), 0), "buffer %u is shared beyond the cap", k);
+  }
+  cr_assert(eq(int, count_fds(), fds + PS_SHM_MAX));
+  for (unsigned k = 0; k < N; k++) cr_assert(eq(u8, p[k][0], (uint8_t)(k + 1)), "buffer %u", k);
+  /* an ordinary one freed: still no room; a shared one freed: the next is shared */
+  ps_free(p[N - 1]);
+  p[N - 1] = ps_alloc(pg);
+  cr_assert(not(eq(ptr, p[N - 1], NULL)));
+  cr_assert(eq(u64, hint1(p[N - 1], pg), 0));
+  ps_free(p[0]);
+  p[0] = ps_alloc(pg);
+  cr_assert(not(eq(ptr, p[0], NULL)));
+  cr_assert(not(eq(u64, hint1(p[0], pg), 0)), "a freed slot was not taken again");
+  cr_assert(eq(int, count_fds(), fds + PS_SHM_MAX));
+  for (unsigned k = 0; k < N; k++) ps_free(p[k]);
+  cr_assert(eq(int, count_fds(), fds));
 }
 
 Test(shm_hint, regions_inside_one_buffer, .timeout = 120) {
@@ -482,11 +515,9 @@ static _Noreturn void kid_main(pid_t parent, int cmd, int ans) {
     case 'g':
       ps_free(b);
       break;
-    case 'k': {
-      uint8_t *x = ps_alloc(pg);
-      if (!x) _exit(18);
-      for (size_t i = 0; i < pg; i++) x[i] = pat((unsigned)c.seed, i);
-      r.addr = (uint64_t)(uintptr_t)x, r.hint = hint1(x, pg);
+    case 'k': { /* a sealed memfd of its own: ps_alloc shares at most PS_SHM_MAX */
+      int fd = kid_memfd(pg, MFD_ALLOW_SEALING, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, (unsigned)c.seed);
+      r.addr = kid_map(pg, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0), r.hint = (uint64_t)fd + 1;
       break;
     }
     default:
@@ -977,12 +1008,12 @@ Test(shm_forget, null_cache_is_safe, .timeout = 120) {
 
 /* ---------------------------------------------------------------- many files */
 
-#define MANY 70
+#define MANY (PS_SHM_MAX + 6)
 #define MANY_SEED 200
 
-/* A connection keeps at most 64 files mapped: the least recently used goes. Another
- * connection's mappings do not count against it. */
-Test(shm_translate, at_most_64_files_per_connection, .timeout = 120, .fini = kid_stop) {
+/* A connection keeps at most PS_SHM_MAX files mapped: the least recently used goes.
+ * Another connection's mappings do not count against it. */
+Test(shm_translate, at_most_a_cap_of_files_per_connection, .timeout = 120, .fini = kid_stop) {
   kid_info in;
   kid_start(&in);
   need_query(&in);
@@ -998,20 +1029,22 @@ Test(shm_translate, at_most_64_files_per_connection, .timeout = 120, .fini = kid
     uint8_t *p = tr1(c, &o1, pid, r.hint, 0, r.addr, pg);
     cr_assert(not(eq(ptr, p, NULL)), "buffer %u", k);
     for (size_t j = 0; j < pg; j++) cr_assert(eq(u8, p[j], pat(MANY_SEED + k, j)), "byte %zu of buffer %u", j, k);
-    expect_counts(c, 2 + k, 2 + k, 1 + (k + 1 < 64 ? k + 1 : 64));
+    expect_counts(c, 2 + k, 2 + k, 1 + (k + 1 < PS_SHM_MAX ? k + 1 : PS_SHM_MAX));
   }
-  cr_assert(eq(int, count_maps(SHM_NAME), 65));
+  cr_assert(eq(int, count_maps(SHM_NAME), 1), "ps_alloc's buffer");
+  cr_assert(eq(int, count_maps(KID_FILE), PS_SHM_MAX), "the child's own files");
   /* o2's mapping survived: the same address, no new mapping */
   cr_assert(not(eq(ptr, tr1(c, &o2, pid, in.a_hint, 0, in.a, 100), NULL)));
-  expect_counts(c, 2 + MANY, 1 + MANY, 65);
+  expect_counts(c, 2 + MANY, 1 + MANY, PS_SHM_MAX + 1);
   ps__shm_forget(c, &o1);
   expect_counts(c, 2 + MANY, 1 + MANY, 1);
   ps__shm_cache_free(c);
   cr_assert(eq(int, count_maps(SHM_NAME), 0));
+  cr_assert(eq(int, count_maps(KID_FILE), 0));
 }
 
-/* One request whose regions lie in the 64 files a connection already has mapped and
- * then in a 65th (the hint's). The hint names one file, so such a request is refused
+/* One request whose regions lie in the PS_SHM_MAX files a connection already has mapped
+ * and then in one more (the hint's). The hint names one file, so such a request is refused
  * (1) before anything is mapped or evicted: were the 65th mapped, evicting the least
  * recently used file could unmap the address already given out for region 0. A
  * worker's own ps__shm_hint never names such a request; the server must not trust the
@@ -1024,26 +1057,26 @@ Test(shm_translate, a_request_across_files_is_refused, .timeout = 120, .fini = k
   size_t pg = page_size();
   ps__shm_cache *c = ps__shm_cache_new();
   cr_assert(c != NULL);
-  uint64_t addr[65], hint[65];
-  for (unsigned k = 0; k < 65; k++) {
+  uint64_t addr[PS_SHM_MAX + 1], hint[PS_SHM_MAX + 1];
+  for (unsigned k = 0; k <= PS_SHM_MAX; k++) {
     kid_ans r = kid_do('k', 0, 0, MANY_SEED + k, 0);
     cr_assert(r.ok && r.addr && r.hint);
     addr[k] = r.addr, hint[k] = r.hint;
-    if (k < 64) cr_assert(not(eq(ptr, tr1(c, &owner, pid, hint[k], 0, addr[k], pg), NULL)), "buffer %u", k);
+    if (k < PS_SHM_MAX) cr_assert(not(eq(ptr, tr1(c, &owner, pid, hint[k], 0, addr[k], pg), NULL)), "buffer %u", k);
   }
-  expect_counts(c, 64, 64, 64);
+  expect_counts(c, PS_SHM_MAX, PS_SHM_MAX, PS_SHM_MAX);
   descs d = {0};
-  for (unsigned k = 0; k < 65; k++) descs_add(&d, addr[k] + 8, 64);
-  uint8_t *p[65];
-  cr_assert(eq(int, tr(c, &owner, pid, hint[64], 0, &d, p), 1));
-  expect_counts(c, 64, 64, 64); /* nothing mapped, nothing evicted */
+  for (unsigned k = 0; k <= PS_SHM_MAX; k++) descs_add(&d, addr[k] + 8, 64);
+  uint8_t *p[PS_SHM_MAX + 1];
+  cr_assert(eq(int, tr(c, &owner, pid, hint[PS_SHM_MAX], 0, &d, p), 1));
+  expect_counts(c, PS_SHM_MAX, PS_SHM_MAX, PS_SHM_MAX); /* nothing mapped, nothing evicted */
   descs_free(&d);
   descs two = {0};
   descs_add(&two, addr[0] + 8, 64);
   descs_add(&two, addr[1] + 8, 64);
   cr_assert(eq(int, tr(c, &owner, pid, hint[0], 0, &two, p), 1));
   cr_assert(eq(int, tr(c, &owner, pid, hint[1], 0, &two, p), 1));
-  expect_counts(c, 64, 64, 64);
+  expect_counts(c, PS_SHM_MAX, PS_SHM_MAX, PS_SHM_MAX);
   descs_free(&two);
   ps__shm_cache_free(c);
 }
