@@ -788,7 +788,9 @@ def zeros(shape):
     (ps_alloc): a same-host server adds a push from it, and writes a pull into it, in
     place, where for other arrays the kernel copies the values between the processes.
     Use it for large dense gradients and pull buffers (`out=`); results are the same as
-    with any array. The memory is freed with the last array that refers to it."""
+    with any array. The memory is freed with the last array that refers to it. At
+    most 256 such buffers are shared at once (each holds a file descriptor); beyond
+    that they are ordinary memory."""
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
     if any(d < 0 for d in shape):
         raise ValueError(f"negative dimension in {shape}")
