@@ -83,6 +83,15 @@ static size_t page_round(size_t n) {
   return n > SIZE_MAX - pg ? 0 : (n + pg - 1) / pg * pg;
 }
 
+/* Take (1) or give back (-1) one of the PS_SHM_MAX shared buffers; 1 if taken. */
+static int shared_slot(int delta) {
+  pthread_mutex_lock(&bufs_mu);
+  int ok = delta < 0 || nshared < PS_SHM_MAX;
+  if (ok) nshared += (size_t)(ptrdiff_t)delta;
+  pthread_mutex_unlock(&bufs_mu);
+  return ok;
+}
+
 static int memfd_open(size_t len) {
   int fd = (int)syscall(SYS_memfd_create, "pshard-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -1;
@@ -99,24 +108,16 @@ void *ps_alloc(size_t bytes) {
     ps__fail(PS_ERR_INVALID, "ps_alloc of %zu bytes", bytes);
     return NULL;
   }
-  pthread_mutex_lock(&bufs_mu);
-  int room = nshared < PS_SHM_MAX;
-  if (room) nshared++; /* taken now, given back below if no memfd comes of it */
-  pthread_mutex_unlock(&bufs_mu);
-  int fd = room ? memfd_open(len) : -1;
-  if (room && fd < 0) {
-    pthread_mutex_lock(&bufs_mu);
-    nshared--;
-    pthread_mutex_unlock(&bufs_mu);
-  }
+  /* A slot is taken first, and given back if no memfd comes of it. */
+  int fd = shared_slot(1) ? memfd_open(len) : -2;
+  if (fd == -1) shared_slot(-1);
+  if (fd < 0) fd = -1;
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, fd >= 0 ? MAP_SHARED : MAP_PRIVATE | MAP_ANONYMOUS, fd, 0);
   if (p == MAP_FAILED) {
     int err = errno;
     if (fd >= 0) {
       close(fd);
-      pthread_mutex_lock(&bufs_mu);
-      nshared--;
-      pthread_mutex_unlock(&bufs_mu);
+      shared_slot(-1);
     }
     ps__fail(PS_ERR_NOMEM, "ps_alloc of %zu bytes: %s", bytes, strerror(err));
     return NULL;
@@ -188,7 +189,6 @@ uint64_t ps__shm_hint(const uint64_t *pairs, size_t n) {
 }
 
 /* ------------------------------------------------------------------ the server's side */
-
 
 typedef struct shm_peer { /* a connection's process */
   const void *owner;
