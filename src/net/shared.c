@@ -83,6 +83,12 @@ static size_t page_round(size_t n) {
   return n > SIZE_MAX - pg ? 0 : (n + pg - 1) / pg * pg;
 }
 
+/* A fork while another thread holds bufs_mu must not leave the child's copy locked. */
+static void bufs_lock(void) { pthread_mutex_lock(&bufs_mu); }
+static void bufs_unlock(void) { pthread_mutex_unlock(&bufs_mu); }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void atfork_init(void) { pthread_atfork(bufs_lock, bufs_unlock, bufs_unlock); }
+
 /* Take (1) or give back (-1) one of the PS_SHM_MAX shared buffers; 1 if taken. */
 static int shared_slot(int delta) {
   pthread_mutex_lock(&bufs_mu);
@@ -108,6 +114,7 @@ void *ps_alloc(size_t bytes) {
     ps__fail(PS_ERR_INVALID, "ps_alloc of %zu bytes", bytes);
     return NULL;
   }
+  pthread_once(&atfork_once, atfork_init);
   /* A slot is taken first, and given back if no memfd comes of it. */
   int fd = shared_slot(1) ? memfd_open(len) : -2;
   if (fd == -1) shared_slot(-1);

@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -260,6 +261,43 @@ Test(shm_alloc, shares_at_most_a_cap_of_buffers_at_once, .timeout = 120) {
   cr_assert(eq(int, count_fds(), fds + PS_SHM_MAX));
   for (unsigned k = 0; k < N; k++) ps_free(p[k]);
   cr_assert(eq(int, count_fds(), fds));
+}
+
+/* Forks while another thread allocates and frees: every child can still allocate (the
+ * allocator's lock is never copied held into a child). Each child is waited for at
+ * most 5 s; one that hangs fails the test and is killed. */
+static volatile int churn_stop;
+
+static void *churn(void *arg) {
+  (void)arg;
+  while (!churn_stop) ps_free(ps_alloc(4096));
+  return NULL;
+}
+
+Test(shm_alloc, fork_while_another_thread_allocates, .timeout = 120) {
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, churn, NULL), 0));
+  int bad = 0;
+  for (int i = 0; i < 400 && !bad; i++) {
+    pid_t pid = fork();
+    cr_assert(ge(int, pid, 0));
+    if (pid == 0) {
+      alarm(10);
+      void *p = ps_alloc(8192);
+      _exit(p && hint1(p, 8192) ? 0 : 3);
+    }
+    int st = 0;
+    if (!reap(pid, 5000, &st)) {
+      kill(pid, SIGKILL);
+      reap(pid, 5000, NULL);
+      bad = 1;
+    } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+      bad = 2;
+    }
+  }
+  churn_stop = 1;
+  pthread_join(t, NULL);
+  cr_assert(eq(int, bad, 0), "a child %s", bad == 1 ? "hung in ps_alloc" : "failed");
 }
 
 Test(shm_hint, regions_inside_one_buffer, .timeout = 120) {
