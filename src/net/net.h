@@ -241,6 +241,10 @@ struct ps__procmap_query {
 #define PS_PMQ_WRITABLE 0x02u
 #define PS_PMQ_SHARED 0x08u
 #define PS_PMQ_FILE_BACKED 0x20u
+/* The mapping of the process whose /proc/pid/maps is open as maps_fd that covers
+ * address a with every property in flags (PS_PMQ_*), into *q: 0, else an errno
+ * (ENOENT: none; ENOTTY, EINVAL, EOPNOTSUPP: a kernel without PROCMAP_QUERY). */
+int ps__procmap_at(int maps_fd, uint64_t a, unsigned flags, struct ps__procmap_query *q);
 
 /* ------------------------------------------------------------------ shared buffers (shared.c) */
 

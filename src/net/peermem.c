@@ -175,6 +175,15 @@ int ps__pm_copy(int pid, int write, const uv_buf_t *loc, unsigned nloc, const ui
   }
 }
 
+int ps__procmap_at(int maps_fd, uint64_t a, unsigned flags, struct ps__procmap_query *q) {
+  memset(q, 0, sizeof *q);
+  q->size = sizeof *q;
+  q->query_flags = flags;
+  q->query_addr = a;
+  if (ioctl(maps_fd, PS_PROCMAP_QUERY, q)) return errno;
+  return q->vma_start <= a && q->vma_end > a ? 0 : ENOENT; /* an answer about another mapping: none covers a */
+}
+
 /* Each region is followed from mapping to mapping, every one of them with the access
  * needed, until its end. */
 int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd) {
@@ -187,16 +196,11 @@ int ps__pm_mapped_query(int pid, int write, const uint8_t *d, size_t nd) {
     uint64_t a = ps__get_u64(d + 16 * i), e = a + ps__get_u64(d + 16 * i + 8);
     while (a < e && !rc) {
       struct ps__procmap_query q;
-      memset(&q, 0, sizeof q);
-      q.size = sizeof q;
-      q.query_flags = write ? PS_PMQ_WRITABLE : PS_PMQ_READABLE;
-      q.query_addr = a;
-      int err = ioctl(fd, PS_PROCMAP_QUERY, &q) == 0 ? 0 : errno;
-      if (!err && q.vma_start <= a && q.vma_end > a) {
+      int err = ps__procmap_at(fd, a, write ? PS_PMQ_WRITABLE : PS_PMQ_READABLE, &q);
+      if (!err) {
         a = q.vma_end;
         continue;
       }
-      if (!err) err = ENOENT; /* an answer about another mapping: none covers a */
       if (err == ENOTTY || err == EINVAL || err == EOPNOTSUPP) {
         rc = 1;
       } else if (err == ENOENT) {

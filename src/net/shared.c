@@ -33,7 +33,6 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -273,12 +272,8 @@ static shm_peer *peer_of(ps__shm_cache *c, const void *owner, int pid) {
 /* The mapping of process p holding address a, if shared and file-backed with the access
  * asked for. 0 or -1. */
 static int query(const shm_peer *p, uint64_t a, int write, struct ps__procmap_query *q) {
-  memset(q, 0, sizeof *q);
-  q->size = sizeof *q;
-  q->query_flags = PS_PMQ_READABLE | PS_PMQ_SHARED | PS_PMQ_FILE_BACKED | (write ? PS_PMQ_WRITABLE : 0);
-  q->query_addr = a;
-  if (ioctl(p->maps_fd, PS_PROCMAP_QUERY, q)) return -1;
-  return q->vma_start <= a && q->vma_end > a ? 0 : -1;
+  unsigned flags = PS_PMQ_READABLE | PS_PMQ_SHARED | PS_PMQ_FILE_BACKED | (write ? PS_PMQ_WRITABLE : 0);
+  return ps__procmap_at(p->maps_fd, a, flags, q) ? -1 : 0;
 }
 
 static shm_map *map_file(ps__shm_cache *c, shm_peer *p, uint64_t hint, uint64_t dev, uint64_t ino) {
