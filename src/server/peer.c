@@ -1,0 +1,473 @@
+/*
+ * peer.c - the large-request path: dense values that stay in the worker's memory.
+ *
+ * A same-host worker may send, instead of a dense push's values or a pull's reply
+ * space, the addresses of its buffers (PS_CODEC_PEER_MEM, protocol.md 6.2a). The server
+ * reads a push's gradients from them and writes a pull's values into them: with
+ * process_vm_readv/writev (net/peermem.c), with memcpy for a worker in this very
+ * process, or in place where they lie in a buffer the worker shares with the servers
+ * of its host (ps_alloc, net/shared.c). A large push to a sync table is added into its
+ * round as it is read; a sync round whose pulls wait in peer memory is applied slice by
+ * slice into them (the engine's round hooks). Copies of 4 MiB or more run on the loop
+ * thread and the helper thread, half each.
+ */
+#include <string.h>
+
+#include "common/common.h"
+#include "server/server_int.h"
+
+/* The pid to pass to ps__pm_copy for a peer-memory request on c: PS_PM_SELF for a
+ * colocated worker (this process; its regions are our own library's, naming the
+ * caller's live buffers, so they are copied with memcpy), else the peer's pid. */
+static int pm_pid(const ps__server *s, const ps__conn *c) { return c->peer_pid == s->pid ? PS_PM_SELF : c->peer_pid; }
+
+
+/* The tail of a peer-memory request after its segments: the time (ps__now_ms) after
+ * which the worker lets go of its buffers, the shared-buffer hint, then (address,
+ * length) pairs (protocol.md 6.2a). The frame decoder checked that it has at least 16 bytes. */
+typedef struct pm_tail {
+  uint64_t until, hint; /* hint: 1 + the worker's descriptor of a shared buffer, or 0 */
+  const uint8_t *d;
+  size_t nd;
+} pm_tail;
+
+static pm_tail pm_tail_of(const ps__frame_hdr *h, const void *body, size_t blen) {
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  const uint8_t *t = (const uint8_t *)body + kbytes;
+  pm_tail q = {ps__get_u64(t), ps__get_u64(t + 8), t + 16, (blen - kbytes - 16) / 16};
+  return q;
+}
+
+/* The pid to copy a peer-memory request's values with. Where the worker's regions lie
+ * in a buffer it shares with this server (ps_alloc, net/shared.c), q->d is pointed at
+ * this process's addresses of them, in *xd (the caller frees it), and the answer is
+ * PS_PM_SELF: the server reads and writes them itself, within this loop callback. */
+static int pm_local(ps__server *s, ps__conn *c, int write, pm_tail *q, uint8_t **xd) {
+  int pid = pm_pid(s, c);
+  *xd = NULL;
+  if (pid == PS_PM_SELF || !q->hint || !q->nd || q->nd > SIZE_MAX / 16) return pid;
+  if (!s->shm && !(s->shm = ps__shm_cache_new())) return pid;
+  uint8_t *out = ps__malloc(16 * q->nd);
+  if (!out || ps__shm_translate(s->shm, c, pid, q->hint, write, q->d, q->nd, out)) {
+    free(out);
+    return pid;
+  }
+  *xd = out;
+  q->d = out;
+  return PS_PM_SELF;
+}
+
+/* A request's tail with its regions checked and their total in *total; 0, or -1 when
+ * they are malformed (answered). */
+static int pm_tail_checked(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, pm_tail *q, uint64_t *total) {
+  *q = pm_tail_of(h, b->buf, b->len);
+  if (ps__pm_descs_check(q->d, q->nd, total) == 0) return 0;
+  ps__srv_reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
+  return -1;
+}
+
+
+/* A peer-memory copy of PM_PAR_MIN bytes or more runs on the server's two threads,
+ * half each: one core copies at about 3.5 GB/s here, and a socket would have split the
+ * work between the worker's core and the server's. Not below 4 MiB: the 2 MiB parts of
+ * a 1M-float sync round with K = S = 2 come from every worker at once, the cores are
+ * busy anyway, and splitting them made the round about 10% slower (median of 8
+ * alternating runs: 2.25 -> 2.05 ms with server processes, 1.95 -> 1.75 colocated). */
+#define PM_PAR_MIN ((size_t)4 << 20)
+
+typedef struct pm_par_job {
+  int pid, write;
+  const uv_buf_t *loc;
+  unsigned nloc;
+  pm_tail q;
+  size_t split; /* part 0 copies bytes [0, split), part 1 the rest */
+  int rc[2];
+  char msg[2][256];
+} pm_par_job;
+
+static void pm_par_part(void *arg, unsigned part) {
+  pm_par_job *j = arg;
+  uv_buf_t one[1], *sub = j->nloc > 1 ? ps__malloc(j->nloc * sizeof *sub) : one;
+  if (!sub) {
+    j->rc[part] = PS_ERR_NOMEM;
+    snprintf(j->msg[part], sizeof j->msg[part], "out of memory");
+    return;
+  }
+  unsigned n = 0;
+  size_t at = 0; /* bytes before loc[i] */
+  for (unsigned i = 0; i < j->nloc; at += j->loc[i].len, i++) {
+    size_t a = at, b = at + j->loc[i].len; /* this region's bytes, cut to the part's range */
+    size_t lo = part ? j->split : 0, hi = part ? SIZE_MAX : j->split;
+    if (a < lo) a = lo;
+    if (b > hi) b = hi;
+    if (a >= b) continue;
+    sub[n] = uv_buf_init(j->loc[i].base + (a - at), 0);
+    sub[n++].len = b - a;
+  }
+  j->rc[part] = ps__pm_copy(j->pid, j->write, sub, n, j->q.d, j->q.nd, part ? j->split : 0, j->q.until);
+  if (j->rc[part]) snprintf(j->msg[part], sizeof j->msg[part], "%s", ps_errmsg());
+  if (sub != one) free(sub);
+}
+
+static int pm_copy_par(ps__server *s, int pid, int write, const uv_buf_t *loc, unsigned nloc, pm_tail q) {
+  size_t total = 0;
+  for (unsigned i = 0; i < nloc; i++) total += loc[i].len;
+  ps__par *par = total >= PM_PAR_MIN ? ps__srv_par(s, UINT32_MAX) : NULL;
+  if (!par) return ps__pm_copy(pid, write, loc, nloc, q.d, q.nd, 0, q.until);
+  pm_par_job j = {.pid = pid, .write = write, .loc = loc, .nloc = nloc, .q = q, .split = (total / 2) & ~(size_t)4095};
+  ps__par_run(par, pm_par_part, &j);
+  for (unsigned k = 0; k < 2; k++)
+    if (j.rc[k]) return ps__fail(j.rc[k], "%s", j.msg[k]);
+  return 0;
+}
+
+
+int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
+                               const uv_buf_t *v, unsigned n, ps__frame_hdr *r) {
+  if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid) return 0;
+  pm_tail q = pm_tail_of(h, keys, blen);
+  uint8_t *xd;
+  int pid = pm_local(c->loop->data, c, 1, &q, &xd);
+  int rc = pm_copy_par(c->loop->data, pid, 1, v, n, q);
+  free(xd);
+  if (rc == PS_ERR_UNAVAILABLE) {
+    ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
+    return 0;
+  }
+  if (rc) {
+    ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
+    return 1;
+  }
+  r->codec = PS_CODEC_PEER_MEM;
+  ps__conn_send_ctrl(c, r, NULL, 0);
+  ((ps__server *)c->loop->data)->pm_pulls++;
+  return 1;
+}
+
+
+/* ---- a sync round applied slice by slice into its waiting peer-memory pulls
+ *
+ * When a round of a dense table completes, the pulls parked for it would otherwise read
+ * every parameter back from memory once per worker after the update wrote it. Instead
+ * each slice is updated and at once written into every such pull's buffers while it is
+ * in cache (one pass over the parameters instead of K + 1). The values are the same. */
+
+/* Take the parked peer-memory pulls of table t that this round makes ready. */
+static pending_pull *take_fusable_pulls(ps__server *s, ps__table *t) {
+  pending_pull *head = NULL, **tail = &head, **pp = &s->pulls;
+  if (t->spec.kind != PS_DENSE) return NULL;
+  while (*pp) {
+    pending_pull *p = *pp;
+    if (p->h.codec == PS_CODEC_PEER_MEM && p->conn->peer_pid && ps__shard_table(s->sh, p->h.table) == t &&
+        p->h.clock / (int64_t)t->spec.every == t->version + 1) {
+      *pp = p->next;
+      p->next = NULL;
+      p->fused_err = 0;
+      pm_tail q = pm_tail_of(&p->h, p->buf, p->len);
+      p->fused_pid = pm_local(s, p->conn, 1, &q, &p->fused_xd);
+      *tail = p;
+      tail = &p->next;
+    } else {
+      pp = &p->next;
+    }
+  }
+  return head;
+}
+
+/* Does pull p ask for part of slice sl? */
+static int pull_covers(const ps__table *t, const pending_pull *p, uint64_t sl) {
+  uint64_t width = t->spec.width, lo = sl * width, hi = lo + width;
+  const uint8_t *keys = p->buf;
+  for (uint32_t i = 0; i + 1 < p->h.nkeys; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
+    if (off < hi && off + cnt > lo) return 1;
+  }
+  return 0;
+}
+
+/* Write the part of slice sl (parameters w) that pull p asked for into its buffers. */
+static void fused_write(ps__table *t, pending_pull *p, uint64_t sl, const float *w) {
+  uint64_t width = t->spec.width, lo = sl * width, hi = lo + width, pos = 0;
+  pm_tail q = pm_tail_of(&p->h, p->buf, p->len);
+  if (p->fused_xd) q.d = p->fused_xd;
+  const uint8_t *keys = p->buf;
+  for (uint32_t i = 0; i + 1 < p->h.nkeys && !p->fused_err; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
+    uint64_t a = off > lo ? off : lo, b = off + cnt < hi ? off + cnt : hi;
+    if (a < b) {
+      uv_buf_t l = uv_buf_init((char *)(w + (a - lo)), 0);
+      l.len = (size_t)(b - a) * 4;
+      int rc = ps__pm_copy(p->fused_pid, 1, &l, 1, q.d, q.nd, (pos + a - off) * 4, q.until);
+      if (rc) {
+        p->fused_err = rc;
+        snprintf(p->fused_msg, sizeof p->fused_msg, "%s", ps_errmsg());
+      }
+    }
+    pos += cnt;
+  }
+}
+
+/* Apply round r of table t, writing each updated slice into the pulls f at once.
+ * 0, or -1 if nothing was done (out of memory: the caller applies it the usual way). */
+static int apply_round_fused(ps__table *t, ps__round *r, pending_pull *f) {
+  uint64_t width = t->spec.width, nsl = (t->spec.size + width - 1) / width, lo = UINT64_MAX, hi = 0;
+  for (pending_pull *p = f; p; p = p->next) {
+    const uint8_t *keys = p->buf;
+    for (uint32_t i = 0; i + 1 < p->h.nkeys; i += 2) {
+      uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
+      if (off / width < lo) lo = off / width;
+      if ((off + cnt - 1) / width > hi) hi = (off + cnt - 1) / width;
+    }
+  }
+  uint8_t *done = ps__calloc(nsl ? nsl : 1, 1);
+  if (!done || lo > hi) {
+    free(done);
+    return -1;
+  }
+  double denom;
+  uint64_t step;
+  float lr;
+  size_t n = ps__shard_round_begin(t, r, &lr, &step, &denom) ? ps__rowmap_count(r->acc) : 0;
+  int oom = 0;
+  for (uint64_t sl = lo; sl <= hi && !oom; sl++) {
+    int covered = 0; /* the range may span other servers' slices */
+    for (pending_pull *p = f; p && !covered; p = p->next) covered = pull_covers(t, p, sl);
+    if (!covered) continue;
+    float *g = n ? ps__rowmap_get(r->acc, sl) : NULL;
+    if (g && ps__shard_apply_row(t, sl, g, denom, lr, step)) oom = 1;
+    done[sl] = 1;
+    const float *w = oom ? NULL : ps__shard_row(t, sl);
+    if (!w) oom = 1;
+    for (pending_pull *p = f; p && !oom; p = p->next)
+      if (!p->fused_err && pull_covers(t, p, sl)) fused_write(t, p, sl, w);
+  }
+  for (size_t i = 0; i < n && !oom; i++) { /* slices no pull asked for */
+    uint64_t key = ps__rowmap_key_at(r->acc, i);
+    if (key < nsl && done[key]) continue;
+    if (ps__shard_apply_row(t, key, ps__rowmap_row_at(r->acc, i), denom, lr, step)) oom = 1;
+  }
+  if (n && !oom) t->applied++;
+  for (pending_pull *p = f; p && oom; p = p->next)
+    if (!p->fused_err) {
+      p->fused_err = PS_ERR_NOMEM;
+      snprintf(p->fused_msg, sizeof p->fused_msg, "server out of memory");
+    }
+  free(done);
+  return 0;
+}
+
+/* Answer the pulls of a fused round (the table's version counts the round now). */
+static void answer_fused_pulls(ps__server *s, ps__table *t, pending_pull *f) {
+  while (f) {
+    pending_pull *p = f;
+    f = p->next;
+    free(p->fused_xd);
+    p->fused_xd = NULL;
+    if (p->fused_err == PS_ERR_UNAVAILABLE) {
+      ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not fused, or not permitted after all */
+    } else if (p->fused_err) {
+      ps__srv_reply_err(p->conn, &p->h, p->fused_err, "%s", p->fused_msg);
+    } else {
+      ps__frame_hdr r = ps__srv_pull_reply_hdr(s, t, &p->h);
+      r.codec = PS_CODEC_PEER_MEM;
+      ps__conn_send_ctrl(p->conn, &r, NULL, 0);
+      t->pulls++;
+      s->pm_pulls++;
+      s->fused_pulls++;
+    }
+    ps__pool_put(s->pool, p->buf, p->len);
+    free(p);
+  }
+}
+
+
+/* A streamed peer-memory push: a sync round's accumulator rows are filled from the
+ * worker's buffers directly (the round's first gradient for a slice) or through a
+ * cache-sized staging buffer (the others), without a copy of the whole push. */
+#define PM_STREAM_MIN ((uint64_t)1 << 20)
+#define PM_CHUNK ((size_t)32 << 10)
+
+typedef struct pm_acc_arg {
+  ps__server *s;
+  ps__rowmap *acc;
+  float weight;
+  unsigned width;
+  int pid;
+  pm_tail q;
+} pm_acc_arg;
+
+static int pm_read(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
+  uv_buf_t l = uv_buf_init((char *)dst, 0);
+  l.len = (size_t)n * 4;
+  return ps__pm_copy(a->pid, 0, &l, 1, a->q.d, a->q.nd, pos * 4, a->q.until);
+}
+
+/* A colocated worker's gradient (PS_PM_SELF) is added straight from its buffers, which
+ * are this process's own: no staging copy. Values [pos, pos + n) of the regions. */
+static int pm_self_axpy(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
+  if (a->q.until && ps__now_ms() >= a->q.until) return ps__fail(PS_ERR_TIMEOUT, "peer-memory request expired");
+  uint64_t at = pos * 4, done = 0;
+  for (size_t i = 0; i < a->q.nd && done < n; i++) {
+    uint64_t addr = ps__get_u64(a->q.d + 16 * i), len = ps__get_u64(a->q.d + 16 * i + 8);
+    if (at >= len) {
+      at -= len;
+      continue;
+    }
+    uint64_t m = (len - at) / 4 < n - done ? (len - at) / 4 : n - done;
+    if (m == 0) break;
+    ps__axpy(dst + done, a->weight, (const float *)(uintptr_t)(addr + at), m);
+    done += m, at = 0;
+  }
+  return done == n ? 0 : ps__fail(PS_ERR_SIZE, "peer-memory regions shorter than the values");
+}
+
+/* A created accumulator row: zero but for [within, within + n), which the caller fills. */
+static void acc_row_fresh(float *row, size_t row_floats, uint64_t within, uint64_t n) {
+  memset(row, 0, within * 4);
+  memset(row + within + n, 0, (row_floats - within - n) * 4);
+}
+
+static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  pm_acc_arg *a = arg;
+  int created, rc;
+  float *row = ps__rowmap_upsert_uninit(a->acc, slice, &created);
+  if (!row) return PS_ERR_NOMEM;
+  if (created) {
+    acc_row_fresh(row, a->width, within, n);
+    if ((rc = pm_read(a, row + within, n, pos))) {
+      memset(row + within, 0, n * 4);
+      return rc;
+    }
+    if (a->weight != 1.0f) ps__vscale(row + within, a->weight, n);
+    return 0;
+  }
+  if (a->pid == PS_PM_SELF) return pm_self_axpy(a, row + within, n, pos);
+  for (uint64_t k = 0; k < n; k += PM_CHUNK) {
+    uint64_t m = n - k < PM_CHUNK ? n - k : PM_CHUNK;
+    if ((rc = pm_read(a, a->s->pm_chunk, m, pos + k))) return rc;
+    ps__axpy(row + within + k, a->weight, a->s->pm_chunk, m);
+  }
+  return 0;
+}
+
+/* A large peer-memory push to a sync dense table. 0 if handled (answered), 1 if it
+ * must be staged instead. The worker's regions are checked against its mappings first,
+ * so a bad address fails before any value is added (process_vm_readv would stop part
+ * way); only a mapping removed while the push runs (the worker freeing a buffer it
+ * is pushing from) can then leave part of it in the round, which is logged. */
+static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, pm_tail q,
+                              int pid, uint64_t total) {
+  ps__table *t = ps__shard_table(s->sh, h->table);
+  if (!t || t->spec.kind != PS_DENSE || !ps__table_is_sync(t) || total < PM_STREAM_MIN) return 1;
+  /* Close to its expiry a streamed push could expire part way: the staged path then
+   * fails whole instead. */
+  if (q.until && ps__now_ms() + 1000 >= q.until) return 1;
+  if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
+  /* A colocated worker (our own process) names its own live buffers, and a shared
+   * buffer's regions were checked when they were looked up (pm_local): nothing to check. */
+  int rc = pid == PS_PM_SELF ? 0 : ps__pm_mapped(pid, 0, q.d, q.nd);
+  if (rc == PS_ERR_IO) {
+    ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
+    return 0;
+  }
+  if (rc) return 1;
+  ps__push p = ps__srv_push_of(h, keys, total / 4);
+  p.vals = NULL; /* read from the worker's memory as it goes */
+  if (!(t = ps__srv_table_of(s, c, h, PS_DENSE)) || ps__srv_push_shape(s, c, h, t, &p, 1)) return 0;
+  ps__verdict v;
+  ps__rowmap *acc = ps__shard_push_acc(s->sh, &p, &v);
+  if (!acc) {
+    ps__srv_reply_verdict(c, h, &v);
+    return 0;
+  }
+  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, pid, q};
+  if ((rc = ps__walk_slices(keys, h->nkeys, t->spec.width, pm_acc_slice, &a))) {
+    if (rc != PS_ERR_NOMEM)
+      ps__log(PS_LOG_ERROR, "a push of worker %u to table '%s' failed part way (%s): round %lld may hold part of it",
+              h->sender, t->decl.name, ps_errmsg(), (long long)(h->clock / (int64_t)t->spec.every));
+    ps__srv_reply_err(c, h, rc, "%s", rc == PS_ERR_NOMEM ? "server out of memory" : ps_errmsg());
+    return 0;
+  }
+  t->pushes++;
+  ps__srv_reply_ok(c, h, 0);
+  return 0;
+}
+
+/* A peer-memory dense push: fetch the values from the worker's buffers into a body of
+ * the usual form (segments, then values), then serve it as any push. Nothing is
+ * applied unless every value was read. */
+void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  uint64_t total;
+  s->pm_pushes++; /* served, or answered with an error */
+  if (!c->peer_pid || !ps__pm_usable()) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "this server does not take peer-memory pushes on this connection (%s)",
+              c->peer_pid ? "peer memory is not usable here" : "not a same-host AF_UNIX socket");
+    return;
+  }
+  pm_tail q;
+  if (pm_tail_checked(c, h, b, &q, &total)) return;
+  if (total > c->max_payload - kbytes) {
+    ps__srv_reply_err(c, h, PS_ERR_TOO_LARGE, "a peer-memory push of %llu bytes exceeds the frame limit",
+              (unsigned long long)total);
+    return;
+  }
+  if (total % 4) {
+    ps__srv_reply_err(c, h, PS_ERR_SIZE, "a peer-memory push of %llu bytes is not whole floats", (unsigned long long)total);
+    return;
+  }
+  uint8_t *xd;
+  int pid = pm_local(s, c, 0, &q, &xd);
+  if (!push_peer_streamed(s, c, h, b->buf, q, pid, total)) {
+    free(xd);
+    return;
+  }
+  size_t len = kbytes + (size_t)total;
+  uint8_t *buf = ps__pool_get(c->pool, len);
+  if (!buf) {
+    free(xd);
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte push", len);
+    return;
+  }
+  memcpy(buf, b->buf, kbytes);
+  uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
+  dst.len = (size_t)total;
+  int rc = pm_copy_par(s, pid, 0, &dst, 1, q);
+  free(xd);
+  if (rc) {
+    ps__pool_put(c->pool, buf, len);
+    ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
+    return;
+  }
+  ps__push p = ps__srv_push_of(h, buf, total / 4);
+  ps__owned body = {buf, len};
+  ps__srv_push(s, c, h, &p, &body, 1);
+  if (body.buf) ps__pool_put(c->pool, buf, len); /* not taken by the engine */
+}
+
+int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int64_t n) {
+  /* The worker's buffers must hold exactly the values asked for. */
+  uint64_t total;
+  pm_tail q;
+  if (pm_tail_checked(c, h, b, &q, &total)) return -1;
+  if (total != 4u * (uint64_t)n) {
+    ps__srv_reply_err(c, h, PS_ERR_SIZE, "peer-memory regions of %llu bytes for %lld values", (unsigned long long)total,
+                      (long long)n);
+    return -1;
+  }
+  return 0;
+}
+
+int ps__srv_round_apply(void *arg, ps__table *t, ps__round *r, void **token) {
+  ps__server *s = arg;
+  pending_pull *fused = take_fusable_pulls(s, t);
+  *token = fused;
+  if (!fused) return 0;
+  if (apply_round_fused(t, r, fused) == 0) return 1;
+  for (pending_pull *p = fused; p; p = p->next) p->fused_err = PS_ERR_UNAVAILABLE; /* answered as usual */
+  return 0;
+}
+
+void ps__srv_round_done(void *arg, ps__table *t, void *token) {
+  if (token) answer_fused_pulls(arg, t, token);
+}

@@ -1,0 +1,146 @@
+/*
+ * push.c - pushes, and the checks every data request passes against the ring.
+ *
+ * A push frame is validated here (its table and kind, its keys or segments against
+ * its values, ownership under the current ring: else PS_ERR_MOVED), handed to the
+ * shard engine as a ps__push, and answered with the engine's verdict. A dense push the
+ * engine applies after its acknowledgement keeps the frame's body; the loop's idle
+ * handler (server.c) steps it along.
+ */
+#include <string.h>
+
+#include "common/common.h"
+#include "server/server_int.h"
+
+ps__table *ps__srv_table_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, int kind) {
+  ps__table *t = ps__shard_table(s->sh, h->table);
+  if (!t) {
+    ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
+    return NULL;
+  }
+  if (t->spec.kind != kind) {
+    ps__srv_reply_err(c, h, PS_ERR_INVALID, "table '%s' is %s; use the %s calls", t->decl.name,
+                      t->spec.kind == PS_DENSE ? "dense" : "sparse", t->spec.kind == PS_DENSE ? "range" : "key");
+    return NULL;
+  }
+  return t;
+}
+
+/* The dense slices [*lo, *hi) of t this server owns (ring.h: one contiguous run per
+ * server), cached per ring. 0, or -1 when out of memory. */
+static int dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi) {
+  uint64_t nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
+  size_t S = s->ring ? ps__ring_size(s->ring) : 0;
+  if (S <= 1) {
+    *lo = 0, *hi = nsl;
+    return 0;
+  }
+  if (t->mine_gen != s->ring_gen) {
+    uint32_t *order = ps__malloc(S * sizeof *order);
+    if (!order || !ps__ring_dense_order(s->ring, t->id, order)) {
+      free(order);
+      return -1;
+    }
+    t->mine_lo = t->mine_hi = 0;
+    for (size_t j = 0; j < S; j++) {
+      if (ps__ring_server_at(s->ring, order[j]) == s->id) {
+        t->mine_lo = ps__dense_run_start(j, nsl, S);
+        t->mine_hi = ps__dense_run_start(j + 1, nsl, S);
+        break;
+      }
+    }
+    free(order);
+    t->mine_gen = s->ring_gen;
+  }
+  *lo = t->mine_lo, *hi = t->mine_hi;
+  return 0;
+}
+
+int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys) {
+  uint64_t total = 0, lo = 0, hi = 0;
+  if (h->nkeys && dense_mine(s, t, &lo, &hi)) {
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "out of memory");
+    return -1;
+  }
+  for (uint32_t i = 0; i < h->nkeys; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
+    if (cnt == 0 || off >= t->spec.size || cnt > t->spec.size - off) {
+      ps__srv_reply_err(c, h, PS_ERR_RANGE, "range [%llu, +%llu) outside table '%s' of %llu floats",
+                        (unsigned long long)off, (unsigned long long)cnt, t->decl.name,
+                        (unsigned long long)t->spec.size);
+      return -1;
+    }
+    uint64_t a = off / t->spec.width, b = (off + cnt - 1) / t->spec.width;
+    if (a < lo || b >= hi) {
+      ps__srv_reply_err(c, h, PS_ERR_MOVED, "slice %llu of table '%s' is not on this server (epoch %llu)",
+                        (unsigned long long)(a < lo ? a : hi), t->decl.name, (unsigned long long)s->epoch);
+      return -1;
+    }
+    total += cnt;
+  }
+  return (int64_t)total;
+}
+
+int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys) {
+  /* A server alone in its ring owns every key, so the keys are not read then. */
+  if (!s->ring || ps__ring_size(s->ring) <= 1) return 0;
+  for (uint32_t i = 0; i < h->nkeys; i++) {
+    uint64_t key = ps__get_u64(keys + 8 * (size_t)i);
+    if (ps__ring_owner(s->ring, h->table, key) != s->id) {
+      ps__srv_reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' is not on this server (epoch %llu)",
+                        (unsigned long long)key, t->decl.name, (unsigned long long)s->epoch);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+ps__push ps__srv_push_of(const ps__frame_hdr *h, const void *body, uint64_t nvals) {
+  ps__push p = {.table = h->table, .sender = h->sender, .batch = h->batch, .clock = h->clock,
+                .lr = h->lr >= 0 ? h->lr : -1.0f, .keys = body, .nkeys = h->nkeys,
+                .vals = (const float *)((const uint8_t *)body + 8u * h->nkeys), .nvals = nvals};
+  return p;
+}
+
+int ps__srv_push_shape(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p, int dense) {
+  if (dense) {
+    int64_t total = ps__srv_check_segments(s, c, h, t, p->keys);
+    if (total < 0) return -1;
+    if ((uint64_t)total != p->nvals) {
+      ps__srv_reply_err(c, h, PS_ERR_SIZE, "push of %llu floats for segments covering %lld",
+                        (unsigned long long)p->nvals, (long long)total);
+      return -1;
+    }
+    return 0;
+  }
+  if (p->nvals != (uint64_t)h->nkeys * t->spec.width) {
+    ps__srv_reply_err(c, h, PS_ERR_DIM, "push of %llu floats for %u keys of table '%s' with dim %u",
+                      (unsigned long long)p->nvals, h->nkeys, t->decl.name, t->spec.width);
+    return -1;
+  }
+  return ps__srv_check_keys(s, c, h, t, p->keys);
+}
+
+void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__push *p, ps__owned *body, int dense) {
+  ps__table *t = ps__srv_table_of(s, c, h, dense ? PS_DENSE : PS_SPARSE);
+  if (!t || ps__srv_push_shape(s, c, h, t, p, dense)) return;
+  ps__verdict v;
+  if (ps__shard_push(s->sh, p, body, &v) != PS__APPLIED) {
+    ps__srv_reply_verdict(c, h, &v);
+    return;
+  }
+  ps__srv_reply_ok(c, h, 0);
+  if (v.later) {
+    /* acknowledged first: the worker's next request travels while this applies */
+    ps__shard_pending_first(t);
+    ps__srv_pending_check(s);
+  }
+}
+
+void ps__srv_on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
+  uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
+  ps__push p = ps__srv_push_of(h, b->buf, nvals);
+  ps__owned body = {b->buf, b->len};
+  ps__srv_push(s, c, h, &p, &body, dense);
+  if (!body.buf) b->buf = NULL; /* taken by the engine */
+}

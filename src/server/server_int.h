@@ -1,0 +1,124 @@
+/*
+ * server_int.h - what the files of the server role share.
+ *
+ * The server is a libuv loop in front of a shard engine (shard/shard.h): server.c owns
+ * the loop, the listeners, the scheduler link and the dispatch table; push.c, pull.c,
+ * peer.c (the large-request path: values in the worker's memory) and stats.c each
+ * serve one family of requests: decode, validate against the ring, call the engine,
+ * reply. Everything here runs on the loop thread.
+ */
+#ifndef PS_SERVER_INT_H
+#define PS_SERVER_INT_H
+
+#include <stdint.h>
+
+#include "common/par.h"
+#include "common/ring.h"
+#include "net/net.h"
+#include "server/server.h"
+#include "shard/shard.h"
+
+/* A pull waiting for its table to reach its clock, holding its request body. */
+typedef struct pending_pull {
+  struct pending_pull *next;
+  ps__conn *conn;
+  ps__frame_hdr h;
+  void *buf;   /* request body (keys), pooled */
+  size_t len;
+  int fused_err;       /* a peer-memory write of a round's fused apply failed (peer.c) */
+  int fused_pid;       /* the pid its writes go to (ps__srv_pm_local), and its regions in this */
+  uint8_t *fused_xd;   /* process where they are a shared buffer (else NULL) */
+  char fused_msg[200];
+} pending_pull;
+
+/* A table's aggregation timer (the engine's arm_flush hook). */
+typedef struct table_timer {
+  uv_timer_t tm;
+  ps__table *t;
+} table_timer;
+
+struct ps__server {
+  ps__server_opts o;
+  ps__shard *sh;     /* tables, clocks, rounds */
+  uint64_t frames;   /* worker frames handled (the poll window of ps__server_run) */
+  uint64_t poll_extra_ns; /* the last frame's bytes in and out, as poll time (ps__poll_extra_ns) */
+  uv_loop_t loop;
+  ps__pool *pool;
+  float *pm_chunk;   /* PM_CHUNK floats: a streamed peer-memory push's staging (cache-sized) */
+  ps__shm_cache *shm; /* workers' ps_alloc buffers mapped here (net/shared.c), or NULL */
+  ps__mailbox *mail;
+  ps__listener tcp, unix_l;
+  ps__conn *sched;
+  uint64_t ring_gen; /* from 1, incremented whenever ring is replaced (a table's dense
+                      * ownership cache, mine_gen 0, is then never current before use) */
+  int pid;           /* getpid(): a peer with this pid is a colocated worker */
+  uv_timer_t hb_timer, connect_timer, retry_timer;
+  uint32_t id, rank;
+  uint64_t epoch;
+  int stopping;
+  int result;
+  ps__ring *ring;
+  pending_pull *pulls;
+  char unix_path[PS_PATH_MAX];
+  uv_idle_t apply_idle; /* runs while tables have a pending apply */
+  int idle_on;
+  uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
+  ps__par *par;   /* helper thread for huge requests, started on the first one */
+  int par_failed; /* it could not be started: stay serial */
+};
+
+/* ---- replies (server.c) */
+void ps__srv_reply_ok(ps__conn *c, const ps__frame_hdr *req, uint8_t flags);
+void ps__srv_reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Send a reply whose payload is a pooled buffer (released when written). */
+void ps__srv_reply_pooled(ps__server *s, ps__conn *c, ps__frame_hdr *h, void *buf, size_t len);
+/* Answer a request with an engine verdict that is not APPLIED (a drop is acknowledged). */
+void ps__srv_reply_verdict(ps__conn *c, const ps__frame_hdr *h, const ps__verdict *v);
+/* The helper thread for a request of nkeys keys, or NULL to serve it serially. */
+ps__par *ps__srv_par(ps__server *s, uint32_t nkeys);
+/* Start the idle handler if the engine holds a pending apply. */
+void ps__srv_pending_check(ps__server *s);
+
+/* ---- validation against the ring (push.c) */
+/* The request's table, of the given kind; NULL when answered with an error. */
+ps__table *ps__srv_table_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, int kind);
+/* Check a dense segment list: in range, owned. Returns total elements or -1 (answered). */
+int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys);
+/* Check that every sparse key is owned here: 0, or -1 (answered with MOVED). */
+int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys);
+/* The checks of a push's keys or segments against its values; 0 or -1 (answered). */
+int ps__srv_push_shape(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p, int dense);
+/* A push frame as the engine's request. */
+ps__push ps__srv_push_of(const ps__frame_hdr *h, const void *body, uint64_t nvals);
+void ps__srv_on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+/* Serve a push whose values are in memory (a frame's body, or fetched from the
+ * worker): validate, hand to the engine, reply. body may be taken by the engine. */
+void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__push *p, ps__owned *body, int dense);
+
+/* ---- pulls (pull.c) */
+void ps__srv_on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+void ps__srv_answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen);
+/* The reply header of a pull answered now (its clock: the values' clock). */
+ps__frame_hdr ps__srv_pull_reply_hdr(ps__server *s, ps__table *t, const ps__frame_hdr *h);
+void ps__srv_answer_ready_pulls(ps__server *s);
+void ps__srv_drop_pulls_of(ps__server *s, ps__conn *c);
+void ps__srv_free_pulls(ps__server *s);
+
+/* ---- the large-request path: values in the worker's memory (peer.c) */
+void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* Answer a dense pull by writing into the worker's memory: 1 if done (or answered with
+ * an error), 0 if the values must go in the reply instead. */
+int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
+                               const uv_buf_t *v, unsigned n, ps__frame_hdr *r);
+/* Check a peer-memory pull's regions against its n values: 0, or -1 (answered). */
+int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int64_t n);
+/* The engine's round hooks: a sync round of a dense table applied slice by slice into
+ * the peer-memory pulls waiting for it. */
+int ps__srv_round_apply(void *arg, ps__table *t, ps__round *r, void **token);
+void ps__srv_round_done(void *arg, ps__table *t, void *token);
+
+/* ---- statistics (stats.c) */
+void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);
+
+#endif /* PS_SERVER_INT_H */

@@ -1,0 +1,312 @@
+/*
+ * shard.c - the shard engine's tables, workers and clocks, and the entry points that
+ * hand a request to its table's consistency model (shard.h).
+ *
+ * Workers. The engine keeps a vector clock: each worker's last CLOCK. Only the
+ * scheduler's membership makes a worker live; an id first seen in a frame is pending
+ * until the membership lists it, so a stray or forged sender id (a process that never
+ * registered, a worker of an earlier job) never holds a round. A dead worker leaves the
+ * live set, so no round waits on it; what it pushed before dying stays in its round.
+ */
+#include "shard/shard.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/common.h"
+
+/* ---------------------------------------------------------------- engine */
+
+ps__shard *ps__shard_new(const ps__shard_hooks *hooks) {
+  ps__shard *sh = ps__calloc(1, sizeof *sh);
+  if (sh) sh->hooks = *hooks;
+  return sh;
+}
+
+static void table_free(ps__shard *sh, ps__table *t) {
+  if (!t) return;
+  if (t->pend.active) sh->hooks.release(sh->hooks.arg, t->pend.buf, t->pend.len);
+  ps__rowmap_free(t->params);
+  ps__rowmap_free(t->agg);
+  for (int i = 0; i < PS__ROUND_WINDOW; i++) {
+    ps__rowmap_free(t->rounds[i].acc);
+    free(t->rounds[i].pushers);
+  }
+  free(t);
+}
+
+void ps__shard_free(ps__shard *sh) {
+  if (!sh) return;
+  for (size_t i = 0; i < sh->ntables; i++) table_free(sh, sh->tables[i]);
+  free(sh->tables);
+  free(sh->workers);
+  free(sh);
+}
+
+const ps__mode_ops *ps__shard_mode(const ps__table *t) {
+  switch (t->spec.mode) {
+  case PS__MODE_SYNC:
+  case PS__MODE_SYNC_M: return &ps__mode_sync;
+  case PS__MODE_SSP: return &ps__mode_ssp;
+  default: return &ps__mode_async;
+  }
+}
+
+int ps__table_is_sync(const ps__table *t) { return t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M; }
+
+int ps__shard_reject(ps__shard *sh, ps__table *t, ps__verdict *v, int err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->msg, sizeof v->msg, fmt, ap);
+  va_end(ap);
+  v->status = PS__REJECTED;
+  v->err = err;
+  if (err == PS_ERR_CLOCK) {
+    sh->rejected_clock++;
+    if (t) t->rejected++;
+  }
+  return PS__REJECTED;
+}
+
+void ps__shard_stale(uint64_t *hist, int64_t *max, int64_t v) {
+  if (v < 0) v = 0;
+  hist[v < PS__STALE_BUCKETS - 1 ? v : PS__STALE_BUCKETS - 1]++;
+  if (v > *max) *max = v;
+}
+
+/* ---------------------------------------------------------------- tables */
+
+int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
+  ps__table_spec spec;
+  v->status = PS__APPLIED;
+  if (d->id == 0 || d->id >= PS__MAX_TABLES) return ps__shard_reject(sh, NULL, v, PS_ERR_INVALID, "bad table id %u", d->id);
+  int rc = ps__table_spec_parse(&spec, d->name, d->kind, d->size, d->options, v->msg, sizeof v->msg);
+  if (rc) return ps__shard_reject(sh, NULL, v, rc, "%s", v->msg);
+  ps__table *t = ps__shard_table(sh, d->id);
+  if (t) {
+    if (memcmp(&t->spec, &spec, sizeof spec) || strcmp(t->decl.name, d->name))
+      return ps__shard_reject(sh, NULL, v, PS_ERR_CONFLICT, "table %u exists as '%s' with other options", d->id,
+                              t->decl.name);
+    return PS__APPLIED;
+  }
+  if (d->id >= sh->ntables) {
+    size_t n = d->id + 1u;
+    ps__table **nt = ps__realloc(sh->tables, n * sizeof *nt);
+    if (!nt) return ps__shard_reject(sh, NULL, v, PS_ERR_NOMEM, "server out of memory");
+    memset(nt + sh->ntables, 0, (n - sh->ntables) * sizeof *nt);
+    sh->tables = nt;
+    sh->ntables = n;
+  }
+  t = ps__calloc(1, sizeof *t);
+  /* Sparse rows of one float live in the index (store.h): every use of such a row
+   * pointer ends before the next insert into the table. */
+  if (!t || !(t->params = spec.kind == PS_SPARSE ? ps__rowmap_new_in_index(ps__spec_row_floats(&spec))
+                                                 : ps__rowmap_new(ps__spec_row_floats(&spec)))) {
+    free(t);
+    return ps__shard_reject(sh, NULL, v, PS_ERR_NOMEM, "server out of memory");
+  }
+  t->sh = sh;
+  t->id = d->id;
+  t->spec = spec;
+  t->decl = *d;
+  for (int i = 0; i < PS__ROUND_WINDOW; i++) t->rounds[i].round = -1;
+  /* A table created after the job ran starts at the current round. */
+  int64_t minc, maxc;
+  ps__shard_live_clocks(sh, &minc, &maxc);
+  t->version = minc / (int64_t)spec.every;
+  sh->tables[d->id] = t;
+  ps__log(PS_LOG_INFO, "table %u '%s' created (%s, size %llu)", d->id, d->name, d->kind == PS_DENSE ? "dense" : "sparse",
+          (unsigned long long)d->size);
+  return PS__APPLIED;
+}
+
+float *ps__shard_row(ps__table *t, uint64_t key) {
+  int created = 0;
+  float *row = ps__rowmap_upsert(t->params, key, &created);
+  if (row && created) ps__row_init(&t->spec, key, row);
+  return row;
+}
+
+/* ---------------------------------------------------------------- workers and clocks */
+
+ps__worker *ps__shard_worker(ps__shard *sh, uint32_t id) {
+  for (size_t i = 0; i < sh->nworkers; i++)
+    if (sh->workers[i].id == id) return &sh->workers[i];
+  return NULL;
+}
+
+size_t ps__shard_live_clocks(const ps__shard *sh, int64_t *minc, int64_t *maxc) {
+  size_t n = 0;
+  *minc = INT64_MAX;
+  *maxc = 0;
+  for (size_t i = 0; i < sh->nworkers; i++) {
+    const ps__worker *w = &sh->workers[i];
+    if (!w->alive) continue;
+    n++;
+    if (w->clock < *minc) *minc = w->clock;
+    if (w->clock > *maxc) *maxc = w->clock;
+  }
+  if (!n) *minc = 0;
+  return n;
+}
+
+static ps__worker *add_worker(ps__shard *sh, uint32_t id, int64_t clock, int live) {
+  if (sh->nworkers == sh->wcap) {
+    size_t cap = sh->wcap ? sh->wcap * 2 : 8;
+    ps__worker *w = ps__realloc(sh->workers, cap * sizeof *w);
+    if (!w) return NULL;
+    sh->workers = w;
+    sh->wcap = cap;
+  }
+  ps__worker *w = &sh->workers[sh->nworkers++];
+  w->id = id;
+  w->alive = live;
+  w->pending = !live;
+  w->clock = clock;
+  return w;
+}
+
+void ps__shard_member(ps__shard *sh, uint32_t id, int alive) {
+  ps__worker *w = ps__shard_worker(sh, id);
+  int64_t minc, maxc;
+  if (!w && alive) {
+    ps__shard_live_clocks(sh, &minc, &maxc);
+    w = add_worker(sh, id, sh->started ? minc : 0, 1);
+  } else if (w && alive && w->pending) { /* the scheduler vouches for it now */
+    ps__shard_live_clocks(sh, &minc, &maxc);
+    w->pending = 0;
+    w->alive = 1;
+    if (sh->started && w->clock < minc) w->clock = minc;
+  }
+  if (w && !alive && (w->alive || w->pending)) {
+    w->pending = 0;
+    w->alive = 0;
+    ps__log(PS_LOG_INFO, "worker %u left the active set", id);
+  }
+}
+
+void ps__shard_set_started(ps__shard *sh, int started) {
+  sh->started = started;
+  ps__shard_advance(sh);
+}
+
+void ps__shard_clock(ps__shard *sh, uint32_t id, int64_t clock) {
+  ps__worker *w = ps__shard_worker(sh, id);
+  if (!w) w = add_worker(sh, id, 0, 0);
+  if (!w || (!w->alive && !w->pending)) return;
+  if (clock > w->clock) w->clock = clock;
+  ps__shard_advance(sh);
+}
+
+void ps__shard_advance(ps__shard *sh) {
+  if (!sh->started) return;
+  for (size_t i = 0; i < sh->ntables; i++) {
+    ps__table *t = sh->tables[i];
+    if (t) ps__shard_mode(t)->advance(sh, t);
+  }
+}
+
+/* ---------------------------------------------------------------- requests */
+
+/* The checks every push passes before it changes anything: the batch of a mean-mode
+ * table, the sender, and the clock against the table's mode. */
+static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
+  ps__table *t = ps__shard_table(sh, p->table);
+  v->status = PS__APPLIED;
+  if (!t) {
+    ps__shard_reject(sh, NULL, v, PS_ERR_NO_TABLE, "unknown table %u", p->table);
+    return NULL;
+  }
+  ps__shard_flush(t); /* an earlier push is in before this one */
+  if (t->spec.update == PS__UPDATE_MEAN && p->batch == 0 && p->nkeys > 0) {
+    ps__shard_reject(sh, t, v, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
+    return NULL;
+  }
+  ps__worker *w = ps__shard_worker(sh, p->sender);
+  if (w && !w->alive && !w->pending) {
+    ps__shard_reject(sh, t, v, PS_ERR_UNAVAILABLE, "worker %u was removed from the job", p->sender);
+    return NULL;
+  }
+  int64_t lo, hi;
+  ps__shard_live_clocks(sh, &lo, &hi);
+  if (!w && !(w = add_worker(sh, p->sender, lo, 0))) {
+    ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+    return NULL;
+  }
+  /* From the future: ahead of every live worker's clock. (A worker may be ahead of its
+   * own last CLOCK here: a sync:M straggler fast-forwards to the servers' round.) */
+  int64_t front = w->clock > hi ? w->clock : hi;
+  if (p->clock < 0 || p->clock > front) {
+    ps__shard_reject(sh, t, v, PS_ERR_CLOCK, "push for clock %lld is from the future: the fastest worker is at %lld",
+                     (long long)p->clock, (long long)front);
+    return NULL;
+  }
+  /* Far in the past, in every mode: more than PS__MAX_DELAY clocks behind the fastest
+   * live worker. (Under sync:M a late push would otherwise be dropped with a success.) */
+  if (hi - p->clock > PS__MAX_DELAY) {
+    ps__shard_reject(sh, t, v, PS_ERR_CLOCK, "push for clock %lld is more than %d clocks behind the fastest worker (%lld)",
+                     (long long)p->clock, PS__MAX_DELAY, (long long)hi);
+    return NULL;
+  }
+  if (ps__shard_mode(t)->admit(sh, t, w, p, hi, v) != PS__APPLIED) return NULL;
+  return t;
+}
+
+int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v) {
+  ps__table *t = push_admit(sh, p, v);
+  if (!t) return v->status;
+  return ps__shard_mode(t)->push(sh, t, p, body, v);
+}
+
+ps__rowmap *ps__shard_push_acc(ps__shard *sh, const ps__push *p, ps__verdict *v) {
+  ps__table *t = push_admit(sh, p, v);
+  if (!t) return NULL;
+  if (!ps__table_is_sync(t)) {
+    ps__shard_reject(sh, t, v, PS_ERR_INVALID, "table '%s' is not synchronous", t->decl.name);
+    return NULL;
+  }
+  return ps__sync_round_acc(sh, t, p, v);
+}
+
+int ps__shard_pull_ready(ps__shard *sh, ps__table *t, int64_t c) {
+  return !sh->started || ps__shard_mode(t)->pull_ready(sh, t, c);
+}
+
+int64_t ps__shard_pull_answered(ps__shard *sh, ps__table *t, uint32_t sender, int64_t c) {
+  int64_t minc, maxc;
+  if (!ps__table_is_sync(t)) {
+    ps__shard_live_clocks(sh, &minc, &maxc);
+    ps__shard_stale(sh->pull_stale, &sh->pull_stale_max, c - minc);
+    return c;
+  }
+  int64_t at = t->version * (int64_t)t->spec.every;
+  if (at > c) {
+    /* The worker fast-forwards to `at` on this reply (client): it is there now. */
+    ps__worker *w = ps__shard_worker(sh, sender);
+    if (w && w->alive && w->clock < at) w->clock = at;
+  }
+  return at;
+}
+
+double ps__shard_direct_batch(const ps__shard *sh, uint32_t batch) {
+  int64_t minc, maxc;
+  size_t k = ps__shard_live_clocks(sh, &minc, &maxc);
+  return (double)batch * (double)(k ? k : 1);
+}
+
+int ps__walk_slices(const uint8_t *keys, uint32_t nkeys, unsigned width, ps__slice_fn fn, void *arg) {
+  uint64_t pos = 0;
+  for (uint32_t i = 0; i + 1 < nkeys; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
+    while (cnt > 0) {
+      uint64_t within = off % width, n = width - within < cnt ? width - within : cnt;
+      int rc = fn(arg, off / width, within, n, pos);
+      if (rc) return rc;
+      pos += n;
+      off += n;
+      cnt -= n;
+    }
+  }
+  return 0;
+}

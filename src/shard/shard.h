@@ -1,0 +1,319 @@
+/*
+ * shard.h - the shard engine: a server's tables, clocks, rounds and consistency models,
+ * with no sockets and no threads of its own.
+ *
+ * The engine takes decoded requests (ps__push, a pull's table and clock) and returns
+ * verdicts: applied, dropped, rejected with an error and a message, or wait. It never
+ * sees a connection; what it needs from its owner (release a push body it took, arm an
+ * aggregation timer, a helper thread for huge requests, a sync round applied into
+ * waiting pulls) it asks through the hooks given to ps__shard_new. One thread, the
+ * owner's (the server's loop), calls everything here; a huge request may run part of
+ * its work on the owner's helper thread, handed over and back by ps__par_run.
+ *
+ * Every change to a parameter or to its optimiser state goes through ps__shard_write
+ * (below), and every row is created by ps__shard_row. Those two are where replication
+ * forwards, checkpoints snapshot and migration exports and imports.
+ *
+ * The consistency models are an ops table (ps__mode_ops), one file per family:
+ * sync.c (sync and sync:M), ssp.c (bounded staleness) and async.c (eventual, with
+ * server-side aggregation). apply.c holds the update paths they share.
+ */
+#ifndef PS_SHARD_H
+#define PS_SHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/config.h"
+#include "common/par.h"
+#include "proto/msg.h"
+#include "store/store.h"
+
+#define PS__ROUND_WINDOW 8    /* rounds a sync push may run ahead of the applied version */
+#define PS__MAX_TABLES 65536
+#define PS__MAX_DELAY 10000   /* a push more clocks behind the fastest worker is rejected */
+#define PS__STALE_BUCKETS 64  /* staleness histogram: 0..62, and >= 63 */
+#define PS__PAR_MIN_KEYS (256u * 1024u) /* sparse requests this large use the helper thread */
+#define PS__APPLY_STEP (64u * 1024u)    /* floats per idle step of a pending apply (256 KiB) */
+#define PS__PRODUCE_STEP (256u * 1024u) /* floats per step while a reply waits on it (1 MiB) */
+
+typedef struct ps__shard ps__shard;
+typedef struct ps__table ps__table;
+
+/* A decoded push. keys are wire bytes: sparse row ids (8 bytes each, little-endian), or
+ * for a dense table (offset, count) pairs of elements. */
+typedef struct ps__push {
+  uint32_t table, sender, batch;
+  int64_t clock;
+  float lr;             /* < 0: the table's schedule */
+  const uint8_t *keys;
+  uint32_t nkeys;
+  const float *vals;    /* nvals floats: nkeys * dim (sparse) or the segments' total (dense) */
+  uint64_t nvals;
+} ps__push;
+
+/* A pooled buffer the engine may take from its caller (a push body applied after the
+ * push was acknowledged); buf is set NULL when taken, and the engine gives it back
+ * through the release hook. */
+typedef struct ps__owned {
+  void *buf;
+  size_t len;
+} ps__owned;
+
+enum { PS__APPLIED = 0, PS__DROPPED = 1, PS__REJECTED = 2, PS__WAIT = 3 };
+
+/* The engine's answer to a request: status (above); err and msg when rejected. */
+typedef struct ps__verdict {
+  int status;
+  int later;    /* APPLIED, and the owner calls ps__shard_pending_first after its reply */
+  int err;
+  char msg[256];
+} ps__verdict;
+
+typedef struct ps__pusher {
+  uint32_t worker;
+  int64_t clock;
+} ps__pusher;
+
+/* One sync round's accumulated pushes: key -> batch-weighted sum of gradients. */
+typedef struct ps__round {
+  int64_t round;        /* which round this slot holds, -1 none */
+  ps__rowmap *acc;      /* key -> accumulated gradient (width floats) */
+  double batch_sum;
+  float lr;
+  int has_lr;
+  ps__pusher *pushers;  /* (worker, clock) pairs that pushed this (table, round) */
+  size_t npushers, cap;
+} ps__round;
+
+/* A dense push that was acknowledged and is being applied a piece at a time: its values,
+ * in the order of its segment list, are applied up to `done`. */
+typedef struct ps__pending_apply {
+  int active;
+  void *buf;            /* the push body (taken), owned */
+  size_t len;
+  const uint8_t *keys;  /* in buf */
+  uint32_t nkeys;
+  const float *vals;    /* in buf */
+  uint64_t total, done; /* floats */
+  uint32_t seg;         /* cursor: segment (pair index) and floats into it */
+  uint64_t seg_off;
+  float lr;
+  uint64_t step;
+} ps__pending_apply;
+
+struct ps__table {
+  ps__shard *sh;
+  uint32_t id;
+  ps__table_spec spec;
+  ps__declare decl;
+  ps__rowmap *params;
+  uint64_t step;        /* updates applied (adam bias correction) */
+  /* sync and sync:M */
+  int64_t version;      /* rounds applied; round r covers clocks [r*every, (r+1)*every) */
+  ps__round rounds[PS__ROUND_WINDOW];
+  /* async and ssp: buffered pushes (server-side aggregation) */
+  ps__rowmap *agg;      /* key -> sum of weighted gradients (width floats) + weight sum (1 float) */
+  uint32_t agg_count;
+  double agg_batch;     /* sum of the buffered pushes' batches */
+  float agg_lr;
+  int agg_has_lr;
+  int agg_armed;        /* the owner was asked for a flush after agg_ms */
+  ps__pending_apply pend;
+  /* counters */
+  uint64_t pushes, pulls, dropped, rejected, applied;
+  float last_lr;        /* learning rate of the last update */
+  double last_batch;    /* global batch of the last update */
+  /* owner's cache: the dense slices [mine_lo, mine_hi) owned under ring generation mine_gen */
+  uint64_t mine_gen, mine_lo, mine_hi;
+  void *owner;          /* the owner's per-table state (an aggregation timer) */
+};
+
+typedef struct ps__worker {
+  uint32_t id;
+  int alive;    /* in the live set: rounds wait for its clock */
+  int pending;  /* seen in a frame, not (yet) in the membership: never waited for */
+  int64_t clock;
+} ps__worker;
+
+/* What the engine asks of its owner. Every hook is called on the owner's thread, from
+ * within an engine call. */
+typedef struct ps__shard_hooks {
+  void *arg;
+  /* Scratch buffers of a huge request, and bodies taken from a ps__owned: get n bytes
+   * (NULL when out of memory) and give them back with the same n (required; the
+   * server's are its buffer pool, whose pages stay warm between requests). */
+  void *(*alloc)(void *arg, size_t n);
+  void (*release)(void *arg, void *buf, size_t len);
+  /* Call ps__shard_agg_flush(t) once, ms milliseconds from now; ms == 0 cancels. NULL:
+   * aggregation by time is flushed only by count and by the owner. */
+  void (*arm_flush)(void *arg, ps__table *t, uint32_t ms);
+  /* The helper thread for a huge request of nkeys keys, or NULL to serve it serially. */
+  ps__par *(*par)(void *arg, uint32_t nkeys);
+  /* Sync round r of t is complete: apply it into waiting pulls (through
+   * ps__shard_round_begin and ps__shard_apply_row) and return 1, or return 0 and the
+   * engine applies it. *token is handed to round_done after the version moved on. */
+  int (*round_apply)(void *arg, ps__table *t, ps__round *r, void **token);
+  void (*round_done)(void *arg, ps__table *t, void *token);
+} ps__shard_hooks;
+
+/* The consistency model of a table (one per ps__mode_kind). */
+typedef struct ps__mode_ops {
+  const char *name;
+  /* Admit a push by its clock (the worker is known): APPLIED to go on, DROPPED (counted,
+   * acknowledged, not applied) or REJECTED. */
+  int (*admit)(ps__shard *sh, ps__table *t, ps__worker *w, const ps__push *p, int64_t fastest, ps__verdict *v);
+  /* Apply or buffer an admitted push. */
+  int (*push)(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v);
+  /* May a pull at clock c be answered now? */
+  int (*pull_ready)(ps__shard *sh, ps__table *t, int64_t c);
+  /* Clocks or the live set changed: apply what is complete. */
+  void (*advance)(ps__shard *sh, ps__table *t);
+} ps__mode_ops;
+
+extern const ps__mode_ops ps__mode_sync, ps__mode_ssp, ps__mode_async;
+
+struct ps__shard {
+  ps__shard_hooks hooks;
+  int started;          /* the job has started (membership); before, pulls are answered at once */
+  ps__worker *workers;
+  size_t nworkers, wcap;
+  ps__table **tables;   /* indexed by table id */
+  size_t ntables;
+  size_t npending;      /* tables with a pending apply */
+  uint64_t rejected_clock;
+  /* staleness of applied pushes (max worker clock - push clock) and of answered pulls
+   * (pull clock - slowest live worker's clock), async and ssp tables */
+  uint64_t push_stale[PS__STALE_BUCKETS], pull_stale[PS__STALE_BUCKETS];
+  int64_t push_stale_max, pull_stale_max;
+};
+
+/* ---------------------------------------------------------------- engine and tables */
+
+ps__shard *ps__shard_new(const ps__shard_hooks *hooks);
+void ps__shard_free(ps__shard *sh);
+const ps__mode_ops *ps__shard_mode(const ps__table *t);
+int ps__table_is_sync(const ps__table *t);
+static inline ps__table *ps__shard_table(const ps__shard *sh, uint32_t id) {
+  return id < sh->ntables ? sh->tables[id] : NULL;
+}
+/* Create table d (its options parsed), or check that an existing one is the same.
+ * PS__APPLIED, or PS__REJECTED (INVALID, CONFIG, CONFLICT, NOMEM) with a message. */
+int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v);
+
+/* ---------------------------------------------------------------- clocks and workers */
+
+ps__worker *ps__shard_worker(ps__shard *sh, uint32_t id);
+/* Clocks of the live workers: slowest, fastest and count. */
+size_t ps__shard_live_clocks(const ps__shard *sh, int64_t *minc, int64_t *maxc);
+/* The scheduler's membership lists worker id as alive or not (a worker only seen in
+ * frames so far becomes live). */
+void ps__shard_member(ps__shard *sh, uint32_t id, int alive);
+/* The membership's job state (0 waiting, 1 running, 2 finished); then apply what is complete. */
+void ps__shard_set_started(ps__shard *sh, int started);
+/* A CLOCK from worker id: it finished clock-1. Applies every round that completes. */
+void ps__shard_clock(ps__shard *sh, uint32_t id, int64_t clock);
+/* Apply every sync round that is complete. */
+void ps__shard_advance(ps__shard *sh);
+
+/* ---------------------------------------------------------------- requests */
+
+/* Admit and apply (or buffer, or drop) a validated push: p's table exists with the
+ * right kind, and its keys are owned and match its values. The engine may take body
+ * (a dense push applied after it is acknowledged). Returns v->status. */
+int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v);
+/* Admit a sync push and return its round's accumulator, for an owner that fills it
+ * itself (a push read from the worker's memory as it goes) and then counts it in
+ * t->pushes; NULL with v set when it is dropped or rejected. */
+ps__rowmap *ps__shard_push_acc(ps__shard *sh, const ps__push *p, ps__verdict *v);
+/* A pull at clock c of table t: may it be answered now (else it waits for a round or
+ * for the slowest worker)? */
+int ps__shard_pull_ready(ps__shard *sh, ps__table *t, int64_t c);
+/* A pull of worker `sender` at clock c is answered now: record its staleness, and
+ * return the clock of the values (a sync table's applied rounds), moving a worker that
+ * fell behind a sync:M job up to it. */
+int64_t ps__shard_pull_answered(ps__shard *sh, ps__table *t, uint32_t sender, int64_t c);
+/* Copy the rows of keys [lo, hi) (wire bytes) into out, creating missing ones; 1 if a
+ * row could not be created (written as zeros), else 0. */
+int ps__shard_read_rows(ps__table *t, const uint8_t *keys, uint32_t lo, uint32_t hi, float *out);
+/* The same for a whole huge request on the owner's helper thread; 0 or PS_ERR_NOMEM. */
+int ps__shard_read_huge(ps__table *t, ps__par *par, const uint8_t *keys, uint32_t nkeys, float *out);
+/* Apply the buffered async/ssp pushes of t now. */
+void ps__shard_agg_flush(ps__table *t);
+
+/* ---------------------------------------------------------------- pending applies */
+
+/* The first step of a pending apply that a push started (verdict.later), called
+ * once the push is acknowledged: a small push is applied whole, a large one in part. */
+void ps__shard_pending_first(ps__table *t);
+/* Apply up to `budget` more floats of t's pending push (all: UINT64_MAX). */
+void ps__shard_pending_step(ps__table *t, uint64_t budget);
+/* Finish t's pending apply, if any. Everything that reads or updates t's parameters
+ * calls this first, except a pull of exactly the pending ranges (ps__shard_pending_step
+ * then runs while its reply is sent). */
+static inline void ps__shard_flush(ps__table *t) {
+  if (t->pend.active) ps__shard_pending_step(t, UINT64_MAX);
+}
+/* A step of every pending apply (the owner calls it when idle). */
+void ps__shard_pending_idle(ps__shard *sh, uint64_t budget);
+
+/* ---------------------------------------------------------------- the mutation point */
+
+/* The parameter row for key, created from the initialiser on first touch; NULL when out
+ * of memory. Sparse rows of one float live in the index (store.h): a pointer is valid
+ * until the next row of the table is created. */
+float *ps__shard_row(ps__table *t, uint64_t key);
+
+/* The one place where parameters and optimiser state change: one optimiser step with
+ * rate lr and step number `step` on parameters [within, within + n) of row `row`
+ * (the row of `key`), gradient g (combined already: the mean or the sum). Called on the
+ * owner's thread, or on its helper thread for the rows of a huge push that the helper
+ * owns (each row then has one writer). */
+static inline void ps__shard_write(ps__table *t, uint64_t key, float *row, uint32_t within, const float *g,
+                                   size_t n, float lr, uint64_t step) {
+  (void)key;
+  unsigned width = t->spec.width;
+  if (t->spec.opt.kind == PS__OPT_SGD && n <= 8) {
+    /* sgd on a short run (sparse rows of small dim): the step inlined, no call. */
+    float *w = row + within;
+    for (size_t k = 0; k < n; k++) w[k] -= lr * g[k];
+    return;
+  }
+  ps__optim_apply(&t->spec.opt, lr, step, row + within, row + width + within, width, g, n);
+}
+
+/* ---------------------------------------------------------------- rounds (for the owner's round_apply) */
+
+/* Start applying round r of t as one optimiser step: its rate, step number and the
+ * denominator of its rows (finishes a pending apply first). 0 when the round is empty. */
+int ps__shard_round_begin(ps__table *t, ps__round *r, float *lr, uint64_t *step, double *denom);
+/* One row of a round or buffer: gradient sum g (scaled in place), denominator d.
+ * 0 or PS_ERR_NOMEM (logged). */
+int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr, uint64_t step);
+
+/* ---------------------------------------------------------------- shared by the mode files */
+
+void ps__shard_stale(uint64_t *hist, int64_t *max, int64_t v);
+int ps__shard_reject(ps__shard *sh, ps__table *t, ps__verdict *v, int err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+/* Apply a whole accumulator as one step; per_row_denom: each row's last float is its denominator. */
+void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr, double global_batch);
+/* Accumulate p's gradients, weighted, into acc (count_weight: rows carry their weight sum). */
+int ps__shard_accumulate(ps__table *t, ps__rowmap *acc, const ps__push *p, float weight, int count_weight);
+/* async.c's admission and push path, shared with ssp.c. */
+int ps__async_admit(ps__shard *sh, ps__table *t, ps__worker *w, const ps__push *p, int64_t fastest, ps__verdict *v);
+int ps__async_push(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v);
+/* A sync push's round accumulator, with its pusher and rate recorded (sync.c). */
+ps__rowmap *ps__sync_round_acc(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v);
+/* Apply a push on its own, at once (async and ssp without aggregation). */
+int ps__shard_apply_direct(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v);
+/* The global batch of a push applied on its own: its batch times the live workers. */
+double ps__shard_direct_batch(const ps__shard *sh, uint32_t batch);
+
+/* The dense segment list (offset, count pairs) as runs inside slices: fn(arg, slice,
+ * first element within it, count, position of the run in the values). Stops at, and
+ * returns, fn's first non-zero. */
+typedef int (*ps__slice_fn)(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos);
+int ps__walk_slices(const uint8_t *keys, uint32_t nkeys, unsigned width, ps__slice_fn fn, void *arg);
+
+#endif /* PS_SHARD_H */
