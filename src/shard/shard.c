@@ -81,8 +81,9 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
   ps__table_spec spec;
   v->status = PS__APPLIED;
   if (d->id == 0 || d->id >= PS__MAX_TABLES) return ps__shard_reject(sh, NULL, v, PS_ERR_INVALID, "bad table id %u", d->id);
-  int rc = ps__table_spec_parse(&spec, d->name, d->kind, d->size, d->options, v->msg, sizeof v->msg);
-  if (rc) return ps__shard_reject(sh, NULL, v, rc, "%s", v->msg);
+  char err[sizeof v->msg];
+  int rc = ps__table_spec_parse(&spec, d->name, d->kind, d->size, d->options, err, sizeof err);
+  if (rc) return ps__shard_reject(sh, NULL, v, rc, "%s", err);
   ps__table *t = ps__shard_table(sh, d->id);
   if (t) {
     if (memcmp(&t->spec, &spec, sizeof spec) || strcmp(t->decl.name, d->name))

@@ -1,0 +1,457 @@
+/*
+ * test_shard.c - the shard engine without sockets or threads: the consistency models,
+ * rounds and their batch-weighted mean, aggregation, the learning-rate schedule, the
+ * live set, and the pending apply of dense pushes, driven through shard.h alone.
+ *
+ * Every table here starts at zero (init=zero) with plain sgd unless a test says
+ * otherwise, so after one step w = -lr * g and each expected value is written out.
+ */
+#include <criterion/criterion.h>
+#include <criterion/new/assert.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/common.h"
+#include "shard/shard.h"
+
+/* ---------------------------------------------------------------- the fixture */
+
+typedef struct hooks_log {
+  int releases;
+  uint32_t armed_ms; /* the last arm_flush: ms asked for, 0 after a cancel */
+  int arms, cancels;
+  int rounds_done;
+} hooks_log;
+
+static hooks_log L;
+static ps__shard *SH;
+
+static void *t_alloc(void *arg, size_t n) {
+  (void)arg;
+  return malloc(n ? n : 1);
+}
+static void t_release(void *arg, void *buf, size_t n) {
+  (void)arg, (void)n;
+  free(buf);
+  L.releases++;
+}
+static void t_arm(void *arg, ps__table *t, uint32_t ms) {
+  (void)arg, (void)t;
+  L.armed_ms = ms;
+  if (ms) L.arms++;
+  else L.cancels++;
+}
+static void t_round_done(void *arg, ps__table *t, void *token) {
+  (void)arg, (void)t, (void)token;
+  L.rounds_done++;
+}
+
+static void setup(void) {
+  memset(&L, 0, sizeof L);
+  ps__shard_hooks h = {.alloc = t_alloc, .release = t_release, .arm_flush = t_arm, .round_done = t_round_done};
+  SH = ps__shard_new(&h);
+  cr_assert(SH != NULL);
+}
+static void teardown(void) { ps__shard_free(SH); }
+
+TestSuite(shard, .init = setup, .fini = teardown, .timeout = 30);
+
+static ps__table *create(uint32_t id, int kind, uint64_t size, const char *opts) {
+  ps__declare d = {.id = id, .kind = (uint8_t)kind, .size = size};
+  snprintf(d.name, sizeof d.name, "t%u", id);
+  snprintf(d.options, sizeof d.options, "%s", opts);
+  ps__verdict v;
+  int st = ps__shard_create(SH, &d, &v);
+  cr_assert(eq(int, st, PS__APPLIED), "create '%s': %s", opts, v.msg);
+  return ps__shard_table(SH, id);
+}
+
+/* Workers 1..k are live, the job has started. */
+static void start(uint32_t k) {
+  for (uint32_t i = 1; i <= k; i++) ps__shard_member(SH, i, 1);
+  ps__shard_set_started(SH, 1);
+}
+
+static void put_keys(uint8_t *b, const uint64_t *k, uint32_t n) {
+  for (uint32_t i = 0; i < n; i++)
+    for (int j = 0; j < 8; j++) b[8 * i + j] = (uint8_t)(k[i] >> (8 * j));
+}
+
+/* A sparse push of one key with one float. */
+static int push1(uint32_t table, uint32_t sender, int64_t clock, uint32_t batch, uint64_t key, float g, ps__verdict *v) {
+  uint8_t kb[8];
+  put_keys(kb, &key, 1);
+  ps__push p = {.table = table, .sender = sender, .batch = batch, .clock = clock, .lr = -1.0f, .keys = kb,
+                .nkeys = 1, .vals = &g, .nvals = 1};
+  return ps__shard_push(SH, &p, NULL, v);
+}
+
+static void push1_ok(uint32_t table, uint32_t sender, int64_t clock, uint32_t batch, uint64_t key, float g) {
+  ps__verdict v;
+  int st = push1(table, sender, clock, batch, key, g, &v);
+  cr_assert(eq(int, st, PS__APPLIED), "push of worker %u at clock %lld: status %d (%s)", sender, (long long)clock, st,
+            st == PS__REJECTED ? v.msg : "");
+}
+
+static float row1(ps__table *t, uint64_t key) {
+  uint8_t kb[8];
+  float out = NAN;
+  put_keys(kb, &key, 1);
+  cr_assert(eq(int, ps__shard_read_rows(t, kb, 0, 1, &out), 0));
+  return out;
+}
+
+#define SPARSE1 "init=zero lr=1"
+
+/* ---------------------------------------------------------------- sync */
+
+Test(shard, sync_round_closes_when_every_live_worker_clocked_and_only_then) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=sync");
+  start(3);
+  push1_ok(1, 1, 0, 10, 7, 1.0f);
+  push1_ok(1, 2, 0, 30, 7, 3.0f);
+  push1_ok(1, 3, 0, 60, 9, 2.0f); /* worker 3 touches another row */
+  cr_assert(not(ps__shard_pull_ready(SH, t, 1)));
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  cr_assert(eq(i64, t->version, 0), "the round closed before worker 3 clocked");
+  cr_assert(eq(flt, row1(t, 7), 0.0f));
+  cr_assert(not(ps__shard_pull_ready(SH, t, 1)));
+  ps__shard_clock(SH, 3, 1);
+  cr_assert(eq(i64, t->version, 1));
+  cr_assert(ps__shard_pull_ready(SH, t, 1));
+  cr_assert(eq(int, L.rounds_done, 1));
+  /* batch-weighted mean over the whole round's batch (100): row 7 (10*1 + 30*3) / 100,
+   * row 9 60*2 / 100 (workers that did not touch it count as zero) */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 7), -1.0f, 4), "row 7 = %g", row1(t, 7));
+  cr_assert(ieee_ulp_eq(flt, row1(t, 9), -1.2f, 4), "row 9 = %g", row1(t, 9));
+  cr_assert(eq(u64, t->applied, 1));
+  cr_assert(eq(u64, t->pushes, 3));
+  cr_assert(ieee_ulp_eq(dbl, t->last_batch, 100.0, 4));
+}
+
+Test(shard, sync_sum_mode_adds_the_gradients) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " update=sum");
+  start(2);
+  push1_ok(1, 1, 0, 5, 1, 1.5f);
+  push1_ok(1, 2, 0, 7, 1, 2.5f);
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -4.0f, 4));
+}
+
+Test(shard, sync_rejects_pushes_outside_the_round_window) {
+  create(1, PS_SPARSE, 1, SPARSE1);
+  start(2);
+  ps__verdict v;
+  cr_assert(eq(int, push1(1, 1, 1, 1, 1, 1.0f, &v), PS__REJECTED), "a push from the future was taken");
+  cr_assert(eq(int, v.err, PS_ERR_CLOCK));
+  cr_assert(strstr(v.msg, "from the future") != NULL, "%s", v.msg);
+  push1_ok(1, 1, 0, 1, 1, 1.0f);
+  push1_ok(1, 2, 0, 1, 1, 1.0f);
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  /* round 0 is applied: a push for clock 0 now is late, and plain sync rejects it */
+  cr_assert(eq(int, push1(1, 1, 0, 1, 1, 1.0f, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_CLOCK));
+  cr_assert(strstr(v.msg, "already applied round 0") != NULL, "%s", v.msg);
+  cr_assert(eq(u64, SH->rejected_clock, 2));
+  /* mean mode needs a batch */
+  cr_assert(eq(int, push1(1, 1, 1, 0, 1, 1.0f, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_INVALID));
+}
+
+Test(shard, sync_every_n_applies_one_step_per_n_clocks) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " every=2");
+  start(1);
+  push1_ok(1, 1, 0, 4, 3, 1.0f);
+  ps__shard_clock(SH, 1, 1);
+  cr_assert(eq(i64, t->version, 0));
+  push1_ok(1, 1, 1, 4, 3, 3.0f);
+  ps__shard_clock(SH, 1, 2);
+  cr_assert(eq(i64, t->version, 1));
+  /* one step with 2x the mean over both clocks' pushes: (4*1 + 4*3) / 4 = 4 */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 3), -4.0f, 4), "%g", row1(t, 3));
+  cr_assert(eq(u64, t->step, 1));
+}
+
+Test(shard, sync_m_drops_late_pushes_and_counts_them) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=sync:2");
+  start(3);
+  push1_ok(1, 1, 0, 1, 5, 2.0f);
+  push1_ok(1, 2, 0, 1, 5, 4.0f);
+  ps__shard_clock(SH, 1, 1);
+  cr_assert(eq(i64, t->version, 0));
+  ps__shard_clock(SH, 2, 1); /* the first M = 2 of 3 */
+  cr_assert(eq(i64, t->version, 1));
+  cr_assert(ieee_ulp_eq(flt, row1(t, 5), -3.0f, 4), "normalised by the accepted batches: %g", row1(t, 5));
+  ps__verdict v;
+  cr_assert(eq(int, push1(1, 3, 0, 1, 5, 100.0f, &v), PS__DROPPED));
+  cr_assert(eq(u64, t->dropped, 1));
+  cr_assert(ieee_ulp_eq(flt, row1(t, 5), -3.0f, 4), "a dropped push changed the row");
+  /* the straggler's pull comes back at the table's clock, and it is moved up to it */
+  cr_assert(eq(i64, ps__shard_pull_answered(SH, t, 3, 0), 1));
+  cr_assert(eq(i64, ps__shard_worker(SH, 3)->clock, 1));
+}
+
+Test(shard, a_worker_leaving_mid_round_completes_the_round_with_the_others) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1);
+  start(3);
+  push1_ok(1, 1, 0, 10, 1, 1.0f);
+  push1_ok(1, 2, 0, 10, 1, 3.0f);
+  push1_ok(1, 3, 0, 20, 1, 6.0f); /* pushed, then died before its CLOCK */
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  cr_assert(eq(i64, t->version, 0));
+  ps__shard_member(SH, 3, 0);
+  ps__shard_advance(SH);
+  cr_assert(eq(i64, t->version, 1));
+  /* what it pushed before dying stays in its round: (10 + 30 + 120) / 40 */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -4.0f, 4), "%g", row1(t, 1));
+  ps__verdict v;
+  cr_assert(eq(int, push1(1, 3, 1, 1, 1, 1.0f, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_UNAVAILABLE));
+  /* the next round needs only workers 1 and 2 */
+  ps__shard_clock(SH, 1, 2);
+  ps__shard_clock(SH, 2, 2);
+  cr_assert(eq(i64, t->version, 2));
+}
+
+Test(shard, a_sender_the_membership_never_listed_holds_no_round) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1);
+  start(1);
+  push1_ok(1, 1, 0, 1, 1, 1.0f);
+  push1_ok(1, 99, 0, 1, 1, 1.0f); /* a stray id: pending, never waited for */
+  ps__shard_clock(SH, 1, 1);
+  cr_assert(eq(i64, t->version, 1));
+  cr_assert(ps__shard_worker(SH, 99)->pending);
+}
+
+Test(shard, pulls_before_the_job_starts_are_answered_at_once) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1);
+  ps__shard_member(SH, 1, 1);
+  cr_assert(ps__shard_pull_ready(SH, t, 5));
+  ps__shard_set_started(SH, 1);
+  cr_assert(not(ps__shard_pull_ready(SH, t, 5)));
+}
+
+/* ---------------------------------------------------------------- ssp */
+
+Test(shard, ssp_blocks_a_pull_beyond_the_bound_and_releases_it) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=ssp:2");
+  start(2);
+  for (int c = 1; c <= 4; c++) ps__shard_clock(SH, 1, c);
+  cr_assert(ps__shard_pull_ready(SH, t, 2), "within the bound of the slowest (0)");
+  cr_assert(not(ps__shard_pull_ready(SH, t, 3)), "clock 3 is more than 2 ahead of 0");
+  cr_assert(not(ps__shard_pull_ready(SH, t, 4)));
+  ps__shard_clock(SH, 2, 1);
+  cr_assert(ps__shard_pull_ready(SH, t, 3));
+  cr_assert(not(ps__shard_pull_ready(SH, t, 4)));
+  ps__shard_member(SH, 2, 0); /* the slow worker leaves: only worker 1 counts */
+  cr_assert(ps__shard_pull_ready(SH, t, 4));
+  /* pushes apply on arrival and their staleness is recorded */
+  push1_ok(1, 1, 4, 1, 1, 1.0f);
+  push1_ok(1, 1, 2, 1, 1, 1.0f);
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -2.0f, 4));
+  cr_assert(eq(u64, SH->push_stale[0], 1));
+  cr_assert(eq(u64, SH->push_stale[2], 1));
+  cr_assert(eq(i64, SH->push_stale_max, 2));
+}
+
+/* ---------------------------------------------------------------- async */
+
+Test(shard, async_applies_each_push_at_once) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async");
+  start(2);
+  push1_ok(1, 1, 0, 8, 1, 1.0f);
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -1.0f, 4));
+  push1_ok(1, 2, 0, 8, 1, 0.5f);
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -1.5f, 4));
+  cr_assert(eq(u64, t->applied, 2));
+  cr_assert(ps__shard_pull_ready(SH, t, 1000));
+  /* the global batch of a push on its own: its batch times the live workers */
+  cr_assert(ieee_ulp_eq(dbl, t->last_batch, 16.0, 4));
+}
+
+Test(shard, async_aggregation_applies_the_batch_weighted_mean_after_n_pushes) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async agg_n=3");
+  start(3);
+  push1_ok(1, 1, 0, 10, 1, 1.0f);
+  push1_ok(1, 2, 0, 30, 1, 2.0f);
+  cr_assert(eq(flt, row1(t, 1), 0.0f), "applied before N pushes");
+  push1_ok(1, 3, 0, 60, 2, 5.0f);
+  /* per row, the mean over the pushes that touched it: row 1 (10 + 60) / 40, row 2 5 */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -1.75f, 4), "%g", row1(t, 1));
+  cr_assert(ieee_ulp_eq(flt, row1(t, 2), -5.0f, 4), "%g", row1(t, 2));
+  cr_assert(eq(u64, t->applied, 1));
+  cr_assert(eq(u32, t->agg_count, 0));
+}
+
+Test(shard, async_aggregation_by_time_asks_the_owner_for_a_timer) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async agg_ms=25");
+  start(2);
+  push1_ok(1, 1, 0, 1, 1, 2.0f);
+  cr_assert(eq(u32, L.armed_ms, 25));
+  push1_ok(1, 2, 0, 3, 1, 6.0f);
+  cr_assert(eq(int, L.arms, 1), "armed again while armed");
+  cr_assert(eq(flt, row1(t, 1), 0.0f));
+  ps__shard_agg_flush(t); /* what the owner's timer does when it fires */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -5.0f, 4), "(1*2 + 3*6) / 4: %g", row1(t, 1));
+  cr_assert(eq(int, L.cancels, 1));
+  push1_ok(1, 1, 0, 1, 1, 1.0f);
+  cr_assert(eq(int, L.arms, 2), "a new buffer arms a new timer");
+}
+
+Test(shard, async_non_sgd_sums_repeated_keys_before_the_step) {
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=1 mode=async opt=adagrad eps=0");
+  start(1);
+  uint64_t keys[2] = {4, 4};
+  uint8_t kb[16];
+  float g[2] = {1.0f, 2.0f};
+  put_keys(kb, keys, 2);
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = kb, .nkeys = 2, .vals = g,
+                .nvals = 2};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED));
+  /* one adagrad step with g = 3: acc = 9, w = -3 / sqrt(9) = -1 */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 4), -1.0f, 4), "%g", row1(t, 4));
+}
+
+/* ---------------------------------------------------------------- the schedule */
+
+Test(shard, the_learning_rate_schedule_follows_the_steps_and_a_push_rate_overrides_it) {
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=1 mode=async warmup=4 ref_batch=8");
+  start(2);
+  push1_ok(1, 1, 0, 4, 1, 1.0f); /* global batch 4 * 2 live workers = 8: no scaling */
+  cr_assert(ieee_ulp_eq(flt, t->last_lr, 0.25f, 4), "warm-up step 1 of 4: %g", t->last_lr);
+  push1_ok(1, 1, 0, 4, 1, 1.0f);
+  cr_assert(ieee_ulp_eq(flt, t->last_lr, 0.5f, 4), "%g", t->last_lr);
+  push1_ok(1, 1, 0, 8, 1, 1.0f); /* global batch 16: twice the rate */
+  cr_assert(ieee_ulp_eq(flt, t->last_lr, 1.5f, 4), "%g", t->last_lr);
+  push1_ok(1, 1, 0, 4, 1, 1.0f);
+  push1_ok(1, 1, 0, 4, 1, 1.0f);
+  cr_assert(ieee_ulp_eq(flt, t->last_lr, 1.0f, 4), "after warm-up: %g", t->last_lr);
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -(0.25f + 0.5f + 1.5f + 1.0f + 1.0f), 4), "%g", row1(t, 1));
+  uint8_t kb[8];
+  uint64_t key = 1;
+  float g = 1.0f;
+  put_keys(kb, &key, 1);
+  ps__push p = {.table = 1, .sender = 1, .batch = 4, .clock = 0, .lr = 0.125f, .keys = kb, .nkeys = 1, .vals = &g,
+                .nvals = 1};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED));
+  cr_assert(eq(flt, t->last_lr, 0.125f));
+}
+
+Test(shard, a_sync_round_uses_the_schedule_at_its_step_with_its_global_batch) {
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=0.5 ref_batch=10 decay=step:1:0.5");
+  start(2);
+  for (int c = 0; c < 3; c++) {
+    push1_ok(1, 1, c, 10, 1, 1.0f);
+    push1_ok(1, 2, c, 10, 1, 1.0f);
+    ps__shard_clock(SH, 1, c + 1);
+    ps__shard_clock(SH, 2, c + 1);
+  }
+  /* global batch 20 = 2x ref: 1.0, then halved each step */
+  cr_assert(ieee_ulp_eq(flt, t->last_lr, 0.25f, 4), "%g", t->last_lr);
+  cr_assert(ieee_ulp_eq(flt, row1(t, 1), -1.75f, 4), "%g", row1(t, 1));
+}
+
+/* ---------------------------------------------------------------- dense */
+
+static void put_seg(uint8_t *b, uint64_t off, uint64_t cnt) {
+  uint64_t k[2] = {off, cnt};
+  put_keys(b, k, 2);
+}
+
+Test(shard, a_dense_async_push_is_taken_and_applied_after_its_acknowledgement) {
+  ps__table *t = create(1, PS_DENSE, 1000, "init=zero lr=1 mode=async slice=100");
+  start(1);
+  size_t len = 16 + 250 * 4;
+  uint8_t *body = malloc(len);
+  put_seg(body, 50, 250);
+  float *g = (float *)(body + 16);
+  for (int i = 0; i < 250; i++) g[i] = (float)i;
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = body, .nkeys = 2, .vals = g,
+                .nvals = 250};
+  ps__owned own = {body, len};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, &own, &v), PS__APPLIED));
+  cr_assert(own.buf == NULL, "the body was not taken");
+  cr_assert(v.later);
+  cr_assert(t->pend.active);
+  cr_assert(eq(u64, SH->npending, 1));
+  ps__shard_pending_step(t, 60); /* part of it: into slice 0 and 1 */
+  cr_assert(eq(u64, t->pend.done, 60));
+  ps__shard_flush(t);
+  cr_assert(not(t->pend.active));
+  cr_assert(eq(int, L.releases, 1));
+  cr_assert(eq(u64, SH->npending, 0));
+  for (uint64_t e = 0; e < 1000; e++) {
+    float *row = ps__rowmap_get(t->params, e / 100);
+    float want = e >= 50 && e < 300 ? -(float)(e - 50) : 0.0f;
+    float got = row ? row[e % 100] : 0.0f;
+    cr_assert(eq(flt, got, want), "element %llu", (unsigned long long)e);
+  }
+}
+
+Test(shard, a_dense_sync_round_averages_the_segments_of_each_worker) {
+  ps__table *t = create(1, PS_DENSE, 10, "init=zero lr=1 slice=4");
+  start(2);
+  uint8_t seg[16];
+  float a[10], b[6];
+  for (int i = 0; i < 10; i++) a[i] = 1.0f;
+  for (int i = 0; i < 6; i++) b[i] = 3.0f;
+  put_seg(seg, 0, 10);
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = seg, .nkeys = 2, .vals = a,
+                .nvals = 10};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED));
+  uint8_t seg2[16];
+  put_seg(seg2, 4, 6);
+  ps__push q = {.table = 1, .sender = 2, .batch = 1, .clock = 0, .lr = -1.0f, .keys = seg2, .nkeys = 2, .vals = b,
+                .nvals = 6};
+  cr_assert(eq(int, ps__shard_push(SH, &q, NULL, &v), PS__APPLIED));
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  for (uint64_t e = 0; e < 10; e++) {
+    float *row = ps__rowmap_get(t->params, e / 4);
+    cr_assert(row != NULL);
+    float want = e < 4 ? -0.5f : -2.0f; /* (1 + 0) / 2 and (1 + 3) / 2 */
+    cr_assert(ieee_ulp_eq(flt, row[e % 4], want, 4), "element %llu: %g", (unsigned long long)e, row[e % 4]);
+  }
+}
+
+/* ---------------------------------------------------------------- tables */
+
+Test(shard, create_is_idempotent_and_refuses_a_conflicting_spec) {
+  create(3, PS_SPARSE, 4, "lr=0.1");
+  create(3, PS_SPARSE, 4, "lr=0.1");
+  ps__declare d = {.id = 3, .kind = PS_SPARSE, .size = 4};
+  snprintf(d.name, sizeof d.name, "t3");
+  snprintf(d.options, sizeof d.options, "lr=0.2");
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_create(SH, &d, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_CONFLICT));
+  snprintf(d.options, sizeof d.options, "opt=nonsense");
+  d.id = 4;
+  cr_assert(eq(int, ps__shard_create(SH, &d, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_CONFIG), "%s", v.msg);
+  d.id = 0;
+  cr_assert(eq(int, ps__shard_create(SH, &d, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_INVALID));
+  ps__push p = {.table = 77, .sender = 1, .batch = 1};
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_NO_TABLE));
+}
+
+Test(shard, a_table_created_mid_job_starts_at_the_current_round) {
+  start(2);
+  for (int c = 1; c <= 3; c++) {
+    ps__shard_clock(SH, 1, c);
+    ps__shard_clock(SH, 2, c);
+  }
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1);
+  cr_assert(eq(i64, t->version, 3));
+  push1_ok(1, 1, 3, 1, 1, 1.0f);
+}
