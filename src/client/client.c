@@ -278,7 +278,7 @@ static void req_complete(ps_req *r) {
   pthread_mutex_unlock(&r->mu);
 }
 
-/* A peer-memory part (PS_CODEC_PEER_MEM) names the caller's buffers, and the server
+/* A peer-memory part (PS_XPORT_PEER_MEM) names the caller's buffers, and the server
  * copies from or into them until the expiry the frame carries, PM_SLACK_MS before the
  * part's deadline. A part that ends without the server's answer (cancel, a failed or
  * closed connection, a closing context) therefore keeps the buffers, and its request
@@ -300,7 +300,7 @@ static int process_gone(int pid) {
 }
 
 static int pm_must_hold(const part *p) {
-  if (p->hdr.codec != PS_CODEC_PEER_MEM || !p->sent || p->pm_answered || ps__now_ms() >= p->deadline_ms) return 0;
+  if (p->hdr.xport != PS_XPORT_PEER_MEM || !p->sent || p->pm_answered || ps__now_ms() >= p->deadline_ms) return 0;
   /* A server process that is gone (killed, crashed) writes nowhere any more. */
   return !process_gone(p->pm_pid);
 }
@@ -700,7 +700,7 @@ static void on_membership(ps_ctx *ctx, const ps__body *b) {
 
 /* A peer-memory pull's reply: the values are already in the caller's buffers. */
 static int pm_reply(const part *p, const ps__frame_hdr *h) {
-  return h->codec == PS_CODEC_PEER_MEM && p->hdr.codec == PS_CODEC_PEER_MEM && h->payload_len == 0;
+  return h->xport == PS_XPORT_PEER_MEM && p->hdr.xport == PS_XPORT_PEER_MEM && h->payload_len == 0;
 }
 
 static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
@@ -930,7 +930,7 @@ static void mail_cancel(void *arg) {
         p->prev = p->next = NULL;
         p->queued = 0;
       }
-    } else if (l && p->hdr.codec == PS_CODEC_PEER_MEM && p->sent) {
+    } else if (l && p->hdr.xport == PS_XPORT_PEER_MEM && p->sent) {
       /* The server may be copying from or into the caller's buffers: the part stays in
        * flight until its answer (or its deadline), which finishes it as canceled. */
       req_set_error(r, PS_ERR_CANCELED, "canceled");
@@ -2140,7 +2140,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       p->pm_pid = pm;
       p->pm_bytes = bytes;
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
-      p->hdr.codec = PS_CODEC_PEER_MEM;
+      p->hdr.xport = PS_XPORT_PEER_MEM;
       /* Regions in one ps_alloc buffer: the server may map it instead (net/shared.c). */
       tail[1] = ps__shm_hint(tail + 2, nseg_of[s]);
       if (tail[1]) __atomic_add_fetch(&ctx->shared_parts, 1, __ATOMIC_RELAXED);

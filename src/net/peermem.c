@@ -3,7 +3,7 @@
  *
  * A worker and a server on the same host talk over an AF_UNIX socket. For a large dense
  * push or pull the worker sends, instead of the values, the addresses of its own buffers
- * (a "peer-memory" frame, PS_CODEC_PEER_MEM); the server copies between those and its
+ * (a "peer-memory" frame, PS_XPORT_PEER_MEM); the server copies between those and its
  * own memory with process_vm_readv / process_vm_writev, one copy per byte instead of the
  * socket's two (into the kernel, out of it), and none of it on the worker's CPU.
  *

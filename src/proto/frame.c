@@ -35,7 +35,7 @@ void ps__frame_encode(const ps__frame_hdr *h, uint8_t *o) {
   ps__put_u32(o + 0, PS_FRAME_MAGIC);
   o[4] = PS_FRAME_VERSION;
   o[5] = h->type;
-  o[6] = h->flags;
+  o[6] = (uint8_t)((h->flags & PS_FLAG_MASK) | ((h->xport << PS_XPORT_SHIFT) & PS_XPORT_MASK));
   o[7] = h->codec;
   ps__put_u32(o + 8, (uint32_t)h->status);
   ps__put_u32(o + 12, h->sender);
@@ -55,7 +55,8 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
   if (in[4] != PS_FRAME_VERSION) return ps__fail(PS_ERR_PROTO, "unsupported frame version %u", in[4]);
   memset(h, 0, sizeof *h);
   h->type = in[5];
-  h->flags = in[6];
+  h->flags = in[6] & PS_FLAG_MASK;
+  h->xport = (uint8_t)((in[6] & PS_XPORT_MASK) >> PS_XPORT_SHIFT);
   h->codec = in[7];
   h->status = (int32_t)ps__get_u32(in + 8);
   h->sender = ps__get_u32(in + 12);
@@ -77,7 +78,9 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
    * as a control frame below and skip the data-frame rules its handler relies on. */
   if (h->status != 0 && !(h->type & PS_FRAME_REPLY) && h->type != PS_MSG_ERROR)
     return ps__fail(PS_ERR_PROTO, "status %d in a %s request", h->status, ps__frame_type_name(h->type));
-  if (h->codec > PS_CODEC_PEER_MEM) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
+  if (in[6] & ~(PS_FLAG_MASK | PS_XPORT_MASK)) return ps__fail(PS_ERR_PROTO, "reserved flag bits set (0x%02x)", in[6]);
+  if (h->xport > PS_XPORT_PEER_MEM) return ps__fail(PS_ERR_PROTO, "unknown value transport %u", h->xport);
+  if (h->codec != PS_CODEC_RAW) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
   if (h->payload_len > max_payload)
     return ps__fail(PS_ERR_TOO_LARGE, "%s frame payload of %llu bytes exceeds the limit of %llu",
                     ps__frame_type_name(h->type), (unsigned long long)h->payload_len,
@@ -94,16 +97,16 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
                       (unsigned long long)(h->payload_len - kbytes));
     if ((t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE) && !reply && (h->nkeys % 2u))
       return ps__fail(PS_ERR_PROTO, "dense segment list has an odd length %u", h->nkeys);
-    if (h->codec == PS_CODEC_PEER_MEM) {
+    if (h->xport == PS_XPORT_PEER_MEM) {
       if (t != PS_MSG_PULL_DENSE && (t != PS_MSG_PUSH_DENSE || reply))
-        return ps__fail(PS_ERR_PROTO, "peer-memory codec on a %s frame", ps__frame_type_name(h->type));
+        return ps__fail(PS_ERR_PROTO, "peer-memory transport on a %s frame", ps__frame_type_name(h->type));
       if (reply ? h->payload_len != 0 : (h->payload_len - kbytes) % 16u || h->payload_len - kbytes < 16u)
         return ps__fail(PS_ERR_PROTO, "a peer-memory %s carries %llu bytes after its keys", reply ? "reply" : "request",
                         (unsigned long long)(h->payload_len - kbytes));
     }
   } else {
-    if (h->codec != PS_CODEC_RAW && h->status == 0)
-      return ps__fail(PS_ERR_PROTO, "codec %u on a %s frame", h->codec, ps__frame_type_name(h->type));
+    if (h->xport != PS_XPORT_INLINE && h->status == 0)
+      return ps__fail(PS_ERR_PROTO, "value transport %u on a %s frame", h->xport, ps__frame_type_name(h->type));
     if (h->payload_len > PS_CTRL_MAX_BODY)
       return ps__fail(PS_ERR_TOO_LARGE, "%s control body of %llu bytes exceeds %u",
                       ps__frame_type_name(h->type), (unsigned long long)h->payload_len, PS_CTRL_MAX_BODY);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #define PS_FRAME_MAGIC 0x44485350u /* "PSHD" little-endian */
-#define PS_FRAME_VERSION 1
+#define PS_FRAME_VERSION 2
 #define PS_FRAME_HDR_SIZE 64
 #define PS_FRAME_REPLY 0x80       /* type bit: this frame answers a request */
 #define PS_CTRL_MAX_BODY (1u << 20) /* control bodies are small */
@@ -42,25 +42,37 @@ enum {
   PS_MSG__MAX = 19
 };
 
+/* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,
+ * hdr.xport) and two reserved bits (6-7, zero). */
 enum {
   PS_FLAG_NONE = 0,
   PS_FLAG_DROPPED = 1 /* push reply: acknowledged but not applied (late under sync:M) */
 };
+#define PS_FLAG_MASK 0x0fu
+#define PS_XPORT_SHIFT 4
+#define PS_XPORT_MASK 0x30u
 
-/* Value encodings (hdr.codec). */
+/* Value transports (hdr.xport): where a data frame's values travel. */
 enum {
-  PS_CODEC_RAW = 0,      /* the values follow the keys as little-endian f32 */
+  PS_XPORT_INLINE = 0,   /* in the frame, after the keys */
   /* Dense push/pull requests over a same-host AF_UNIX connection only: after the
-   * segment list come (u64 address, u64 length) pairs naming the sender's own buffers,
-   * which the server reads (push) or writes (pull) in place (net/peermem.c). A pull's
-   * reply with this codec has no payload: its values are already in those buffers; a
-   * server may instead answer with the values inline (codec 0). */
-  PS_CODEC_PEER_MEM = 1
+   * segment list come the expiry, the shared-buffer hint and (u64 address, u64 length)
+   * pairs naming the sender's own buffers, which the server reads (push) or writes
+   * (pull) in place (net/peermem.c, net/shared.c). A pull's reply with this transport
+   * has no payload: its values are already in those buffers; a server may instead
+   * answer with the values inline. */
+  PS_XPORT_PEER_MEM = 1
+};
+
+/* Value encodings (hdr.codec): how the values are encoded, wherever they travel. */
+enum {
+  PS_CODEC_RAW = 0       /* little-endian f32 */
 };
 
 typedef struct ps__frame_hdr {
   uint8_t type;      /* PS_MSG_* , | PS_FRAME_REPLY for answers */
-  uint8_t flags;
+  uint8_t flags;     /* PS_FLAG_* (4 bits) */
+  uint8_t xport;     /* value transport: PS_XPORT_* (2 bits, in the flags byte) */
   uint8_t codec;     /* value encoding: PS_CODEC_* */
   int32_t status;    /* ps_err code in replies, 0 in requests */
   uint32_t sender;   /* node id of the sender (0 before registration) */

@@ -2,7 +2,7 @@
  * peer.c - the large-request path: dense values that stay in the worker's memory.
  *
  * A same-host worker may send, instead of a dense push's values or a pull's reply
- * space, the addresses of its buffers (PS_CODEC_PEER_MEM, protocol.md 6.2a). The server
+ * space, the addresses of its buffers (PS_XPORT_PEER_MEM, protocol.md 6.2a). The server
  * reads a push's gradients from them and writes a pull's values into them: with
  * process_vm_readv/writev (net/peermem.c), with memcpy for a worker in this very
  * process, or in place where they lie in a buffer the worker shares with the servers
@@ -124,7 +124,7 @@ static int pm_copy_par(ps__server *s, int pid, int write, const uv_buf_t *loc, u
 
 int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
                                const uv_buf_t *v, unsigned n, ps__frame_hdr *r) {
-  if (h->codec != PS_CODEC_PEER_MEM || !c->peer_pid) return 0;
+  if (h->xport != PS_XPORT_PEER_MEM || !c->peer_pid) return 0;
   pm_tail q = pm_tail_of(h, keys, blen);
   uint8_t *xd;
   int pid = pm_local(c->loop->data, c, 1, &q, &xd);
@@ -138,7 +138,7 @@ int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_
     ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
     return 1;
   }
-  r->codec = PS_CODEC_PEER_MEM;
+  r->xport = PS_XPORT_PEER_MEM;
   ps__conn_send_ctrl(c, r, NULL, 0);
   ((ps__server *)c->loop->data)->pm_pulls++;
   return 1;
@@ -158,7 +158,7 @@ static pending_pull *take_fusable_pulls(ps__server *s, ps__table *t) {
   if (t->spec.kind != PS_DENSE) return NULL;
   while (*pp) {
     pending_pull *p = *pp;
-    if (p->h.codec == PS_CODEC_PEER_MEM && p->conn->peer_pid && ps__shard_table(s->sh, p->h.table) == t &&
+    if (p->h.xport == PS_XPORT_PEER_MEM && p->conn->peer_pid && ps__shard_table(s->sh, p->h.table) == t &&
         p->h.clock / (int64_t)t->spec.every == t->version + 1) {
       *pp = p->next;
       p->next = NULL;
@@ -269,7 +269,7 @@ static void answer_fused_pulls(ps__server *s, ps__table *t, pending_pull *f) {
       ps__srv_reply_err(p->conn, &p->h, p->fused_err, "%s", p->fused_msg);
     } else {
       ps__frame_hdr r = ps__srv_pull_reply_hdr(s, t, &p->h);
-      r.codec = PS_CODEC_PEER_MEM;
+      r.xport = PS_XPORT_PEER_MEM;
       ps__conn_send_ctrl(p->conn, &r, NULL, 0);
       t->pulls++;
       s->pm_pulls++;

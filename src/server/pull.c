@@ -67,7 +67,7 @@ static int send_rows(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, s
   regions_arg a = {.t = t, .cap = sizeof a.small / sizeof a.small[0]};
   ps__pending_apply *p = &t->pend;
   a.v = a.small;
-  if (h->codec == PS_CODEC_PEER_MEM && c->peer_pid) {
+  if (h->xport == PS_XPORT_PEER_MEM && c->peer_pid) {
     ps__shard_flush(t); /* one copy of the finished rows, no overlap to gain */
     int rc = ps__walk_slices(keys, h->nkeys, t->spec.width, region_slice, &a);
     int done = !rc && ps__srv_write_rows_to_peer(c, h, keys, blen, a.v, a.n, r);
@@ -216,7 +216,7 @@ void ps__srv_free_pulls(ps__server *s) { ps__srv_drop_pulls_of(s, NULL); }
 void ps__srv_on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__table *t = ps__srv_table_of(s, c, h, dense ? PS_DENSE : PS_SPARSE);
   if (!t) return;
-  if (h->payload_len != 8u * h->nkeys && h->codec != PS_CODEC_PEER_MEM) {
+  if (h->payload_len != 8u * h->nkeys && h->xport != PS_XPORT_PEER_MEM) {
     ps__srv_reply_err(c, h, PS_ERR_SIZE, "pull request carries %llu bytes of values",
                       (unsigned long long)(h->payload_len - 8u * h->nkeys));
     return;
@@ -224,7 +224,7 @@ void ps__srv_on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__bod
   if (dense) {
     int64_t n = ps__srv_check_segments(s, c, h, t, b->buf);
     if (n < 0) return;
-    if (h->codec == PS_CODEC_PEER_MEM && ps__srv_check_peer_pull(c, h, b, n)) return;
+    if (h->xport == PS_XPORT_PEER_MEM && ps__srv_check_peer_pull(c, h, b, n)) return;
   } else if (ps__srv_check_keys(s, c, h, t, b->buf)) {
     return;
   }

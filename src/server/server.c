@@ -179,7 +179,7 @@ static void data_dispatch(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
   case PS_MSG_CREATE: on_create(s, c, h, b); break;
   case PS_MSG_PUSH: ps__srv_on_push(s, c, h, b, 0); break;
   case PS_MSG_PUSH_DENSE:
-    if (h->codec == PS_CODEC_PEER_MEM) ps__srv_on_push_peer(s, c, h, b);
+    if (h->xport == PS_XPORT_PEER_MEM) ps__srv_on_push_peer(s, c, h, b);
     else ps__srv_on_push(s, c, h, b, 1);
     break;
   case PS_MSG_PULL: ps__srv_on_pull(s, c, h, b, 0); break;

@@ -47,7 +47,9 @@ static void check_header(const uint8_t *in, const ps__frame_hdr *h, uint64_t max
   CHECK(t > 0 && t < PS_MSG__MAX);
   CHECK(strcmp(ps__frame_type_name(h->type), "unknown") != 0);
   CHECK(h->status >= 0 && h->status < PS_ERR__COUNT);
-  CHECK(h->codec == PS_CODEC_RAW || h->codec == PS_CODEC_PEER_MEM);
+  CHECK(h->codec == PS_CODEC_RAW);
+  CHECK(h->xport == PS_XPORT_INLINE || h->xport == PS_XPORT_PEER_MEM);
+  CHECK((h->flags & ~PS_FLAG_MASK) == 0);
   CHECK(h->payload_len <= max_payload);
   if (ps__frame_is_data(h->type) && h->status == 0) {
     uint64_t kbytes = (uint64_t)h->nkeys * 8u;
@@ -55,14 +57,14 @@ static void check_header(const uint8_t *in, const ps__frame_hdr *h, uint64_t max
     CHECK((h->payload_len - kbytes) % 4u == 0);
     if (h->type & PS_FRAME_REPLY) CHECK(h->nkeys == 0);
     else if (t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE) CHECK(h->nkeys % 2u == 0);
-    if (h->codec == PS_CODEC_PEER_MEM) {
+    if (h->xport == PS_XPORT_PEER_MEM) {
       /* Dense requests with (address, length) pairs, or an empty dense pull reply. */
       CHECK(t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE);
       if (h->type & PS_FRAME_REPLY) CHECK(t == PS_MSG_PULL_DENSE && h->payload_len == 0);
       else CHECK((h->payload_len - kbytes) % 16u == 0);
     }
   } else {
-    CHECK(h->codec == PS_CODEC_RAW || h->status != 0);
+    CHECK(h->xport == PS_XPORT_INLINE || h->status != 0);
     CHECK(h->payload_len <= PS_CTRL_MAX_BODY);
     CHECK(h->nkeys == 0);
   }

@@ -239,6 +239,27 @@ int main(int argc, char **argv) {
   h.clock = 1;
   one("pull-dense-reply.bin", h, buf + 32, 20, NULL);
 
+  /* Peer memory: after the segments, the expiry, the shared-buffer hint and one
+   * (address, length) pair per region of the sender (protocol.md 6.2a). */
+  ps__put_u64(buf + 32, 123456789);
+  ps__put_u64(buf + 40, 0);
+  ps__put_u64(buf + 48, 0x7f0000001000ull);
+  ps__put_u64(buf + 56, 20);
+  h = hdr(PS_MSG_PUSH_DENSE, 10);
+  h.sender = 3;
+  h.table = 2;
+  h.batch = 16;
+  h.nkeys = 4;
+  h.xport = PS_XPORT_PEER_MEM;
+  one("push-dense-peer.bin", h, buf, 64, NULL);
+  h.type = PS_MSG_PULL_DENSE;
+  h.req_id = 11;
+  one("pull-dense-peer.bin", h, buf, 64, NULL);
+  h = hdr(PS_MSG_PULL_DENSE | PS_FRAME_REPLY, 11);
+  h.table = 2;
+  h.xport = PS_XPORT_PEER_MEM;
+  one("pull-dense-peer-reply.bin", h, NULL, 0, NULL);
+
   h = hdr(PS_MSG_CLOCK, 0);
   h.sender = 3;
   h.clock = 1;

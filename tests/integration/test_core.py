@@ -104,7 +104,7 @@ def alive(p):
 # ---- the wire format (src/proto/frame.c): a 64-byte little-endian header
 
 MAGIC = 0x44485350
-VERSION = 1
+VERSION = 2
 HDR = struct.Struct("<IBBBBiIQIIqQIfQ")
 assert HDR.size == 64
 T_HELLO, T_DECLARE, T_METRIC = 1, 4, 7
@@ -474,7 +474,7 @@ def common_garbage(port, name):
             pass
     finally:
         r.close()
-    expect_error_then_close(port, frame(T_STATS, version=2), E_PROTO, f"{name}: bad version")
+    expect_error_then_close(port, frame(T_STATS, version=1), E_PROTO, f"{name}: bad version")
     expect_error_then_close(port, frame(99), E_PROTO, f"{name}: unknown type")
     expect_error_then_close(port, frame(T_STATS, codec=7), E_PROTO, f"{name}: unknown codec")
     expect_error_then_close(port, frame(T_STATS, status=-5), E_PROTO, f"{name}: negative status")

@@ -23,7 +23,7 @@ from cluster import Cluster, binary
 from test_core import (DENSE_SGD, HDR, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_PULL_DENSE, T_PUSH_DENSE,
                        frame, load_params, run_sync, server_port, stats, wait_for_line, worst)
 
-CODEC_PEER_MEM = 1
+XPORT_PEER_MEM = 1  # src/proto/frame.h: the value transport, bits 4-5 of the flags byte
 E_TIMEOUT, E_IO, E_PROTO, E_SIZE = 3, 5, 6, 9
 
 
@@ -165,7 +165,7 @@ def test_a_freed_peer_memory_request_is_released_when_its_server_dies(tmp_path):
 
 
 class Conn:
-    """A raw connection (TCP or AF_UNIX) that reads whole frames, codec included."""
+    """A raw connection (TCP or AF_UNIX) that reads whole frames, value transport included."""
 
     def __init__(self, sock):
         self.s = sock
@@ -180,7 +180,7 @@ class Conn:
                 plen = f[-1]
                 if len(self.buf) >= 64 + plen:
                     body, self.buf = self.buf[64:64 + plen], self.buf[64 + plen:]
-                    return dict(type=f[2], codec=f[4], status=f[5], req_id=f[7]), body
+                    return dict(type=f[2], xport=(f[3] >> 4) & 3, status=f[5], req_id=f[7]), body
             chunk = self.s.recv(65536)
             assert chunk, "the server closed the connection"
             self.buf += chunk
@@ -203,7 +203,7 @@ def pm_frame(type_, req_id, segs, regions, table=1, expires_in=30.0, hint=0):
     until = int(time.clock_gettime(time.CLOCK_MONOTONIC) * 1000 + expires_in * 1000)
     body = (b"".join(struct.pack("<QQ", o, n) for o, n in segs) + struct.pack("<QQ", max(until, 1), hint) +
             b"".join(struct.pack("<QQ", a, n) for a, n in regions))
-    return frame(type_, body, codec=CODEC_PEER_MEM, req_id=req_id, table=table, batch=1, nkeys=2 * len(segs))
+    return frame(type_, body, flags=XPORT_PEER_MEM << 4, req_id=req_id, table=table, batch=1, nkeys=2 * len(segs))
 
 
 def test_bad_peer_memory_frames_change_nothing(tmp_path):
@@ -251,7 +251,7 @@ def test_bad_peer_memory_frames_change_nothing(tmp_path):
         # No room for the expiry: a malformed frame, answered with an error, then a close.
         u = unix_conn(c)
         try:
-            h, body = u.request(frame(T_PUSH_DENSE, struct.pack("<QQ", 0, 32), codec=CODEC_PEER_MEM, req_id=14,
+            h, body = u.request(frame(T_PUSH_DENSE, struct.pack("<QQ", 0, 32), flags=XPORT_PEER_MEM << 4, req_id=14,
                                       table=1, nkeys=2))
             assert h["status"] == E_PROTO and b"peer-memory" in body, (h, body)
             assert u.s.recv(1) == b"", "the connection stayed open after a malformed frame"
@@ -265,7 +265,7 @@ def test_bad_peer_memory_frames_change_nothing(tmp_path):
             h, body = t.request(pm_frame(T_PUSH_DENSE, 8, [(0, 32)], [(addr, 128)]))
             assert (h["req_id"], h["status"]) == (8, E_PROTO) and b"AF_UNIX" in body, (h, body)
             h, body = t.request(pm_frame(T_PULL_DENSE, 9, [(0, 32)], [(addr, 128)]))
-            assert (h["req_id"], h["status"], h["codec"], len(body)) == (9, 0, 0, 128), (h, body)
+            assert (h["req_id"], h["status"], h["xport"], len(body)) == (9, 0, 0, 128), (h, body)
         finally:
             t.close()
         assert list(buf) == [7.0] * 32
@@ -276,7 +276,7 @@ def test_bad_peer_memory_frames_change_nothing(tmp_path):
         u = unix_conn(c)
         try:
             h, body = u.request(pm_frame(T_PULL_DENSE, 10, [(0, 16), (16, 16)], [(addr, 40), (addr + 40, 88)]))
-            assert (h["req_id"], h["status"], h["codec"], body) == (10, 0, CODEC_PEER_MEM, b""), (h, body)
+            assert (h["req_id"], h["status"], h["xport"], body) == (10, 0, XPORT_PEER_MEM, b""), (h, body)
             h, body = u.request(frame(T_PULL_DENSE, struct.pack("<QQ", 0, 32), req_id=11, table=1, nkeys=2))
             assert (h["req_id"], h["status"], len(body)) == (11, 0, 128), (h, body)
             assert bytes(buf) == body, "peer-memory pull and inline pull differ"
@@ -339,7 +339,7 @@ def test_shared_buffer_hints_are_checked_and_bad_ones_ignored(tmp_path):
             for i, (name, read, addr, hint, in_place) in enumerate(cases):
                 ctypes.memset(addr, 0, 128)
                 h, body = u.request(pm_frame(T_PULL_DENSE, 10 + i, [(0, 32)], [(addr, 128)], hint=hint))
-                assert (h["status"], h["codec"], body) == (0, CODEC_PEER_MEM, b""), (name, h, body)
+                assert (h["status"], h["xport"], body) == (0, XPORT_PEER_MEM, b""), (name, h, body)
                 assert read() == want, f"{name}: wrong values written"
                 used += in_place
                 assert shared_requests(sport) == base + used, name

@@ -52,6 +52,7 @@ static int round_trip(const ps__frame_hdr *h, uint64_t max_payload, ps__frame_hd
 static void assert_same_hdr(const ps__frame_hdr *a, const ps__frame_hdr *b) {
   cr_assert(eq(u8, a->type, b->type));
   cr_assert(eq(u8, a->flags, b->flags));
+  cr_assert(eq(u8, a->xport, b->xport));
   cr_assert(eq(u8, a->codec, b->codec));
   cr_assert(eq(i32, a->status, b->status));
   cr_assert(eq(u32, a->sender, b->sender));
@@ -95,7 +96,7 @@ static int decode_patched(const ps__frame_hdr *h, size_t off, uint8_t v, ps__fra
 
 Test(frame, byte_layout_is_pinned) {
   ps__frame_hdr h = hdr_of(PS_MSG_PUSH);
-  h.flags = 0x5a;
+  h.flags = 0x0a;
   h.status = 0;
   h.sender = 0x04030201u;
   h.req_id = 0x1817161514131211ull;
@@ -108,7 +109,7 @@ Test(frame, byte_layout_is_pinned) {
   h.payload_len = 16 + 8;
   static const uint8_t want[PS_FRAME_HDR_SIZE] = {
       0x50, 0x53, 0x48, 0x44,                         /* 0  magic "PSHD" */
-      0x01, 0x09, 0x5a, 0x00,                         /* 4  version, type, flags, codec */
+      0x02, 0x09, 0x0a, 0x00,                         /* 4  version, type, flags, codec */
       0x00, 0x00, 0x00, 0x00,                         /* 8  status */
       0x01, 0x02, 0x03, 0x04,                         /* 12 sender */
       0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, /* 16 req_id */
@@ -152,7 +153,7 @@ Test(frame, little_endian_helpers) {
 
 Test(frame, round_trip_every_field_at_max) {
   ps__frame_hdr h = hdr_of(PS_MSG_PUSH);
-  h.flags = 0xff;
+  h.flags = PS_FLAG_MASK;
   h.status = 0;
   h.sender = UINT32_MAX;
   h.req_id = UINT64_MAX;
@@ -283,7 +284,7 @@ Test(frame, rejects_bad_magic) {
 
 Test(frame, rejects_bad_version) {
   ps__frame_hdr h = hdr_of(PS_MSG_HELLO), out;
-  uint8_t versions[] = {0, 2, 0x81, 0xff};
+  uint8_t versions[] = {0, 1, 3, 0x81, 0xff};
   for (size_t i = 0; i < sizeof versions; i++) {
     int rc = decode_patched(&h, 4, versions[i], &out);
     cr_assert(eq(int, rc, PS_ERR_PROTO), "version %u: %s", versions[i], ps_err_name(rc));
@@ -308,11 +309,35 @@ Test(frame, rejects_unknown_codec) {
   }
 }
 
-/* The peer-memory codec: dense requests carry (address, length) pairs after their
- * segments; a dense pull's reply with it has no payload. Nowhere else. */
-Test(frame, peer_memory_codec_only_where_it_means_something) {
+/* The flags byte: four flag bits, the value transport in bits 4-5, bits 6-7 reserved. */
+Test(frame, value_transport_rides_in_the_flags_byte) {
   ps__frame_hdr h = hdr_of(PS_MSG_PUSH_DENSE);
-  h.codec = PS_CODEC_PEER_MEM;
+  h.xport = PS_XPORT_PEER_MEM;
+  h.flags = PS_FLAG_DROPPED;
+  h.nkeys = 2;
+  h.payload_len = 16 + 16;
+  uint8_t buf[PS_FRAME_HDR_SIZE];
+  ps__frame_encode(&h, buf);
+  cr_assert(eq(u8, buf[6], 0x11));
+  cr_assert(eq(u8, buf[7], PS_CODEC_RAW));
+  ps__frame_hdr out;
+  cr_assert(eq(int, ps__frame_decode(buf, BIG_LIMIT, &out), 0), "%s", ps_errmsg());
+  cr_assert(eq(u8, out.xport, PS_XPORT_PEER_MEM));
+  cr_assert(eq(u8, out.flags, PS_FLAG_DROPPED));
+  uint8_t bad[] = {0x21, 0x31, 0x40, 0x80, 0xc0};
+  const char *why[] = {"value transport", "value transport", "reserved flag bits", "reserved flag bits",
+                       "reserved flag bits"};
+  for (size_t i = 0; i < sizeof bad; i++) {
+    cr_assert(eq(int, decode_patched(&h, 6, bad[i], &out), PS_ERR_PROTO), "flags 0x%02x", bad[i]);
+    cr_assert(strstr(ps_errmsg(), why[i]) != NULL, "flags 0x%02x: %s", bad[i], ps_errmsg());
+  }
+}
+
+/* The peer-memory transport: dense requests carry (address, length) pairs after their
+ * segments; a dense pull's reply with it has no payload. Nowhere else. */
+Test(frame, peer_memory_transport_only_where_it_means_something) {
+  ps__frame_hdr h = hdr_of(PS_MSG_PUSH_DENSE);
+  h.xport = PS_XPORT_PEER_MEM;
   h.nkeys = 2;
   h.payload_len = 16 + 2 * 16;
   expect_accept(&h, BIG_LIMIT);
@@ -321,18 +346,18 @@ Test(frame, peer_memory_codec_only_where_it_means_something) {
   h.payload_len = 16 + 24; /* a pair and a half */
   expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "peer-memory request");
   ps__frame_hdr r = hdr_of(PS_MSG_PULL_DENSE | PS_FRAME_REPLY);
-  r.codec = PS_CODEC_PEER_MEM;
+  r.xport = PS_XPORT_PEER_MEM;
   expect_accept(&r, BIG_LIMIT);
   r.payload_len = 4;
   expect_reject(&r, BIG_LIMIT, PS_ERR_PROTO, "peer-memory reply");
   r = hdr_of(PS_MSG_PUSH_DENSE | PS_FRAME_REPLY);
-  r.codec = PS_CODEC_PEER_MEM;
-  expect_reject(&r, BIG_LIMIT, PS_ERR_PROTO, "peer-memory codec");
+  r.xport = PS_XPORT_PEER_MEM;
+  expect_reject(&r, BIG_LIMIT, PS_ERR_PROTO, "peer-memory transport");
   uint8_t others[] = {PS_MSG_PUSH, PS_MSG_PULL, PS_MSG_PULL | PS_FRAME_REPLY, PS_MSG_HELLO, PS_MSG_CLOCK};
   for (size_t i = 0; i < sizeof others; i++) {
     ps__frame_hdr o = hdr_of(others[i]);
-    o.codec = PS_CODEC_PEER_MEM;
-    expect_reject(&o, BIG_LIMIT, PS_ERR_PROTO, "codec");
+    o.xport = PS_XPORT_PEER_MEM;
+    expect_reject(&o, BIG_LIMIT, PS_ERR_PROTO, "transport");
   }
 }
 
