@@ -16,56 +16,15 @@
 #include "common/common.h"
 #include "server/server_int.h"
 
-/* The pid to pass to ps__pm_copy for a peer-memory request on c: PS_PM_SELF for a
- * colocated worker (this process; its regions are our own library's, naming the
- * caller's live buffers, so they are copied with memcpy), else the peer's pid. */
-static int pm_pid(const ps__server *s, const ps__conn *c) { return c->peer_pid == s->pid ? PS_PM_SELF : c->peer_pid; }
-
-
-/* The tail of a peer-memory request after its segments: the time (ps__now_ms) after
- * which the worker lets go of its buffers, the shared-buffer hint, then (address,
- * length) pairs (protocol.md 6.2a). The frame decoder checked that it has at least 16 bytes. */
-typedef struct pm_tail {
-  uint64_t until, hint; /* hint: 1 + the worker's descriptor of a shared buffer, or 0 */
-  const uint8_t *d;
-  size_t nd;
-} pm_tail;
-
-static pm_tail pm_tail_of(const ps__frame_hdr *h, const void *body, size_t blen) {
+/* The values of a peer-memory request on c (the tail after its keys) as a value
+ * transport (net/xport.h): 0, or -1 when its regions are malformed (answered). */
+static int vx_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen, int write,
+                 ps__vx *x) {
   size_t kbytes = 8u * (size_t)h->nkeys;
-  const uint8_t *t = (const uint8_t *)body + kbytes;
-  pm_tail q = {ps__get_u64(t), ps__get_u64(t + 8), t + 16, (blen - kbytes - 16) / 16};
-  return q;
-}
-
-/* The pid to copy a peer-memory request's values with. Where the worker's regions lie
- * in a buffer it shares with this server (ps_alloc, net/shared.c), q->d is pointed at
- * this process's addresses of them, in *xd (the caller frees it), and the answer is
- * PS_PM_SELF: the server reads and writes them itself, within this loop callback. */
-static int pm_local(ps__server *s, ps__conn *c, int write, pm_tail *q, uint8_t **xd) {
-  int pid = pm_pid(s, c);
-  *xd = NULL;
-  if (pid == PS_PM_SELF || !q->hint || !q->nd || q->nd > SIZE_MAX / 16) return pid;
-  if (!s->shm && !(s->shm = ps__shm_cache_new())) return pid;
-  uint8_t *out = ps__malloc(16 * q->nd);
-  if (!out || ps__shm_translate(s->shm, c, pid, q->hint, write, q->d, q->nd, out)) {
-    free(out);
-    return pid;
-  }
-  *xd = out;
-  q->d = out;
-  return PS_PM_SELF;
-}
-
-/* A request's tail with its regions checked and their total in *total; 0, or -1 when
- * they are malformed (answered). */
-static int pm_tail_checked(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, pm_tail *q, uint64_t *total) {
-  *q = pm_tail_of(h, b->buf, b->len);
-  if (ps__pm_descs_check(q->d, q->nd, total) == 0) return 0;
+  if (ps__vx_open(x, &s->shm, c, s->pid, write, (const uint8_t *)body + kbytes, blen - kbytes) == 0) return 0;
   ps__srv_reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
   return -1;
 }
-
 
 /* A peer-memory copy of PM_PAR_MIN bytes or more runs on the server's two threads,
  * half each: one core copies at about 3.5 GB/s here, and a socket would have split the
@@ -76,10 +35,10 @@ static int pm_tail_checked(ps__conn *c, const ps__frame_hdr *h, const ps__body *
 #define PM_PAR_MIN ((size_t)4 << 20)
 
 typedef struct pm_par_job {
-  int pid, write;
+  int write;
   const uv_buf_t *loc;
   unsigned nloc;
-  pm_tail q;
+  const ps__vx *x;
   size_t split; /* part 0 copies bytes [0, split), part 1 the rest */
   int rc[2];
   char msg[2][256];
@@ -104,17 +63,17 @@ static void pm_par_part(void *arg, unsigned part) {
     sub[n] = uv_buf_init(j->loc[i].base + (a - at), 0);
     sub[n++].len = b - a;
   }
-  j->rc[part] = ps__pm_copy(j->pid, j->write, sub, n, j->q.d, j->q.nd, part ? j->split : 0, j->q.until);
+  j->rc[part] = j->x->ops->copy(j->x, j->write, sub, n, part ? j->split : 0);
   if (j->rc[part]) snprintf(j->msg[part], sizeof j->msg[part], "%s", ps_errmsg());
   if (sub != one) free(sub);
 }
 
-static int pm_copy_par(ps__server *s, int pid, int write, const uv_buf_t *loc, unsigned nloc, pm_tail q) {
+static int pm_copy_par(ps__server *s, const ps__vx *x, int write, const uv_buf_t *loc, unsigned nloc) {
   size_t total = 0;
   for (unsigned i = 0; i < nloc; i++) total += loc[i].len;
   ps__par *par = total >= PM_PAR_MIN ? ps__srv_par(s, UINT32_MAX) : NULL;
-  if (!par) return ps__pm_copy(pid, write, loc, nloc, q.d, q.nd, 0, q.until);
-  pm_par_job j = {.pid = pid, .write = write, .loc = loc, .nloc = nloc, .q = q, .split = (total / 2) & ~(size_t)4095};
+  if (!par) return x->ops->copy(x, write, loc, nloc, 0);
+  pm_par_job j = {.write = write, .loc = loc, .nloc = nloc, .x = x, .split = (total / 2) & ~(size_t)4095};
   ps__par_run(par, pm_par_part, &j);
   for (unsigned k = 0; k < 2; k++)
     if (j.rc[k]) return ps__fail(j.rc[k], "%s", j.msg[k]);
@@ -124,12 +83,12 @@ static int pm_copy_par(ps__server *s, int pid, int write, const uv_buf_t *loc, u
 
 int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
                                const uv_buf_t *v, unsigned n, ps__frame_hdr *r) {
+  ps__server *s = c->loop->data;
+  ps__vx x;
   if (h->xport != PS_XPORT_PEER_MEM || !c->peer_pid) return 0;
-  pm_tail q = pm_tail_of(h, keys, blen);
-  uint8_t *xd;
-  int pid = pm_local(c->loop->data, c, 1, &q, &xd);
-  int rc = pm_copy_par(c->loop->data, pid, 1, v, n, q);
-  free(xd);
+  if (vx_of(s, c, h, keys, blen, 1, &x)) return 1;
+  int rc = pm_copy_par(s, &x, 1, v, n);
+  ps__vx_close(&x);
   if (rc == PS_ERR_UNAVAILABLE) {
     ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
     return 0;
@@ -140,7 +99,7 @@ int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_
   }
   r->xport = PS_XPORT_PEER_MEM;
   ps__conn_send_ctrl(c, r, NULL, 0);
-  ((ps__server *)c->loop->data)->pm_pulls++;
+  s->pm_pulls++;
   return 1;
 }
 
@@ -162,9 +121,10 @@ static pending_pull *take_fusable_pulls(ps__server *s, ps__table *t) {
         p->h.clock / (int64_t)t->spec.every == t->version + 1) {
       *pp = p->next;
       p->next = NULL;
-      p->fused_err = 0;
-      pm_tail q = pm_tail_of(&p->h, p->buf, p->len);
-      p->fused_pid = pm_local(s, p->conn, 1, &q, &p->fused_xd);
+      size_t kbytes = 8u * (size_t)p->h.nkeys;
+      p->fused_err = ps__vx_open(&p->fused, &s->shm, p->conn, s->pid, 1, (const uint8_t *)p->buf + kbytes,
+                                 p->len - kbytes);
+      if (p->fused_err) snprintf(p->fused_msg, sizeof p->fused_msg, "%s", ps_errmsg());
       *tail = p;
       tail = &p->next;
     } else {
@@ -188,8 +148,6 @@ static int pull_covers(const ps__table *t, const pending_pull *p, uint64_t sl) {
 /* Write the part of slice sl (parameters w) that pull p asked for into its buffers. */
 static void fused_write(ps__table *t, pending_pull *p, uint64_t sl, const float *w) {
   uint64_t width = t->spec.width, lo = sl * width, hi = lo + width, pos = 0;
-  pm_tail q = pm_tail_of(&p->h, p->buf, p->len);
-  if (p->fused_xd) q.d = p->fused_xd;
   const uint8_t *keys = p->buf;
   for (uint32_t i = 0; i + 1 < p->h.nkeys && !p->fused_err; i += 2) {
     uint64_t off = ps__get_u64(keys + 8 * (size_t)i), cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
@@ -197,7 +155,7 @@ static void fused_write(ps__table *t, pending_pull *p, uint64_t sl, const float 
     if (a < b) {
       uv_buf_t l = uv_buf_init((char *)(w + (a - lo)), 0);
       l.len = (size_t)(b - a) * 4;
-      int rc = ps__pm_copy(p->fused_pid, 1, &l, 1, q.d, q.nd, (pos + a - off) * 4, q.until);
+      int rc = p->fused.ops->copy(&p->fused, 1, &l, 1, (pos + a - off) * 4);
       if (rc) {
         p->fused_err = rc;
         snprintf(p->fused_msg, sizeof p->fused_msg, "%s", ps_errmsg());
@@ -261,8 +219,7 @@ static void answer_fused_pulls(ps__server *s, ps__table *t, pending_pull *f) {
   while (f) {
     pending_pull *p = f;
     f = p->next;
-    free(p->fused_xd);
-    p->fused_xd = NULL;
+    ps__vx_close(&p->fused);
     if (p->fused_err == PS_ERR_UNAVAILABLE) {
       ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not fused, or not permitted after all */
     } else if (p->fused_err) {
@@ -292,33 +249,13 @@ typedef struct pm_acc_arg {
   ps__rowmap *acc;
   float weight;
   unsigned width;
-  int pid;
-  pm_tail q;
+  const ps__vx *x;
 } pm_acc_arg;
 
 static int pm_read(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
   uv_buf_t l = uv_buf_init((char *)dst, 0);
   l.len = (size_t)n * 4;
-  return ps__pm_copy(a->pid, 0, &l, 1, a->q.d, a->q.nd, pos * 4, a->q.until);
-}
-
-/* A colocated worker's gradient (PS_PM_SELF) is added straight from its buffers, which
- * are this process's own: no staging copy. Values [pos, pos + n) of the regions. */
-static int pm_self_axpy(pm_acc_arg *a, float *dst, uint64_t n, uint64_t pos) {
-  if (a->q.until && ps__now_ms() >= a->q.until) return ps__fail(PS_ERR_TIMEOUT, "peer-memory request expired");
-  uint64_t at = pos * 4, done = 0;
-  for (size_t i = 0; i < a->q.nd && done < n; i++) {
-    uint64_t addr = ps__get_u64(a->q.d + 16 * i), len = ps__get_u64(a->q.d + 16 * i + 8);
-    if (at >= len) {
-      at -= len;
-      continue;
-    }
-    uint64_t m = (len - at) / 4 < n - done ? (len - at) / 4 : n - done;
-    if (m == 0) break;
-    ps__axpy(dst + done, a->weight, (const float *)(uintptr_t)(addr + at), m);
-    done += m, at = 0;
-  }
-  return done == n ? 0 : ps__fail(PS_ERR_SIZE, "peer-memory regions shorter than the values");
+  return a->x->ops->copy(a->x, 0, &l, 1, pos * 4);
 }
 
 /* A created accumulator row: zero but for [within, within + n), which the caller fills. */
@@ -341,7 +278,9 @@ static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, 
     if (a->weight != 1.0f) ps__vscale(row + within, a->weight, n);
     return 0;
   }
-  if (a->pid == PS_PM_SELF) return pm_self_axpy(a, row + within, n, pos);
+  /* where the values can be read in place (a colocated worker's, a shared buffer's),
+   * they are added from there: no staging copy */
+  if ((rc = a->x->ops->axpy(a->x, row + within, a->weight, n, pos)) != PS_ERR_UNAVAILABLE) return rc;
   for (uint64_t k = 0; k < n; k += PM_CHUNK) {
     uint64_t m = n - k < PM_CHUNK ? n - k : PM_CHUNK;
     if ((rc = pm_read(a, a->s->pm_chunk, m, pos + k))) return rc;
@@ -355,17 +294,16 @@ static int pm_acc_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, 
  * so a bad address fails before any value is added (process_vm_readv would stop part
  * way); only a mapping removed while the push runs (the worker freeing a buffer it
  * is pushing from) can then leave part of it in the round, which is logged. */
-static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, pm_tail q,
-                              int pid, uint64_t total) {
+static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys,
+                              const ps__vx *x) {
+  uint64_t total = x->total;
   ps__table *t = ps__shard_table(s->sh, h->table);
   if (!t || t->spec.kind != PS_DENSE || !ps__table_is_sync(t) || total < PM_STREAM_MIN) return 1;
   /* Close to its expiry a streamed push could expire part way: the staged path then
    * fails whole instead. */
-  if (q.until && ps__now_ms() + 1000 >= q.until) return 1;
+  if (x->until && ps__now_ms() + 1000 >= x->until) return 1;
   if (!s->pm_chunk && !(s->pm_chunk = ps__malloc(PM_CHUNK * 4))) return 1;
-  /* A colocated worker (our own process) names its own live buffers, and a shared
-   * buffer's regions were checked when they were looked up (pm_local): nothing to check. */
-  int rc = pid == PS_PM_SELF ? 0 : ps__pm_mapped(pid, 0, q.d, q.nd);
+  int rc = x->ops->check(x, 0);
   if (rc == PS_ERR_IO) {
     ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
     return 0;
@@ -380,7 +318,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
     ps__srv_reply_verdict(c, h, &v);
     return 0;
   }
-  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, pid, q};
+  pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, x};
   if ((rc = ps__walk_slices(keys, h->nkeys, t->spec.width, pm_acc_slice, &a))) {
     if (rc != PS_ERR_NOMEM)
       ps__log(PS_LOG_ERROR, "a push of worker %u to table '%s' failed part way (%s): round %lld may hold part of it",
@@ -398,42 +336,42 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
  * applied unless every value was read. */
 void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   size_t kbytes = 8u * (size_t)h->nkeys;
-  uint64_t total;
   s->pm_pushes++; /* served, or answered with an error */
   if (!c->peer_pid || !ps__pm_usable()) {
     ps__srv_reply_err(c, h, PS_ERR_PROTO, "this server does not take peer-memory pushes on this connection (%s)",
               c->peer_pid ? "peer memory is not usable here" : "not a same-host AF_UNIX socket");
     return;
   }
-  pm_tail q;
-  if (pm_tail_checked(c, h, b, &q, &total)) return;
+  ps__vx x;
+  if (vx_of(s, c, h, b->buf, b->len, 0, &x)) return;
+  uint64_t total = x.total;
   if (total > c->max_payload - kbytes) {
+    ps__vx_close(&x);
     ps__srv_reply_err(c, h, PS_ERR_TOO_LARGE, "a peer-memory push of %llu bytes exceeds the frame limit",
               (unsigned long long)total);
     return;
   }
   if (total % 4) {
+    ps__vx_close(&x);
     ps__srv_reply_err(c, h, PS_ERR_SIZE, "a peer-memory push of %llu bytes is not whole floats", (unsigned long long)total);
     return;
   }
-  uint8_t *xd;
-  int pid = pm_local(s, c, 0, &q, &xd);
-  if (!push_peer_streamed(s, c, h, b->buf, q, pid, total)) {
-    free(xd);
+  if (!push_peer_streamed(s, c, h, b->buf, &x)) {
+    ps__vx_close(&x);
     return;
   }
   size_t len = kbytes + (size_t)total;
   uint8_t *buf = ps__pool_get(c->pool, len);
   if (!buf) {
-    free(xd);
+    ps__vx_close(&x);
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte push", len);
     return;
   }
   memcpy(buf, b->buf, kbytes);
   uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
   dst.len = (size_t)total;
-  int rc = pm_copy_par(s, pid, 0, &dst, 1, q);
-  free(xd);
+  int rc = pm_copy_par(s, &x, 0, &dst, 1);
+  ps__vx_close(&x);
   if (rc) {
     ps__pool_put(c->pool, buf, len);
     ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
@@ -447,9 +385,13 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
 
 int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int64_t n) {
   /* The worker's buffers must hold exactly the values asked for. */
-  uint64_t total;
-  pm_tail q;
-  if (pm_tail_checked(c, h, b, &q, &total)) return -1;
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  ps__vx x;
+  if (ps__vx_parse(&x, (const uint8_t *)b->buf + kbytes, b->len - kbytes)) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
+    return -1;
+  }
+  uint64_t total = x.total;
   if (total != 4u * (uint64_t)n) {
     ps__srv_reply_err(c, h, PS_ERR_SIZE, "peer-memory regions of %llu bytes for %lld values", (unsigned long long)total,
                       (long long)n);

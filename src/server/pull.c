@@ -240,7 +240,7 @@ void ps__srv_on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__bod
   }
   p->conn = c;
   p->h = *h;
-  p->fused_xd = NULL;
+  memset(&p->fused, 0, sizeof p->fused);
   p->buf = b->buf;
   p->len = b->len;
   b->buf = NULL; /* taken */

@@ -15,6 +15,7 @@
 #include "common/par.h"
 #include "common/ring.h"
 #include "net/net.h"
+#include "net/xport.h"
 #include "server/server.h"
 #include "shard/shard.h"
 
@@ -26,8 +27,7 @@ typedef struct pending_pull {
   void *buf;   /* request body (keys), pooled */
   size_t len;
   int fused_err;       /* a peer-memory write of a round's fused apply failed (peer.c) */
-  int fused_pid;       /* the pid its writes go to (ps__srv_pm_local), and its regions in this */
-  uint8_t *fused_xd;   /* process where they are a shared buffer (else NULL) */
+  ps__vx fused;        /* where a fused round writes its values (open while it runs) */
   char fused_msg[200];
 } pending_pull;
 
