@@ -1,0 +1,432 @@
+/*
+ * ctx.c - the worker context: configuration, open and close, the I/O thread, the
+ * scheduler link, heartbeats and the statistics reported with them.
+ *
+ * Threads. ps_ctx_open runs on the caller's thread: it reads the configuration, starts
+ * the I/O thread (io_main, a libuv loop owning every link) and waits until the job has
+ * started. ps_ctx_close posts the shutdown to the loop (leave the job, close every
+ * link), joins the thread and frees the context.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/client_int.h"
+#include "sched/sched.h"
+#include "server/server.h"
+
+void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg) {
+  pthread_mutex_lock(&ctx->mu);
+  if (!ctx->failed) {
+    ctx->failed = 1;
+    ctx->fail_err = err;
+    snprintf(ctx->fail_msg, sizeof ctx->fail_msg, "%s", msg);
+  }
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
+}
+
+/* The counters every worker reports to the scheduler (names "ps.<stat>"), read by
+ * `pshard plan --measured` and the progress line. */
+static const char *const reported_stats[] = {"uptime_s", "compute_s", "pull_wait_s", "push_wait_s", "other_wait_s",
+                                             "clock", "examples", "bytes_pushed", "bytes_pulled", "pulls", "pushes"};
+
+static void report_stats(ps_ctx *ctx) {
+  if (!ctx->sched->conn || !ctx->registered) return;
+  for (size_t i = 0; i < sizeof reported_stats / sizeof reported_stats[0]; i++) {
+    double v;
+    char name[64];
+    ps__wbuf w;
+    if (ps_ctx_stat(ctx, reported_stats[i], &v)) continue;
+    snprintf(name, sizeof name, "ps.%s", reported_stats[i]);
+    ps__wbuf_init(&w);
+    ps__wbuf_str(&w, name);
+    ps__wbuf_f64(&w, v);
+    ps__frame_hdr h = {.type = PS_MSG_METRIC, .sender = ctx->id, .clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED)};
+    if (!w.oom) ps__conn_send_ctrl(ctx->sched->conn, &h, w.data, w.len);
+    ps__wbuf_free(&w);
+  }
+}
+
+static void hb_tick(uv_timer_t *t) {
+  ps_ctx *ctx = t->data;
+  if (!ctx->sched->conn) return;
+  ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = ctx->id};
+  ps__conn_send_ctrl(ctx->sched->conn, &h, NULL, 0);
+  if (++ctx->hb_count * ctx->heartbeat_ms >= 1000) {
+    ctx->hb_count = 0;
+    report_stats(ctx);
+  }
+}
+
+static void *io_main(void *arg) {
+  ps_ctx *ctx = arg;
+  ps__block_sigpipe();
+  uv_run(&ctx->loop, UV_RUN_DEFAULT);
+  return NULL;
+}
+
+static void walk_close(uv_handle_t *h, void *arg) {
+  (void)arg;
+  if (uv_is_closing(h)) return;
+  if (h->type == UV_TCP || h->type == UV_NAMED_PIPE) {
+    ps__conn *c = h->data;
+    if (c) {
+      ps__conn_close(c, 0);
+      return;
+    }
+  }
+  if (h->type == UV_ASYNC) return;
+  uv_close(h, NULL);
+}
+
+static void mail_shutdown(void *arg) {
+  ps_ctx *ctx = arg;
+  ctx->closing = 1;
+  for (peer *l = ctx->links; l; l = l->next) {
+    ps__link_fail_all(l, PS_ERR_CLOSED, "context closed");
+    if (l->conn) {
+      if (l->id == SCHED_LINK) {
+        report_stats(ctx); /* final counters before leaving */
+        ps__frame_hdr h = {.type = PS_MSG_LEAVE, .sender = ctx->id};
+        ps__conn_send_ctrl(l->conn, &h, NULL, 0);
+        ps__conn_close_after_flush(l->conn, 0);
+      } else {
+        ps__conn_close(l->conn, 0);
+      }
+    }
+  }
+  uv_walk(&ctx->loop, walk_close, NULL);
+  ps__mailbox_close(ctx->mail);
+}
+
+int ps__ctx_check(const ps_ctx *ctx) {
+  if (!ctx) return ps__fail(PS_ERR_INVALID, "NULL context");
+  return 0;
+}
+
+int ps__ctx_state_err(ps_ctx *ctx) {
+  int rc = 0;
+  pthread_mutex_lock(&ctx->mu);
+  if (ctx->closing) rc = ps__fail(PS_ERR_CLOSED, "context is closed");
+  else if (ctx->failed) rc = ps__fail(ctx->fail_err, "%s", ctx->fail_msg);
+  pthread_mutex_unlock(&ctx->mu);
+  return rc;
+}
+
+/* ---- context lifecycle */
+
+int ps_ctx_rank(const ps_ctx *ctx) { return ctx ? ctx->rank : -1; }
+int ps_ctx_num_workers(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->nworkers, __ATOMIC_RELAXED) : 0; }
+int ps_ctx_num_servers(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->nservers, __ATOMIC_RELAXED) : 0; }
+int64_t ps_ctx_clock(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED) : 0; }
+uint64_t ps_ctx_epoch(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->epoch, __ATOMIC_RELAXED) : 0; }
+
+static void *emb_sched_main(void *arg) {
+  ps__sched_run(arg);
+  return NULL;
+}
+
+static void *emb_server_main(void *arg) {
+  ps__server_run(arg);
+  return NULL;
+}
+
+static void stop_embedded(ps_ctx *ctx) {
+  for (unsigned i = 0; i < ctx->n_emb; i++) {
+    if (!ctx->emb_servers[i]) continue;
+    ps__server_stop(ctx->emb_servers[i]);
+    pthread_join(ctx->emb_server_threads[i], NULL);
+    ps__server_destroy(ctx->emb_servers[i]);
+  }
+  free(ctx->emb_servers);
+  free(ctx->emb_server_threads);
+  ctx->emb_servers = NULL;
+  ctx->n_emb = 0;
+  if (ctx->emb_sched) {
+    ps__sched_stop(ctx->emb_sched);
+    pthread_join(ctx->emb_sched_thread, NULL);
+    ps__sched_destroy(ctx->emb_sched);
+    ctx->emb_sched = NULL;
+  }
+}
+
+/* Start n server threads registering with the scheduler at ctx->sched_host:sched_port:
+ * an embedded scheduler's, or the job's (colocated servers, which bind `host` and stop
+ * once no worker is alive in the job). */
+static int start_servers(ps_ctx *ctx, const char *host, unsigned n, int colocated) {
+  ctx->emb_servers = ps__calloc(n, sizeof *ctx->emb_servers);
+  ctx->emb_server_threads = ps__calloc(n, sizeof *ctx->emb_server_threads);
+  if (!ctx->emb_servers || !ctx->emb_server_threads) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  for (unsigned i = 0; i < n; i++) {
+    ps__server_opts o = {.host = host, .sched_host = ctx->sched_host, .sched_port = ctx->sched_port,
+                         .use_unix = ctx->use_unix, .heartbeat_ms = ctx->heartbeat_ms, .vnodes = ctx->vnodes,
+                         .max_payload = ctx->max_payload, .connect_timeout_ms = ctx->connect_timeout_ms,
+                         .stop_without_workers = colocated};
+    int rc = ps__server_create(&o, &ctx->emb_servers[i]);
+    if (rc) return rc;
+    ctx->n_emb = i + 1;
+    if (pthread_create(&ctx->emb_server_threads[i], NULL, emb_server_main, ctx->emb_servers[i])) {
+      ps__server_destroy(ctx->emb_servers[i]);
+      ctx->emb_servers[i] = NULL;
+      return ps__fail(PS_ERR_NOMEM, "cannot start %s server thread", colocated ? "a colocated" : "an embedded");
+    }
+  }
+  return 0;
+}
+
+static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, uint32_t nworkers) {
+  ps__sched_opts so = {.host = "127.0.0.1", .port = 0, .servers = nservers, .workers = nworkers,
+                       .heartbeat_ms = ctx->heartbeat_ms,
+                       .heartbeat_timeout_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_timeout_ms", 3000),
+                       .max_payload = ctx->max_payload};
+  int rc = ps__sched_create(&so, &ctx->emb_sched);
+  if (rc) return rc;
+  if (pthread_create(&ctx->emb_sched_thread, NULL, emb_sched_main, ctx->emb_sched)) {
+    ps__sched_destroy(ctx->emb_sched);
+    ctx->emb_sched = NULL;
+    return ps__fail(PS_ERR_NOMEM, "cannot start the embedded scheduler thread");
+  }
+  snprintf(ctx->sched_host, sizeof ctx->sched_host, "127.0.0.1");
+  ctx->sched_port = ps__sched_port(ctx->emb_sched);
+  return start_servers(ctx, "127.0.0.1", nservers, 0);
+}
+
+static void mail_connect(void *arg);
+
+static void retry_tick(uv_timer_t *t) { mail_connect(t->data); }
+
+static void on_sched_connected(void *arg, ps__conn *c, int status) {
+  ps_ctx *ctx = arg;
+  /* The scheduler may not listen yet (launchers start every rank at once): retry until
+   * the connect deadline; ps_ctx_open gives up then. */
+  if ((status == PS_ERR_UNAVAILABLE || !c) && !ctx->closing && ps__now_ms() < ctx->connect_deadline_ms) {
+    __atomic_store_n(&ctx->connect_refused, 1, __ATOMIC_RELAXED);
+    uv_timer_start(&ctx->retry_timer, retry_tick, 200, 0);
+    return;
+  }
+  if (status || !c) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "cannot reach the scheduler at %s:%d: %s", ctx->sched_host, ctx->sched_port,
+             ps_strerror(status));
+    ps__ctx_fail(ctx, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
+  c->udata = ctx->sched;
+  ctx->sched->conn = c;
+  ps__hello hello;
+  ps__wbuf w;
+  memset(&hello, 0, sizeof hello);
+  hello.role = PS_ROLE_WORKER;
+  hello.pid = (uint32_t)getpid();
+  snprintf(hello.hostid, sizeof hello.hostid, "%s", ctx->hostid);
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &hello);
+  /* The HELLO is a part of a detached request so its reply is matched like any other. */
+  ps_req *r = ps__ctrl_req(ctx, SCHED_LINK, PS_MSG_HELLO, w.data, w.len, ps__now_ms() + ctx->connect_timeout_ms);
+  ps__wbuf_free(&w);
+  if (!r) {
+    ps__ctx_fail(ctx, PS_ERR_NOMEM, "out of memory");
+    return;
+  }
+  r->canceled = 2;
+  ps__part_send(ctx, ctx->sched, &r->parts[0]);
+  uv_timer_start(&ctx->hb_timer, hb_tick, ctx->heartbeat_ms, ctx->heartbeat_ms);
+}
+
+static void mail_connect(void *arg) {
+  ps_ctx *ctx = arg;
+  int rc = ps__connect_tcp(&ctx->loop, ctx->sched_host, ctx->sched_port, &ps__link_ops, NULL, ctx->pool, 1u << 24,
+                           on_sched_connected, ctx);
+  if (rc) ps__ctx_fail(ctx, rc, ps_errmsg());
+}
+
+int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
+  int rc;
+  if (!out) return ps__fail(PS_ERR_INVALID, "out is NULL");
+  *out = NULL;
+  ps_config *empty = NULL;
+  if (!cfg) {
+    if ((rc = ps_config_new(&empty))) return rc;
+    cfg = empty;
+  }
+  const char *role = ps__config_str(cfg, "role", "worker");
+  if (strcmp(role, "worker")) {
+    ps_config_free(empty);
+    return ps__fail(PS_ERR_ROLE, "ps_ctx_open opens a worker; role is '%s' (start servers with `pshard server`)", role);
+  }
+  ps_ctx *ctx = ps__calloc(1, sizeof *ctx);
+  if (!ctx) {
+    ps_config_free(empty);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  pthread_mutex_init(&ctx->mu, NULL);
+  pthread_cond_init(&ctx->cv, NULL);
+  ctx->timeout_ms = (uint32_t)ps__config_uint(cfg, "timeout_ms", 30000);
+  ctx->connect_timeout_ms = (uint32_t)ps__config_uint(cfg, "connect_timeout_ms", 60000);
+  ctx->heartbeat_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_ms", 200);
+  ctx->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
+  ctx->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
+  ctx->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
+  snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
+  ctx->opened_ns = ps__now_ns();
+  ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
+  ctx->direct = (int)ps__config_uint(cfg, "direct", 1);
+  ctx->dedup = (int)ps__config_uint(cfg, "dedup", 1);
+  ctx->peer_mem = ps__config_uint(cfg, "peer_mem", 1) && ps__pm_usable();
+  pthread_mutex_init(&ctx->lend_mu, NULL);
+  pthread_cond_init(&ctx->lend_cv, NULL);
+  pthread_mutex_init(&ctx->upool_mu, NULL);
+  ctx->upool = ps__pool_new(512u << 20);
+  if (!ctx->heartbeat_ms) ctx->heartbeat_ms = 200;
+  if (!ctx->vnodes) ctx->vnodes = 128;
+  ps__hostid(ctx->hostid, sizeof ctx->hostid);
+  unsigned emb = (unsigned)ps__config_uint(cfg, "embedded", 0);
+  uv_loop_init(&ctx->loop);
+  ctx->loop.data = ctx;
+  ctx->pool = ps__pool_new(256u << 20);
+  ctx->mail = ps__mailbox_new(&ctx->loop);
+  ctx->sched = ps__calloc(1, sizeof *ctx->sched);
+  if (!ctx->pool || !ctx->mail || !ctx->sched) {
+    rc = ps__fail(PS_ERR_NOMEM, "out of memory");
+    goto fail;
+  }
+  ctx->sched->id = SCHED_LINK;
+  ctx->sched->alive = 1;
+  ctx->links = ctx->sched;
+  uv_timer_init(&ctx->loop, &ctx->hb_timer);
+  ctx->hb_timer.data = ctx;
+  uv_timer_init(&ctx->loop, &ctx->sweep_timer);
+  ctx->sweep_timer.data = ctx;
+  uv_timer_init(&ctx->loop, &ctx->retry_timer);
+  ctx->retry_timer.data = ctx;
+  ctx->connect_deadline_ms = ps__now_ms() + ctx->connect_timeout_ms;
+  uv_timer_start(&ctx->sweep_timer, ps__sweep_tick, 50, 50);
+  if (emb && ps__config_uint(cfg, "colocate", 0)) {
+    rc = ps__fail(PS_ERR_CONFIG, "'embedded' and 'colocate' exclude each other: an embedded job has its own servers");
+    goto fail;
+  }
+  if (emb) {
+    rc = start_embedded(ctx, cfg, emb, (uint32_t)ps__config_uint(cfg, "workers", 1));
+    if (rc) goto fail;
+  } else {
+    const char *addr = ps_config_get(cfg, "scheduler");
+    if (!addr) {
+      rc = ps__fail(PS_ERR_CONFIG, "no scheduler address: set 'scheduler' (PSHARD_SCHEDULER) or 'embedded'");
+      goto fail;
+    }
+    if (ps__parse_hostport(addr, ctx->sched_host, sizeof ctx->sched_host, &ctx->sched_port)) {
+      rc = ps__fail(PS_ERR_CONFIG, "bad scheduler address '%s'", addr);
+      goto fail;
+    }
+    /* A colocated server: one more server of the job, in this process (design.md §10). */
+    if (ps__config_uint(cfg, "colocate", 0)) {
+      ctx->colocated = 1;
+      if ((rc = start_servers(ctx, ps__config_str(cfg, "host", "127.0.0.1"), 1, 1))) goto fail;
+    }
+  }
+  ps__mailbox_post(ctx->mail, mail_connect, ctx);
+  if (pthread_create(&ctx->thread, NULL, io_main, ctx)) {
+    rc = ps__fail(PS_ERR_NOMEM, "cannot start the I/O thread");
+    goto fail;
+  }
+  ctx->thread_started = 1;
+
+  /* Wait for registration and the job start. */
+  uint64_t deadline = ps__now_ms() + ctx->connect_timeout_ms;
+  pthread_mutex_lock(&ctx->mu);
+  while (!ctx->failed && !(ctx->registered && ctx->started && ctx->ring)) {
+    uint64_t now = ps__now_ms();
+    if (now >= deadline) break;
+    struct timespec ts = ps__abs_after_ms(deadline - now < 100 ? deadline - now : 100);
+    pthread_cond_timedwait(&ctx->cv, &ctx->mu, &ts);
+  }
+  if (ctx->failed) {
+    rc = ps__fail(ctx->fail_err, "%s", ctx->fail_msg);
+  } else if (!ctx->registered && __atomic_load_n(&ctx->connect_refused, __ATOMIC_RELAXED)) {
+    rc = ps__fail(PS_ERR_UNAVAILABLE, "cannot reach the scheduler at %s:%d: connection refused (retried for %u ms)",
+                  ctx->sched_host, ctx->sched_port, ctx->connect_timeout_ms);
+  } else if (!(ctx->registered && ctx->started && ctx->ring)) {
+    rc = ps__fail(PS_ERR_TIMEOUT, "the job did not start within %u ms (%s)", ctx->connect_timeout_ms,
+                  ctx->registered ? "waiting for the other servers and workers" : "no answer from the scheduler");
+  }
+  pthread_mutex_unlock(&ctx->mu);
+  if (rc) goto fail;
+  ps_config_free(empty);
+  *out = ctx;
+  return 0;
+fail: {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ctx->colocated = 0; /* the job did not start with us: stop our server at once */
+  ps_ctx_close(ctx);
+  ps_config_free(empty);
+  return ps__fail(rc, "%s", msg);
+}
+}
+
+int ps_ctx_open_env(ps_ctx **out) {
+  ps_config *cfg;
+  int rc = ps_config_new(&cfg);
+  if (rc) return rc;
+  rc = ps_config_from_env(cfg);
+  if (!rc) rc = ps_ctx_open(cfg, out);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ps_config_free(cfg);
+  if (rc) ps__fail(rc, "%s", msg);
+  return rc;
+}
+
+void ps_ctx_close(ps_ctx *ctx) {
+  if (!ctx) return;
+  if (ctx->thread_started) {
+    if (ps__mailbox_post(ctx->mail, mail_shutdown, ctx) == 0) pthread_join(ctx->thread, NULL);
+  } else if (ctx->mail) {
+    ctx->closing = 1;
+    ps__mailbox_close(ctx->mail);
+    uv_walk(&ctx->loop, walk_close, NULL);
+    uv_run(&ctx->loop, UV_RUN_DEFAULT);
+  } else {
+    uv_walk(&ctx->loop, walk_close, NULL);
+    uv_run(&ctx->loop, UV_RUN_DEFAULT);
+  }
+  /* The loop is gone: release held peer-memory parts at their deadlines. */
+  for (int held = 1; held;) {
+    held = 0;
+    for (part *p = ctx->held; p; p = p->next) held |= ps__pm_must_hold(p);
+    if (held) usleep(20000);
+  }
+  while (ctx->held) ps__part_finish(ctx->held);
+  uv_loop_close(&ctx->loop);
+  /* A colocated server serves the other workers until none is left in the job (it stops
+   * by itself then), bounded by the request timeout. */
+  if (ctx->colocated) {
+    struct timespec ts = ps__abs_after_ms(ctx->timeout_ms);
+    for (unsigned i = 0; i < ctx->n_emb; i++) {
+      if (!ctx->emb_servers[i] || pthread_timedjoin_np(ctx->emb_server_threads[i], NULL, &ts)) continue;
+      ps__server_destroy(ctx->emb_servers[i]);
+      ctx->emb_servers[i] = NULL;
+    }
+  }
+  stop_embedded(ctx);
+  while (ctx->links) {
+    peer *l = ctx->links;
+    ctx->links = l->next;
+    free(l->dbuf);
+    free(l);
+  }
+  for (size_t i = 0; i < ctx->nretired; i++) ps__ring_free(ctx->retired[i]);
+  free(ctx->retired);
+  ps__ring_free(ctx->ring);
+  ps__pool_free(ctx->pool);
+  ps__pool_free(ctx->upool);
+  pthread_mutex_destroy(&ctx->upool_mu);
+  pthread_mutex_destroy(&ctx->lend_mu);
+  pthread_cond_destroy(&ctx->lend_cv);
+  free(ctx->tables);
+  pthread_mutex_destroy(&ctx->mu);
+  pthread_cond_destroy(&ctx->cv);
+  free(ctx);
+}
