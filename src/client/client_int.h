@@ -26,6 +26,7 @@
 #include <time.h>
 #include <uv.h>
 
+#include "agent/agent.h"
 #include "common/common.h"
 #include "common/config.h"
 #include "common/ring.h"
@@ -140,9 +141,9 @@ struct ps_ctx {
   int thread_started;
   ps__mailbox *mail;
   ps__pool *pool;
-  uv_timer_t hb_timer, sweep_timer, retry_timer;
-  uint64_t connect_deadline_ms;
-  int connect_refused;     /* the scheduler refused a connection (retrying) */
+  uv_timer_t sweep_timer;
+  ps__agent agent;         /* the scheduler connection: registration, heartbeats, membership */
+  int agent_inited;
   peer *links;             /* scheduler link first */
   peer *sched;
   part *held;              /* peer-memory parts held until their deadline (loop) */
@@ -285,13 +286,16 @@ void ps__mail_reclaim(void *arg);
 /* Loop mail handler: a fire-and-forget frame (struct fire, freed). */
 void ps__mail_fire(void *arg);
 /* A decoded membership: links of new servers, dead ones failed, the ring replaced. */
-void ps__on_membership(ps_ctx *ctx, const ps__body *b);
+void ps__on_membership(ps_ctx *ctx, const ps__membership *m);
 /* Is this reply a peer-memory pull's (values already in the caller's buffers)? */
 int ps__pm_reply(const part *p, const ps__frame_hdr *h);
 /* A successful reply to p (loop or lent link): what it tells the context. */
 void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
-/* The connection callbacks of every link (the scheduler's too). */
-extern const ps__conn_ops ps__link_ops;
+/* The scheduler link's own traffic (replies to control requests), given to the node
+ * agent as its on_header, on_frame and link callbacks (arg: the context). */
+int ps__sched_on_header(void *arg, const ps__frame_hdr *h, ps__body *b);
+void ps__sched_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b);
+void ps__sched_on_link(void *arg, ps__conn *c, int status);
 
 /* ---- ctx.c */
 /* The context failed (lost the scheduler, ...): later calls return err. Any thread. */

@@ -49,15 +49,55 @@ static void report_stats(ps_ctx *ctx) {
   }
 }
 
-static void hb_tick(uv_timer_t *t) {
-  ps_ctx *ctx = t->data;
+/* ---- the node agent's callbacks (loop thread) */
+
+static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
+  ps_ctx *ctx = arg;
+  pthread_mutex_lock(&ctx->mu);
+  ctx->id = id;
+  ctx->rank = (int)rank;
+  ctx->registered = 1;
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
+}
+
+static void agent_membership(void *arg, const ps__membership *m) { ps__on_membership(arg, m); }
+
+/* The scheduler is gone or never answered: every later call fails with this. */
+static void agent_lost(void *arg, int status, const char *msg) {
+  ps_ctx *ctx = arg;
+  if (!ctx->closing) ps__ctx_fail(ctx, status, msg);
+}
+
+/* Each heartbeat: the counters go to the scheduler about once a second. */
+static void agent_tick(void *arg) {
+  ps_ctx *ctx = arg;
   if (!ctx->sched->conn) return;
-  ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = ctx->id};
-  ps__conn_send_ctrl(ctx->sched->conn, &h, NULL, 0);
   if (++ctx->hb_count * ctx->heartbeat_ms >= 1000) {
     ctx->hb_count = 0;
     report_stats(ctx);
   }
+}
+
+/* Caller thread, before the loop runs: the agent that will register this worker. */
+static int agent_setup(ps_ctx *ctx) {
+  ps__agent_opts o = {.sched_host = ctx->sched_host, .sched_port = ctx->sched_port,
+                      .heartbeat_ms = ctx->heartbeat_ms, .connect_timeout_ms = ctx->connect_timeout_ms,
+                      .pool = ctx->pool, .max_payload = 1u << 24};
+  o.hello.role = PS_ROLE_WORKER;
+  o.hello.pid = (uint32_t)getpid();
+  snprintf(o.hello.hostid, sizeof o.hello.hostid, "%s", ctx->hostid);
+  ps__agent_cbs cb = {.arg = ctx, .registered = agent_registered, .membership = agent_membership,
+                      .lost = agent_lost, .tick = agent_tick, .link = ps__sched_on_link,
+                      .on_header = ps__sched_on_header, .on_frame = ps__sched_on_frame};
+  int rc = ps__agent_init(&ctx->agent, &ctx->loop, &o, &cb);
+  if (rc == 0) ctx->agent_inited = 1;
+  return rc;
+}
+
+static void mail_agent_start(void *arg) {
+  ps_ctx *ctx = arg;
+  if (ps__agent_start(&ctx->agent)) ps__ctx_fail(ctx, PS_ERR_UNAVAILABLE, ps_errmsg());
 }
 
 static void *io_main(void *arg) {
@@ -67,37 +107,20 @@ static void *io_main(void *arg) {
   return NULL;
 }
 
-static void walk_close(uv_handle_t *h, void *arg) {
-  (void)arg;
-  if (uv_is_closing(h)) return;
-  if (h->type == UV_TCP || h->type == UV_NAMED_PIPE) {
-    ps__conn *c = h->data;
-    if (c) {
-      ps__conn_close(c, 0);
-      return;
-    }
-  }
-  if (h->type == UV_ASYNC) return;
-  uv_close(h, NULL);
-}
-
 static void mail_shutdown(void *arg) {
   ps_ctx *ctx = arg;
   ctx->closing = 1;
   for (peer *l = ctx->links; l; l = l->next) {
     ps__link_fail_all(l, PS_ERR_CLOSED, "context closed");
     if (l->conn) {
-      if (l->id == SCHED_LINK) {
+      if (l->id == SCHED_LINK)
         report_stats(ctx); /* final counters before leaving */
-        ps__frame_hdr h = {.type = PS_MSG_LEAVE, .sender = ctx->id};
-        ps__conn_send_ctrl(l->conn, &h, NULL, 0);
-        ps__conn_close_after_flush(l->conn, 0);
-      } else {
+      else
         ps__conn_close(l->conn, 0);
-      }
     }
   }
-  uv_walk(&ctx->loop, walk_close, NULL);
+  if (ctx->agent_inited) ps__agent_stop(&ctx->agent, 1); /* LEAVE, then close */
+  ps__loop_close_all(&ctx->loop);
   ps__mailbox_close(ctx->mail);
 }
 
@@ -193,55 +216,6 @@ static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, 
   return start_servers(ctx, "127.0.0.1", nservers, 0);
 }
 
-static void mail_connect(void *arg);
-
-static void retry_tick(uv_timer_t *t) { mail_connect(t->data); }
-
-static void on_sched_connected(void *arg, ps__conn *c, int status) {
-  ps_ctx *ctx = arg;
-  /* The scheduler may not listen yet (launchers start every rank at once): retry until
-   * the connect deadline; ps_ctx_open gives up then. */
-  if ((status == PS_ERR_UNAVAILABLE || !c) && !ctx->closing && ps__now_ms() < ctx->connect_deadline_ms) {
-    __atomic_store_n(&ctx->connect_refused, 1, __ATOMIC_RELAXED);
-    uv_timer_start(&ctx->retry_timer, retry_tick, 200, 0);
-    return;
-  }
-  if (status || !c) {
-    char msg[200];
-    snprintf(msg, sizeof msg, "cannot reach the scheduler at %s:%d: %s", ctx->sched_host, ctx->sched_port,
-             ps_strerror(status));
-    ps__ctx_fail(ctx, PS_ERR_UNAVAILABLE, msg);
-    return;
-  }
-  c->udata = ctx->sched;
-  ctx->sched->conn = c;
-  ps__hello hello;
-  ps__wbuf w;
-  memset(&hello, 0, sizeof hello);
-  hello.role = PS_ROLE_WORKER;
-  hello.pid = (uint32_t)getpid();
-  snprintf(hello.hostid, sizeof hello.hostid, "%s", ctx->hostid);
-  ps__wbuf_init(&w);
-  ps__hello_encode(&w, &hello);
-  /* The HELLO is a part of a detached request so its reply is matched like any other. */
-  ps_req *r = ps__ctrl_req(ctx, SCHED_LINK, PS_MSG_HELLO, w.data, w.len, ps__now_ms() + ctx->connect_timeout_ms);
-  ps__wbuf_free(&w);
-  if (!r) {
-    ps__ctx_fail(ctx, PS_ERR_NOMEM, "out of memory");
-    return;
-  }
-  r->canceled = 2;
-  ps__part_send(ctx, ctx->sched, &r->parts[0]);
-  uv_timer_start(&ctx->hb_timer, hb_tick, ctx->heartbeat_ms, ctx->heartbeat_ms);
-}
-
-static void mail_connect(void *arg) {
-  ps_ctx *ctx = arg;
-  int rc = ps__connect_tcp(&ctx->loop, ctx->sched_host, ctx->sched_port, &ps__link_ops, NULL, ctx->pool, 1u << 24,
-                           on_sched_connected, ctx);
-  if (rc) ps__ctx_fail(ctx, rc, ps_errmsg());
-}
-
 int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   int rc;
   if (!out) return ps__fail(PS_ERR_INVALID, "out is NULL");
@@ -295,13 +269,8 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   ctx->sched->id = SCHED_LINK;
   ctx->sched->alive = 1;
   ctx->links = ctx->sched;
-  uv_timer_init(&ctx->loop, &ctx->hb_timer);
-  ctx->hb_timer.data = ctx;
   uv_timer_init(&ctx->loop, &ctx->sweep_timer);
   ctx->sweep_timer.data = ctx;
-  uv_timer_init(&ctx->loop, &ctx->retry_timer);
-  ctx->retry_timer.data = ctx;
-  ctx->connect_deadline_ms = ps__now_ms() + ctx->connect_timeout_ms;
   uv_timer_start(&ctx->sweep_timer, ps__sweep_tick, 50, 50);
   if (emb && ps__config_uint(cfg, "colocate", 0)) {
     rc = ps__fail(PS_ERR_CONFIG, "'embedded' and 'colocate' exclude each other: an embedded job has its own servers");
@@ -326,7 +295,8 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
       if ((rc = start_servers(ctx, ps__config_str(cfg, "host", "127.0.0.1"), 1, 1))) goto fail;
     }
   }
-  ps__mailbox_post(ctx->mail, mail_connect, ctx);
+  if ((rc = agent_setup(ctx))) goto fail;
+  ps__mailbox_post(ctx->mail, mail_agent_start, ctx);
   if (pthread_create(&ctx->thread, NULL, io_main, ctx)) {
     rc = ps__fail(PS_ERR_NOMEM, "cannot start the I/O thread");
     goto fail;
@@ -344,7 +314,7 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   }
   if (ctx->failed) {
     rc = ps__fail(ctx->fail_err, "%s", ctx->fail_msg);
-  } else if (!ctx->registered && __atomic_load_n(&ctx->connect_refused, __ATOMIC_RELAXED)) {
+  } else if (!ctx->registered && ps__agent_refused(&ctx->agent)) {
     rc = ps__fail(PS_ERR_UNAVAILABLE, "cannot reach the scheduler at %s:%d: connection refused (retried for %u ms)",
                   ctx->sched_host, ctx->sched_port, ctx->connect_timeout_ms);
   } else if (!(ctx->registered && ctx->started && ctx->ring)) {
@@ -386,10 +356,10 @@ void ps_ctx_close(ps_ctx *ctx) {
   } else if (ctx->mail) {
     ctx->closing = 1;
     ps__mailbox_close(ctx->mail);
-    uv_walk(&ctx->loop, walk_close, NULL);
+    ps__loop_close_all(&ctx->loop);
     uv_run(&ctx->loop, UV_RUN_DEFAULT);
   } else {
-    uv_walk(&ctx->loop, walk_close, NULL);
+    ps__loop_close_all(&ctx->loop);
     uv_run(&ctx->loop, UV_RUN_DEFAULT);
   }
   /* The loop is gone: release held peer-memory parts at their deadlines. */

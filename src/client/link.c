@@ -217,7 +217,7 @@ void ps__part_submit(ps_ctx *ctx, part *p) {
 static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
 static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
 static void link_on_close(ps__conn *c, int status);
-const ps__conn_ops ps__link_ops = {link_on_header, link_on_frame, link_on_close};
+static const ps__conn_ops link_ops = {link_on_header, link_on_frame, link_on_close};
 
 typedef struct conn_arg {
   ps_ctx *ctx;
@@ -267,9 +267,9 @@ static void link_connect(ps_ctx *ctx, peer *l) {
   ca->id = l->id;
   l->connecting = 1;
   if (ctx->use_unix && l->m.unix_path[0] && !strcmp(l->m.hostid, ctx->hostid))
-    rc = ps__connect_unix(&ctx->loop, l->m.unix_path, &ps__link_ops, NULL, ctx->pool, ctx->max_payload, on_link_connected, ca);
+    rc = ps__connect_unix(&ctx->loop, l->m.unix_path, &link_ops, NULL, ctx->pool, ctx->max_payload, on_link_connected, ca);
   else
-    rc = ps__connect_tcp(&ctx->loop, l->m.host, l->m.port, &ps__link_ops, NULL, ctx->pool, ctx->max_payload,
+    rc = ps__connect_tcp(&ctx->loop, l->m.host, l->m.port, &link_ops, NULL, ctx->pool, ctx->max_payload,
                          on_link_connected, ca);
   if (rc) {
     free(ca);
@@ -284,19 +284,14 @@ static part *inflight_find(peer *l, uint64_t req_id) {
   return NULL;
 }
 
-void ps__on_membership(ps_ctx *ctx, const ps__body *b) {
-  ps__membership m;
-  if (ps__membership_decode(b->buf, b->len, &m)) {
-    ps__log(PS_LOG_ERROR, "bad membership frame: %s", ps_errmsg());
-    return;
-  }
+/* Membership from the scheduler (through the node agent): links for new servers,
+ * dead servers' links failed and closed, counts and the ring of a newer epoch. */
+void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
+  const ps__membership m = *mp;
   uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
   size_t nsrv = 0, nalive = 0;
   int nwork = 0;
-  if (!ids) {
-    ps__membership_clear(&m);
-    return;
-  }
+  if (!ids) return;
   for (uint32_t i = 0; i < m.n; i++) {
     ps__member *x = &m.m[i];
     if (x->role == PS_ROLE_WORKER && x->alive) nwork++;
@@ -359,7 +354,6 @@ void ps__on_membership(ps_ctx *ctx, const ps__body *b) {
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
   ps__ring_free(ring);
-  ps__membership_clear(&m);
 }
 
 /* A peer-memory pull's reply: the values are already in the caller's buffers. */
@@ -367,13 +361,8 @@ int ps__pm_reply(const part *p, const ps__frame_hdr *h) {
   return h->codec == PS_CODEC_PEER_MEM && p->hdr.codec == PS_CODEC_PEER_MEM && h->payload_len == 0;
 }
 
-static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  peer *l = c->udata;
-  if (!l) {
-    b->discard = 1;
-    return 0;
-  }
-  if (h->type == PS_MSG_MEMBERSHIP && l->id == SCHED_LINK) return 0;
+/* A reply's header on link l: find its part and where its body goes. */
+static int link_header(peer *l, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR) return 0;
   if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request", ps__frame_type_name(h->type));
   part *p = inflight_find(l, h->req_id);
@@ -399,6 +388,20 @@ static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   }
   b->udata = p;
   return 0;
+}
+
+static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  peer *l = c->udata;
+  if (!l) {
+    b->discard = 1;
+    return 0;
+  }
+  return link_header(l, h, b);
+}
+
+int ps__sched_on_header(void *arg, const ps__frame_hdr *h, ps__body *b) {
+  ps_ctx *ctx = arg;
+  return link_header(ctx->sched, h, b);
 }
 
 /* A successful reply to p (loop or lent link): what it tells the context. */
@@ -433,14 +436,8 @@ void ps__post_lend(ps_ctx *ctx) {
   }
 }
 
-static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  peer *l = c->udata;
-  ps_ctx *ctx = c->loop->data;
-  if (!l) return;
-  if (h->type == PS_MSG_MEMBERSHIP) {
-    ps__on_membership(ctx, b);
-    return;
-  }
+/* A whole reply arrived on link l: finish its part. */
+static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR) {
     ps__log(PS_LOG_ERROR, "node %u: %.*s", l->id, (int)b->len, b->buf ? (const char *)b->buf : "");
     return;
@@ -459,14 +456,6 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   }
   ps__part_reply_ok(ctx, p, h);
   if (l->lend_wanted && !l->inflight && !l->queue_head) ps__post_lend(ctx);
-  if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
-    pthread_mutex_lock(&ctx->mu);
-    ctx->id = h->table;
-    ctx->rank = (int)h->batch;
-    ctx->registered = 1;
-    pthread_cond_broadcast(&ctx->cv);
-    pthread_mutex_unlock(&ctx->mu);
-  }
   if (p->stats_buf) {
     size_t n = b->len < p->stats_cap - 1 ? b->len : p->stats_cap - 1;
     if (n) memcpy(p->stats_buf, b->buf, n);
@@ -476,10 +465,18 @@ static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (p->write_done) ps__part_finish(p);
 }
 
-static void link_on_close(ps__conn *c, int status) {
+static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   peer *l = c->udata;
-  ps_ctx *ctx = c->loop->data;
-  if (!l) return;
+  if (l) link_frame(c->loop->data, l, h, b);
+}
+
+void ps__sched_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b) {
+  ps_ctx *ctx = arg;
+  link_frame(ctx, ctx->sched, h, b);
+}
+
+/* Link l's connection is gone: fail what it holds. */
+static void link_closed(peer *l, int status) {
   /* The server closed the connection (or died): it no longer serves any frame of it,
    * so its peer-memory parts need not be held (ps__part_finish). */
   if (status == PS_ERR_CLOSED)
@@ -490,7 +487,21 @@ static void link_on_close(ps__conn *c, int status) {
   snprintf(msg, sizeof msg, "connection to %s %u closed: %s", l->id == SCHED_LINK ? "scheduler" : "server", l->id,
            ps_strerror(status));
   ps__link_fail_all(l, status ? PS_ERR_UNAVAILABLE : PS_ERR_CANCELED, msg);
-  if (l->id == SCHED_LINK && !ctx->closing) ps__ctx_fail(ctx, PS_ERR_UNAVAILABLE, "lost the scheduler");
+}
+
+static void link_on_close(ps__conn *c, int status) {
+  peer *l = c->udata;
+  if (l) link_closed(l, status);
+}
+
+/* The node agent's scheduler connection came up (c) or went away (NULL): the
+ * scheduler link sends on it; its parts fail with it (the agent reports the loss). */
+void ps__sched_on_link(void *arg, ps__conn *c, int status) {
+  ps_ctx *ctx = arg;
+  if (c)
+    ctx->sched->conn = c;
+  else if (ctx->sched->conn)
+    link_closed(ctx->sched, status);
 }
 
 /* Fire-and-forget frames (clock, metric). Ordered after earlier parts on each link:
