@@ -4,7 +4,7 @@
  * The worker side is cut by job, and each piece reports upward only through what it
  * was given:
  *   ctx.c      context and configuration: open, close, the I/O thread, the scheduler
- *              link, heartbeats and their statistics, embedded mode
+ *              link (through the node agent), heartbeats and their statistics
  *   req.c      requests: parts, completion, wait, cancel, deadlines, blocking runs
  *   link.c     links to the servers and the scheduler: connect, send, receive, lend,
  *              membership applied to the links and the ring, fire-and-forget frames
@@ -12,6 +12,9 @@
  *              push and pull entry points
  *   direct.c   the caller-thread fast path: blocking calls on lent links
  *   control.c  control calls: declare, clock, barrier, metric, tasks, statistics
+ * Embedded mode (scheduler and servers as threads of the worker's process) is composed
+ * above the client, in src/embed/embed.c, through client.h: ps_ctx_close reaches it
+ * only through the ps__ctx_embed hook it was given.
  *
  * Threads. The loop thread (io_main) owns the links and every part once posted;
  * callers' threads build requests, wait on them, and run the fast path on lent links.
@@ -27,13 +30,12 @@
 #include <uv.h>
 
 #include "agent/agent.h"
+#include "client/client.h"
 #include "common/common.h"
 #include "common/config.h"
 #include "common/ring.h"
 #include "net/net.h"
 #include "proto/msg.h"
-#include "sched/sched.h"
-#include "server/server.h"
 #include "store/store.h"
 
 #define SCHED_LINK 0u /* link id of the scheduler */
@@ -191,13 +193,9 @@ struct ps_ctx {
   unsigned hb_count;
   uint64_t next_req_id;
 
-  /* embedded mode */
-  ps__sched *emb_sched;
-  pthread_t emb_sched_thread;
-  ps__server **emb_servers;
-  pthread_t *emb_server_threads;
-  unsigned n_emb;
-  int colocated;    /* emb_servers are the job's servers, colocated here (no emb_sched) */
+  /* what runs beside the worker in this process (embedded mode, a colocated server) */
+  ps__ctx_embed emb;
+  int emb_linger;          /* wait for it to stop by itself at close (a colocated server) */
 };
 
 /* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
@@ -298,6 +296,7 @@ void ps__sched_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b);
 void ps__sched_on_link(void *arg, ps__conn *c, int status);
 
 /* ---- ctx.c */
+
 /* The context failed (lost the scheduler, ...): later calls return err. Any thread. */
 void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg);
 int ps__ctx_check(const ps_ctx *ctx);

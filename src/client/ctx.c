@@ -2,9 +2,11 @@
  * ctx.c - the worker context: configuration, open and close, the I/O thread, the
  * scheduler link, heartbeats and the statistics reported with them.
  *
- * Threads. ps_ctx_open runs on the caller's thread: it reads the configuration, starts
- * the I/O thread (io_main, a libuv loop owning every link) and waits until the job has
- * started. ps_ctx_close posts the shutdown to the loop (leave the job, close every
+ * Threads. Opening runs on the caller's thread, in two steps that ps_ctx_open
+ * (src/embed/embed.c, which first starts what runs beside the worker in embedded or
+ * colocated mode) calls: ps__ctx_new reads the configuration and sets up the loop;
+ * ps__ctx_start starts the I/O thread (io_main, a libuv loop owning every link) and
+ * waits until the job has started. ps_ctx_close posts the shutdown to the loop (leave the job, close every
  * link), joins the thread and frees the context.
  */
 #include <errno.h>
@@ -13,8 +15,6 @@
 #include <unistd.h>
 
 #include "client/client_int.h"
-#include "sched/sched.h"
-#include "server/server.h"
 
 void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg) {
   pthread_mutex_lock(&ctx->mu);
@@ -146,103 +146,51 @@ int ps_ctx_num_servers(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->n
 int64_t ps_ctx_clock(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED) : 0; }
 uint64_t ps_ctx_epoch(const ps_ctx *ctx) { return ctx ? __atomic_load_n(&ctx->epoch, __ATOMIC_RELAXED) : 0; }
 
-static void *emb_sched_main(void *arg) {
-  ps__sched_run(arg);
-  return NULL;
+void ps__worker_opts_read(const ps_config *cfg, ps__worker_opts *o) {
+  o->timeout_ms = (uint32_t)ps__config_uint(cfg, "timeout_ms", 30000);
+  o->connect_timeout_ms = (uint32_t)ps__config_uint(cfg, "connect_timeout_ms", 60000);
+  o->heartbeat_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_ms", 200);
+  o->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
+  o->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
+  o->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
+  if (!o->heartbeat_ms) o->heartbeat_ms = 200;
+  if (!o->vnodes) o->vnodes = 128;
 }
 
-static void *emb_server_main(void *arg) {
-  ps__server_run(arg);
-  return NULL;
-}
-
-static void stop_embedded(ps_ctx *ctx) {
-  for (unsigned i = 0; i < ctx->n_emb; i++) {
-    if (!ctx->emb_servers[i]) continue;
-    ps__server_stop(ctx->emb_servers[i]);
-    pthread_join(ctx->emb_server_threads[i], NULL);
-    ps__server_destroy(ctx->emb_servers[i]);
-  }
-  free(ctx->emb_servers);
-  free(ctx->emb_server_threads);
-  ctx->emb_servers = NULL;
-  ctx->n_emb = 0;
-  if (ctx->emb_sched) {
-    ps__sched_stop(ctx->emb_sched);
-    pthread_join(ctx->emb_sched_thread, NULL);
-    ps__sched_destroy(ctx->emb_sched);
-    ctx->emb_sched = NULL;
-  }
-}
-
-/* Start n server threads registering with the scheduler at ctx->sched_host:sched_port:
- * an embedded scheduler's, or the job's (colocated servers, which bind `host` and stop
- * once no worker is alive in the job). */
-static int start_servers(ps_ctx *ctx, const char *host, unsigned n, int colocated) {
-  ctx->emb_servers = ps__calloc(n, sizeof *ctx->emb_servers);
-  ctx->emb_server_threads = ps__calloc(n, sizeof *ctx->emb_server_threads);
-  if (!ctx->emb_servers || !ctx->emb_server_threads) return ps__fail(PS_ERR_NOMEM, "out of memory");
-  for (unsigned i = 0; i < n; i++) {
-    ps__server_opts o = {.host = host, .sched_host = ctx->sched_host, .sched_port = ctx->sched_port,
-                         .use_unix = ctx->use_unix, .heartbeat_ms = ctx->heartbeat_ms, .vnodes = ctx->vnodes,
-                         .max_payload = ctx->max_payload, .connect_timeout_ms = ctx->connect_timeout_ms,
-                         .stop_without_workers = colocated};
-    int rc = ps__server_create(&o, &ctx->emb_servers[i]);
-    if (rc) return rc;
-    ctx->n_emb = i + 1;
-    if (pthread_create(&ctx->emb_server_threads[i], NULL, emb_server_main, ctx->emb_servers[i])) {
-      ps__server_destroy(ctx->emb_servers[i]);
-      ctx->emb_servers[i] = NULL;
-      return ps__fail(PS_ERR_NOMEM, "cannot start %s server thread", colocated ? "a colocated" : "an embedded");
-    }
-  }
+/* The loop, its pool and mailbox, the scheduler link and the deadline sweep. */
+static int ctx_loop_init(ps_ctx *ctx) {
+  uv_loop_init(&ctx->loop);
+  ctx->loop.data = ctx;
+  ctx->pool = ps__pool_new(256u << 20);
+  ctx->mail = ps__mailbox_new(&ctx->loop);
+  ctx->sched = ps__calloc(1, sizeof *ctx->sched);
+  if (!ctx->pool || !ctx->mail || !ctx->sched) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  ctx->sched->id = SCHED_LINK;
+  ctx->sched->alive = 1;
+  ctx->links = ctx->sched;
+  uv_timer_init(&ctx->loop, &ctx->sweep_timer);
+  ctx->sweep_timer.data = ctx;
+  uv_timer_start(&ctx->sweep_timer, ps__sweep_tick, 50, 50);
   return 0;
 }
 
-static int start_embedded(ps_ctx *ctx, const ps_config *cfg, unsigned nservers, uint32_t nworkers) {
-  ps__sched_opts so = {.host = "127.0.0.1", .port = 0, .servers = nservers, .workers = nworkers,
-                       .heartbeat_ms = ctx->heartbeat_ms,
-                       .heartbeat_timeout_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_timeout_ms", 3000),
-                       .max_payload = ctx->max_payload};
-  int rc = ps__sched_create(&so, &ctx->emb_sched);
-  if (rc) return rc;
-  if (pthread_create(&ctx->emb_sched_thread, NULL, emb_sched_main, ctx->emb_sched)) {
-    ps__sched_destroy(ctx->emb_sched);
-    ctx->emb_sched = NULL;
-    return ps__fail(PS_ERR_NOMEM, "cannot start the embedded scheduler thread");
-  }
-  snprintf(ctx->sched_host, sizeof ctx->sched_host, "127.0.0.1");
-  ctx->sched_port = ps__sched_port(ctx->emb_sched);
-  return start_servers(ctx, "127.0.0.1", nservers, 0);
-}
-
-int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
-  int rc;
-  if (!out) return ps__fail(PS_ERR_INVALID, "out is NULL");
+int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   *out = NULL;
-  ps_config *empty = NULL;
-  if (!cfg) {
-    if ((rc = ps_config_new(&empty))) return rc;
-    cfg = empty;
-  }
   const char *role = ps__config_str(cfg, "role", "worker");
-  if (strcmp(role, "worker")) {
-    ps_config_free(empty);
+  if (strcmp(role, "worker"))
     return ps__fail(PS_ERR_ROLE, "ps_ctx_open opens a worker; role is '%s' (start servers with `pshard server`)", role);
-  }
   ps_ctx *ctx = ps__calloc(1, sizeof *ctx);
-  if (!ctx) {
-    ps_config_free(empty);
-    return ps__fail(PS_ERR_NOMEM, "out of memory");
-  }
+  if (!ctx) return ps__fail(PS_ERR_NOMEM, "out of memory");
   pthread_mutex_init(&ctx->mu, NULL);
   pthread_cond_init(&ctx->cv, NULL);
-  ctx->timeout_ms = (uint32_t)ps__config_uint(cfg, "timeout_ms", 30000);
-  ctx->connect_timeout_ms = (uint32_t)ps__config_uint(cfg, "connect_timeout_ms", 60000);
-  ctx->heartbeat_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_ms", 200);
-  ctx->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
-  ctx->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
-  ctx->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
+  ps__worker_opts wo;
+  ps__worker_opts_read(cfg, &wo);
+  ctx->timeout_ms = wo.timeout_ms;
+  ctx->connect_timeout_ms = wo.connect_timeout_ms;
+  ctx->heartbeat_ms = wo.heartbeat_ms;
+  ctx->vnodes = wo.vnodes;
+  ctx->max_payload = wo.max_payload;
+  ctx->use_unix = wo.use_unix;
   snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
   ctx->opened_ns = ps__now_ns();
   ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
@@ -253,57 +201,26 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   pthread_cond_init(&ctx->lend_cv, NULL);
   pthread_mutex_init(&ctx->upool_mu, NULL);
   ctx->upool = ps__pool_new(512u << 20);
-  if (!ctx->heartbeat_ms) ctx->heartbeat_ms = 200;
-  if (!ctx->vnodes) ctx->vnodes = 128;
   ps__hostid(ctx->hostid, sizeof ctx->hostid);
-  unsigned emb = (unsigned)ps__config_uint(cfg, "embedded", 0);
-  uv_loop_init(&ctx->loop);
-  ctx->loop.data = ctx;
-  ctx->pool = ps__pool_new(256u << 20);
-  ctx->mail = ps__mailbox_new(&ctx->loop);
-  ctx->sched = ps__calloc(1, sizeof *ctx->sched);
-  if (!ctx->pool || !ctx->mail || !ctx->sched) {
-    rc = ps__fail(PS_ERR_NOMEM, "out of memory");
-    goto fail;
-  }
-  ctx->sched->id = SCHED_LINK;
-  ctx->sched->alive = 1;
-  ctx->links = ctx->sched;
-  uv_timer_init(&ctx->loop, &ctx->sweep_timer);
-  ctx->sweep_timer.data = ctx;
-  uv_timer_start(&ctx->sweep_timer, ps__sweep_tick, 50, 50);
-  if (emb && ps__config_uint(cfg, "colocate", 0)) {
-    rc = ps__fail(PS_ERR_CONFIG, "'embedded' and 'colocate' exclude each other: an embedded job has its own servers");
-    goto fail;
-  }
-  if (emb) {
-    rc = start_embedded(ctx, cfg, emb, (uint32_t)ps__config_uint(cfg, "workers", 1));
-    if (rc) goto fail;
-  } else {
-    const char *addr = ps_config_get(cfg, "scheduler");
-    if (!addr) {
-      rc = ps__fail(PS_ERR_CONFIG, "no scheduler address: set 'scheduler' (PSHARD_SCHEDULER) or 'embedded'");
-      goto fail;
-    }
-    if (ps__parse_hostport(addr, ctx->sched_host, sizeof ctx->sched_host, &ctx->sched_port)) {
-      rc = ps__fail(PS_ERR_CONFIG, "bad scheduler address '%s'", addr);
-      goto fail;
-    }
-    /* A colocated server: one more server of the job, in this process (design.md §10). */
-    if (ps__config_uint(cfg, "colocate", 0)) {
-      ctx->colocated = 1;
-      if ((rc = start_servers(ctx, ps__config_str(cfg, "host", "127.0.0.1"), 1, 1))) goto fail;
-    }
-  }
-  if ((rc = agent_setup(ctx))) goto fail;
-  ps__mailbox_post(ctx->mail, mail_agent_start, ctx);
-  if (pthread_create(&ctx->thread, NULL, io_main, ctx)) {
-    rc = ps__fail(PS_ERR_NOMEM, "cannot start the I/O thread");
-    goto fail;
-  }
-  ctx->thread_started = 1;
+  int rc = ctx_loop_init(ctx);
+  if (rc) return ps__ctx_abort(ctx, rc);
+  *out = ctx;
+  return 0;
+}
 
-  /* Wait for registration and the job start. */
+void ps__ctx_set_embed(ps_ctx *ctx, const ps__ctx_embed *emb) { ctx->emb = *emb; }
+
+int ps__ctx_abort(ps_ctx *ctx, int rc) {
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ctx->emb_linger = 0; /* the job did not start with us: stop what runs beside at once */
+  ps_ctx_close(ctx);
+  return ps__fail(rc, "%s", msg);
+}
+
+/* Caller thread: wait until registered and the job started, or the connect deadline. */
+static int ctx_wait_started(ps_ctx *ctx) {
+  int rc = 0;
   uint64_t deadline = ps__now_ms() + ctx->connect_timeout_ms;
   pthread_mutex_lock(&ctx->mu);
   while (!ctx->failed && !(ctx->registered && ctx->started && ctx->ring)) {
@@ -322,31 +239,24 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
                   ctx->registered ? "waiting for the other servers and workers" : "no answer from the scheduler");
   }
   pthread_mutex_unlock(&ctx->mu);
-  if (rc) goto fail;
-  ps_config_free(empty);
-  *out = ctx;
-  return 0;
-fail: {
-  char msg[512];
-  snprintf(msg, sizeof msg, "%s", ps_errmsg());
-  ctx->colocated = 0; /* the job did not start with us: stop our server at once */
-  ps_ctx_close(ctx);
-  ps_config_free(empty);
-  return ps__fail(rc, "%s", msg);
-}
+  return rc;
 }
 
-int ps_ctx_open_env(ps_ctx **out) {
-  ps_config *cfg;
-  int rc = ps_config_new(&cfg);
-  if (rc) return rc;
-  rc = ps_config_from_env(cfg);
-  if (!rc) rc = ps_ctx_open(cfg, out);
-  char msg[512];
-  snprintf(msg, sizeof msg, "%s", ps_errmsg());
-  ps_config_free(cfg);
-  if (rc) ps__fail(rc, "%s", msg);
-  return rc;
+int ps__ctx_start(ps_ctx *ctx, const char *sched_host, int sched_port, int linger) {
+  int rc;
+  if (strlen(sched_host) >= sizeof ctx->sched_host) {
+    rc = ps__fail(PS_ERR_CONFIG, "scheduler host name too long");
+    return ps__ctx_abort(ctx, rc);
+  }
+  snprintf(ctx->sched_host, sizeof ctx->sched_host, "%s", sched_host);
+  ctx->sched_port = sched_port;
+  if ((rc = agent_setup(ctx))) return ps__ctx_abort(ctx, rc);
+  ps__mailbox_post(ctx->mail, mail_agent_start, ctx);
+  if (pthread_create(&ctx->thread, NULL, io_main, ctx)) return ps__ctx_abort(ctx, ps__fail(PS_ERR_NOMEM, "cannot start the I/O thread"));
+  ctx->thread_started = 1;
+  if ((rc = ctx_wait_started(ctx))) return ps__ctx_abort(ctx, rc);
+  ctx->emb_linger = linger;
+  return 0;
 }
 
 void ps_ctx_close(ps_ctx *ctx) {
@@ -370,17 +280,10 @@ void ps_ctx_close(ps_ctx *ctx) {
   }
   while (ctx->held) ps__part_finish(ctx->held);
   uv_loop_close(&ctx->loop);
-  /* A colocated server serves the other workers until none is left in the job (it stops
-   * by itself then), bounded by the request timeout. */
-  if (ctx->colocated) {
-    struct timespec ts = ps__abs_after_ms(ctx->timeout_ms);
-    for (unsigned i = 0; i < ctx->n_emb; i++) {
-      if (!ctx->emb_servers[i] || pthread_timedjoin_np(ctx->emb_server_threads[i], NULL, &ts)) continue;
-      ps__server_destroy(ctx->emb_servers[i]);
-      ctx->emb_servers[i] = NULL;
-    }
-  }
-  stop_embedded(ctx);
+  /* What runs beside the worker in this process stops now; a colocated server first
+   * serves the other workers until none is left in the job (it stops by itself then),
+   * bounded by the request timeout. */
+  if (ctx->emb.stop) ctx->emb.stop(ctx->emb.arg, ctx->emb_linger ? ctx->timeout_ms : 0);
   while (ctx->links) {
     peer *l = ctx->links;
     ctx->links = l->next;
