@@ -265,6 +265,9 @@ int ps__req_post(ps_ctx *ctx, ps_req *r);
  * freed. A blocking call's timeout is PS_ERR_TIMEOUT. */
 int ps__req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms);
 int ps__req_run(ps_ctx *ctx, ps_req *r, int timeout_ms);
+/* Wait for a posted request as a blocking call does: ps_req_wait, where a wait that
+ * ends with the request still running (PS_ERR_PENDING) is the call's PS_ERR_TIMEOUT. */
+int ps__req_wait_call(ps_req *r, int timeout_ms);
 /* The absolute deadline (ps__now_ms) of a call with timeout_ms (< 0: the default). */
 uint64_t ps__deadline_for(ps_ctx *ctx, int timeout_ms);
 

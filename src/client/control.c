@@ -71,7 +71,7 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
     ps__req_destroy(r);
     return rc;
   }
-  rc = ps_req_wait(r, -1);
+  rc = ps__req_wait_call(r, -1);
   uint32_t id = r->parts[0].reply_table;
   char msg[256];
   snprintf(msg, sizeof msg, "%s", ps_errmsg());
@@ -208,7 +208,7 @@ int ps_task_next(ps_ctx *ctx, ps_task *task, int timeout_ms) {
     ps__req_destroy(r);
     return rc;
   }
-  rc = ps_req_wait(r, (int)(tmo + 2000 > INT32_MAX ? INT32_MAX : tmo + 2000));
+  rc = ps__req_wait_call(r, (int)(tmo + 2000 > INT32_MAX ? INT32_MAX : tmo + 2000));
   char msg[256];
   snprintf(msg, sizeof msg, "%s", ps_errmsg());
   if (rc == 0) {

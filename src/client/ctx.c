@@ -124,6 +124,17 @@ static void mail_shutdown(void *arg) {
   ps__mailbox_close(ctx->mail);
 }
 
+#define PS__STR(x) #x
+#define PS__XSTR(x) PS__STR(x)
+#if defined(PS_PROJECT_MAJOR) && \
+    (PS_PROJECT_MAJOR != PS_VERSION_MAJOR || PS_PROJECT_MINOR != PS_VERSION_MINOR || PS_PROJECT_PATCH != PS_VERSION_PATCH)
+#error "pshard.h PS_VERSION_* and CMakeLists.txt project(VERSION) differ"
+#endif
+
+const char *ps_version(void) {
+  return PS__XSTR(PS_VERSION_MAJOR) "." PS__XSTR(PS_VERSION_MINOR) "." PS__XSTR(PS_VERSION_PATCH);
+}
+
 int ps__ctx_check(const ps_ctx *ctx) {
   if (!ctx) return ps__fail(PS_ERR_INVALID, "NULL context");
   return 0;

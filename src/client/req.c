@@ -334,7 +334,7 @@ int ps_req_wait(ps_req *r, int timeout_ms) {
     if (pthread_cond_timedwait(&r->cv, &r->mu, &ts) != 0 && !r->done) {
       pthread_mutex_unlock(&r->mu);
       __atomic_add_fetch(&r->ctx->wait_ns[r->kind], ps__now_ns() - t0, __ATOMIC_RELAXED);
-      return ps__fail(PS_ERR_TIMEOUT, "request still running after %llu ms", (unsigned long long)tmo);
+      return ps__fail(PS_ERR_PENDING, "request still running after %llu ms", (unsigned long long)tmo);
     }
   }
   __atomic_add_fetch(&r->ctx->wait_ns[r->kind], ps__now_ns() - t0, __ATOMIC_RELAXED);
@@ -342,6 +342,16 @@ int ps_req_wait(ps_req *r, int timeout_ms) {
   if (st) ps__fail(st, "%s", r->msg);
   pthread_mutex_unlock(&r->mu);
   return st;
+}
+
+int ps__req_wait_call(ps_req *r, int timeout_ms) {
+  int rc = ps_req_wait(r, timeout_ms);
+  if (rc == PS_ERR_PENDING) {
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    rc = ps__fail(PS_ERR_TIMEOUT, "%s", msg);
+  }
+  return rc;
 }
 
 int ps_req_done(ps_req *r) {
@@ -406,7 +416,7 @@ int ps__req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms) {
   for (unsigned q = 0; q < posted; q++) {
     uint64_t spent = (ps__now_ns() - t0) / 1000000u;
     int left = spent >= tmo ? 0 : (int)(tmo - spent);
-    int st = rc ? rc : ps_req_wait(reqs[q], left);
+    int st = rc ? rc : ps__req_wait_call(reqs[q], left);
     if (st && !rc) {
       rc = st;
       snprintf(msg, sizeof msg, "%s", ps_errmsg());
@@ -425,7 +435,7 @@ int ps__req_run(ps_ctx *ctx, ps_req *r, int timeout_ms) {
     ps__req_destroy(r);
     return rc;
   }
-  rc = ps_req_wait(r, timeout_ms);
+  rc = ps__req_wait_call(r, timeout_ms);
   char msg[256];
   snprintf(msg, sizeof msg, "%s", ps_errmsg());
   ps_req_free(r);
