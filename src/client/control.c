@@ -33,6 +33,8 @@ ps_req *ps__ctrl_req(ps_ctx *ctx, uint32_t target, uint8_t type, const void *bod
   return r;
 }
 
+/* Long because it is two round trips in order (declare at the scheduler, create on
+ * every server) and then the local table record, each step with its own errors. */
 int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t size, const char *options,
                      uint32_t *id_out) {
   ps__declare d;

@@ -38,6 +38,8 @@ static void note_batch(ps_ctx *ctx, uint32_t batch) {
 
 /* ---- sparse */
 
+/* One function for the whole sparse request build (route, partition, parts): it is the
+ * hot path of every sparse call, moved here unchanged from the former client.c. */
 static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t *keys, size_t nkeys,
                              const float *grads, float *out, uint32_t batch, float lr, uint64_t deadline,
                              ps_req **out_req) {
@@ -273,6 +275,8 @@ static int link_takes_pm(ps_ctx *ctx, uint32_t target) {
   return pm;
 }
 
+/* One function for the whole dense request build (segments, parts, peer-memory
+ * descriptors): the hot path of every dense call, moved unchanged. */
 static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset, uint64_t cnt, const float *grads,
                        float *out, uint32_t batch, float lr, uint64_t deadline, ps_req **out_req) {
   table_info ti = {0};
