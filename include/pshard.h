@@ -13,8 +13,12 @@
  *  - Handles are opaque. close/free functions accept NULL.
  *  - Buffers passed to a blocking call are borrowed for the duration of the call.
  *    Buffers passed to a *_start call must stay valid (and, for pulls, untouched)
- *    until ps_req_wait() returned something other than PS_ERR_TIMEOUT, or until
+ *    until ps_req_wait() returned something other than PS_ERR_PENDING, or until
  *    ps_req_free() returned.
+ *  - Errors: each declaration lists the codes it returns. Every call that talks to
+ *    the job may also return the context's own failure (PS_ERR_UNAVAILABLE after the
+ *    scheduler was lost) and PS_ERR_CLOSED once ps_ctx_close has begun; a NULL
+ *    handle is PS_ERR_INVALID.
  *  - Thread safety: a ps_ctx may be used from several threads at once; a ps_req must
  *    be waited on and freed by one thread at a time. ps_config is not thread-safe.
  *  - Timeouts are in milliseconds; a negative timeout means the context's default
@@ -30,8 +34,10 @@
 extern "C" {
 #endif
 
+/* The version of this header; ps_version() gives the library's ("0.7.0"). */
 #define PS_VERSION_MAJOR 0
-#define PS_VERSION_MINOR 1
+#define PS_VERSION_MINOR 7
+#define PS_VERSION_PATCH 0
 
 #if defined(__GNUC__)
 #define PS_API __attribute__((visibility("default")))
@@ -61,7 +67,8 @@ extern "C" {
   X(ERR_ROLE, 17, "not allowed in this role")                                  \
   X(ERR_RANGE, 18, "out of range")                                             \
   X(ERR_INTERNAL, 19, "internal error")                                       \
-  X(ERR_DONE, 20, "no more tasks")
+  X(ERR_DONE, 20, "no more tasks")                                             \
+  X(ERR_PENDING, 21, "request still running")
 
 typedef enum ps_err {
 #define PS__ERR_ENUM(name, code, msg) PS_##name = code,
@@ -69,6 +76,9 @@ typedef enum ps_err {
 #undef PS__ERR_ENUM
   PS_ERR__COUNT
 } ps_err;
+
+/* The library's version, "MAJOR.MINOR.PATCH" (as PS_VERSION_*). Never NULL, static. */
+PS_API const char *ps_version(void);
 
 /* Human-readable description of an error code ("unknown table"). Never NULL. */
 PS_API const char *ps_strerror(int err);
@@ -107,14 +117,31 @@ typedef struct ps_config ps_config;
  *   host               address to bind and advertise (127.0.0.1) [PSHARD_HOST]
  *   vnodes             virtual nodes per server on the ring (128) [PSHARD_VNODES]
  *   max_frame_mb       largest accepted frame payload (2048)  [PSHARD_MAX_FRAME_MB]
+ *   direct             1: blocking calls do their socket I/O on the calling thread
+ *                      when the servers' connections are idle; 0: always through the
+ *                      context's I/O thread (1)                [PSHARD_DIRECT]
+ *   peer_mem           1: large dense values to and from a server on this host are
+ *                      copied by the server straight from or into the caller's
+ *                      buffers where the system allows it; 0: always on the socket (1)
+ *                                                             [PSHARD_PEER_MEM]
+ *   dedup              1: a large sparse pull asks for each distinct key once (1)
+ *                                                             [PSHARD_DEDUP]
+ *   port               the port `pshard scheduler` binds; a worker does not use it,
+ *                      but validates it (an integer in [0, 65535]) [PSHARD_PORT]
+ * Of these a worker does not read `servers` (the scheduler tells it the servers);
+ * `workers` is read in embedded mode (the embedded scheduler expects that many).
  */
+/* A new, empty configuration in *out (free it with ps_config_free).
+ * Errors: PS_ERR_INVALID (out is NULL), PS_ERR_NOMEM. */
 PS_API int ps_config_new(ps_config **out);
 PS_API void ps_config_free(ps_config *cfg);
-/* Set one option. PS_ERR_CONFIG for an unknown key or an invalid value (the message
- * says which); the configuration is unchanged then. The strings are copied. */
+/* Set one option. The configuration is unchanged after an error. The strings are
+ * copied. Errors: PS_ERR_INVALID (a NULL argument), PS_ERR_CONFIG (an unknown key or
+ * an invalid value; the message says which), PS_ERR_NOMEM. */
 PS_API int ps_config_set(ps_config *cfg, const char *key, const char *value);
 /* Read every PSHARD_* variable that names a known key. Unknown PSHARD_* variables are
- * ignored; an invalid value fails with PS_ERR_CONFIG. */
+ * ignored. Errors: PS_ERR_INVALID (cfg is NULL), PS_ERR_CONFIG (an invalid value; the
+ * message names the variable), PS_ERR_NOMEM. */
 PS_API int ps_config_from_env(ps_config *cfg);
 /* The current value of a key, or NULL if unset. Borrowed from cfg. */
 PS_API const char *ps_config_get(const ps_config *cfg, const char *key);
@@ -125,15 +152,23 @@ typedef struct ps_ctx ps_ctx;
 
 /* Open a worker context: connect to the scheduler (or start an embedded one), register,
  * and wait until the job's expected servers and workers have joined (deadline
- * connect_timeout_ms). On success *out owns the context; close it with ps_ctx_close.
- * Errors: PS_ERR_CONFIG, PS_ERR_UNAVAILABLE, PS_ERR_TIMEOUT, PS_ERR_IO, PS_ERR_NOMEM. */
+ * connect_timeout_ms). cfg is borrowed for the call (NULL: all defaults). On success
+ * *out owns the context; close it with ps_ctx_close. On failure *out is NULL.
+ * Errors: PS_ERR_INVALID (out is NULL), PS_ERR_ROLE (role is not worker),
+ * PS_ERR_CONFIG (no scheduler address, a bad one, or embedded with colocate),
+ * PS_ERR_UNAVAILABLE (the scheduler could not be reached, or closed the connection),
+ * PS_ERR_TIMEOUT (no answer to the registration, or the job did not start by
+ * connect_timeout_ms), PS_ERR_IO (a socket error), PS_ERR_NOMEM, or the code with
+ * which the scheduler refused the registration. */
 PS_API int ps_ctx_open(const ps_config *cfg, ps_ctx **out);
-/* Same, from a configuration built from the environment alone. */
+/* Same, from a configuration built from the environment alone. Errors: as
+ * ps_ctx_open, and as ps_config_from_env. */
 PS_API int ps_ctx_open_env(ps_ctx **out);
 /* Leave the job cleanly, cancel outstanding requests, stop embedded threads, free. */
 PS_API void ps_ctx_close(ps_ctx *ctx);
 
-/* This worker's rank in [0, K) and the job's current worker and server counts. */
+/* This worker's rank in [0, K) (-1 for NULL) and the job's current worker and server
+ * counts (0 for NULL). */
 PS_API int ps_ctx_rank(const ps_ctx *ctx);
 PS_API int ps_ctx_num_workers(const ps_ctx *ctx);
 PS_API int ps_ctx_num_servers(const ps_ctx *ctx);
@@ -170,8 +205,12 @@ typedef enum ps_table_kind { PS_DENSE = 1, PS_SPARSE = 2 } ps_table_kind;
  *     warmup=N             linear warm-up: step t <= N uses t/N of the rate (off)
  *     decay=const | step:S:G | cos:T[:MIN]   after warm-up: constant; times G every S
  *                          steps; or cosine from the peak to MIN x peak over T steps
- * The same name declared again with different options fails with PS_ERR_CONFLICT.
- * *id_out receives the table id used by push and pull. */
+ * *id_out receives the table id used by push and pull (id_out may be NULL).
+ * Errors: PS_ERR_INVALID (NULL ctx, a name of 0 or more than 127 bytes, a bad kind or
+ * size), PS_ERR_CONFIG (bad options, the message says which), PS_ERR_CONFLICT (the
+ * same name declared before with other options), PS_ERR_TIMEOUT (no answer within
+ * timeout_ms), PS_ERR_UNAVAILABLE (the scheduler or a server is gone), PS_ERR_PROTO
+ * (a bad answer), PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind,
                             uint64_t size, const char *options, uint32_t *id_out);
 
@@ -179,6 +218,16 @@ PS_API int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind,
 
 /* A learning rate of PS_LR_SCHEDULE (any negative value) means "the table's own". */
 #define PS_LR_SCHEDULE (-1.0f)
+
+/* Errors of every push and pull below: PS_ERR_INVALID (NULL ctx, keys, grads or out
+ * where needed; a sparse call on a dense table or the reverse; batch 0 in a push to an
+ * update=mean table), PS_ERR_NO_TABLE (not declared in this context), PS_ERR_RANGE (a
+ * dense range outside the table, or empty), PS_ERR_TOO_LARGE (more than max_frame_mb,
+ * or more than 2^32-1 keys), PS_ERR_TIMEOUT (not answered within timeout_ms),
+ * PS_ERR_UNAVAILABLE (a server holding the keys left the job or cannot be reached),
+ * PS_ERR_SIZE (an answer of the wrong length), PS_ERR_NOMEM, PS_ERR_CLOSED, or an error
+ * a server answered with (PS_ERR_NO_TABLE, PS_ERR_MOVED, PS_ERR_CLOCK, PS_ERR_DIM,
+ * PS_ERR_NOMEM, ...). After an error a push may have been applied on some servers. */
 
 /* Pull sparse rows: out receives nkeys*dim floats, row i for keys[i] (repeats allowed).
  * In sync mode the answer reflects every round before this worker's clock. */
@@ -207,23 +256,25 @@ PS_API int ps_push_pull_range(ps_ctx *ctx, uint32_t table, uint64_t offset, uint
                               const float *grads, uint32_t batch, float lr, float *out,
                               int timeout_ms);
 
-/* Memory for the values of dense pushes and pulls that a server on this host reads and
- * writes in place. ps_alloc returns zeroed memory aligned to a page, shared with the
- * servers of this host through a sealed memfd: a server maps it once and then adds a
- * pushed gradient straight from it and writes a pulled range straight into it, where
- * for other memory the kernel copies the values between the processes (and pins the
- * pages for it). Use it like any memory; pushes and pulls from it give the same
- * results. Where memfd is not available, and beyond 256 buffers alive at once (each
- * holds a file descriptor), it returns ordinary memory. NULL (with
- * ps_errmsg) when out of memory or bytes is 0. The memory stays shared with children
- * forked after the call. ps_free takes only a pointer from ps_alloc (or NULL); a
- * server lets go of its mapping within a few seconds. Thread-safe; no context needed. */
+/* Memory for the values of dense pushes and pulls, which a server on the same host can
+ * read and write in place: dense calls on it move less data between the processes.
+ * ps_alloc gives the caller `bytes` of zeroed, page-aligned memory, owned by the
+ * caller until ps_free; use it like any memory (pushes and pulls from it give the same
+ * results as from other memory). Beyond 256 buffers alive at once it gives ordinary
+ * memory, which works the same way. The memory stays usable in children forked after
+ * the call. Returns NULL (with ps_errmsg) when out of memory or bytes is 0.
+ * ps_free takes only a pointer from ps_alloc (or NULL). Thread-safe; no context
+ * needed. */
 PS_API void *ps_alloc(size_t bytes);
 PS_API void ps_free(void *p);
 
 typedef struct ps_req ps_req;
 
-/* Non-blocking variants: *req receives a handle; see the buffer rules above. */
+/* Non-blocking variants: *req receives a handle, owned by the caller until
+ * ps_req_free; see the buffer rules above. Errors: those of the blocking calls found
+ * before anything is sent (PS_ERR_INVALID also for a NULL req, PS_ERR_NO_TABLE,
+ * PS_ERR_RANGE, PS_ERR_TOO_LARGE, PS_ERR_NOMEM, PS_ERR_CLOSED); the others come from
+ * ps_req_wait. A request's deadline is the context's timeout_ms. */
 PS_API int ps_pull_start(ps_ctx *ctx, uint32_t table, const uint64_t *keys,
                          size_t nkeys, float *out, ps_req **req);
 PS_API int ps_push_start(ps_ctx *ctx, uint32_t table, const uint64_t *keys,
@@ -234,12 +285,13 @@ PS_API int ps_pull_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset,
 PS_API int ps_push_range_start(ps_ctx *ctx, uint32_t table, uint64_t offset,
                                uint64_t count, const float *grads, uint32_t batch,
                                float lr, ps_req **req);
-/* Wait for a request. Returns its result, or PS_ERR_TIMEOUT if it is still running
- * after timeout_ms (0 polls); the request then stays valid and may be waited again. */
+/* Wait for a request. Returns its result once it has finished: 0, or its error (as
+ * the blocking call's; PS_ERR_TIMEOUT when it failed at its own deadline).
+ * PS_ERR_PENDING when it is still running after this wait's timeout_ms (0 polls): the
+ * request then stays valid and may be waited again. PS_ERR_INVALID for NULL. */
 PS_API int ps_req_wait(ps_req *req, int timeout_ms);
 /* 1 once the request has finished (ps_req_wait then returns its result at once), 0
- * while it runs, -1 for NULL. Never blocks. Unlike ps_req_wait(req, 0) it tells a
- * request still running from one that finished with PS_ERR_TIMEOUT (its deadline). */
+ * while it runs, -1 for NULL. Never blocks. */
 PS_API int ps_req_done(ps_req *req);
 /* Free a request; a request still running is canceled first (the call returns once the
  * library no longer touches its buffers). NULL is a no-op. */
@@ -248,11 +300,16 @@ PS_API void ps_req_free(ps_req *req);
 /* ---------------------------------------------------------------- clock, barrier, metrics */
 
 /* Finish the current iteration: tell every server this worker's clock advanced. In sync
- * mode a round is applied once every active worker has advanced past it. */
+ * mode a round is applied once every active worker has advanced past it. Does not wait
+ * for the servers. Errors: PS_ERR_INVALID (NULL ctx), PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_clock(ps_ctx *ctx);
-/* Wait until every active worker reached the barrier. */
+/* Wait until every active worker reached the barrier. A call after a failed one enters
+ * the same barrier again. Errors: PS_ERR_INVALID (NULL ctx), PS_ERR_TIMEOUT,
+ * PS_ERR_UNAVAILABLE (the scheduler is gone), PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_barrier(ps_ctx *ctx, int timeout_ms);
-/* Report a named metric (e.g. "loss") to the scheduler. */
+/* Report a named metric (e.g. "loss") to the scheduler; does not wait. Errors:
+ * PS_ERR_INVALID (NULL ctx, a name of 0 or more than 63 bytes), PS_ERR_NOMEM,
+ * PS_ERR_CLOSED. */
 PS_API int ps_metric(ps_ctx *ctx, const char *name, double value);
 
 /* ---------------------------------------------------------------- data-partition tasks */
@@ -267,15 +324,19 @@ typedef struct ps_task {
 } ps_task;
 
 /* Declare the job's partitions and epochs. Every worker may call it; the first call
- * defines them and later calls must agree (PS_ERR_CONFLICT otherwise). */
+ * defines them and later calls must agree. Errors: PS_ERR_INVALID (NULL ctx, 0
+ * partitions or epochs), PS_ERR_CONFLICT (other numbers than the first call's),
+ * PS_ERR_TIMEOUT, PS_ERR_UNAVAILABLE, PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_tasks_init(ps_ctx *ctx, uint32_t partitions, uint32_t epochs);
 /* The next partition for this worker. If every partition of the current epoch is
  * handed out but some are still running elsewhere, waits up to timeout_ms for one to
- * come back or for the epoch to end (0 polls). Returns PS_ERR_TIMEOUT if none came,
- * PS_ERR_DONE once every epoch is finished. */
+ * come back or for the epoch to end (0 polls). Errors: PS_ERR_TIMEOUT (none came),
+ * PS_ERR_DONE (every epoch is finished), PS_ERR_INVALID (NULL ctx or task, or tasks
+ * not declared with ps_tasks_init), PS_ERR_UNAVAILABLE, PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_task_next(ps_ctx *ctx, ps_task *task, int timeout_ms);
-/* Report a partition processed. PS_ERR_INVALID if it is not assigned to this worker
- * (for instance it was taken back after this worker was declared dead). */
+/* Report a partition processed. Errors: PS_ERR_INVALID (NULL ctx or task, or a
+ * partition not assigned to this worker, for instance taken back after this worker
+ * was declared dead), PS_ERR_TIMEOUT, PS_ERR_UNAVAILABLE, PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
 
 /* ---------------------------------------------------------------- statistics */
@@ -293,20 +354,22 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *   clock            the worker's clock
  *   examples         examples behind its pushes: per clock, the largest batch pushed
  *   direct_calls     blocking calls done on the caller's thread (lent links)
- *   peer_mem_parts   dense request parts whose values a same-host server copied
- *                    straight from or into the caller's buffers (peer memory)
- *   shared_parts     of those, parts in a ps_alloc buffer, which the server may
- *                    map and read or write in place (its STATS: shared_requests)
+ *   peer_mem_parts   dense request parts whose values a same-host server read from
+ *                    or wrote into the caller's buffers itself (config peer_mem)
+ *   shared_parts     of those, parts in ps_alloc memory (a server's STATS:
+ *                    shared_requests)
  * Every worker also reports these to the scheduler about once a second (metrics named
  * "ps.<name>"), which `pshard plan --measured` reads.
- * PS_ERR_INVALID for an unknown name. Thread-safe. */
+ * Errors: PS_ERR_INVALID (a NULL argument or an unknown name). Thread-safe. */
 PS_API int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value);
 /* The counters of server i (0 <= i < ps_ctx_num_servers) as text, one "key value" line
  * each: tables (mode, rows, bytes, pushes, pulls, dropped and rejected pushes), clocks,
  * and staleness histograms ("push_staleness_max N", "push_staleness c0 c1 ...": counts
  * of applied async/ssp pushes by staleness in clocks, and the same for pulls, where
  * staleness is the pull's clock minus the slowest live worker's). The text is cut to
- * cap-1 bytes and NUL-terminated. */
+ * cap-1 bytes and NUL-terminated. Errors: PS_ERR_INVALID (NULL ctx or buf, cap 0),
+ * PS_ERR_RANGE (no server i), PS_ERR_TIMEOUT, PS_ERR_UNAVAILABLE, PS_ERR_NOMEM,
+ * PS_ERR_CLOSED. */
 PS_API int ps_server_stats(ps_ctx *ctx, int server, char *buf, size_t cap, int timeout_ms);
 
 /* ---------------------------------------------------------------- logging */

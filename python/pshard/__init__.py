@@ -13,7 +13,7 @@ docs/python.md. PyTorch helpers are in pshard.torch (imported on demand).
 from ._lib import LIBRARY_PATH, Error, find_command, ERROR_CLASSES, LOG_DEBUG, LOG_ERROR, LOG_INFO, LOG_WARN
 from .core import Context, DenseTable, Future, SparseTable, Table, connect, embedded, set_log, zeros
 
-__version__ = "0.1.0"
+__version__ = "0.7.0"
 
 # One exception class per C error code, e.g. pshard.NoTableError (PS_ERR_NO_TABLE).
 for _cls in ERROR_CLASSES.values():

@@ -130,9 +130,8 @@ ps_push_range_start = _proto("ps_push_range_start", c_int, P, c_uint32, c_uint64
                              c_float, ctypes.POINTER(c_void_p))
 ps_req_wait = _proto("ps_req_wait", c_int, P, c_int)
 ps_req_free = _proto("ps_req_free", None, P)
-# Proposed addition to the C API (tells "still running" from "finished with
-# PS_ERR_TIMEOUT"); without it the binding recognises ps_req_wait's message.
-ps_req_done = _proto("ps_req_done", c_int, P) if hasattr(lib, "ps_req_done") else None
+ps_req_done = _proto("ps_req_done", c_int, P)
+ps_version = _proto("ps_version", c_char_p)
 ps_clock = _proto("ps_clock", c_int, P)
 ps_barrier = _proto("ps_barrier", c_int, P, c_int)
 ps_metric = _proto("ps_metric", c_int, P, c_char_p, c_double)
@@ -212,6 +211,7 @@ _NAMES = {
     "PS_ERR_RANGE": ("RangeError", (ValueError,)),
     "PS_ERR_INTERNAL": ("InternalError", ()),
     "PS_ERR_DONE": ("DoneError", ()),
+    "PS_ERR_PENDING": ("PendingError", ()),
 }
 ERRORS = {}          # code -> (C name, Python class name, extra bases)
 for _code in range(1, 256):

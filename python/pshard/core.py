@@ -40,7 +40,7 @@ _F32 = np.dtype(np.float32)
 _U64 = np.dtype(np.uint64)
 _INT_MAX = 2**31 - 1
 _TIMEOUT = L.CODES["PS_ERR_TIMEOUT"]
-_STILL_RUNNING = b"request still running"  # ps_req_wait's message when the request goes on
+_PENDING = L.CODES["PS_ERR_PENDING"]  # ps_req_wait: still running after this wait
 
 
 def _ms(timeout):
@@ -186,20 +186,13 @@ class _Req:
         self.state.forget(self)
 
     def _wait(self, ms):
-        """(code, message) if the request finished within ms, else None (still running).
-        ps_req_wait returns PS_ERR_TIMEOUT both for "still running" and for a request
-        that failed by its own deadline; ps_req_done tells them apart, or failing that
-        the message of the former."""
+        """(code, message) if the request finished within ms, else None (still running:
+        ps_req_wait's PS_ERR_PENDING; a request that failed by its own deadline finished
+        with PS_ERR_TIMEOUT)."""
         rc = L.ps_req_wait(self.ptr, ms)
+        if rc == _PENDING:
+            return None
         msg = L.ps_errmsg() if rc else b""
-        if rc == _TIMEOUT:
-            if L.ps_req_done is not None:
-                if not L.ps_req_done(self.ptr):
-                    return None
-                rc = L.ps_req_wait(self.ptr, 0)     # finished meanwhile: its real result
-                msg = L.ps_errmsg() if rc else b""
-            elif msg.startswith(_STILL_RUNNING):
-                return None
         return (rc, msg.decode("utf-8", "replace"))
 
     def wait(self, ms):

@@ -118,6 +118,7 @@ static void mini_stop(mini *m) {
 
 typedef struct opener {
   const char *addr;
+  const char *timeout_ms; /* the context's request deadline, if not set_common's */
   ps_ctx *ctx;
   int rc;
   char msg[512];
@@ -129,6 +130,7 @@ static void *open_worker(void *arg) {
   o->rc = ps_config_new(&cfg);
   if (o->rc) return NULL;
   set_common(cfg);
+  if (o->timeout_ms) ps_config_set(cfg, "timeout_ms", o->timeout_ms);
   ps_config_set(cfg, "scheduler", o->addr);
   o->rc = ps_ctx_open(cfg, &o->ctx);
   snprintf(o->msg, sizeof o->msg, "%s", ps_errmsg());
@@ -177,6 +179,7 @@ Test(errors, every_code_has_a_name_and_a_message) {
   cr_assert(eq(str, (char *)ps_strerror(PS_ERR_NO_TABLE), "unknown table"));
   cr_assert(eq(int, PS_ERR_NO_TABLE, 8)); /* travels on the wire: never renumbered */
   cr_assert(eq(int, PS_ERR_RANGE, 18));
+  cr_assert(eq(int, PS_ERR_PENDING, 21));
   const int bad[] = {-1, PS_ERR__COUNT, PS_ERR__COUNT + 1, 1000, -2147483647 - 1, 2147483647};
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     cr_assert(not(eq(ptr, (void *)ps_strerror(bad[i]), NULL)));
@@ -767,9 +770,9 @@ Test(api, a_pull_for_an_unfinished_round_waits_and_times_out, .timeout = 30) {
   for (int i = 0; i < 10; i++) d[i] = 123.0f;
   ps_req *r;
   OK(ps_pull_range_start(a, td, 0, 10, d, &r));
-  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 0));
+  FAILS(PS_ERR_PENDING, ps_req_wait(r, 0));
   double t0 = now_s();
-  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 150));
+  FAILS(PS_ERR_PENDING, ps_req_wait(r, 150));
   double dt = now_s() - t0;
   cr_assert(ge(dbl, dt, 0.14), "waited only %.3fs", dt);
   cr_assert(lt(dbl, dt, 2.0), "waited %.3fs", dt);
@@ -786,6 +789,54 @@ Test(api, a_pull_for_an_unfinished_round_waits_and_times_out, .timeout = 30) {
   ps_ctx_close(a);
   ps_ctx_close(b);
   mini_stop(&m);
+}
+
+/* ps_req_wait tells a request still running after the wait's own timeout
+ * (PS_ERR_PENDING: it stays valid) from one that failed at its own deadline
+ * (PS_ERR_TIMEOUT, its result: it is done). */
+Test(api, req_wait_tells_still_running_from_failed_at_its_deadline, .timeout = 30) {
+  mini m;
+  mini_start(&m, 1, 2);
+  opener oa = {.addr = m.addr, .timeout_ms = "500"}, ob = {.addr = m.addr};
+  pthread_t t;
+  cr_assert(eq(int, pthread_create(&t, NULL, open_worker, &ob), 0));
+  open_worker(&oa);
+  pthread_join(t, NULL);
+  cr_assert(eq(int, oa.rc, 0), "open a: %s", oa.msg);
+  cr_assert(eq(int, ob.rc, 0), "open b: %s", ob.msg);
+  ps_ctx *a = oa.ctx, *b = ob.ctx;
+  uint32_t td;
+  OK(ps_table_declare(a, "d", PS_DENSE, 10, "opt=sgd lr=1 update=sum slice=4", &td));
+  OK(ps_table_declare(b, "d", PS_DENSE, 10, "opt=sgd lr=1 update=sum slice=4", &td));
+  float g[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, d[10];
+  OK(ps_push_range(a, td, 0, 10, g, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(a));
+  /* Round 0 needs b's clock, which never comes: a's pull waits on the server. */
+  ps_req *r;
+  OK(ps_pull_range_start(a, td, 0, 10, d, &r));
+  FAILS(PS_ERR_PENDING, ps_req_wait(r, 0));
+  FAILS(PS_ERR_PENDING, ps_req_wait(r, 50));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "still running"), NULL)), "message: %s", ps_errmsg());
+  cr_assert(eq(int, ps_req_done(r), 0));
+  double t0 = now_s();
+  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 10000)); /* the request's deadline: 500 ms */
+  double dt = now_s() - t0;
+  cr_assert(lt(dbl, dt, 5.0), "the request ended after %.2fs", dt);
+  cr_assert(eq(int, ps_req_done(r), 1));
+  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 0)); /* waiting again gives the same result */
+  ps_req_free(r);
+  /* A blocking call's own timeout stays PS_ERR_TIMEOUT. */
+  FAILS(PS_ERR_TIMEOUT, ps_pull_range(a, td, 0, 10, d, 100));
+  ps_ctx_close(a);
+  ps_ctx_close(b);
+  mini_stop(&m);
+}
+
+Test(api, version_is_the_headers) {
+  char want[64];
+  snprintf(want, sizeof want, "%d.%d.%d", PS_VERSION_MAJOR, PS_VERSION_MINOR, PS_VERSION_PATCH);
+  cr_assert(eq(str, (char *)ps_version(), want));
+  cr_assert(eq(ptr, (void *)ps_version(), (void *)ps_version()), "not a static string");
 }
 
 /* A deferred pull freed while pending, and blocking pulls that time out, leave the
@@ -809,7 +860,7 @@ Test(api, a_deferred_pull_freed_or_timed_out, .timeout = 30) {
   OK(ps_push_range(a, td, 0, 10, g, 1, PS_LR_SCHEDULE, -1));
   OK(ps_clock(a));
   OK(ps_pull_range_start(a, td, 0, 10, d, &r));
-  FAILS(PS_ERR_TIMEOUT, ps_req_wait(r, 20));
+  FAILS(PS_ERR_PENDING, ps_req_wait(r, 20));
   t0 = now_s();
   ps_req_free(r);
   cr_assert(lt(dbl, now_s() - t0, 1.0), "freeing a pending request blocked");

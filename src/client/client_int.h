@@ -1,0 +1,320 @@
+/*
+ * client_int.h - the worker side's shared structures and the calls between its files.
+ *
+ * The worker side is cut by job, and each piece reports upward only through what it
+ * was given:
+ *   ctx.c      context and configuration: open, close, the I/O thread, the scheduler
+ *              link (through the node agent), heartbeats and their statistics
+ *   req.c      requests: parts, completion, wait, cancel, deadlines, blocking runs
+ *   link.c     links to the servers and the scheduler: connect, send, receive, lend,
+ *              membership applied to the links and the ring, fire-and-forget frames
+ *   route.c    routing: keys and ranges to parts by the ring, de-duplicated pulls, the
+ *              push and pull entry points
+ *   direct.c   the caller-thread fast path: blocking calls on lent links
+ *   control.c  control calls: declare, clock, barrier, metric, tasks, statistics
+ * Embedded mode (scheduler and servers as threads of the worker's process) is composed
+ * above the client, in src/embed/embed.c, through client.h: ps_ctx_close reaches it
+ * only through the ps__ctx_embed hook it was given.
+ *
+ * Threads. The loop thread (io_main) owns the links and every part once posted;
+ * callers' threads build requests, wait on them, and run the fast path on lent links.
+ * ctx->mu guards membership, ring and tables; ctx->lend_mu the lending state and the
+ * link list's structure; a request's mu its completion.
+ */
+#ifndef PS_CLIENT_INT_H
+#define PS_CLIENT_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+#include <time.h>
+#include <uv.h>
+
+#include "agent/agent.h"
+#include "client/client.h"
+#include "common/common.h"
+#include "common/config.h"
+#include "common/ring.h"
+#include "net/net.h"
+#include "proto/msg.h"
+#include "store/store.h"
+
+#define SCHED_LINK 0u /* link id of the scheduler */
+
+typedef struct peer peer;
+typedef struct part part;
+
+struct part {
+  ps_req *req;
+  uint32_t target;         /* server id, or SCHED_LINK */
+  ps__frame_hdr hdr;
+  uv_buf_t *send;          /* payload regions (borrowed) */
+  unsigned nsend;
+  uv_buf_t *recv;          /* reply destinations; NULL = control reply */
+  unsigned nrecv;
+  size_t recv_len;
+  uint64_t deadline_ms;
+  int queued, sent, write_done, reply_done, finished;
+  int pm_answered;         /* a peer-memory part's reply arrived: the server is done */
+  int pm_pid;              /* a peer-memory part's server process */
+  uint64_t pm_bytes;       /* a peer-memory part's value bytes (the server copies them) */
+  int held;                /* on ctx->held until its deadline (ps__part_finish) */
+  int status;
+  uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
+  int64_t reply_clock;     /* hdr.clock of the reply */
+  char *stats_buf;         /* STATS reply text destination (control body copied here) */
+  size_t stats_cap;
+  peer *lk;
+  part *prev, *next;       /* in the link's in-flight or queue list */
+};
+
+struct ps_req {
+  ps_ctx *ctx;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int done;
+  int canceled;
+  int status;
+  char msg[256];
+  unsigned nparts, remaining;
+  part *parts;
+  uv_buf_t *bufs;          /* storage for all parts' send/recv regions */
+  /* owned buffers */
+  void *own_keys, *own_recv, *own_segs; /* own_recv points into scratch */
+  void *scratch;           /* pooled block holding routed keys, values, reply slots */
+  size_t scratch_len;
+  uint32_t *pos;           /* sparse pull scatter: caller index of each routed key */
+  float *out;              /* caller destination for a scattered pull */
+  unsigned width;
+  size_t nkeys;
+  int cancel_acked;
+  int kind;                /* 0 pull, 1 push, 2 control: for the wait-time counters */
+  int counted;             /* posted to the loop: counted in ctx->outstanding */
+  int dropped;             /* a server dropped this push (counted once per request) */
+  /* a de-duplicated pull (sparse_start): rows of the distinct keys, copied to out */
+  void *dd_block, *dd_rows;
+  size_t dd_block_len, dd_rows_len, dd_n;
+  const uint32_t *dd_idx;
+  float *dd_out;
+  unsigned dd_width;
+};
+
+struct peer {
+  uint32_t id;             /* server id or SCHED_LINK */
+  ps__member m;
+  int alive;
+  ps__conn *conn;
+  int connecting;
+  part *inflight;          /* sent, awaiting reply or write completion */
+  part *queue_head, *queue_tail; /* waiting for the connection */
+  part *reading;           /* part whose reply body is being read */
+  peer *next;
+  /* Lending to callers (caller-side I/O, see "lent links"); under ctx->lend_mu. */
+  int lent;                /* the loop stopped reading; callers may use fd */
+  int busy;                /* a caller is doing I/O on fd */
+  int want_back;           /* the loop needs the link when that caller is done */
+  int lend_wanted;         /* a caller would use the link: lend it when idle */
+  int broken;              /* a caller's I/O failed mid-frame: close, do not resume */
+  int fd;
+  int pm;                  /* peer-memory frames may go to this server: its pid (atomic), or 0 */
+  uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
+  size_t doff, dlen;
+};
+
+typedef struct table_info {
+  int kind;
+  uint64_t size;
+  uint32_t width;
+  uint64_t nrows;
+  ps__update_mode update;
+} table_info;
+
+struct ps_ctx {
+  /* configuration */
+  uint32_t timeout_ms, connect_timeout_ms, heartbeat_ms, vnodes;
+  uint64_t max_payload;
+  int use_unix;
+  char sched_host[PS_CFG_HOST_MAX];
+  int sched_port;
+  char hostid[PS_HOST_MAX];
+
+  /* the loop */
+  uv_loop_t loop;
+  pthread_t thread;
+  int thread_started;
+  ps__mailbox *mail;
+  ps__pool *pool;
+  uv_timer_t sweep_timer;
+  ps__agent agent;         /* the scheduler connection: registration, heartbeats, membership */
+  int agent_inited;
+  peer *links;             /* scheduler link first */
+  peer *sched;
+  part *held;              /* peer-memory parts held until their deadline (loop) */
+
+  /* shared state under mu */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int registered, started, failed, closing;
+  int fail_err;
+  char fail_msg[256];
+  uint32_t id;
+  int rank, nworkers, nservers;
+  uint64_t epoch;
+  ps__ring *ring;          /* current ring; replaced rings are retired, freed at close */
+  ps__ring **retired;
+  size_t nretired;
+  table_info *tables;
+  size_t ntables;
+  int64_t clock;
+  int64_t barrier_seq;
+  char mode[32];           /* job consistency mode, added to tables declared without one */
+  /* counters (atomics): time blocked waiting, by kind; requests; bytes */
+  uint64_t wait_ns[3];     /* 0 pull, 1 push, 2 other */
+  uint64_t nreq[3];
+  uint64_t dropped_pushes, fast_forwards;
+  uint64_t bytes_pushed, bytes_pulled;
+  uint64_t opened_ns;
+  uint64_t spin_ns;        /* ps_req_wait polls this long before sleeping (0: never) */
+  /* Caller-side I/O for blocking calls (lent links). */
+  int direct;              /* enabled (PSHARD_DIRECT=0 turns it off) */
+  int peer_mem;            /* large dense values by peer memory on same-host links */
+  int dedup;               /* large sparse pulls ask for each distinct key once */
+  pthread_mutex_t lend_mu; /* links' lending state; the link list's structure */
+  pthread_cond_t lend_cv;  /* a mail_lend ran */
+  int lend_posted;         /* a mail_lend is queued */
+  uint64_t outstanding;    /* requests and fire-and-forget frames not finished by the loop */
+  uint64_t direct_calls;   /* blocking calls and clocks done on lent links */
+  uint64_t pm_parts;       /* dense parts sent as peer-memory frames */
+  uint64_t shared_parts;   /* of those, parts naming a ps_alloc buffer (the server may map it) */
+  /* Buffers for partitioned requests, reused across calls (callers' threads). */
+  pthread_mutex_t upool_mu;
+  ps__pool *upool;
+  uint32_t clock_batch;    /* largest batch pushed in the current clock */
+  uint64_t examples;       /* sum over finished clocks of clock_batch */
+  unsigned hb_count;
+  uint64_t next_req_id;
+
+  /* what runs beside the worker in this process (embedded mode, a colocated server) */
+  ps__ctx_embed emb;
+  int emb_linger;          /* wait for it to stop by itself at close (a colocated server) */
+};
+
+/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
+static inline struct timespec ps__abs_after_ms(uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + (ms % 1000) * 1000000ull;
+  ts.tv_sec += (time_t)(ms / 1000 + ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  return ts;
+}
+static inline void part_list_remove(part **head, part *p) {
+  if (p->prev)
+    p->prev->next = p->next;
+  else if (*head == p)
+    *head = p->next;
+  if (p->next) p->next->prev = p->prev;
+  p->prev = p->next = NULL;
+}
+
+static inline void part_list_push(part **head, part *p) {
+  p->prev = NULL;
+  p->next = *head;
+  if (*head) (*head)->prev = p;
+  *head = p;
+}
+
+/* A peer-memory part (PS_XPORT_PEER_MEM) names the caller's buffers, and the server
+ * copies from or into them until the expiry the frame carries, PM_SLACK_MS before the
+ * part's deadline. A part that ends without the server's answer (cancel, a failed or
+ * closed connection, a closing context) therefore keeps the buffers, and its request
+ * stays unfinished, until that deadline: the caller must not reuse them while a
+ * server may still write there. The loop's sweep finishes such held parts. */
+#define PM_SLACK_MS 2000u
+typedef struct fire {
+  ps_ctx *ctx;
+  uint32_t target; /* SCHED_LINK or 0xffffffff for every server */
+  ps__frame_hdr h;
+  size_t len;
+  uint8_t body[];
+} fire;
+
+/* ---- req.c: requests (caller threads unless marked "loop") */
+void ps__req_set_error(ps_req *r, int status, const char *msg);
+/* Rows of a finished pull into the caller's order (scatter, de-duplicated copies). */
+void ps__req_rows_done(ps_req *r);
+/* Must a peer-memory part keep the caller's buffers (the server may still copy)? */
+int ps__pm_must_hold(const part *p);
+/* Loop: a part is over (reply and write done, or failed); the last one completes. */
+void ps__part_finish(part *p);
+void ps__part_fail(part *p, int status, const char *msg);
+/* Loop timer: fail parts past their deadline, release held peer-memory parts. */
+void ps__sweep_tick(uv_timer_t *t);
+/* Loop mail handlers: submit a posted request's parts; cancel a request. */
+void ps__mail_submit(void *arg);
+void ps__mail_cancel(void *arg);
+ps_req *ps__req_new(ps_ctx *ctx, unsigned nparts, unsigned nbufs);
+void ps__req_destroy(ps_req *r);
+/* Scratch buffers from the context's pool shared by caller threads. */
+void *ps__ubuf_get(ps_ctx *ctx, size_t n);
+void ps__ubuf_put(ps_ctx *ctx, void *p, size_t n);
+void ps__part_init(ps_ctx *ctx, ps_req *r, unsigned i, uint32_t target, uint8_t type, uint32_t table,
+                   uint64_t deadline_ms);
+/* Hand a request to the loop (counted in ctx->outstanding). 0 or PS_ERR_CLOSED. */
+int ps__req_post(ps_ctx *ctx, ps_req *r);
+/* Blocking runs: on lent links when possible, else through the loop; the requests are
+ * freed. A blocking call's timeout is PS_ERR_TIMEOUT. */
+int ps__req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms);
+int ps__req_run(ps_ctx *ctx, ps_req *r, int timeout_ms);
+/* Wait for a posted request as a blocking call does: ps_req_wait, where a wait that
+ * ends with the request still running (PS_ERR_PENDING) is the call's PS_ERR_TIMEOUT. */
+int ps__req_wait_call(ps_req *r, int timeout_ms);
+/* The absolute deadline (ps__now_ms) of a call with timeout_ms (< 0: the default). */
+uint64_t ps__deadline_for(ps_ctx *ctx, int timeout_ms);
+
+/* ---- link.c: links (loop unless marked) */
+/* The link of node id, or NULL. Loop, or a caller holding lend_mu. */
+peer *ps__link_find(ps_ctx *ctx, uint32_t id);
+void ps__link_dequeue(peer *l, part *p);
+void ps__link_fail_all(peer *l, int status, const char *why);
+void ps__part_send(ps_ctx *ctx, peer *l, part *p);
+void ps__part_submit(ps_ctx *ctx, part *p);
+/* A lent link no caller is using (lend_mu held). */
+int ps__link_idle_lent(const peer *l);
+/* Any thread: ask the loop to lend idle links callers want. */
+void ps__post_lend(ps_ctx *ctx);
+/* Loop mail handler: take back lent links the loop wants, broken or dead ones. */
+void ps__mail_reclaim(void *arg);
+/* Loop mail handler: a fire-and-forget frame (struct fire, freed). */
+void ps__mail_fire(void *arg);
+/* A decoded membership: links of new servers, dead ones failed, the ring replaced. */
+void ps__on_membership(ps_ctx *ctx, const ps__membership *m);
+/* Is this reply a peer-memory pull's (values already in the caller's buffers)? */
+int ps__pm_reply(const part *p, const ps__frame_hdr *h);
+/* A successful reply to p (loop or lent link): what it tells the context. */
+void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
+/* The scheduler link's own traffic (replies to control requests), given to the node
+ * agent as its on_header, on_frame and link callbacks (arg: the context). */
+int ps__sched_on_header(void *arg, const ps__frame_hdr *h, ps__body *b);
+void ps__sched_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b);
+void ps__sched_on_link(void *arg, ps__conn *c, int status);
+
+/* ---- ctx.c */
+
+/* The context failed (lost the scheduler, ...): later calls return err. Any thread. */
+void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg);
+int ps__ctx_check(const ps_ctx *ctx);
+/* PS_ERR_CLOSED or the context's failure, else 0. */
+int ps__ctx_state_err(ps_ctx *ctx);
+
+/* ---- direct.c: the caller-thread fast path */
+/* Run requests on lent links if they can be claimed: 1 when done here (their statuses
+ * say how), 0 when they must go through the loop. */
+int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms);
+/* A fire-and-forget frame to every server on lent links: 1 if sent, 0 to use the loop. */
+int ps__direct_fire(ps_ctx *ctx, const ps__frame_hdr *h0);
+
+/* ---- control.c */
+/* One request with a single control part to target carrying body (copied). */
+ps_req *ps__ctrl_req(ps_ctx *ctx, uint32_t target, uint8_t type, const void *body, size_t len, uint64_t deadline);
+
+#endif

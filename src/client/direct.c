@@ -1,0 +1,510 @@
+/*
+ * direct.c - the caller-thread fast path: blocking calls on lent links.
+ *
+ * A blocking data call whose servers' links are idle does its own socket I/O on the
+ * caller's thread: one write and one wake-up when the reply arrives, like a raw round
+ * trip, instead of crossing to the I/O thread and back. The loop lends idle links
+ * (link.c); this file claims them, writes the frames with sendmsg, reads the replies
+ * with recv/readv (straight into the destination for large bodies), and gives the
+ * links back. Runs only on callers' threads; the lending state is under ctx->lend_mu.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "client/client_int.h"
+
+/* ---- caller-side I/O on lent links (see "lent links" above) */
+
+#define DBUF_CAP (64u * 1024u)      /* a borrower's read buffer */
+#define DIRECT_READ_MIN (16u * 1024u) /* body bytes read straight into the destination */
+#define DL_MAXPARTS 2               /* parts of one call on one link (push + pull) */
+
+typedef struct dlink {
+  peer *l;
+  int fd;
+  part *parts[DL_MAXPARTS];
+  unsigned nparts, pending;     /* parts on this link; replies still awaited */
+  uint8_t hdrs[DL_MAXPARTS][PS_FRAME_HDR_SIZE];
+  struct iovec *iov;            /* what is left to write: iov_small or allocated */
+  struct iovec iov_small[8];
+  unsigned niov, iov_at;
+  /* the frame being read */
+  int in_body, discard;
+  ps__frame_hdr cur;
+  part *cur_p;
+  const uv_buf_t *dst;
+  unsigned ndst, dst_i;
+  size_t dst_off;
+  uint64_t left;
+  uv_buf_t errbuf;
+  char errtxt[512];
+  int failed;                   /* a mid-frame failure: the link is broken */
+  uint64_t moved;               /* bytes written and read so far (progress) */
+} dlink;
+
+/* May a caller claim lent link l now? lend_mu held. */
+static int link_claimable(const peer *l) { return ps__link_idle_lent(l) && !l->want_back && !l->broken; }
+
+static void dl_init(dlink *d, peer *l) {
+  memset(d, 0, sizeof *d);
+  d->l = l;
+  d->fd = l->fd;
+}
+
+/* Account n bytes just placed into the current destination. */
+static void dl_advance(dlink *d, size_t n) {
+  d->left -= n;
+  if (d->discard) return;
+  d->dst_off += n;
+  while (d->dst_i < d->ndst && d->dst_off >= d->dst[d->dst_i].len) {
+    d->dst_off -= d->dst[d->dst_i].len;
+    d->dst_i++;
+  }
+}
+
+/* Copy up to n staged bytes into the current body. Returns bytes used. */
+static size_t dl_fill(dlink *d, const uint8_t *src, size_t n) {
+  size_t used = 0;
+  while (used < n && d->left > 0) {
+    size_t take = n - used;
+    if (take > d->left) take = (size_t)d->left;
+    if (!d->discard) {
+      const uv_buf_t *b = &d->dst[d->dst_i];
+      if (take > b->len - d->dst_off) take = b->len - d->dst_off;
+      memcpy(b->base + d->dst_off, src + used, take);
+    }
+    dl_advance(d, take);
+    used += take;
+  }
+  return used;
+}
+
+/* A whole reply frame arrived on d. */
+static void dl_frame_done(ps_ctx *ctx, dlink *d) {
+  part *p = d->cur_p;
+  d->in_body = 0;
+  if (!p) return; /* a late reply to an earlier call, or an error notice */
+  d->pending--;
+  p->reply_done = 1;
+  p->pm_answered = 1;
+  if (d->cur.status) {
+    size_t n = d->cur.payload_len < sizeof d->errtxt - 1 ? (size_t)d->cur.payload_len : sizeof d->errtxt - 1;
+    d->errtxt[n] = '\0';
+    ps__req_set_error(p->req, d->cur.status, n ? d->errtxt : ps_strerror(d->cur.status));
+    return;
+  }
+  if (p->status == 0) ps__part_reply_ok(ctx, p, &d->cur);
+}
+
+/* Start reading the body of d->cur: pick its destination. 0, or a ps_err code. */
+static int dl_begin(dlink *d) {
+  const ps__frame_hdr *h = &d->cur;
+  d->cur_p = NULL;
+  d->discard = 1;
+  d->dst = NULL;
+  d->ndst = d->dst_i = 0;
+  d->dst_off = 0;
+  d->left = h->payload_len;
+  d->in_body = 1;
+  if (h->type == PS_MSG_ERROR) {
+    ps__log(PS_LOG_WARN, "server %u sent an error notice on a lent link", d->l->id);
+    return PS_ERR_CLOSED; /* the server is about to close this connection */
+  }
+  if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request from server %u", ps__frame_type_name(h->type), d->l->id);
+  part *p = NULL;
+  for (unsigned i = 0; i < d->nparts; i++)
+    if (d->parts[i]->hdr.req_id == h->req_id && !d->parts[i]->reply_done) p = d->parts[i];
+  if (!p) return 0; /* a reply to an earlier call that timed out: dropped */
+  d->cur_p = p;
+  if (h->status) {
+    d->errbuf = uv_buf_init(d->errtxt, sizeof d->errtxt - 1);
+    if (h->payload_len <= d->errbuf.len) {
+      d->errbuf.len = (size_t)h->payload_len;
+      d->dst = &d->errbuf;
+      d->ndst = 1;
+      d->discard = 0;
+    }
+    return 0;
+  }
+  if (p->recv && !ps__pm_reply(p, h)) {
+    if (h->payload_len != p->recv_len) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len, p->recv_len);
+      ps__req_set_error(p->req, PS_ERR_SIZE, msg);
+      p->status = PS_ERR_SIZE;
+      return 0;
+    }
+    d->dst = p->recv;
+    d->ndst = p->nrecv;
+    d->discard = 0;
+    while (d->dst_i < d->ndst && d->dst[d->dst_i].len == 0) d->dst_i++;
+  }
+  return 0;
+}
+
+/* A read that returned got <= 0: 0 if nothing is there yet, else the link's error. */
+static int dl_read_end(const peer *l, ssize_t got) {
+  if (got == 0) return ps__fail(PS_ERR_CLOSED, "server %u closed the connection", l->id);
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+  if (errno == ECONNRESET) return ps__fail(PS_ERR_CLOSED, "server %u reset the connection", l->id);
+  return ps__fail(PS_ERR_IO, "reading from server %u: %s", l->id, strerror(errno));
+}
+
+/* Read what is available on d. 0 (progress or nothing to read yet), or a ps_err code
+ * for a link that cannot go on (closed, protocol violation). */
+static int dl_read(ps_ctx *ctx, dlink *d) {
+  peer *l = d->l;
+  while (d->pending > 0) {
+    size_t avail = l->dlen - l->doff;
+    if (d->in_body) {
+      if (avail) l->doff += dl_fill(d, l->dbuf + l->doff, avail);
+      if (d->left == 0) {
+        dl_frame_done(ctx, d);
+        continue;
+      }
+      if (!d->discard && d->left >= DIRECT_READ_MIN) {
+        /* Large remainder: straight into the destination. */
+        struct iovec v[16];
+        int nv = 0;
+        uint64_t want = d->left;
+        size_t off = d->dst_off;
+        for (unsigned i = d->dst_i; i < d->ndst && nv < 16 && want; i++) {
+          size_t n = d->dst[i].len - off;
+          if (n > want) n = (size_t)want;
+          v[nv].iov_base = d->dst[i].base + off;
+          v[nv++].iov_len = n;
+          want -= n;
+          off = 0;
+        }
+        ssize_t got = readv(d->fd, v, nv);
+        if (got <= 0) return dl_read_end(l, got);
+        dl_advance(d, (size_t)got);
+        d->moved += (uint64_t)got;
+        continue;
+      }
+    } else if (avail >= PS_FRAME_HDR_SIZE) {
+      int rc = ps__frame_decode(l->dbuf + l->doff, ctx->max_payload, &d->cur);
+      if (rc) return rc;
+      l->doff += PS_FRAME_HDR_SIZE;
+      if ((rc = dl_begin(d))) return rc;
+      continue;
+    }
+    /* Need more bytes in the buffer. */
+    if (l->doff == l->dlen) l->doff = l->dlen = 0;
+    if (l->dlen == DBUF_CAP) {
+      memmove(l->dbuf, l->dbuf + l->doff, l->dlen - l->doff);
+      l->dlen -= l->doff;
+      l->doff = 0;
+    }
+    ssize_t got = recv(d->fd, l->dbuf + l->dlen, DBUF_CAP - l->dlen, MSG_DONTWAIT);
+    if (got <= 0) return dl_read_end(l, got);
+    l->dlen += (size_t)got;
+    d->moved += (uint64_t)got;
+  }
+  return 0;
+}
+
+/* Write what the socket takes. 0, or a ps_err code. */
+static int dl_write(dlink *d) {
+  while (d->iov_at < d->niov) {
+    struct msghdr mh;
+    memset(&mh, 0, sizeof mh);
+    mh.msg_iov = d->iov + d->iov_at;
+    unsigned n = d->niov - d->iov_at;
+    mh.msg_iovlen = n > 512 ? 512 : n;
+    ssize_t put = sendmsg(d->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (put < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
+      if (errno == EPIPE || errno == ECONNRESET)
+        return ps__fail(PS_ERR_CLOSED, "sending to server %u: %s", d->l->id, strerror(errno));
+      return ps__fail(PS_ERR_UNAVAILABLE, "sending to server %u: %s", d->l->id, strerror(errno));
+    }
+    size_t k = (size_t)put;
+    d->moved += (uint64_t)put;
+    while (k && d->iov_at < d->niov) {
+      struct iovec *v = &d->iov[d->iov_at];
+      if (k >= v->iov_len) {
+        k -= v->iov_len;
+        d->iov_at++;
+      } else {
+        v->iov_base = (char *)v->iov_base + k;
+        v->iov_len -= k;
+        k = 0;
+      }
+    }
+    while (d->iov_at < d->niov && d->iov[d->iov_at].iov_len == 0) d->iov_at++;
+  }
+  return 0;
+}
+
+/* Claim the lent links of every part of reqs[] for this thread. Returns the number of
+ * links claimed into dl[] (parts grouped per link), or 0 when the call must go through
+ * the loop (then links that could be lent are asked for). */
+static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *dl, unsigned max) {
+  for (int attempt = 0;; attempt++) {
+    unsigned n = 0;
+    int ok = 1, ask = 0;
+    if (__atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) return 0;
+    pthread_mutex_lock(&ctx->lend_mu);
+    int fatal = 0;
+    for (unsigned q = 0; q < nreqs && !fatal; q++) {
+      for (unsigned i = 0; i < reqs[q]->nparts && !fatal; i++) {
+        part *p = &reqs[q]->parts[i];
+        unsigned j = 0;
+        while (j < n && dl[j].l->id != p->target) j++;
+        if (j == n) {
+          peer *l = ps__link_find(ctx, p->target);
+          if (!l || l->id == SCHED_LINK || !l->alive || n == max) {
+            ok = 0;
+            fatal = 1;
+            break;
+          }
+          if (!link_claimable(l)) {
+            /* Keep going: every link this call needs is asked for at once. */
+            if (!l->lent && l->conn) l->lend_wanted = ask = 1;
+            ok = 0;
+            continue;
+          }
+          if (!l->dbuf && !(l->dbuf = ps__malloc(DBUF_CAP))) {
+            ok = 0;
+            fatal = 1;
+            break;
+          }
+          dl_init(&dl[n++], l);
+        }
+        if (dl[j].nparts == DL_MAXPARTS) {
+          ok = 0;
+          fatal = 1;
+          break;
+        }
+        dl[j].parts[dl[j].nparts++] = p;
+      }
+    }
+    /* Re-check under the lock: a request posted meanwhile keeps its place in line. */
+    if (ok && __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) ok = 0;
+    if (ok)
+      for (unsigned j = 0; j < n; j++) dl[j].l->busy = 1;
+    pthread_mutex_unlock(&ctx->lend_mu);
+    if (ok) return n;
+    if (!ask || fatal || attempt > 0) return 0;
+    /* Connected links that are not lent yet: ask the loop and wait for its answer (one
+     * loop wake-up). Going through the loop instead would take the links back at once. */
+    ps__post_lend(ctx);
+    struct timespec ts = ps__abs_after_ms(5);
+    pthread_mutex_lock(&ctx->lend_mu);
+    while (ctx->lend_posted)
+      if (pthread_cond_timedwait(&ctx->lend_cv, &ctx->lend_mu, &ts) != 0) break;
+    pthread_mutex_unlock(&ctx->lend_mu);
+  }
+}
+
+/* Give claimed links back; one that failed mid-frame is broken (the loop closes it). */
+static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
+  int post = 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (unsigned j = 0; j < n; j++) {
+    peer *l = dl[j].l;
+    l->busy = 0;
+    if (dl[j].failed) l->broken = 1;
+    if (l->want_back || l->broken || !l->alive) post = 1;
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (post) ps__mailbox_post(ctx->mail, ps__mail_reclaim, ctx);
+}
+
+/* Run the parts of reqs[] (in order on each link) on claimed links dl[0..n) until
+ * every reply arrived or the deadline passed. Part failures are recorded in their
+ * requests. */
+/* Polling: the caller keeps its CPU (no sleep in poll) while bytes keep moving, and
+ * for up to spin_ns after the last progress, longer by ps__poll_extra_ns of the bytes
+ * it sends (a server takes about that long to read them before it answers; 0.5 ms per
+ * MiB): a loopback peer answers or drains within that, and a sleeping thread pays a
+ * wake-up each time (tens of microseconds on an idle VM). spin = 0 (one CPU) always
+ * sleeps. */
+/* Kept whole: the caller-thread I/O loop (frame setup, write, read, deadline, poll)
+ * is one hot path, moved unchanged; its pieces are dl_write and dl_read. */
+static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, int spin) {
+  struct pollfd pf[64];
+  uint64_t t0 = ps__now_ns(), moved = 0, sending = 0;
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    unsigned niov = 0;
+    for (unsigned k = 0; k < d->nparts; k++) niov += 1 + d->parts[k]->nsend;
+    d->iov = niov <= sizeof d->iov_small / sizeof d->iov_small[0] ? d->iov_small : ps__malloc(niov * sizeof *d->iov);
+    if (!d->iov) {
+      for (unsigned k = 0; k < d->nparts; k++) ps__req_set_error(d->parts[k]->req, PS_ERR_NOMEM, "out of memory");
+      continue;
+    }
+    for (unsigned k = 0; k < d->nparts; k++) {
+      part *p = d->parts[k];
+      uint64_t total = 0;
+      for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
+      p->hdr.sender = ctx->id;
+      p->hdr.payload_len = total;
+      sending += total;
+      p->sent = 1;
+      ps__frame_encode(&p->hdr, d->hdrs[k]);
+      d->iov[d->niov].iov_base = d->hdrs[k];
+      d->iov[d->niov++].iov_len = PS_FRAME_HDR_SIZE;
+      for (unsigned b = 0; b < p->nsend; b++) {
+        d->iov[d->niov].iov_base = p->send[b].base;
+        d->iov[d->niov++].iov_len = p->send[b].len;
+      }
+      /* Every data request is answered (pushes with an empty acknowledgement). */
+      d->pending++;
+    }
+  }
+  uint64_t window = ctx->spin_ns + ps__poll_extra_ns(sending);
+  for (;;) {
+    unsigned busy = 0, np = 0;
+    for (unsigned j = 0; j < n; j++) {
+      dlink *d = &dl[j];
+      if (!d->iov || d->failed) continue;
+      int rc = dl_write(d);
+      if (!rc) rc = dl_read(ctx, d);
+      if (rc) {
+        d->failed = rc;
+        char msg[320];
+        snprintf(msg, sizeof msg, "%s", ps_errmsg()[0] ? ps_errmsg() : ps_strerror(rc));
+        for (unsigned k = 0; k < d->nparts; k++)
+          if (!d->parts[k]->reply_done) ps__req_set_error(d->parts[k]->req, PS_ERR_UNAVAILABLE, msg);
+        continue;
+      }
+      if (d->iov_at < d->niov || d->pending) {
+        busy++;
+        if (np < 64) {
+          pf[np].fd = d->fd;
+          pf[np].events = (short)((d->iov_at < d->niov ? POLLOUT : 0) | (d->pending ? POLLIN : 0));
+          pf[np].revents = 0;
+          np++;
+        }
+      }
+    }
+    if (!busy) break;
+    uint64_t total = 0;
+    for (unsigned j = 0; j < n; j++) total += dl[j].moved;
+    if (total != moved) {
+      moved = total;
+      t0 = ps__now_ns();
+    }
+    uint64_t now = ps__now_ms();
+    if (now >= deadline_ms) {
+      for (unsigned j = 0; j < n; j++) {
+        dlink *d = &dl[j];
+        if (!d->iov || d->failed || !(d->iov_at < d->niov || d->pending)) continue;
+        /* A frame half written or half read leaves the stream unusable; a reply that
+         * simply has not come yet will be dropped when it does. */
+        if (d->iov_at < d->niov || d->in_body || d->l->dlen - d->l->doff >= PS_FRAME_HDR_SIZE) d->failed = PS_ERR_TIMEOUT;
+        char msg[96];
+        snprintf(msg, sizeof msg, "no answer from node %u before the deadline", d->l->id);
+        for (unsigned k = 0; k < d->nparts; k++)
+          if (!d->parts[k]->reply_done) ps__req_set_error(d->parts[k]->req, PS_ERR_TIMEOUT, msg);
+      }
+      break;
+    }
+    if (spin && ps__now_ns() - t0 < window) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+      continue;
+    }
+    uint64_t wait = deadline_ms - now;
+    poll(pf, np, wait > 1000 ? 1000 : (int)wait);
+  }
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    if (d->iov != d->iov_small) free(d->iov);
+    d->iov = NULL;
+  }
+}
+
+#define PM_NOSPIN_BYTES (512u << 10)
+
+/* Run requests on lent links if they can be claimed. Returns 1 when done here (the
+ * requests' statuses say how it went), 0 when they must go through the loop. */
+int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
+  dlink dl[16];
+  if (!ctx->direct || !ctx->thread_started) return 0;
+  unsigned n = direct_claim(ctx, reqs, nreqs, dl, 16);
+  if (n == 0) return 0;
+  __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
+  /* No polling while servers copy large peer-memory parts: no bytes move on the socket
+   * meanwhile, the answer comes after the copy (about 100 us per MiB), and a polling
+   * caller takes a CPU the servers need when workers and servers share the cores. */
+  uint64_t pm_bytes = 0;
+  for (unsigned j = 0; j < n; j++)
+    for (unsigned k = 0; k < dl[j].nparts; k++) pm_bytes += dl[j].parts[k]->pm_bytes;
+  direct_io(ctx, dl, n, deadline_ms, ctx->spin_ns > 0 && pm_bytes < PM_NOSPIN_BYTES);
+  direct_release(ctx, dl, n);
+  /* A peer-memory part left unanswered (a failed link) keeps the caller's buffers until
+   * its deadline, as on the loop (ps__part_finish). */
+  for (int held = 1; held;) {
+    held = 0;
+    for (unsigned j = 0; j < n; j++)
+      for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) held |= ps__pm_must_hold(dl[j].parts[k]);
+    if (held) usleep(20000);
+  }
+  for (unsigned q = 0; q < nreqs; q++) {
+    ps_req *r = reqs[q];
+    if (r->status == 0) ps__req_rows_done(r);
+    r->done = 1;
+  }
+  return 1;
+}
+
+/* A fire-and-forget frame to every server (CLOCK) written on lent links, when every
+ * server's link is lent and idle. Returns 1 when sent here, 0 to go through the loop. */
+int ps__direct_fire(ps_ctx *ctx, const ps__frame_hdr *h0) {
+  dlink dl[16];
+  unsigned n = 0;
+  int ok = ctx->direct && ctx->thread_started;
+  if (!ok || __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) return 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (peer *l = ctx->links; l && ok; l = l->next) {
+    if (l->id == SCHED_LINK || !l->alive) continue;
+    if (!link_claimable(l) || n == 16) {
+      ok = 0;
+      break;
+    }
+    dl_init(&dl[n++], l);
+  }
+  if (n == 0 || __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) ok = 0;
+  if (ok)
+    for (unsigned j = 0; j < n; j++) dl[j].l->busy = 1;
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (!ok) return 0;
+  uint64_t deadline = ps__now_ms() + ctx->timeout_ms;
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    ps__frame_hdr h = *h0;
+    struct iovec v;
+    h.sender = ctx->id;
+    h.payload_len = 0;
+    ps__frame_encode(&h, d->hdrs[0]);
+    v.iov_base = d->hdrs[0];
+    v.iov_len = PS_FRAME_HDR_SIZE;
+    d->iov = &v;
+    d->niov = 1;
+    while (!d->failed && d->iov_at < d->niov) {
+      if ((d->failed = dl_write(d)) != 0) break;
+      if (d->iov_at == d->niov) break;
+      uint64_t now = ps__now_ms();
+      if (now >= deadline) {
+        d->failed = PS_ERR_TIMEOUT;
+        break;
+      }
+      struct pollfd pf = {.fd = d->fd, .events = POLLOUT};
+      poll(&pf, 1, (int)(deadline - now > 1000 ? 1000 : deadline - now));
+    }
+    if (d->failed) ps__log(PS_LOG_WARN, "clock to server %u not sent: %s", d->l->id, ps_strerror(d->failed));
+    d->iov = NULL;
+  }
+  direct_release(ctx, dl, n);
+  __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
+  return 1;
+}

@@ -1,0 +1,549 @@
+/*
+ * link.c - links: one per server and one to the scheduler, all on the loop thread.
+ *
+ * A link connects on demand (AF_UNIX on the same host when the server offers it, else
+ * TCP), queues parts while connecting, sends them, matches replies by request id and
+ * reads pull replies straight into their destination. Links whose server left the job
+ * fail what they hold. Lending: an idle link may be lent to a caller thread for the
+ * fast path (direct.c); the loop takes it back before it sends on it. Membership from
+ * the scheduler is applied here: new links, dead servers, the ring.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "client/client_int.h"
+
+peer *ps__link_find(ps_ctx *ctx, uint32_t id) {
+  for (peer *l = ctx->links; l; l = l->next)
+    if (l->id == id) return l;
+  return NULL;
+}
+
+/* Take a part off its link's queue of parts waiting for the connection. */
+void ps__link_dequeue(peer *l, part *p) {
+  if (p->prev)
+    p->prev->next = p->next;
+  else
+    l->queue_head = p->next;
+  if (p->next)
+    p->next->prev = p->prev;
+  else
+    l->queue_tail = p->prev;
+  p->prev = p->next = NULL;
+  p->queued = 0;
+}
+
+void ps__link_fail_all(peer *l, int status, const char *why) {
+  while (l->queue_head) {
+    part *p = l->queue_head;
+    ps__link_dequeue(l, p);
+    ps__part_fail(p, status, why);
+  }
+  while (l->inflight) {
+    part *p = l->inflight;
+    part_list_remove(&l->inflight, p);
+    p->lk = NULL;
+    ps__part_fail(p, status, why);
+  }
+  l->reading = NULL;
+}
+
+static void on_write_done(void *arg, int status) {
+  part *p = arg;
+  p->write_done = 1;
+  if (status != 0 && !p->finished) {
+    char msg[128];
+    snprintf(msg, sizeof msg, "sending to node %u failed: %s", p->target, ps_strerror(status));
+    if (p->lk) part_list_remove(&p->lk->inflight, p);
+    p->lk = NULL;
+    ps__part_fail(p, (status == PS_ERR_CANCELED || status == PS_ERR_CLOSED) ? PS_ERR_UNAVAILABLE : status, msg);
+    return;
+  }
+  if (p->reply_done) ps__part_finish(p);
+}
+
+void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
+  (void)ctx;
+  p->hdr.sender = ctx->id;
+  p->lk = l;
+  part_list_push(&l->inflight, p);
+  p->sent = 1;
+  if (ps__conn_send(l->conn, &p->hdr, p->send, p->nsend, on_write_done, p) != 0) {
+    part_list_remove(&l->inflight, p);
+    p->lk = NULL;
+    p->write_done = 1; /* nothing in flight: the callback will not run */
+    ps__part_fail(p, PS_ERR_UNAVAILABLE, ps_errmsg());
+  }
+}
+
+static void link_connect(ps_ctx *ctx, peer *l);
+
+/* ---- lent links
+ *
+ * A blocking data call whose servers' links are idle does its own socket I/O on the
+ * caller's thread (ps__direct_run, below): one write and one wake-up when the reply
+ * arrives, like a raw round trip, instead of crossing to the I/O thread and back.
+ * The loop lends a link at an idle point (nothing in flight, queued, half read or
+ * unsent) and stops reading it. Callers use lent links only while no request of the
+ * context is running on the loop (ctx->outstanding == 0), so frames go out in the
+ * order of the calls that made them. When the loop must send on a lent link it takes
+ * it back: at once if no caller is using it, else when that caller is done
+ * (want_back, then ps__mail_reclaim). A caller whose I/O failed mid-frame marks the link
+ * broken: the loop closes that connection and opens a new one when next needed.
+ * Lending state and the link list's structure are under ctx->lend_mu. */
+
+/* Loop, lend_mu held. */
+static void link_try_lend(peer *l) {
+  if (l->lent || !l->lend_wanted || l->id == SCHED_LINK || !l->conn || !l->alive || l->inflight || l->queue_head)
+    return;
+  int fd = ps__conn_pause(l->conn);
+  if (fd < 0) return;
+  l->fd = fd;
+  l->lent = 1;
+  l->lend_wanted = 0;
+}
+
+static void mail_lend(void *arg) {
+  ps_ctx *ctx = arg;
+  pthread_mutex_lock(&ctx->lend_mu);
+  ctx->lend_posted = 0;
+  for (peer *l = ctx->links; l; l = l->next) link_try_lend(l);
+  pthread_cond_broadcast(&ctx->lend_cv);
+  pthread_mutex_unlock(&ctx->lend_mu);
+}
+
+/* Loop: a link a caller gave back resumes on the loop (or is closed if broken). */
+static void link_resume(peer *l) {
+  if (!l->conn) return;
+  size_t n = l->dlen - l->doff;
+  int rc = l->broken || !l->alive ? PS_ERR_CLOSED : ps__conn_resume(l->conn, l->dbuf + l->doff, n);
+  l->doff = l->dlen = 0;
+  l->broken = 0;
+  if (rc) {
+    l->conn->udata = NULL;
+    ps__conn_close(l->conn, PS_ERR_UNAVAILABLE);
+    l->conn = NULL;
+  }
+}
+
+
+/* Send what waited for a link: on a new connection or on a link given back. */
+static void link_flush(ps_ctx *ctx, peer *l) {
+  if (!l->queue_head) return;
+  if (!l->conn) {
+    if (!l->connecting) link_connect(ctx, l);
+    return;
+  }
+  while (l->queue_head) {
+    part *p = l->queue_head;
+    ps__link_dequeue(l, p);
+    ps__part_send(ctx, l, p);
+  }
+}
+
+/* Loop: l, no longer lent, is the loop's again: resume it and send what waited for it
+ * (or fail that if its server left). */
+static void link_returned(ps_ctx *ctx, peer *l) {
+  link_resume(l);
+  if (l->alive)
+    link_flush(ctx, l);
+  else
+    ps__link_fail_all(l, PS_ERR_UNAVAILABLE, "server left the job");
+}
+
+/* A lent link no caller is using can go back to the loop. lend_mu held. */
+int ps__link_idle_lent(const peer *l) { return l->lent && !l->busy; }
+
+/* Loop: take l back if it is lent; what waited for it goes first. Returns 1 when the
+ * loop may send on l now; 0 when a caller is using it (it comes back through
+ * ps__mail_reclaim) or its connection had to be closed. */
+static int link_take(ps_ctx *ctx, peer *l) {
+  int resume = 0, ok = 1;
+  pthread_mutex_lock(&ctx->lend_mu);
+  if (ps__link_idle_lent(l)) {
+    l->lent = 0;
+    l->want_back = 0;
+    resume = 1;
+  } else if (l->lent) {
+    l->want_back = 1;
+    ok = 0;
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (resume) link_returned(ctx, l);
+  return ok && l->conn != NULL;
+}
+
+void ps__mail_reclaim(void *arg) {
+  ps_ctx *ctx = arg;
+  for (peer *l = ctx->links; l; l = l->next) {
+    int resume = 0;
+    pthread_mutex_lock(&ctx->lend_mu);
+    if (ps__link_idle_lent(l) && (l->want_back || l->broken || !l->alive)) {
+      l->lent = 0;
+      l->want_back = 0;
+      resume = 1;
+    }
+    pthread_mutex_unlock(&ctx->lend_mu);
+    if (resume) link_returned(ctx, l);
+  }
+}
+
+void ps__part_submit(ps_ctx *ctx, part *p) {
+  peer *l = ps__link_find(ctx, p->target);
+  if (!l || !l->alive) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "server %u, which holds these keys, has left the job; without replicas its shard is lost",
+             p->target);
+    ps__part_fail(p, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
+  if (l->conn && link_take(ctx, l)) {
+    ps__part_send(ctx, l, p);
+    return;
+  }
+  p->queued = 1;
+  p->prev = l->queue_tail;
+  p->next = NULL;
+  if (l->queue_tail)
+    l->queue_tail->next = p;
+  else
+    l->queue_head = p;
+  l->queue_tail = p;
+  if (!l->conn && !l->connecting) link_connect(ctx, l);
+}
+
+static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+static void link_on_close(ps__conn *c, int status);
+static const ps__conn_ops link_ops = {link_on_header, link_on_frame, link_on_close};
+
+typedef struct conn_arg {
+  ps_ctx *ctx;
+  uint32_t id;
+} conn_arg;
+
+static void on_link_connected(void *arg, ps__conn *c, int status) {
+  conn_arg *ca = arg;
+  ps_ctx *ctx = ca->ctx;
+  peer *l = ps__link_find(ctx, ca->id);
+  free(ca);
+  if (!l) {
+    if (c) ps__conn_close(c, 0);
+    return;
+  }
+  l->connecting = 0;
+  if (status || !c) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "cannot connect to server %u at %s:%u: %s", l->id, l->m.host, l->m.port,
+             ps_strerror(status));
+    ps__link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
+  if (!l->alive || ctx->closing) {
+    ps__conn_close(c, 0);
+    ps__link_fail_all(l, PS_ERR_UNAVAILABLE, "server left the job");
+    return;
+  }
+  c->udata = l;
+  l->conn = c;
+  /* Peer memory needs a same-host AF_UNIX link to a server that offers it, running as
+   * this user or privileged (the kernel's ptrace rule for process_vm_readv). */
+  int pm = ctx->peer_mem && c->is_unix && c->peer_pid && (l->m.caps & PS_CAP_PEER_MEM) &&
+           (c->peer_uid == (unsigned)geteuid() || c->peer_uid == 0);
+  __atomic_store_n(&l->pm, pm ? c->peer_pid : 0, __ATOMIC_RELAXED);
+  link_flush(ctx, l);
+}
+
+static void link_connect(ps_ctx *ctx, peer *l) {
+  conn_arg *ca = ps__malloc(sizeof *ca);
+  int rc;
+  if (!ca) {
+    ps__link_fail_all(l, PS_ERR_NOMEM, "out of memory");
+    return;
+  }
+  ca->ctx = ctx;
+  ca->id = l->id;
+  l->connecting = 1;
+  if (ctx->use_unix && l->m.unix_path[0] && !strcmp(l->m.hostid, ctx->hostid))
+    rc = ps__connect_unix(&ctx->loop, l->m.unix_path, &link_ops, NULL, ctx->pool, ctx->max_payload, on_link_connected, ca);
+  else
+    rc = ps__connect_tcp(&ctx->loop, l->m.host, l->m.port, &link_ops, NULL, ctx->pool, ctx->max_payload,
+                         on_link_connected, ca);
+  if (rc) {
+    free(ca);
+    l->connecting = 0;
+    ps__link_fail_all(l, rc, ps_errmsg());
+  }
+}
+
+static part *inflight_find(peer *l, uint64_t req_id) {
+  for (part *p = l->inflight; p; p = p->next)
+    if (p->hdr.req_id == req_id) return p;
+  return NULL;
+}
+
+/* Membership from the scheduler (through the node agent): links for new servers,
+ * dead servers' links failed and closed, counts and the ring of a newer epoch. */
+void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
+  const ps__membership m = *mp;
+  uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
+  size_t nsrv = 0, nalive = 0;
+  int nwork = 0;
+  if (!ids) return;
+  for (uint32_t i = 0; i < m.n; i++) {
+    ps__member *x = &m.m[i];
+    if (x->role == PS_ROLE_WORKER && x->alive) nwork++;
+    if (x->role != PS_ROLE_SERVER) continue;
+    peer *l = ps__link_find(ctx, x->id);
+    if (!l && x->alive) {
+      l = ps__calloc(1, sizeof *l);
+      if (!l) continue;
+      l->id = x->id;
+      l->fd = -1;
+      pthread_mutex_lock(&ctx->lend_mu); /* callers walk the list */
+      l->next = ctx->links->next; /* keep the scheduler link first */
+      ctx->links->next = l;
+      pthread_mutex_unlock(&ctx->lend_mu);
+    }
+    /* The ring keeps servers that died: without replication their shards are lost,
+     * and requests for those keys must fail (PS_ERR_UNAVAILABLE) rather than move to a
+     * survivor that would silently recreate them from the initialiser. */
+    ids[nsrv++] = x->id;
+    if (x->alive) nalive++;
+    if (!l) continue;
+    l->m = *x;
+    if (x->alive) {
+      l->alive = 1;
+    } else if (l->alive) {
+      pthread_mutex_lock(&ctx->lend_mu);
+      l->alive = 0; /* a caller using the link finishes first; ps__mail_reclaim closes it */
+      int in_use = l->lent && l->busy;
+      if (ps__link_idle_lent(l)) l->lent = 0;
+      pthread_mutex_unlock(&ctx->lend_mu);
+      if (in_use) continue;
+      char msg[96];
+      snprintf(msg, sizeof msg, "server %u left the job", x->id);
+      ps__link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
+      if (l->conn) {
+        l->conn->udata = NULL;
+        ps__conn_close(l->conn, 0);
+        l->conn = NULL;
+      }
+    }
+  }
+  ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, ctx->vnodes, m.epoch) : NULL;
+  free(ids);
+  pthread_mutex_lock(&ctx->mu);
+  if (m.epoch >= ctx->epoch) {
+    ctx->epoch = m.epoch;
+    ctx->started = m.started;
+    ctx->nworkers = nwork;
+    ctx->nservers = (int)nalive;
+    if (ring) {
+      ps__ring **rt = ps__realloc(ctx->retired, (ctx->nretired + 1) * sizeof *rt);
+      if (rt) {
+        ctx->retired = rt;
+        if (ctx->ring) ctx->retired[ctx->nretired++] = ctx->ring;
+        ctx->ring = ring;
+        ring = NULL;
+      }
+    }
+  }
+  pthread_cond_broadcast(&ctx->cv);
+  pthread_mutex_unlock(&ctx->mu);
+  ps__ring_free(ring);
+}
+
+/* A peer-memory pull's reply: the values are already in the caller's buffers. */
+int ps__pm_reply(const part *p, const ps__frame_hdr *h) {
+  return h->xport == PS_XPORT_PEER_MEM && p->hdr.xport == PS_XPORT_PEER_MEM && h->payload_len == 0;
+}
+
+/* A reply's header on link l: find its part and where its body goes. */
+static int link_header(peer *l, const ps__frame_hdr *h, ps__body *b) {
+  if (h->type == PS_MSG_ERROR) return 0;
+  if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request", ps__frame_type_name(h->type));
+  part *p = inflight_find(l, h->req_id);
+  if (!p || p->reply_done) {
+    b->discard = 1; /* a reply to a canceled or timed-out request */
+    return 0;
+  }
+  if (h->status == 0 && p->recv && !ps__pm_reply(p, h)) {
+    if (h->payload_len != p->recv_len) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len,
+               p->recv_len);
+      p->pm_answered = 1;
+      part_list_remove(&l->inflight, p);
+      p->lk = NULL;
+      ps__part_fail(p, PS_ERR_SIZE, msg);
+      b->discard = 1;
+      return 0;
+    }
+    b->iov = p->recv;
+    b->niov = p->nrecv;
+    l->reading = p;
+  }
+  b->udata = p;
+  return 0;
+}
+
+static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  peer *l = c->udata;
+  if (!l) {
+    b->discard = 1;
+    return 0;
+  }
+  return link_header(l, h, b);
+}
+
+int ps__sched_on_header(void *arg, const ps__frame_hdr *h, ps__body *b) {
+  ps_ctx *ctx = arg;
+  return link_header(ctx->sched, h, b);
+}
+
+/* A successful reply to p (loop or lent link): what it tells the context. */
+void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
+  p->reply_table = h->table;
+  p->reply_clock = h->clock;
+  uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
+  if (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE) {
+    /* A worker behind the table's applied rounds (sync:M straggler, late joiner)
+     * resumes at the round the servers are at. */
+    int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
+    while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+    if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ctx->bytes_pulled, ps__pm_reply(p, h) ? p->recv_len : h->payload_len, __ATOMIC_RELAXED);
+  } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
+    /* One push goes to every server as one part each: count the push, not its parts. */
+    if ((h->flags & PS_FLAG_DROPPED) && !__atomic_exchange_n(&p->req->dropped, 1, __ATOMIC_RELAXED))
+      __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
+  }
+}
+
+/* Ask the loop to lend idle links that callers want (from any thread). */
+void ps__post_lend(ps_ctx *ctx) {
+  int post = 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  if (!ctx->lend_posted) ctx->lend_posted = post = 1;
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (post && ps__mailbox_post(ctx->mail, mail_lend, ctx) != 0) {
+    pthread_mutex_lock(&ctx->lend_mu);
+    ctx->lend_posted = 0;
+    pthread_mutex_unlock(&ctx->lend_mu);
+  }
+}
+
+/* A whole reply arrived on link l: finish its part. */
+static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b) {
+  if (h->type == PS_MSG_ERROR) {
+    ps__log(PS_LOG_ERROR, "node %u: %.*s", l->id, (int)b->len, b->buf ? (const char *)b->buf : "");
+    return;
+  }
+  part *p = b->udata;
+  l->reading = NULL;
+  if (!p) return;
+  p->pm_answered = 1;
+  part_list_remove(&l->inflight, p);
+  p->lk = NULL;
+  if (h->status) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
+    ps__part_fail(p, h->status, msg[0] ? msg : ps_strerror(h->status));
+    return;
+  }
+  ps__part_reply_ok(ctx, p, h);
+  if (l->lend_wanted && !l->inflight && !l->queue_head) ps__post_lend(ctx);
+  if (p->stats_buf) {
+    size_t n = b->len < p->stats_cap - 1 ? b->len : p->stats_cap - 1;
+    if (n) memcpy(p->stats_buf, b->buf, n);
+    p->stats_buf[n] = '\0';
+  }
+  p->reply_done = 1;
+  if (p->write_done) ps__part_finish(p);
+}
+
+static void link_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  peer *l = c->udata;
+  if (l) link_frame(c->loop->data, l, h, b);
+}
+
+void ps__sched_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b) {
+  ps_ctx *ctx = arg;
+  link_frame(ctx, ctx->sched, h, b);
+}
+
+/* Link l's connection is gone: fail what it holds. */
+static void link_closed(peer *l, int status) {
+  /* The server closed the connection (or died): it no longer serves any frame of it,
+   * so its peer-memory parts need not be held (ps__part_finish). */
+  if (status == PS_ERR_CLOSED)
+    for (part *p = l->inflight; p; p = p->next) p->pm_answered = 1;
+  l->conn = NULL;
+  __atomic_store_n(&l->pm, 0, __ATOMIC_RELAXED);
+  char msg[160];
+  snprintf(msg, sizeof msg, "connection to %s %u closed: %s", l->id == SCHED_LINK ? "scheduler" : "server", l->id,
+           ps_strerror(status));
+  ps__link_fail_all(l, status ? PS_ERR_UNAVAILABLE : PS_ERR_CANCELED, msg);
+}
+
+static void link_on_close(ps__conn *c, int status) {
+  peer *l = c->udata;
+  if (l) link_closed(l, status);
+}
+
+/* The node agent's scheduler connection came up (c) or went away (NULL): the
+ * scheduler link sends on it; its parts fail with it (the agent reports the loss). */
+void ps__sched_on_link(void *arg, ps__conn *c, int status) {
+  ps_ctx *ctx = arg;
+  if (c)
+    ctx->sched->conn = c;
+  else if (ctx->sched->conn)
+    link_closed(ctx->sched, status);
+}
+
+/* Fire-and-forget frames (clock, metric). Ordered after earlier parts on each link:
+ * a link still connecting gets the frame queued as a part of a detached request. */
+void ps__mail_fire(void *arg) {
+  fire *f = arg;
+  ps_ctx *ctx = f->ctx;
+  for (peer *l = ctx->links; l; l = l->next) {
+    if (f->target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
+    ps__frame_hdr h = f->h;
+    h.sender = ctx->id;
+    if (l->conn && link_take(ctx, l) && !l->queue_head) {
+      ps__conn_send_ctrl(l->conn, &h, f->body, f->len);
+    } else if (l->alive) {
+      /* Not connected yet: queue a one-part request that frees itself. */
+      ps_req *r = ps__calloc(1, sizeof *r);
+      if (!r) continue;
+      r->ctx = ctx;
+      r->nparts = r->remaining = 1;
+      r->parts = ps__calloc(1, sizeof *r->parts);
+      r->bufs = ps__calloc(1, sizeof *r->bufs);
+      r->own_keys = f->len ? ps__malloc(f->len) : NULL;
+      if (!r->parts || !r->bufs || (f->len && !r->own_keys)) {
+        free(r->parts); free(r->bufs); free(r->own_keys); free(r);
+        continue;
+      }
+      pthread_mutex_init(&r->mu, NULL);
+      pthread_cond_init(&r->cv, NULL);
+      r->canceled = 2; /* detached: freed by the loop when done */
+      if (f->len) memcpy(r->own_keys, f->body, f->len);
+      r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)f->len);
+      part *p = &r->parts[0];
+      p->req = r;
+      p->target = l->id;
+      p->hdr = h;
+      p->send = r->bufs;
+      p->nsend = f->len ? 1 : 0;
+      p->deadline_ms = ps__now_ms() + ctx->timeout_ms;
+      p->reply_done = 1; /* no reply expected */
+      ps__part_submit(ctx, p);
+    }
+  }
+  __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
+  free(f);
+}
