@@ -107,6 +107,10 @@ typedef struct ps_config ps_config;
  *   host               address to bind and advertise (127.0.0.1) [PSHARD_HOST]
  *   vnodes             virtual nodes per server on the ring (128) [PSHARD_VNODES]
  *   max_frame_mb       largest accepted frame payload (2048)  [PSHARD_MAX_FRAME_MB]
+ *   fault              fault injection rules, off when unset: drop, delay or
+ *                      duplicate the n-th frame of a type, fail the n-th allocation,
+ *                      e.g. "drop:type=push:n=3:node=server.0;alloc:n=500"
+ *                      (docs/operations.md, section "Fault injection") [PSHARD_FAULT]
  */
 PS_API int ps_config_new(ps_config **out);
 PS_API void ps_config_free(ps_config *cfg);
