@@ -128,6 +128,10 @@ typedef struct ps_config ps_config;
  *                                                             [PSHARD_DEDUP]
  *   port               the port `pshard scheduler` binds; a worker does not use it,
  *                      but validates it (an integer in [0, 65535]) [PSHARD_PORT]
+ *   fault              fault injection rules, off when unset: drop, delay or
+ *                      duplicate the n-th frame of a type, fail the n-th allocation,
+ *                      e.g. "drop:type=push:n=3:node=server.0;alloc:n=500"
+ *                      (docs/operations.md, section "Fault injection") [PSHARD_FAULT]
  * Of these a worker does not read `servers` (the scheduler tells it the servers);
  * `workers` is read in embedded mode (the embedded scheduler expects that many).
  */

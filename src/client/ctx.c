@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "client/client_int.h"
+#include "common/fault.h"
 
 void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg) {
   pthread_mutex_lock(&ctx->mu);
@@ -205,7 +206,8 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
   ctx->opened_ns = ps__now_ns();
   ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
-  ctx->direct = (int)ps__config_uint(cfg, "direct", 1);
+  /* Armed fault rules see every frame only if the I/O goes through the loop's connections. */
+  ctx->direct = ps__config_uint(cfg, "direct", 1) && !ps__fault_on();
   ctx->dedup = (int)ps__config_uint(cfg, "dedup", 1);
   ctx->peer_mem = ps__config_uint(cfg, "peer_mem", 1) && ps__pm_usable();
   pthread_mutex_init(&ctx->lend_mu, NULL);

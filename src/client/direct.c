@@ -221,7 +221,7 @@ static int dl_write(dlink *d) {
     if (put < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return 0;
       if (errno == EPIPE || errno == ECONNRESET)
-        return ps__fail(PS_ERR_CLOSED, "sending to server %u: %s", d->l->id, strerror(errno));
+        return ps__fail(PS_ERR_CLOSED, "server %u closed the connection (sending: %s)", d->l->id, strerror(errno));
       return ps__fail(PS_ERR_UNAVAILABLE, "sending to server %u: %s", d->l->id, strerror(errno));
     }
     size_t k = (size_t)put;

@@ -346,11 +346,11 @@ int ps_req_wait(ps_req *r, int timeout_ms) {
 
 int ps__req_wait_call(ps_req *r, int timeout_ms) {
   int rc = ps_req_wait(r, timeout_ms);
-  if (rc == PS_ERR_PENDING) {
-    char msg[256];
-    snprintf(msg, sizeof msg, "%s", ps_errmsg());
-    rc = ps__fail(PS_ERR_TIMEOUT, "%s", msg);
-  }
+  /* A blocking call gives up at its deadline: that is a timeout, not a request the
+   * caller may wait for again (the caller cancels it). */
+  if (rc == PS_ERR_PENDING)
+    rc = ps__fail(PS_ERR_TIMEOUT, "no answer within the call's deadline (%llu ms)",
+                  (unsigned long long)(timeout_ms < 0 ? r->ctx->timeout_ms : (uint64_t)timeout_ms));
   return rc;
 }
 

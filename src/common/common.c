@@ -2,6 +2,7 @@
  * common.c - error messages, logging, time, parsing and allocation helpers.
  */
 #include "common/common.h"
+#include "common/fault.h"
 
 #include <errno.h>
 #include <math.h>
@@ -153,10 +154,12 @@ int ps__parse_hostport(const char *s, char *host, size_t hostlen, int *port) {
 
 uint64_t ps__hash64(const void *p, size_t n, uint64_t seed) { return XXH64(p, n, seed); }
 
-void *ps__malloc(size_t n) { return malloc(n ? n : 1); }
-void *ps__calloc(size_t n, size_t m) { return calloc(n ? n : 1, m ? m : 1); }
-void *ps__realloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
-char *ps__strdup(const char *s) { return s ? strdup(s) : NULL; }
+/* Each wrapper may be made to fail by an armed alloc fault rule (fault.h); when none
+ * is armed that costs one test of a global flag. */
+void *ps__malloc(size_t n) { return ps__fault_on() && ps__fault_alloc() ? NULL : malloc(n ? n : 1); }
+void *ps__calloc(size_t n, size_t m) { return ps__fault_on() && ps__fault_alloc() ? NULL : calloc(n ? n : 1, m ? m : 1); }
+void *ps__realloc(void *p, size_t n) { return ps__fault_on() && ps__fault_alloc() ? NULL : realloc(p, n ? n : 1); }
+char *ps__strdup(const char *s) { return !s || (ps__fault_on() && ps__fault_alloc()) ? NULL : strdup(s); }
 
 /* An identifier of this host (boot id, else host name): peers with the same one may use
  * AF_UNIX sockets. */

@@ -6,8 +6,9 @@
 
 #include "common/common.h"
 #include "common/config.h"
+#include "common/fault.h"
 
-typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT } kind_t;
+typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT } kind_t;
 
 static const struct {
   const char *key;
@@ -21,7 +22,7 @@ static const struct {
     {"transport", K_TRANSPORT, 0}, {"host", K_STR, 0},           {"vnodes", K_UINT, 4096},
     {"max_frame_mb", K_UINT, 1u << 20}, {"port", K_UINT, 65535},
     {"direct", K_UINT, 1},         {"peer_mem", K_UINT, 1},      {"dedup", K_UINT, 1},
-    {"colocate", K_UINT, 1},
+    {"colocate", K_UINT, 1},       {"fault", K_FAULT, 0},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -116,6 +117,13 @@ int ps_config_set(ps_config *c, const char *key, const char *value) {
     if (ps__parse_hostport(value, host, sizeof host, &port) || port == 0)
       return ps__fail(PS_ERR_CONFIG, "bad scheduler address '%s' (host:port expected)", value);
     break;
+  case K_FAULT: {
+    /* Checked here so that a bad spec fails where it is set; armed by the role. */
+    ps__fault_set set;
+    char msg[256];
+    if (ps__fault_parse(value, &set, msg, sizeof msg)) return ps__fail(PS_ERR_CONFIG, "%s", msg);
+    break;
+  }
   case K_STR:
     if (!*value || strlen(value) >= PS_CFG_HOST_MAX) return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s'", value, key);
     break;

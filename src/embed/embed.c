@@ -19,6 +19,7 @@
 #include "client/client.h"
 #include "common/common.h"
 #include "common/config.h"
+#include "common/fault.h"
 #include "sched/sched.h"
 #include "server/server.h"
 
@@ -160,6 +161,12 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
   if (!cfg) {
     if ((rc = ps_config_new(&empty))) return rc;
     cfg = empty;
+  }
+  /* Fault injection (common/fault.h): the configuration's rules, else PSHARD_FAULT's. */
+  const char *fault = ps_config_get(cfg, "fault");
+  if ((rc = fault ? ps__fault_arm(fault) : ps__fault_arm_env())) {
+    ps_config_free(empty);
+    return rc;
   }
   ps_ctx *ctx;
   rc = ps__ctx_new(cfg, &ctx);

@@ -4,13 +4,29 @@
  * All functions run on the connection's loop thread. See net.h for the read path
  * (staging buffer for headers and small bodies, direct reads into destinations for
  * large ones) and the write path (one scatter/gather uv_write per frame).
+ *
+ * Fault injection (common/fault.h) hooks in where a header has been read and where a
+ * frame is handed over to be sent; when no rule is armed that is one test of a global
+ * flag. A dropped received frame is read and discarded; a delayed one is read whole,
+ * then the connection stops reading until a timer hands it to the owner, so later
+ * frames keep their order; a duplicated one is given to the owner twice. A frame to
+ * send that is dropped, delayed or duplicated is copied into a per-connection queue
+ * (struct ps__fault_q) that a timer writes out in order, and every later frame on that
+ * connection waits in the queue behind it. A dropped frame's send callback reports
+ * success: the frame is lost past the sender, as on a network.
  */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "common/fault.h"
 #include "net/net.h"
+#include "proto/msg.h"
+
+_Static_assert((int)PS__FAULT_SCHEDULER == (int)PS_ROLE_SCHEDULER && (int)PS__FAULT_SERVER == (int)PS_ROLE_SERVER &&
+                   (int)PS__FAULT_WORKER == (int)PS_ROLE_WORKER,
+               "fault.h numbers roles as msg.h does");
 
 #define STAGE_CAP (256u * 1024u)
 #define DIRECT_MIN (32u * 1024u) /* bodies with this much left are read in place */
@@ -65,9 +81,13 @@ ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, 
   return c;
 }
 
+static void fault_q_close(ps__conn *c);
+static void fault_q_release(ps__conn *c);
+
 static void conn_free_cb(uv_handle_t *h) {
   ps__conn *c = h->data;
   if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body.len);
+  if (c->fq) fault_q_release(c);
   if (c->ops && c->ops->on_close) c->ops->on_close(c, c->close_status);
   free(c->discard_buf);
   free(c->stage);
@@ -79,6 +99,7 @@ void ps__conn_close(ps__conn *c, int status) {
   c->closing = 1;
   c->close_status = status;
   uv_read_stop(&c->h.stream);
+  if (c->fq) fault_q_close(c);
   uv_close(&c->h.handle, conn_free_cb);
 }
 
@@ -91,9 +112,12 @@ static void shutdown_cb(uv_shutdown_t *req, int status) {
   ps__conn_close(c, st);
 }
 
+static int fault_hold_close(ps__conn *c, int status);
+
 void ps__conn_close_after_flush(ps__conn *c, int status) {
   if (!c || c->closing) return;
   uv_read_stop(&c->h.stream);
+  if (c->fq && fault_hold_close(c, status)) return;
   uv_shutdown_t *req = ps__malloc(sizeof *req);
   if (!req) {
     ps__conn_close(c, status);
@@ -126,6 +150,233 @@ static void write_cb(uv_write_t *req, int status) {
   if (status != 0 && status != UV_ECANCELED) ps__conn_close(c, ps__uv_err(status));
 }
 
+/* ------------------------------------------------------------------ fault injection */
+
+/* A frame to send held back, as bytes (header and payload). */
+typedef struct held_frame {
+  struct held_frame *next;
+  uint64_t due_ms;    /* not before (ps__now_ms); 0: as soon as the frames before it went */
+  uint8_t *bytes;     /* NULL for a dropped frame: only its callback is left */
+  size_t len;
+  ps__send_cb cb;
+  void *arg;
+} held_frame;
+
+/* A connection's fault state. It outlives the connection until its timers are closed:
+ * refs counts the connection and each initialised timer. The fault machinery allocates
+ * with plain malloc, so that alloc rules never count or fail its own allocations. */
+struct ps__fault_q {
+  ps__conn *conn;
+  int refs;
+  uv_timer_t out_timer, in_timer;
+  int timers_init;
+  held_frame *head, *tail;
+  int close_after;        /* ps__conn_close_after_flush waits for the queue: status + 1 */
+  int in_pending;         /* the frame being read has in_act to apply when complete */
+  int in_held;            /* a received frame waits for in_timer; reading is stopped */
+  ps__fault_act in_act;
+};
+
+static void fq_unref(struct ps__fault_q *q) {
+  if (--q->refs == 0) free(q);
+}
+
+static void fq_timer_closed(uv_handle_t *h) { fq_unref(h->data); }
+
+static void out_timer_cb(uv_timer_t *t);
+static void in_timer_cb(uv_timer_t *t);
+
+/* The connection's fault state, created on first use; NULL when out of memory (the
+ * fault is then not injected). */
+static struct ps__fault_q *fq_get(ps__conn *c) {
+  if (c->fq) return c->fq;
+  struct ps__fault_q *q = calloc(1, sizeof *q);
+  if (!q) {
+    ps__log(PS_LOG_WARN, "fault: no memory to inject a fault on the connection to %s", c->peer);
+    return NULL;
+  }
+  q->conn = c;
+  q->refs = 3;
+  uv_timer_init(c->loop, &q->out_timer);
+  uv_timer_init(c->loop, &q->in_timer);
+  q->out_timer.data = q->in_timer.data = q;
+  q->timers_init = 1;
+  c->fq = q;
+  return q;
+}
+
+/* ps__conn_close: stop the timers. The held frames are cancelled in conn_free_cb, with
+ * the writes libuv cancels. */
+static void fault_q_close(ps__conn *c) {
+  struct ps__fault_q *q = c->fq;
+  if (!q->timers_init) return;
+  q->timers_init = 0;
+  /* A handle closed by someone else (a loop-wide walk) never calls us back: then leak q
+   * rather than free memory libuv still uses. The connection's own handle is older
+   * than its timers, so a walk in handle order reaches it, and us, first. */
+  if (!uv_is_closing((uv_handle_t *)&q->out_timer)) uv_close((uv_handle_t *)&q->out_timer, fq_timer_closed);
+  if (!uv_is_closing((uv_handle_t *)&q->in_timer)) uv_close((uv_handle_t *)&q->in_timer, fq_timer_closed);
+}
+
+/* conn_free_cb: cancel what is still held and let go of q. */
+static void fault_q_release(ps__conn *c) {
+  struct ps__fault_q *q = c->fq;
+  c->fq = NULL;
+  q->conn = NULL;
+  while (q->head) {
+    held_frame *f = q->head;
+    q->head = f->next;
+    if (f->cb) f->cb(f->arg, PS_ERR_CANCELED);
+    free(f->bytes);
+    free(f);
+  }
+  q->tail = NULL;
+  fq_unref(q);
+}
+
+static void fq_push(struct ps__fault_q *q, held_frame *f) {
+  f->next = NULL;
+  if (q->tail) q->tail->next = f;
+  else q->head = f;
+  q->tail = f;
+}
+
+/* Start the out timer for the frame at the head of the queue. */
+static void fq_kick(struct ps__fault_q *q) {
+  if (!q->head || !q->timers_init) return;
+  uint64_t now = ps__now_ms();
+  uv_timer_start(&q->out_timer, out_timer_cb, q->head->due_ms > now ? q->head->due_ms - now : 0, 0);
+}
+
+/* Write held bytes (owned; freed when written). 0 or an error (bytes freed). */
+static int write_owned(ps__conn *c, uint8_t *bytes, size_t len, ps__send_cb cb, void *arg) {
+  write_req *w = calloc(1, sizeof *w);
+  if (!w) {
+    free(bytes);
+    return PS_ERR_NOMEM;
+  }
+  w->conn = c;
+  w->cb = cb;
+  w->arg = arg;
+  w->owned = bytes;
+  w->bytes = len;
+  uv_buf_t b = uv_buf_init((char *)bytes, 0);
+  b.len = len;
+  int rc = uv_write(&w->req, &c->h.stream, &b, 1, write_cb);
+  if (rc != 0) {
+    free(bytes);
+    free(w);
+    return ps__uv_err(rc);
+  }
+  c->write_queue_bytes += len;
+  return 0;
+}
+
+/* Write the held frames that are due, in order. */
+static void out_timer_cb(uv_timer_t *t) {
+  struct ps__fault_q *q = t->data;
+  ps__conn *c = q->conn;
+  while (c && !c->closing && q->head) {
+    held_frame *f = q->head;
+    uint64_t now = ps__now_ms();
+    if (f->due_ms > now) {
+      fq_kick(q);
+      return;
+    }
+    q->head = f->next;
+    if (!q->head) q->tail = NULL;
+    c->write_queue_bytes -= f->len;
+    if (!f->bytes) {
+      if (f->cb) f->cb(f->arg, 0); /* dropped: lost after the sender */
+    } else {
+      int rc = write_owned(c, f->bytes, f->len, f->cb, f->arg);
+      if (rc) {
+        if (f->cb) f->cb(f->arg, rc);
+        free(f);
+        ps__conn_close(c, rc);
+        return;
+      }
+    }
+    free(f);
+  }
+  if (c && !c->closing && !q->head && q->close_after) {
+    int st = q->close_after - 1;
+    q->close_after = 0;
+    ps__conn_close_after_flush(c, st);
+  }
+}
+
+/* ps__conn_close_after_flush with frames held: close once they went. 1 if so. */
+static int fault_hold_close(ps__conn *c, int status) {
+  if (!c->fq->head) return 0;
+  c->fq->close_after = status + 1;
+  return 1;
+}
+
+/* The fault hook of every send: decide, and take the frame over when anything fired
+ * or frames are held before it. Returns 1 if taken (its callback, if any, will be
+ * called), 0 to send it normally, -1 when it can be neither (no memory to queue it
+ * behind held frames). A produced payload is finished first. */
+static int fault_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs, size_t ready,
+                      ps__produce_fn produce, void *parg, ps__send_cb cb, void *arg) {
+  ps__fault_act act;
+  size_t plen = 0;
+  if (h->type == PS_MSG_HELLO && nbufs == 1) {
+    ps__hello hello;
+    if (ps__hello_decode(bufs[0].base, bufs[0].len, &hello) == 0) ps__fault_self_hello(hello.role);
+  }
+  int fired = ps__fault_frame(PS__FAULT_OUT, h->type, &act);
+  if (!fired && !(c->fq && c->fq->head)) return 0;
+  struct ps__fault_q *q = fq_get(c);
+  if (!q) return 0;
+  for (unsigned i = 0; i < nbufs; i++) plen += bufs[i].len;
+  if (produce)
+    while (ready < plen) {
+      size_t more = produce(parg);
+      PS_ASSERT(more > ready);
+      ready = more;
+    }
+  held_frame *f = calloc(1, sizeof *f), *d = NULL;
+  uint8_t *bytes = act.drop ? NULL : malloc(PS_FRAME_HDR_SIZE + plen);
+  if (act.dup) d = calloc(1, sizeof *d);
+  if (!f || (!act.drop && !bytes) || (act.dup && !act.drop && (!d || !(d->bytes = malloc(PS_FRAME_HDR_SIZE + plen))))) {
+    free(f);
+    free(bytes);
+    if (d) free(d->bytes);
+    free(d);
+    /* It cannot go ahead of held frames: fail it as a send without memory fails. */
+    if (q->head) return -1;
+    ps__log(PS_LOG_WARN, "fault: no memory to inject a fault on the connection to %s", c->peer);
+    return 0;
+  }
+  if (bytes) {
+    h->payload_len = plen;
+    ps__frame_encode(h, bytes);
+    size_t off = PS_FRAME_HDR_SIZE;
+    for (unsigned i = 0; i < nbufs; i++) {
+      if (bufs[i].len) memcpy(bytes + off, bufs[i].base, bufs[i].len);
+      off += bufs[i].len;
+    }
+  }
+  f->due_ms = act.delay_ms ? ps__now_ms() + act.delay_ms : 0;
+  f->bytes = bytes;
+  f->len = bytes ? PS_FRAME_HDR_SIZE + plen : 0;
+  f->cb = cb;
+  f->arg = arg;
+  fq_push(q, f);
+  c->write_queue_bytes += f->len;
+  if (d && !act.drop) {
+    memcpy(d->bytes, bytes, PS_FRAME_HDR_SIZE + plen);
+    d->len = f->len;
+    fq_push(q, d);
+    c->write_queue_bytes += d->len;
+  } else {
+    free(d);
+  }
+  if (!uv_is_active((uv_handle_t *)&q->out_timer)) fq_kick(q);
+  return 1;
+}
+
 static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
                      ps__send_cb cb, void *arg, void *owned) {
   uv_buf_t iov[1 + 2 * PS_BODY_MAX_IOV];
@@ -134,6 +385,11 @@ static int send_impl(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsign
   if (c->closing) {
     free(owned);
     return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
+  }
+  int taken = ps__fault_on() ? fault_send(c, h, bufs, nbufs, SIZE_MAX, NULL, NULL, cb, arg) : 0;
+  if (taken) {
+    free(owned);
+    return taken > 0 ? 0 : ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
   }
   write_req *w = ps__calloc(1, sizeof *w);
   if (nbufs + 1 > sizeof iov / sizeof iov[0]) v = ps__malloc((nbufs + 1) * sizeof *v);
@@ -230,6 +486,8 @@ int ps__conn_send_produced(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, 
   size_t *off = off_small;
   unsigned n = nbufs + 1;
   if (c->closing) return ps__fail(PS_ERR_CLOSED, "connection to %s is closed", c->peer);
+  int taken = ps__fault_on() ? fault_send(c, h, bufs, nbufs, ready, produce, arg, NULL, NULL) : 0;
+  if (taken) return taken > 0 ? 0 : ps__fail(PS_ERR_NOMEM, "out of memory sending a frame");
   if (n > sizeof iov / sizeof iov[0]) {
     v = ps__malloc(n * sizeof *v);
     scratch = ps__malloc(n * sizeof *scratch);
@@ -373,14 +631,166 @@ static void reset_body(ps__conn *c) {
   c->body_left = 0;
 }
 
-static void finish_frame(ps__conn *c) {
+/* The owner's callbacks, marked for alloc fault rules with the frame's type. */
+static int call_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  if (!ps__fault_on()) return c->ops->on_header(c, h, b);
+  int prev = ps__fault_scope_begin(h->type);
+  int rc = c->ops->on_header(c, h, b);
+  ps__fault_scope_end(prev);
+  return rc;
+}
+
+static void call_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  if (!ps__fault_on()) {
+    c->ops->on_frame(c, h, b);
+    return;
+  }
+  int prev = ps__fault_scope_begin(h->type);
+  c->ops->on_frame(c, h, b);
+  ps__fault_scope_end(prev);
+}
+
+static void reject(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg);
+static void fault_replay(ps__conn *c, const ps__frame_hdr *h, const uint8_t *bytes, size_t len);
+static void process_stage(ps__conn *c);
+static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *out);
+static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
+
+/* The body as one copy (plain malloc; see struct ps__fault_q), for a duplicate. */
+static uint8_t *body_copy(const ps__conn *c, size_t *len) {
+  const ps__body *b = &c->body;
+  size_t n = (size_t)c->cur.payload_len, off = 0;
+  *len = n;
+  if (b->discard) {
+    *len = 0;
+    return NULL;
+  }
+  uint8_t *p = malloc(n ? n : 1);
+  if (!p) return NULL;
+  for (unsigned i = 0; i < b->niov && off < n; i++) {
+    memcpy(p + off, b->iov[i].base, b->iov[i].len);
+    off += b->iov[i].len;
+  }
+  return p;
+}
+
+/* Hand the complete frame to the owner (twice if a dup rule fired), then reset. */
+static void deliver(ps__conn *c, int dup) {
   ps__body *b = &c->body;
   ps__frame_hdr h = c->cur;
-  c->bytes_in += PS_FRAME_HDR_SIZE + h.payload_len;
-  c->frames_in++;
-  if (!b->discard && c->ops->on_frame) c->ops->on_frame(c, &h, b);
+  size_t dlen = 0;
+  uint8_t *copy = NULL;
+  if (dup && !b->discard && !(copy = body_copy(c, &dlen)))
+    ps__log(PS_LOG_WARN, "fault: no memory to duplicate a frame from %s", c->peer);
+  if (!b->discard && c->ops->on_frame) call_on_frame(c, &h, b);
   if (b->buf) ps__pool_put(c->pool, b->buf, b->len);
   reset_body(c);
+  if (copy && !c->closing) fault_replay(c, &h, copy, dlen);
+  free(copy);
+}
+
+static void finish_frame(ps__conn *c) {
+  c->bytes_in += PS_FRAME_HDR_SIZE + c->cur.payload_len;
+  c->frames_in++;
+  struct ps__fault_q *q = c->fq;
+  if (q && q->in_pending) {
+    q->in_pending = 0;
+    if (q->in_act.delay_ms && q->timers_init) {
+      /* Hold it; read nothing more until it is delivered, so later frames stay behind. */
+      q->in_held = 1;
+      uv_read_stop(&c->h.stream);
+      uv_timer_start(&q->in_timer, in_timer_cb, q->in_act.delay_ms, 0);
+      return;
+    }
+    deliver(c, q->in_act.dup);
+    return;
+  }
+  deliver(c, 0);
+}
+
+static void in_timer_cb(uv_timer_t *t) {
+  struct ps__fault_q *q = t->data;
+  ps__conn *c = q->conn;
+  if (!c || !q->in_held) return;
+  q->in_held = 0;
+  if (c->closing) {
+    if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body.len);
+    reset_body(c);
+    return;
+  }
+  deliver(c, q->in_act.dup);
+  if (c->closing || q->close_after || q->in_held) return;
+  int rc = uv_read_start(&c->h.stream, alloc_cb, read_cb);
+  if (rc) {
+    ps__conn_close(c, ps__uv_err(rc));
+    return;
+  }
+  process_stage(c);
+}
+
+/* A duplicate of a received frame: the owner sees its header and body again. */
+static void fault_replay(ps__conn *c, const ps__frame_hdr *h, const uint8_t *bytes, size_t len) {
+  ps__body *b = &c->body;
+  c->cur = *h;
+  int rc = call_on_header(c, h, b);
+  if (rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg()[0] ? ps_errmsg() : ps_strerror(rc));
+    reset_body(c);
+    reject(c, h, rc, msg);
+    return;
+  }
+  if (!b->discard && len) {
+    if (b->niov == 0) {
+      if (!(b->buf = ps__pool_get(c->pool, len))) {
+        reset_body(c);
+        reject(c, h, PS_ERR_NOMEM, "no memory for a duplicated frame's body");
+        return;
+      }
+      b->len = len;
+      memcpy(b->buf, bytes, len);
+    } else {
+      size_t off = 0;
+      for (unsigned i = 0; i < b->niov; i++) off += b->iov[i].len;
+      if (off != len) {
+        reset_body(c);
+        reject(c, h, PS_ERR_SIZE, "a duplicated frame's body does not fit where its owner put it");
+        return;
+      }
+      off = 0;
+      for (unsigned i = 0; i < b->niov; i++) {
+        memcpy(b->iov[i].base, bytes + off, b->iov[i].len);
+        off += b->iov[i].len;
+      }
+    }
+  }
+  if (!b->discard && c->ops->on_frame) call_on_frame(c, h, b);
+  if (b->buf) ps__pool_put(c->pool, b->buf, b->len);
+  reset_body(c);
+}
+
+/* The fault hook of a received header (c->cur): learn who this node is from the
+ * registration going by, decide, and drop the frame here (1: its body is discarded and
+ * the owner never sees it) or note what to do once it is complete (0). */
+static int fault_recv(ps__conn *c) {
+  const ps__frame_hdr *h = &c->cur;
+  ps__fault_act act;
+  if (h->type == PS_MSG_HELLO) ps__fault_self_scheduler();
+  else if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY) && h->status == 0) ps__fault_self_registered(h->batch, h->table);
+  if (!ps__fault_frame(PS__FAULT_IN, h->type, &act)) return 0;
+  if (act.drop) {
+    reset_body(c);
+    c->in_body = 1;
+    c->body_left = h->payload_len;
+    c->body.discard = 1;
+    return 1;
+  }
+  struct ps__fault_q *q = fq_get(c);
+  if (q) {
+    q->in_pending = 1;
+    q->in_act = act;
+  }
+  return 0;
 }
 
 /* Protocol violation: answer with an error frame, then close. */
@@ -426,7 +836,7 @@ static void skip_empty_iov(ps__conn *c) {
 static int begin_body(ps__conn *c) {
   ps__body *b = &c->body;
   reset_body(c);
-  int rc = c->ops->on_header(c, &c->cur, b);
+  int rc = call_on_header(c, &c->cur, b);
   if (rc != 0) return rc;
   c->in_body = 1;
   c->body_left = c->cur.payload_len;
@@ -453,7 +863,7 @@ static int begin_body(ps__conn *c) {
 
 /* Consume the staging buffer: headers and small bodies. */
 static void process_stage(ps__conn *c) {
-  while (!c->closing) {
+  while (!c->closing && !(c->fq && c->fq->in_held)) {
     size_t avail = c->wpos - c->rpos;
     if (c->in_body) {
       if (c->body_left > 0) {
@@ -471,6 +881,7 @@ static void process_stage(ps__conn *c) {
       return;
     }
     c->rpos += PS_FRAME_HDR_SIZE;
+    if (ps__fault_on() && fault_recv(c)) continue;
     rc = begin_body(c);
     if (rc != 0) {
       char msg[512];
@@ -593,6 +1004,7 @@ int ps__conn_pause(ps__conn *c) {
   /* Writes the kernel has taken may still await their callbacks: those run on the loop
    * without touching the socket. */
   if (c->closing || c->in_body || c->rpos != c->wpos || uv_stream_get_write_queue_size(&c->h.stream) != 0) return -1;
+  if (c->fq && (c->fq->head || c->fq->in_held)) return -1; /* frames held by fault injection */
   if (uv_fileno(&c->h.handle, &fd) != 0) return -1;
   uv_read_stop(&c->h.stream);
   return (int)fd;

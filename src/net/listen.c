@@ -1,11 +1,16 @@
 /*
  * listen.c - listeners and outgoing connections for TCP and AF_UNIX sockets.
  * Loop thread only.
+ *
+ * Every node listens or connects before its first frame, so this is where the fault
+ * rules of PSHARD_FAULT are armed (ps__fault_arm_env, once per process): a bad spec
+ * fails the node's first listen or connect with PS_ERR_CONFIG and a message.
  */
 #include <string.h>
 #include <unistd.h>
 
 #include "common/common.h"
+#include "common/fault.h"
 #include "net/net.h"
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -50,7 +55,11 @@ static void listener_set(ps__listener *l, uv_loop_t *loop, const ps__conn_ops *o
 int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port, const ps__conn_ops *ops,
                    ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
   struct sockaddr_storage addr;
-  int rc;
+  int rc = ps__fault_arm_env();
+  if (rc) {
+    memset(l, 0, sizeof *l); /* nothing to close */
+    return rc;
+  }
   listener_set(l, loop, ops, cb, arg, pool, max_payload);
   if (strchr(host, ':'))
     rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
@@ -74,6 +83,11 @@ int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port,
 
 int ps__listen_unix(ps__listener *l, uv_loop_t *loop, const char *path, const ps__conn_ops *ops,
                     ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
+  int frc = ps__fault_arm_env();
+  if (frc) {
+    memset(l, 0, sizeof *l);
+    return frc;
+  }
   listener_set(l, loop, ops, cb, arg, pool, max_payload);
   l->is_unix = 1;
   if (strlen(path) >= sizeof l->path) return ps__fail(PS_ERR_CONFIG, "unix socket path too long: %s", path);
@@ -132,6 +146,8 @@ static void on_connect(uv_connect_t *req, int status) {
 __attribute__((noinline)) static int connect_common(uv_loop_t *loop, const char *host, int port, const char *path,
                           const ps__conn_ops *ops, void *udata, ps__pool *pool, uint64_t max_payload,
                           ps__connect_cb cb, void *arg) {
+  int frc = ps__fault_arm_env();
+  if (frc) return frc;
   ps__conn *c = ps__conn_alloc(loop, ops, udata, pool, max_payload);
   connect_req *cr = ps__malloc(sizeof *cr);
   int rc;

@@ -98,8 +98,9 @@ struct ps__conn {
   uint8_t *discard_buf;
   /* accounting */
   uint64_t bytes_in, bytes_out, frames_in, frames_out;
-  size_t write_queue_bytes;
+  size_t write_queue_bytes;  /* includes frames held back by fault injection */
   char peer[128];
+  struct ps__fault_q *fq;    /* fault injection state (conn.c): NULL until a fault fires here */
 };
 
 /* Wrap an accepted or connected stream. The conn starts reading at once. */

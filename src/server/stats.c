@@ -5,6 +5,7 @@
 #include <stdio.h>
 
 #include "common/common.h"
+#include "common/fault.h"
 #include "server/server_int.h"
 
 static void hist_line(ps__wbuf *w, const char *name, const uint64_t *hist, int64_t max) {
@@ -63,6 +64,11 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf_bytes(&w, line, (size_t)m);
   hist_line(&w, "push_staleness", sh->push_stale, sh->push_stale_max);
   hist_line(&w, "pull_staleness", sh->pull_stale, sh->pull_stale_max);
+  if (ps__fault_on()) { /* the fault rules' counters (common/fault.h) */
+    char f[1024];
+    size_t n = ps__fault_report(f, sizeof f);
+    ps__wbuf_bytes(&w, f, n < sizeof f ? n : sizeof f - 1);
+  }
   ps__frame_hdr r = {.type = PS_MSG_STATS | PS_FRAME_REPLY, .req_id = h->req_id};
   if (!w.oom) ps__conn_send_ctrl(c, &r, w.data, w.len);
   ps__wbuf_free(&w);
