@@ -34,7 +34,7 @@
 #include "proto/msg.h"
 #include "sched/sched.h"
 #include "server/server.h"
-#include "store/store.h"
+#include "proto/spec.h"
 
 #define SCHED_LINK 0u /* link id of the scheduler */
 

@@ -1,9 +1,9 @@
 /*
  * test_store.c - table specs, row initialisers and the row map.
  *
- * Spec parsing: defaults, every option, byte-comparability, and each rejection with
- * its message. Initialisers: determinism, bounds and moments, dense last slices,
- * optimiser state. Row map: a million keys (0 and UINT64_MAX included), pointer
+ * Spec parsing (proto/spec.c): defaults, every option, byte-comparability, and each
+ * rejection with its message. Initialisers: determinism, bounds and moments, dense last
+ * slices, optimiser state. Row map: a million keys (0 and UINT64_MAX included), pointer
  * stability across growth, clear and reuse, insertion order, memory accounting.
  */
 #include <criterion/criterion.h>
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/spec.h"
 #include "store/store.h"
 
 /* ---------------------------------------------------------------- spec */

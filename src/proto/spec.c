@@ -1,12 +1,13 @@
 /*
- * spec.c - parse a table's option string into a ps__table_spec.
+ * spec.c - parse a table's option string into a ps__table_spec (proto/spec.h), and the
+ * helpers that depend on the spec alone: row sizes and the learning-rate schedule.
  *
  * The spec is compared byte for byte when a table is declared again ("same options"),
  * so it is built in a zeroed struct (padding included), every float is normalised
  * (-0 becomes 0) and defaults that depend on other options (eps) are resolved after
  * the whole string has been read, making the result independent of option order.
  */
-#include "store/store.h"
+#include "proto/spec.h"
 
 #include <math.h>
 #include <stdarg.h>
