@@ -109,6 +109,9 @@ static void check_readers(const ps_config *c, const char *key) {
 /* The setting key=value through PSHARD_<KEY> on a fresh config: accepted exactly when
  * ps_config_set accepted it (rc_direct), with the same value. */
 static void check_env(const char *key, const char *value, int rc_direct) {
+  /* putenv with one buffer of our own, not setenv: glibc never frees the strings setenv
+   * copies, which a long fuzzing run would pile up. */
+  static char var[2 * MAX_LINE + 16];
   char name[MAX_LINE + 16];
   size_t j = (size_t)snprintf(name, sizeof name, "PSHARD_");
   for (const char *k = key; *k && j + 1 < sizeof name; k++) name[j++] = (char)toupper((unsigned char)*k);
@@ -118,7 +121,8 @@ static void check_env(const char *key, const char *value, int rc_direct) {
   for (const char *k = key; *k; k++)
     if (isupper((unsigned char)*k)) return;
   if (!*key || !*value) return; /* an empty variable is ignored, by design */
-  CHECK(setenv(name, value, 1) == 0);
+  snprintf(var, sizeof var, "%s=%s", name, value);
+  CHECK(putenv(var) == 0);
   ps_config *c = NULL;
   CHECK(ps_config_new(&c) == 0);
   int rc = ps_config_from_env(c);
