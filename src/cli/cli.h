@@ -5,14 +5,17 @@
 #ifndef PS_CLI_H
 #define PS_CLI_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 int ps_cli_scheduler(int argc, char **argv);
 int ps_cli_server(int argc, char **argv);
 int ps_cli_plan(int argc, char **argv);
 int ps_cli_run(int argc, char **argv);
 int ps_cli_exec(int argc, char **argv);
 int ps_cli_plan_measured(int argc, char **argv);
-/* Ask the scheduler at HOST:PORT for its counters (text, NUL-terminated) with a short
- * deadline. 0 or -1. */
-int ps_cli_fetch_stats(const char *addr, char *out, size_t cap);
+/* Ask the scheduler at HOST:PORT for its counters (text, NUL-terminated, at most cap - 1
+ * bytes) within timeout_ms. 0, or -1 with the reason in ps_errmsg(). */
+int ps_cli_fetch_stats(const char *addr, uint64_t timeout_ms, char *out, size_t cap);
 
 #endif

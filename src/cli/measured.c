@@ -31,6 +31,7 @@
 #include "common/common.h"
 
 #define MAX_NODES 4096
+#define STATS_MS 2000 /* deadline for a scheduler's counters */
 
 typedef struct wstat {
   uint32_t node;
@@ -79,9 +80,13 @@ static int load(const char *src, char *buf, size_t cap) {
     fclose(f);
     return 0;
   }
-  if (strchr(src, ':') && ps_cli_fetch_stats(src, buf, cap) == 0) return 0;
-  fprintf(stderr, "pshard plan: cannot read measurements from '%s': %s\n", src,
-          strchr(src, ':') ? "no scheduler answered there" : strerror(errno));
+  int open_err = errno;
+  if (strchr(src, ':')) {
+    if (ps_cli_fetch_stats(src, STATS_MS, buf, cap) == 0) return 0;
+    fprintf(stderr, "pshard plan: cannot read measurements from '%s': %s\n", src, ps_errmsg());
+    return -1;
+  }
+  fprintf(stderr, "pshard plan: cannot read measurements from '%s': %s\n", src, strerror(open_err));
   return -1;
 }
 

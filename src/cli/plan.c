@@ -1,6 +1,6 @@
 /*
  * plan.c - `pshard plan`: answers before a job runs. Parses flags into the cost model
- * of src/common/plan.h, then prints a table (decimal units unless --binary) or a JSON
+ * of src/cli/plan_model.h, then prints a table (decimal units unless --binary) or a JSON
  * object (--json, base units: bytes, seconds, bytes per second). Every input is
  * optional; a figure whose inputs are missing prints as n/a with the flag it needs.
  */
@@ -12,7 +12,7 @@
 
 #include "cli/cli.h"
 #include "common/common.h"
-#include "common/plan.h"
+#include "cli/plan_model.h"
 
 static const char usage_text[] =
     "usage: pshard plan [options]\n"

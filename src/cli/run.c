@@ -28,6 +28,8 @@
 #include "cli/cli.h"
 #include "common/common.h"
 #include "common/config.h"
+#include "net/oneshot.h"
+#include "proto/frame.h"
 
 #define MAX_PROCS 1024
 #define LINE_MAX_BYTES 8192
@@ -199,7 +201,10 @@ static void stop_all(int grace_ms) {
   }
 }
 
-#define fetch_stats ps_cli_fetch_stats
+/* Deadlines for asking the scheduler for its counters: the progress line must not hold
+ * up the output loop; the final counters are worth a longer wait. */
+#define PROGRESS_STATS_MS 500
+#define FINAL_STATS_MS 2000
 
 static double metric_sum(const char *stats, const char *name, int *count) {
   double sum = 0;
@@ -215,7 +220,7 @@ static double metric_sum(const char *stats, const char *name, int *count) {
 
 static void progress(const char *addr, uint64_t t0, int tty) {
   char stats[16384];
-  if (fetch_stats(addr, stats, sizeof stats)) return;
+  if (ps_cli_fetch_stats(addr, PROGRESS_STATS_MS, stats, sizeof stats)) return;
   char line[256];
   size_t n = (size_t)snprintf(line, sizeof line, "[pshard] %6.1fs", (double)(ps__now_ms() - t0) / 1000.0);
   const char *tk = strstr(stats, "tasks partitions=");
@@ -489,10 +494,19 @@ int ps_cli_run(int argc, char **argv) {
       if (stats_out) {
         static char stats[1 << 20];
         FILE *f = NULL;
-        if (fetch_stats(addr, stats, sizeof stats) || !(f = fopen(stats_out, "w")) || fputs(stats, f) < 0 ||
-            fclose(f) != 0) {
-          fprintf(stderr, "[pshard] cannot save the job's counters to %s\n", stats_out);
+        if (ps_cli_fetch_stats(addr, FINAL_STATS_MS, stats, sizeof stats)) {
+          fprintf(stderr, "[pshard] cannot save the job's counters to %s: %s\n", stats_out, ps_errmsg());
           status = 1;
+        } else if (!(f = fopen(stats_out, "w"))) {
+          fprintf(stderr, "[pshard] cannot save the job's counters to %s: %s\n", stats_out, strerror(errno));
+          status = 1;
+        } else {
+          int bad = fputs(stats, f) < 0;
+          if (fclose(f) != 0) bad = 1;
+          if (bad) {
+            fprintf(stderr, "[pshard] cannot save the job's counters to %s: write failed\n", stats_out);
+            status = 1;
+          }
         }
       }
       /* Servers first, so they do not report the scheduler's exit as a loss. */
@@ -522,46 +536,16 @@ int ps_cli_run(int argc, char **argv) {
 
 /* ------------------------------------------------------------------ stats query */
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
-#include "proto/frame.h"
-
-static int read_full(int fd, void *buf, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = read(fd, (char *)buf + got, n - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return -1;
-    got += (size_t)r;
-  }
-  return 0;
-}
-
-int ps_cli_fetch_stats(const char *addr, char *out, size_t cap) {
-  char host[64];
-  int port;
-  if (ps__parse_hostport(addr, host, sizeof host, &port)) return -1;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct timeval tv = {.tv_sec = 0, .tv_usec = 500000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-  uint8_t hdr[PS_FRAME_HDR_SIZE];
+int ps_cli_fetch_stats(const char *addr, uint64_t timeout_ms, char *out, size_t cap) {
   ps__frame_hdr h = {.type = PS_MSG_STATS, .req_id = 1};
-  int rc = -1;
-  if (inet_pton(AF_INET, host, &sa.sin_addr) != 1 || connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) goto done;
-  ps__frame_encode(&h, hdr);
-  if (write(fd, hdr, sizeof hdr) != (ssize_t)sizeof hdr) goto done;
-  if (read_full(fd, hdr, sizeof hdr) || ps__frame_decode(hdr, cap - 1, &h) || h.status) goto done;
-  if (read_full(fd, out, h.payload_len)) goto done;
-  out[h.payload_len] = '\0';
-  rc = 0;
-done:
-  close(fd);
-  return rc;
+  void *body = NULL;
+  size_t n = 0;
+  if (cap == 0) return ps__fail(PS_ERR_INVALID, "no room for the counters"), -1;
+  if (ps__oneshot(addr, &h, NULL, 0, timeout_ms, cap - 1, NULL, &body, &n)) return -1;
+  if (n) memcpy(out, body, n);
+  out[n] = '\0';
+  free(body);
+  return 0;
 }
 
 /* ------------------------------------------------------------------ exec */

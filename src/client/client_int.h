@@ -36,7 +36,7 @@
 #include "common/ring.h"
 #include "net/net.h"
 #include "proto/msg.h"
-#include "store/store.h"
+#include "proto/spec.h"
 
 #define SCHED_LINK 0u /* link id of the scheduler */
 

@@ -16,7 +16,7 @@
 #include "common/common.h"
 #include "net/net.h"
 #include "proto/msg.h"
-#include "store/store.h"
+#include "proto/spec.h"
 
 typedef struct node {
   ps__member m;

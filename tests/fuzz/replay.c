@@ -3,12 +3,15 @@
  * number of deterministic mutations of each (SQLite fuzzcheck style), so CI replays the
  * corpus and every saved crash on each build, under the sanitizers when enabled.
  *
- * Usage: <driver> [-n MUTATIONS] [-s SEED] PATH...   (PATH: a file or a directory)
+ * Usage: <driver> [-t] [-n MUTATIONS] [-s SEED] PATH...   (PATH: a file or a directory)
  * MUTATIONS defaults to $PSHARD_FUZZ_MUTATIONS or 32 (ctest passes -n 256). Each input is copied into an
  * allocation of exactly its size so out-of-bounds reads are caught by ASan. Mutations
  * know the frame layout: besides bit flips, byte stores, truncation and splicing they
  * overwrite header fields with boundary values and re-aim payload_len at the real body
- * length so mutated frames get past the first checks.
+ * length so mutated frames get past the first checks. With -t the inputs are text
+ * (configuration lines, table options) and the mutations work on words instead: a
+ * word becomes a boundary value, a word is repeated, dropped or taken from another
+ * input, a separator changes.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -194,17 +197,115 @@ static size_t mutate(uint8_t *buf, size_t size, size_t cap, const input *other) 
   return size;
 }
 
+/* ---------------------------------------------------------------- text mutations */
+
+/* Values at the edges of what the text parsers accept. */
+static const char *const text_values[] = {
+    "0", "1", "-1", "-0", "+1", "00", "0x10", "1e3", "1.5", "-0.0", "0.999", "1.0", "1e-45", "1e-50",
+    "3.4e38", "1e39", "nan", "inf", "-inf", "255", "256", "65535", "65536", "1048576", "1048577",
+    "1000000", "1000001", "1000000000", "1000000001", "4096", "4097", "86400000", "86400001",
+    "2147483647", "2147483648", "4294967295", "4294967296", "18446744073709551615",
+    "18446744073709551616", "99999999999999999999", "", " ", "=", ":", "::", "sync", "sync:0",
+    "sync:1", "ssp", "ssp:-1", "ssp:0", "async", "async:1", "const", "step:1:1", "step:0:0.5",
+    "cos:1", "cos:1:0", "cos:1:-0", "zero", "uniform:-1", "normal:0", "const:-0", "127.0.0.1:0",
+    "[::1]:80", "sgd", "adam", "ftrl", "mean", "sum", "dense", "sparse", "x",
+};
+
+static int is_word(uint8_t c) { return c > ' ' && c != '=' && c != ':' && c < 0x7f; }
+
+static int word_starts(const uint8_t *buf, size_t i) { return is_word(buf[i]) && (i == 0 || !is_word(buf[i - 1])); }
+
+/* A word of buf[0, size), chosen at random: its start and length (0 if buf has none). */
+static size_t pick_word(const uint8_t *buf, size_t size, size_t *start) {
+  size_t count = 0;
+  for (size_t i = 0; i < size; i++) count += word_starts(buf, i);
+  if (!count) return 0;
+  size_t k = rnd_below(count);
+  for (size_t i = 0; i < size; i++) {
+    if (!word_starts(buf, i) || k-- != 0) continue;
+    size_t j = i;
+    while (j < size && is_word(buf[j])) j++;
+    *start = i;
+    return j - i;
+  }
+  return 0;
+}
+
+/* Replace buf[at, at + n) with rep[0, m); returns the new size (cap permitting). */
+static size_t splice_in(uint8_t *buf, size_t size, size_t cap, size_t at, size_t n, const void *rep, size_t m) {
+  if (size - n + m > cap) return size;
+  memmove(buf + at + m, buf + at + n, size - at - n);
+  memcpy(buf + at, rep, m);
+  return size - n + m;
+}
+
+static size_t mutate_text(uint8_t *buf, size_t size, size_t cap, const input *other) {
+  static const char seps[] = " \t\n\r=:";
+  unsigned steps = 1 + (unsigned)rnd_below(4);
+  for (unsigned s = 0; s < steps; s++) {
+    size_t at = 0, n = pick_word(buf, size, &at);
+    switch (rnd_below(8)) {
+    case 0: /* a word becomes a boundary value */
+    case 1: {
+      const char *v = text_values[rnd_below(sizeof text_values / sizeof text_values[0])];
+      if (n) size = splice_in(buf, size, cap, at, n, v, strlen(v));
+      break;
+    }
+    case 2: /* a word is repeated after a blank */
+      if (n && size + n + 1 <= cap) {
+        uint8_t w[512];
+        size_t m = n < sizeof w - 1 ? n : sizeof w - 1;
+        w[0] = ' ';
+        memcpy(w + 1, buf + at, m);
+        size = splice_in(buf, size, cap, at + n, 0, w, m + 1);
+      }
+      break;
+    case 3: /* a word is dropped */
+      if (n) size = splice_in(buf, size, cap, at, n, "", 0);
+      break;
+    case 4: /* a word from another input replaces one here */
+      if (other && other->size) {
+        size_t oat = 0, on = pick_word(other->data, other->size, &oat);
+        if (on && n) size = splice_in(buf, size, cap, at, n, other->data + oat, on);
+      }
+      break;
+    case 5: /* a separator changes */
+      if (size) {
+        size_t i = rnd_below(size);
+        if (!is_word(buf[i])) buf[i] = (uint8_t)seps[rnd_below(sizeof seps - 1)];
+      }
+      break;
+    case 6: /* a line of another input is appended */
+      if (other && other->size && size + 1 <= cap) {
+        size_t from = rnd_below(other->size);
+        while (from > 0 && other->data[from - 1] != '\n') from--;
+        size_t to = from;
+        while (to < other->size && other->data[to] != '\n') to++;
+        buf[size++] = '\n';
+        size = splice_in(buf, size, cap, size, 0, other->data + from, to - from);
+      }
+      break;
+    default: /* a byte */
+      if (size) buf[rnd_below(size)] = (uint8_t)rnd();
+      break;
+    }
+  }
+  return size;
+}
+
 int main(int argc, char **argv) {
   unsigned long mutations = 32;
+  int text = 0;
   unsigned long long seed = 1;
   const char *env = getenv("PSHARD_FUZZ_MUTATIONS");
   if (env && *env) mutations = strtoul(env, NULL, 10);
   int i = 1;
   for (; i < argc; i++) {
-    if (!strcmp(argv[i], "-n") && i + 1 < argc) mutations = strtoul(argv[++i], NULL, 10);
+    if (!strcmp(argv[i], "-t")) text = 1;
+    else if (!strcmp(argv[i], "-n") && i + 1 < argc) mutations = strtoul(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "-s") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
     else if (argv[i][0] == '-') {
-      fprintf(stderr, "usage: %s [-n MUTATIONS] [-s SEED] PATH...\n", argv[0]);
+      fprintf(stderr, "usage: %s [-t] [-n MUTATIONS] [-s SEED] PATH...\n", argv[0]);
       return 2;
     } else if (add_path(argv[i]) != 0) {
       return 2;
@@ -231,7 +332,7 @@ int main(int argc, char **argv) {
       uint8_t *buf = malloc(cap);
       memcpy(buf, in->data, in->size);
       const input *other = &inputs[rnd_below(ninputs)];
-      size_t n = mutate(buf, in->size, cap, other);
+      size_t n = text ? mutate_text(buf, in->size, cap, other) : mutate(buf, in->size, cap, other);
       uint8_t *exact = malloc(n ? n : 1);
       memcpy(exact, buf, n);
       free(buf);

@@ -1,16 +1,16 @@
 /*
- * test_plan.c - the cost model behind `pshard plan` and its unit parsers. The textbook
- * cases of issue 6 are pinned exactly (to a relative 1e-12): 7e9 parameters are 14 GB
- * of fp16 weights and 112 GB of state at 16 B/param, 28 GB per server on 4 servers;
- * 64 days on 1 worker are 4 days on 16; a 140 GB gradient takes 11.2 s on 100 Gbit/s;
- * 32 workers x 32 local batch is a global batch of 1,024 and a learning rate of 0.4
- * from a 256 / 0.1 baseline.
+ * test_plan.c - the cost model behind `pshard plan` (src/cli/plan_model.c) and its unit
+ * parsers. The textbook cases are pinned exactly (to a relative 1e-12): 7e9 parameters
+ * are 14 GB of fp16 weights and 112 GB of state at 16 B/param, 28 GB per server on 4
+ * servers; 64 days on 1 worker are 4 days on 16; a 140 GB gradient takes 11.2 s on
+ * 100 Gbit/s; 32 workers x 32 local batch is a global batch of 1,024 and a learning
+ * rate of 0.4 from a 256 / 0.1 baseline.
  */
 #include <criterion/criterion.h>
 #include <math.h>
 
 #include "common/common.h"
-#include "common/plan.h"
+#include "cli/plan_model.h"
 
 #define DAY 86400.0
 

@@ -1,9 +1,9 @@
 /*
  * test_store.c - table specs, row initialisers and the row map.
  *
- * Spec parsing: defaults, every option, byte-comparability, and each rejection with
- * its message. Initialisers: determinism, bounds and moments, dense last slices,
- * optimiser state. Row map: a million keys (0 and UINT64_MAX included), pointer
+ * Spec parsing (proto/spec.c): defaults, every option, byte-comparability, and each
+ * rejection with its message. Initialisers: determinism, bounds and moments, dense last
+ * slices, optimiser state. Row map: a million keys (0 and UINT64_MAX included), pointer
  * stability across growth, clear and reuse, insertion order, memory accounting.
  */
 #include <criterion/criterion.h>
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/spec.h"
 #include "store/store.h"
 
 /* ---------------------------------------------------------------- spec */
@@ -59,6 +60,7 @@ Test(spec, dense_slices) {
   cr_assert(eq(u32, ps__spec_row_len(&s, 0), 65536));
   cr_assert(eq(u32, ps__spec_row_len(&s, 1), 100000 - 65536));
   cr_assert(eq(u32, ps__spec_row_len(&s, 2), 0));
+  cr_assert(eq(u32, ps__spec_row_len(&s, UINT64_MAX), 0)); /* no wrap-around at the top */
 
   s = parse_ok("b", PS_DENSE, 10, NULL); /* smaller than a slice: one short row */
   cr_assert(eq(u32, s.width, 10));
@@ -155,6 +157,7 @@ Test(spec, byte_comparable) {
   cr_assert(same("lr=0.5 opt=adam", "opt=adam  \tlr=0.5"));
   cr_assert(same("lr=0.01", "lr=1e-2"));
   cr_assert(same("lr=0", "lr=-0"));
+  cr_assert(same("decay=cos:10:0", "decay=cos:10:-0"));
   cr_assert(same("opt=adagrad eps=1e-10", "opt=adagrad"));
   cr_assert(not(same("lr=0.5", "lr=0.25")));
   cr_assert(not(same(NULL, "seed=1")));

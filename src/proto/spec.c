@@ -1,12 +1,13 @@
 /*
- * spec.c - parse a table's option string into a ps__table_spec.
+ * spec.c - parse a table's option string into a ps__table_spec (proto/spec.h), and the
+ * helpers that depend on the spec alone: row sizes and the learning-rate schedule.
  *
  * The spec is compared byte for byte when a table is declared again ("same options"),
  * so it is built in a zeroed struct (padding included), every float is normalised
  * (-0 becomes 0) and defaults that depend on other options (eps) are resolved after
  * the whole string has been read, making the result independent of option order.
  */
-#include "store/store.h"
+#include "proto/spec.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -162,7 +163,7 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
     } else if (sscanf(val, "cos:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g >= 0 && g <= 1) {
       s->decay = PS__DECAY_COS;
       s->decay_steps = (uint32_t)a;
-      s->decay_gamma = g;
+      s->decay_gamma = g == 0.0f ? 0.0f : g; /* cos:T:-0 is cos:T:0 */
     } else {
       return fail(err, errlen, PS_ERR_CONFIG,
                   "bad value '%s' for option 'decay': expected const, step:S:G (every S steps times G, "
@@ -308,9 +309,9 @@ size_t ps__spec_row_floats(const ps__table_spec *spec) {
 
 uint32_t ps__spec_row_len(const ps__table_spec *spec, uint64_t row) {
   if (spec->kind != PS_DENSE) return spec->width;
+  if (row >= spec->nrows) return 0; /* before row + 1, which wraps for UINT64_MAX */
   if (row + 1 < spec->nrows) return spec->width;
-  if (row + 1 == spec->nrows) return (uint32_t)(spec->size - row * spec->width);
-  return 0;
+  return (uint32_t)(spec->size - row * spec->width);
 }
 
 float ps__lr_at(const ps__table_spec *spec, uint64_t step, double global_batch) {

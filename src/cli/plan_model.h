@@ -1,5 +1,5 @@
 /*
- * plan.h - the cost model behind `pshard plan`: memory, traffic, time, batch and
+ * plan_model.h - the cost model behind `pshard plan`: memory, traffic, time, batch and
  * learning rate of a data-parallel job on a parameter server, from a few numbers the
  * user knows before the job runs. Pure arithmetic, no I/O; the CLI in src/cli/plan.c
  * parses flags into a ps__plan_in and prints a ps__plan_out. docs/plan.md has the
@@ -18,8 +18,8 @@
  *                                global batch; a whole job scales the same way)
  *   communication dominates when communication per step > T1 / K.
  */
-#ifndef PS_PLAN_H
-#define PS_PLAN_H
+#ifndef PS_PLAN_MODEL_H
+#define PS_PLAN_MODEL_H
 
 #include <stddef.h>
 

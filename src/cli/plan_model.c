@@ -1,8 +1,8 @@
 /*
- * plan.c - the cost model behind `pshard plan` and the unit parsers it reads its
- * inputs with (see plan.h for the model). Pure arithmetic: no I/O, no allocation.
+ * plan_model.c - the cost model behind `pshard plan` and the unit parsers it reads its
+ * inputs with (see plan_model.h for the model). Pure arithmetic: no I/O, no allocation.
  */
-#include "common/plan.h"
+#include "cli/plan_model.h"
 
 #include <math.h>
 #include <string.h>
