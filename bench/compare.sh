@@ -53,6 +53,7 @@ OUT="${OUT:-$(mktemp -d /tmp/pshard-compare-results.XXXXXX)}"
 mkdir -p "$OUT"
 WT="$(mktemp -d /tmp/pshard-compare.XXXXXX)"
 ADDED=()
+# shellcheck disable=SC2317  # called by the EXIT trap
 cleanup() {
   local w
   for w in "${ADDED[@]+"${ADDED[@]}"}"; do
@@ -86,11 +87,11 @@ fi
 
 # ---- the runs
 if [ "$QUICK" = 1 ]; then
-  DENSE=(--sizes 4K,1M,4M --paths tcp --rounds 1 --reps-scale 0.2)
+  DENSE=(--sizes "4K,1M,4M" --paths tcp --rounds 1 --reps-scale 0.2)
   SYNC=(--floats 256K --workers 4 --layouts Kcs --runs 1 --steps 5 --no-mpi)
   SPARSE=(--rows 1000000 --big-only)
 else
-  DENSE=(--sizes 4K,1M,64M --paths tcp --rounds 1)
+  DENSE=(--sizes "4K,1M,64M" --paths tcp --rounds 1)
   SYNC=(--floats 1M --workers 4 --layouts Kcs --runs 1 --no-mpi)
   SPARSE=(--rows 10000000 --big-only)
 fi
@@ -187,9 +188,9 @@ def read(side, prog, r):
                 f"bench_sparse {keys} keys dim 1: {op}, one call", float(sec))
 
 
-for r in range(1, rounds + 1):
-    for side in ("old", "new"):
-        for prog in ("bench_dense", "bench_sync", "bench_sparse"):
+for prog in ("bench_dense", "bench_sync", "bench_sparse"):
+    for r in range(1, rounds + 1):
+        for side in ("old", "new"):
             read(side, prog, r)
 
 
