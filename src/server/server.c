@@ -205,50 +205,51 @@ static const ps__conn_ops data_ops = {data_on_header, data_on_frame, data_on_clo
 static void on_accept(void *arg, ps__conn *c) { (void)arg; (void)c; }
 
 
-/* ------------------------------------------------------------------ scheduler link */
+/* ------------------------------------------------------------------ scheduler link (agent/agent.h) */
 
 static void server_shutdown(ps__server *s, int result);
 
-static void on_membership(ps__server *s, const ps__body *b) {
-  ps__membership m;
-  if (ps__membership_decode(b->buf, b->len, &m)) {
-    ps__log(PS_LOG_ERROR, "bad membership from the scheduler: %s", ps_errmsg());
-    return;
-  }
-  if (m.epoch < s->epoch) {
-    ps__membership_clear(&m);
-    return;
-  }
-  uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
+static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
+  ps__server *s = arg;
+  s->id = id;
+  s->rank = rank;
+  ps__log(PS_LOG_INFO, "registered as server %u (rank %u)", s->id, s->rank);
+}
+
+/* The scheduler's membership: the ring (every server it lists, dead ones too: their
+ * keys are lost, not ours), the engine's live set, and the job's state. */
+static void agent_membership(void *arg, const ps__membership *m) {
+  ps__server *s = arg;
+  if (m->epoch < s->epoch) return;
+  uint32_t *ids = ps__calloc(m->n ? m->n : 1, sizeof *ids);
   size_t nsrv = 0;
   if (!ids) {
-    ps__membership_clear(&m);
+    ps__log(PS_LOG_ERROR, "out of memory applying the membership of epoch %llu", (unsigned long long)m->epoch);
     return;
   }
   uint32_t live_workers = 0;
-  for (uint32_t i = 0; i < m.n; i++) {
-    ps__member *x = &m.m[i];
-    if (x->role == PS_ROLE_SERVER) ids[nsrv++] = x->id; /* dead ones too: their keys are lost, not ours */
+  for (uint32_t i = 0; i < m->n; i++) {
+    const ps__member *x = &m->m[i];
+    if (x->role == PS_ROLE_SERVER) ids[nsrv++] = x->id;
     if (x->role != PS_ROLE_WORKER) continue;
     live_workers += x->alive ? 1 : 0;
     ps__shard_member(s->sh, x->id, x->alive);
   }
-  ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, s->o.vnodes, m.epoch) : NULL;
+  ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, s->o.vnodes, m->epoch) : NULL;
   if (ring) {
     ps__ring_free(s->ring);
     s->ring = ring;
     s->ring_gen++;
   }
   free(ids);
-  s->epoch = m.epoch;
-  s->sh->started = m.started;
-  ps__membership_clear(&m);
-  if (s->sh->started == 2) { /* the scheduler finished the job */
+  s->epoch = m->epoch;
+  s->sh->started = m->started;
+  if (m->started == 2) { /* the scheduler finished the job */
     ps__log(PS_LOG_INFO, "the job is finished; stopping");
     server_shutdown(s, 0);
     return;
   }
-  if (s->o.stop_without_workers && s->sh->started == 1 && !live_workers) {
+  if (s->o.stop_without_workers && m->started == 1 && !live_workers) {
     ps__log(PS_LOG_INFO, "every worker has left the job; a colocated server stops");
     server_shutdown(s, 0);
     return;
@@ -257,122 +258,43 @@ static void on_membership(ps__server *s, const ps__body *b) {
   ps__srv_answer_ready_pulls(s);
 }
 
-static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  (void)c;
-  (void)b;
-  if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY) || h->type == PS_MSG_MEMBERSHIP || h->type == PS_MSG_ERROR) return 0;
-  return ps__fail(PS_ERR_PROTO, "unexpected %s frame from the scheduler", ps__frame_type_name(h->type));
-}
-
-static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  ps__server *s = c->loop->data;
-  if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
-    if (h->status) {
-      ps__log(PS_LOG_ERROR, "registration refused: %s", ps_strerror(h->status));
-      server_shutdown(s, h->status);
-      return;
-    }
-    s->id = h->table;
-    s->rank = h->batch;
-    uv_timer_stop(&s->connect_timer);
-    ps__log(PS_LOG_INFO, "registered as server %u (rank %u)", s->id, s->rank);
-  } else if (h->type == PS_MSG_MEMBERSHIP) {
-    on_membership(s, b);
-  } else if (h->type == PS_MSG_ERROR) {
-    ps__log(PS_LOG_ERROR, "scheduler: %.*s", (int)b->len, b->buf ? (const char *)b->buf : "");
-  }
-}
-
-static void sched_on_close(ps__conn *c, int status) {
-  ps__server *s = c->loop->data;
-  s->sched = NULL;
-  if (!s->stopping) {
-    ps__log(PS_LOG_ERROR, "lost the scheduler (%s); stopping", ps_strerror(status));
-    server_shutdown(s, PS_ERR_UNAVAILABLE);
-  }
-}
-
-static const ps__conn_ops sched_link_ops = {sched_on_header, sched_on_frame, sched_on_close};
-
-static void hb_tick(uv_timer_t *t) {
-  ps__server *s = t->data;
-  ps__shm_sweep(s->shm); /* workers' buffers they freed */
-  if (!s->sched) return;
-  ps__frame_hdr h = {.type = PS_MSG_HEARTBEAT, .sender = s->id};
-  ps__conn_send_ctrl(s->sched, &h, NULL, 0);
-}
-
-static void connect_timeout(uv_timer_t *t) {
-  ps__server *s = t->data;
-  ps__log(PS_LOG_ERROR, "could not register with the scheduler at %s:%d in time", s->o.sched_host, s->o.sched_port);
-  server_shutdown(s, PS_ERR_TIMEOUT);
-}
-
-static void sched_connect(ps__server *s);
-
-static void retry_tick(uv_timer_t *t) { sched_connect(t->data); }
-
-static void on_sched_connected(void *arg, ps__conn *c, int status) {
+static void agent_lost(void *arg, int status, const char *msg) {
   ps__server *s = arg;
-  if (status) {
-    /* The scheduler may not listen yet (launchers start every rank at once): retry
-     * until connect_timeout_ms, after which connect_timeout() gives up. */
-    if (status == PS_ERR_UNAVAILABLE && !s->stopping) {
-      uv_timer_start(&s->retry_timer, retry_tick, 200, 0);
-      return;
-    }
-    ps__log(PS_LOG_ERROR, "cannot reach the scheduler at %s:%d: %s", s->o.sched_host, s->o.sched_port,
-            ps_strerror(status));
-    server_shutdown(s, status);
-    return;
-  }
-  if (s->stopping) {
-    ps__conn_close(c, 0);
-    return;
-  }
-  s->sched = c;
-  ps__hello hello;
-  ps__wbuf w;
-  memset(&hello, 0, sizeof hello);
-  hello.role = PS_ROLE_SERVER;
-  hello.port = (uint16_t)s->tcp.port;
-  hello.pid = (uint32_t)getpid();
-  snprintf(hello.host, sizeof hello.host, "%s", s->o.host);
-  snprintf(hello.unix_path, sizeof hello.unix_path, "%s", s->unix_path);
-  ps__hostid(hello.hostid, sizeof hello.hostid);
-  if (s->unix_path[0] && ps__pm_usable()) hello.caps |= PS_CAP_PEER_MEM;
-  ps__wbuf_init(&w);
-  ps__hello_encode(&w, &hello);
-  ps__frame_hdr h = {.type = PS_MSG_HELLO, .req_id = 1};
-  if (w.oom || ps__conn_send_ctrl(c, &h, w.data, w.len)) server_shutdown(s, PS_ERR_NOMEM);
-  ps__wbuf_free(&w);
-  uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
+  if (s->stopping) return;
+  ps__log(PS_LOG_ERROR, "%s; stopping", msg);
+  server_shutdown(s, status ? status : PS_ERR_UNAVAILABLE);
 }
 
-static void walk_close(uv_handle_t *h, void *arg) {
-  ps__server *s = arg;
-  if (uv_is_closing(h)) return;
-  if (h == &s->tcp.h.handle || h == &s->unix_l.h.handle) return;
-  if (h->type == UV_TCP || h->type == UV_NAMED_PIPE) {
-    ps__conn_close(h->data, 0);
-    return;
-  }
-  if (h->type == UV_ASYNC) return;
-  uv_close(h, NULL);
+/* Each heartbeat: unmap the workers' shared buffers they freed. */
+static void agent_tick(void *arg) { ps__shm_sweep(((ps__server *)arg)->shm); }
+
+static int agent_begin(ps__server *s) {
+  ps__agent_opts o = {.sched_host = s->o.sched_host, .sched_port = s->o.sched_port,
+                      .heartbeat_ms = s->o.heartbeat_ms, .connect_timeout_ms = s->o.connect_timeout_ms,
+                      .pool = s->pool, .max_payload = 1u << 24};
+  o.hello.role = PS_ROLE_SERVER;
+  o.hello.port = (uint16_t)s->tcp.port;
+  o.hello.pid = (uint32_t)getpid();
+  snprintf(o.hello.host, sizeof o.hello.host, "%s", s->o.host);
+  snprintf(o.hello.unix_path, sizeof o.hello.unix_path, "%s", s->unix_path);
+  ps__hostid(o.hello.hostid, sizeof o.hello.hostid);
+  if (s->unix_path[0] && ps__pm_usable()) o.hello.caps |= PS_CAP_PEER_MEM;
+  ps__agent_cbs cb = {.arg = s, .registered = agent_registered, .membership = agent_membership, .lost = agent_lost,
+                      .tick = agent_tick};
+  int rc = ps__agent_init(&s->agent, &s->loop, &o, &cb);
+  if (rc) return rc;
+  s->agent_inited = 1;
+  return ps__agent_start(&s->agent);
 }
 
 static void server_shutdown(ps__server *s, int result) {
   if (s->stopping) return;
   s->stopping = 1;
   s->result = result;
-  if (s->sched && result == 0) { /* a requested stop: leave the job cleanly */
-    ps__frame_hdr h = {.type = PS_MSG_LEAVE, .sender = s->id};
-    ps__conn_send_ctrl(s->sched, &h, NULL, 0);
-    ps__conn_close_after_flush(s->sched, 0);
-  }
+  if (s->agent_inited) ps__agent_stop(&s->agent, result == 0); /* a requested stop leaves the job cleanly */
   ps__listener_close(&s->tcp);
   if (s->unix_path[0]) ps__listener_close(&s->unix_l);
-  uv_walk(&s->loop, walk_close, s);
+  ps__loop_close_all(&s->loop);
   if (s->mail) ps__mailbox_close(s->mail);
   s->mail = NULL;
 }
@@ -401,12 +323,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
                            .par = hook_par, .round_apply = ps__srv_round_apply, .round_done = ps__srv_round_done};
   s->sh = ps__shard_new(&hooks);
   s->mail = ps__mailbox_new(&s->loop);
-  uv_timer_init(&s->loop, &s->hb_timer);
-  s->hb_timer.data = s;
   uv_idle_init(&s->loop, &s->apply_idle);
   s->apply_idle.data = s;
-  uv_timer_init(&s->loop, &s->connect_timer);
-  s->connect_timer.data = s;
   if (!s->pool || !s->mail || !s->sh) {
     rc = ps__fail(PS_ERR_NOMEM, "out of memory");
     goto fail;
@@ -422,12 +340,7 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
       s->unix_path[0] = '\0';
     }
   }
-  rc = ps__connect_tcp(&s->loop, s->o.sched_host, s->o.sched_port, &sched_link_ops, s, s->pool, 1u << 24,
-                       on_sched_connected, s);
-  if (rc) goto fail;
-  uv_timer_init(&s->loop, &s->retry_timer);
-  s->retry_timer.data = s;
-  uv_timer_start(&s->connect_timer, connect_timeout, s->o.connect_timeout_ms, 0);
+  if ((rc = agent_begin(s))) goto fail;
   *out = s;
   return 0;
 fail: {
@@ -437,15 +350,6 @@ fail: {
   ps__server_destroy(s);
   return ps__fail(rc, "%s", msg);
 }
-}
-
-static void sched_connect(ps__server *s) {
-  if (s->stopping) return;
-  if (ps__connect_tcp(&s->loop, s->o.sched_host, s->o.sched_port, &sched_link_ops, s, s->pool, 1u << 24,
-                      on_sched_connected, s)) {
-    ps__log(PS_LOG_ERROR, "cannot connect to the scheduler: %s", ps_errmsg());
-    server_shutdown(s, PS_ERR_UNAVAILABLE);
-  }
 }
 
 int ps__server_port(const ps__server *s) { return s->tcp.port; }

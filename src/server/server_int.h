@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "agent/agent.h"
 #include "common/par.h"
 #include "common/ring.h"
 #include "net/net.h"
@@ -48,11 +49,11 @@ struct ps__server {
   ps__shm_cache *shm; /* workers' ps_alloc buffers mapped here (net/shared.c), or NULL */
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
-  ps__conn *sched;
+  ps__agent agent;   /* the scheduler link */
+  int agent_inited;
   uint64_t ring_gen; /* from 1, incremented whenever ring is replaced (a table's dense
                       * ownership cache, mine_gen 0, is then never current before use) */
   int pid;           /* getpid(): a peer with this pid is a colocated worker */
-  uv_timer_t hb_timer, connect_timer, retry_timer;
   uint32_t id, rank;
   uint64_t epoch;
   int stopping;
