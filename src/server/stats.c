@@ -26,7 +26,6 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   char line[384];
   size_t rows = 0, bytes = 0, payload = 0;
   uint64_t dropped = 0;
-  static const char *const modes[] = {"sync", "sync:M", "ssp", "async"};
   ps__shard *sh = s->sh;
   ps__wbuf_init(&w);
   for (size_t i = 0; i < sh->ntables; i++) {
@@ -40,7 +39,7 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
     int m = snprintf(line, sizeof line,
                      "table %zu name=%s mode=%s param=%u rows=%zu bytes=%zu pushes=%llu pulls=%llu applied=%llu "
                      "step=%llu version=%lld dropped=%llu rejected=%llu lr=%.9g global_batch=%.0f\n",
-                     i, t->decl.name, modes[t->spec.mode & 3], t->spec.mode_param, n, ps__rowmap_bytes(t->params),
+                     i, t->decl.name, ps__table_mode_name(t), t->spec.mode_param, n, ps__rowmap_bytes(t->params),
                      (unsigned long long)t->pushes, (unsigned long long)t->pulls, (unsigned long long)t->applied,
                      (unsigned long long)t->step, (long long)t->version, (unsigned long long)t->dropped,
                      (unsigned long long)t->rejected, (double)t->last_lr, t->last_batch);

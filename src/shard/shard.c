@@ -53,6 +53,10 @@ const ps__mode_ops *ps__shard_mode(const ps__table *t) {
   }
 }
 
+const char *ps__table_mode_name(const ps__table *t) {
+  return t->spec.mode == PS__MODE_SYNC_M ? "sync:M" : ps__shard_mode(t)->name;
+}
+
 int ps__table_is_sync(const ps__table *t) { return t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M; }
 
 int ps__shard_reject(ps__shard *sh, ps__table *t, ps__verdict *v, int err, const char *fmt, ...) {

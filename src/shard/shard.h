@@ -194,6 +194,8 @@ ps__shard *ps__shard_new(const ps__shard_hooks *hooks);
 void ps__shard_free(ps__shard *sh);
 const ps__mode_ops *ps__shard_mode(const ps__table *t);
 int ps__table_is_sync(const ps__table *t);
+/* The table's mode as STATS names it: "sync", "sync:M", "ssp" or "async". */
+const char *ps__table_mode_name(const ps__table *t);
 static inline ps__table *ps__shard_table(const ps__shard *sh, uint32_t id) {
   return id < sh->ntables ? sh->tables[id] : NULL;
 }
