@@ -9,7 +9,9 @@
  *   link.c     links to the servers and the scheduler: connect, send, receive, lend,
  *              membership applied to the links and the ring, fire-and-forget frames
  *   route.c    routing: keys and ranges to parts by the ring, de-duplicated pulls, the
- *              push and pull entry points
+ *              push and pull entry points; each dense part's value transport is chosen
+ *              and described through net/xport.h, whose calls link.c, req.c and
+ *              direct.c also use to read replies and to give the caller's buffers back
  *   direct.c   the caller-thread fast path: blocking calls on lent links
  *   control.c  control calls: declare, clock, barrier, metric, tasks, statistics
  * Embedded mode (scheduler and servers as threads of the worker's process) is composed

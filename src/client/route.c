@@ -6,7 +6,8 @@
  * slots) by owner into a pooled block, unless one server holds them all; pushes go to
  * every server (each must count the worker's batch). A dense request cuts its range
  * into runs of slices with one owner; large parts to a same-host server name the
- * caller's buffers instead of carrying the values (peer memory).
+ * caller's buffers instead of carrying the values (peer memory, chosen and described
+ * by net/xport.h).
  */
 #include <stdio.h>
 #include <string.h>
