@@ -9,7 +9,9 @@
  *   link.c     links to the servers and the scheduler: connect, send, receive, lend,
  *              membership applied to the links and the ring, fire-and-forget frames
  *   route.c    routing: keys and ranges to parts by the ring, de-duplicated pulls, the
- *              push and pull entry points
+ *              push and pull entry points; each dense part's value transport is chosen
+ *              and described through net/xport.h, whose calls link.c, req.c and
+ *              direct.c also use to read replies and to give the caller's buffers back
  *   direct.c   the caller-thread fast path: blocking calls on lent links
  *   control.c  control calls: declare, clock, barrier, metric, tasks, statistics
  * Embedded mode (scheduler and servers as threads of the worker's process) is composed
@@ -35,6 +37,7 @@
 #include "common/config.h"
 #include "common/ring.h"
 #include "net/net.h"
+#include "net/xport.h"
 #include "proto/msg.h"
 #include "proto/spec.h"
 
@@ -54,9 +57,7 @@ struct part {
   size_t recv_len;
   uint64_t deadline_ms;
   int queued, sent, write_done, reply_done, finished;
-  int pm_answered;         /* a peer-memory part's reply arrived: the server is done */
-  int pm_pid;              /* a peer-memory part's server process */
-  uint64_t pm_bytes;       /* a peer-memory part's value bytes (the server copies them) */
+  ps__vx_part vx;          /* how a dense part's values travel (net/xport.h); zero: inline */
   int held;                /* on ctx->held until its deadline (ps__part_finish) */
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
@@ -224,12 +225,12 @@ static inline void part_list_push(part **head, part *p) {
 }
 
 /* A peer-memory part (PS_XPORT_PEER_MEM) names the caller's buffers, and the server
- * copies from or into them until the expiry the frame carries, PM_SLACK_MS before the
- * part's deadline. A part that ends without the server's answer (cancel, a failed or
- * closed connection, a closing context) therefore keeps the buffers, and its request
- * stays unfinished, until that deadline: the caller must not reuse them while a
- * server may still write there. The loop's sweep finishes such held parts. */
-#define PM_SLACK_MS 2000u
+ * copies from or into them until the expiry the frame carries, PS_VX_SLACK_MS before
+ * the part's deadline. A part that ends without the server's answer (cancel, a failed
+ * or closed connection, a closing context) therefore keeps the buffers, and its request
+ * stays unfinished, until that deadline (ps__vx_must_hold): the caller must not reuse
+ * them while a server may still write there. The loop's sweep finishes such held
+ * parts. */
 typedef struct fire {
   ps_ctx *ctx;
   uint32_t target; /* SCHED_LINK or 0xffffffff for every server */
@@ -242,8 +243,8 @@ typedef struct fire {
 void ps__req_set_error(ps_req *r, int status, const char *msg);
 /* Rows of a finished pull into the caller's order (scatter, de-duplicated copies). */
 void ps__req_rows_done(ps_req *r);
-/* Must a peer-memory part keep the caller's buffers (the server may still copy)? */
-int ps__pm_must_hold(const part *p);
+/* Must a part keep the caller's buffers (a peer-memory server may still copy)? */
+int ps__part_must_hold(const part *p);
 /* Loop: a part is over (reply and write done, or failed); the last one completes. */
 void ps__part_finish(part *p);
 void ps__part_fail(part *p, int status, const char *msg);
@@ -288,8 +289,6 @@ void ps__mail_reclaim(void *arg);
 void ps__mail_fire(void *arg);
 /* A decoded membership: links of new servers, dead ones failed, the ring replaced. */
 void ps__on_membership(ps_ctx *ctx, const ps__membership *m);
-/* Is this reply a peer-memory pull's (values already in the caller's buffers)? */
-int ps__pm_reply(const part *p, const ps__frame_hdr *h);
 /* A successful reply to p (loop or lent link): what it tells the context. */
 void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
 /* The scheduler link's own traffic (replies to control requests), given to the node

@@ -288,7 +288,7 @@ void ps_ctx_close(ps_ctx *ctx) {
   /* The loop is gone: release held peer-memory parts at their deadlines. */
   for (int held = 1; held;) {
     held = 0;
-    for (part *p = ctx->held; p; p = p->next) held |= ps__pm_must_hold(p);
+    for (part *p = ctx->held; p; p = p->next) held |= ps__part_must_hold(p);
     if (held) usleep(20000);
   }
   while (ctx->held) ps__part_finish(ctx->held);

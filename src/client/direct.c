@@ -91,7 +91,7 @@ static void dl_frame_done(ps_ctx *ctx, dlink *d) {
   if (!p) return; /* a late reply to an earlier call, or an error notice */
   d->pending--;
   p->reply_done = 1;
-  p->pm_answered = 1;
+  p->vx.answered = 1;
   if (d->cur.status) {
     size_t n = d->cur.payload_len < sizeof d->errtxt - 1 ? (size_t)d->cur.payload_len : sizeof d->errtxt - 1;
     d->errtxt[n] = '\0';
@@ -131,14 +131,14 @@ static int dl_begin(dlink *d) {
     }
     return 0;
   }
-  if (p->recv && !ps__pm_reply(p, h)) {
-    if (h->payload_len != p->recv_len) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len, p->recv_len);
-      ps__req_set_error(p->req, PS_ERR_SIZE, msg);
-      p->status = PS_ERR_SIZE;
-      return 0;
-    }
+  /* A pull's values: in the body, or already written by the server (net/xport.h). */
+  int written = 0;
+  if (p->recv && ps__vx_reply(&p->vx, h, p->recv_len, &written)) {
+    ps__req_set_error(p->req, PS_ERR_SIZE, ps_errmsg());
+    p->status = PS_ERR_SIZE;
+    return 0;
+  }
+  if (p->recv && !written) {
     d->dst = p->recv;
     d->ndst = p->nrecv;
     d->discard = 0;
@@ -438,7 +438,7 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
    * caller takes a CPU the servers need when workers and servers share the cores. */
   uint64_t pm_bytes = 0;
   for (unsigned j = 0; j < n; j++)
-    for (unsigned k = 0; k < dl[j].nparts; k++) pm_bytes += dl[j].parts[k]->pm_bytes;
+    for (unsigned k = 0; k < dl[j].nparts; k++) pm_bytes += dl[j].parts[k]->vx.bytes;
   direct_io(ctx, dl, n, deadline_ms, ctx->spin_ns > 0 && pm_bytes < PM_NOSPIN_BYTES);
   direct_release(ctx, dl, n);
   /* A peer-memory part left unanswered (a failed link) keeps the caller's buffers until
@@ -446,7 +446,7 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
   for (int held = 1; held;) {
     held = 0;
     for (unsigned j = 0; j < n; j++)
-      for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) held |= ps__pm_must_hold(dl[j].parts[k]);
+      for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) held |= ps__part_must_hold(dl[j].parts[k]);
     if (held) usleep(20000);
   }
   for (unsigned q = 0; q < nreqs; q++) {

@@ -11,7 +11,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client/client_int.h"
 
@@ -248,11 +247,8 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
   }
   c->udata = l;
   l->conn = c;
-  /* Peer memory needs a same-host AF_UNIX link to a server that offers it, running as
-   * this user or privileged (the kernel's ptrace rule for process_vm_readv). */
-  int pm = ctx->peer_mem && c->is_unix && c->peer_pid && (l->m.caps & PS_CAP_PEER_MEM) &&
-           (c->peer_uid == (unsigned)geteuid() || c->peer_uid == 0);
-  __atomic_store_n(&l->pm, pm ? c->peer_pid : 0, __ATOMIC_RELAXED);
+  /* Peer memory where this worker allows it and the connection and the server do. */
+  __atomic_store_n(&l->pm, ctx->peer_mem ? ps__vx_link_peer(c, l->m.caps) : 0, __ATOMIC_RELAXED);
   link_flush(ctx, l);
 }
 
@@ -356,11 +352,6 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
   ps__ring_free(ring);
 }
 
-/* A peer-memory pull's reply: the values are already in the caller's buffers. */
-int ps__pm_reply(const part *p, const ps__frame_hdr *h) {
-  return h->xport == PS_XPORT_PEER_MEM && p->hdr.xport == PS_XPORT_PEER_MEM && h->payload_len == 0;
-}
-
 /* A reply's header on link l: find its part and where its body goes. */
 static int link_header(peer *l, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR) return 0;
@@ -370,18 +361,18 @@ static int link_header(peer *l, const ps__frame_hdr *h, ps__body *b) {
     b->discard = 1; /* a reply to a canceled or timed-out request */
     return 0;
   }
-  if (h->status == 0 && p->recv && !ps__pm_reply(p, h)) {
-    if (h->payload_len != p->recv_len) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "reply of %llu bytes where %zu were expected", (unsigned long long)h->payload_len,
-               p->recv_len);
-      p->pm_answered = 1;
-      part_list_remove(&l->inflight, p);
-      p->lk = NULL;
-      ps__part_fail(p, PS_ERR_SIZE, msg);
-      b->discard = 1;
-      return 0;
-    }
+  /* A pull's values: in the body (read straight into the destination), or already
+   * written by the server (peer memory). */
+  int written = 0;
+  if (h->status == 0 && p->recv && ps__vx_reply(&p->vx, h, p->recv_len, &written)) {
+    p->vx.answered = 1;
+    part_list_remove(&l->inflight, p);
+    p->lk = NULL;
+    ps__part_fail(p, PS_ERR_SIZE, ps_errmsg());
+    b->discard = 1;
+    return 0;
+  }
+  if (h->status == 0 && p->recv && !written) {
     b->iov = p->recv;
     b->niov = p->nrecv;
     l->reading = p;
@@ -415,7 +406,7 @@ void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
     int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
     while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&ctx->bytes_pulled, ps__pm_reply(p, h) ? p->recv_len : h->payload_len, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&ctx->bytes_pulled, ps__vx_written(&p->vx, h) ? p->recv_len : h->payload_len, __ATOMIC_RELAXED);
   } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
     /* One push goes to every server as one part each: count the push, not its parts. */
     if ((h->flags & PS_FLAG_DROPPED) && !__atomic_exchange_n(&p->req->dropped, 1, __ATOMIC_RELAXED))
@@ -445,7 +436,7 @@ static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
   part *p = b->udata;
   l->reading = NULL;
   if (!p) return;
-  p->pm_answered = 1;
+  p->vx.answered = 1;
   part_list_remove(&l->inflight, p);
   p->lk = NULL;
   if (h->status) {
@@ -480,7 +471,7 @@ static void link_closed(peer *l, int status) {
   /* The server closed the connection (or died): it no longer serves any frame of it,
    * so its peer-memory parts need not be held (ps__part_finish). */
   if (status == PS_ERR_CLOSED)
-    for (part *p = l->inflight; p; p = p->next) p->pm_answered = 1;
+    for (part *p = l->inflight; p; p = p->next) p->vx.answered = 1;
   l->conn = NULL;
   __atomic_store_n(&l->pm, 0, __ATOMIC_RELAXED);
   char msg[160];

@@ -11,11 +11,8 @@
  * library no longer touches the caller's buffers. Every part carries a deadline swept
  * by a loop timer (ps__sweep_tick), so every request ends.
  */
-#include <errno.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "client/client_int.h"
 
@@ -60,37 +57,12 @@ static void req_complete(ps_req *r) {
   pthread_mutex_unlock(&r->mu);
 }
 
-/* A peer-memory part (PS_XPORT_PEER_MEM) names the caller's buffers, and the server
- * copies from or into them until the expiry the frame carries, PM_SLACK_MS before the
- * part's deadline. A part that ends without the server's answer (cancel, a failed or
- * closed connection, a closing context) therefore keeps the buffers, and its request
- * stays unfinished, until that deadline: the caller must not reuse them while a
- * server may still write there. The loop's sweep finishes such held parts. */
-#define PM_SLACK_MS 2000u
-
-/* Is process pid gone (exited, or a zombie not reaped yet)? */
-static int process_gone(int pid) {
-  char path[64], buf[512];
-  snprintf(path, sizeof path, "/proc/%d/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return kill(pid, 0) != 0 && errno == ESRCH;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *e = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold anything */
-  return e && (e[2] == 'Z' || e[2] == 'X');
-}
-
-int ps__pm_must_hold(const part *p) {
-  if (p->hdr.xport != PS_XPORT_PEER_MEM || !p->sent || p->pm_answered || ps__now_ms() >= p->deadline_ms) return 0;
-  /* A server process that is gone (killed, crashed) writes nowhere any more. */
-  return !process_gone(p->pm_pid);
-}
+int ps__part_must_hold(const part *p) { return ps__vx_must_hold(&p->vx, p->sent, p->deadline_ms); }
 
 /* A part is finished when its reply arrived (or it failed) and its write completed. */
 void ps__part_finish(part *p) {
   if (p->finished) return;
-  if (!p->held && ps__pm_must_hold(p)) {
+  if (!p->held && ps__part_must_hold(p)) {
     if (p->lk) {
       part_list_remove(&p->lk->inflight, p);
       p->lk = NULL;
@@ -135,7 +107,7 @@ void ps__sweep_tick(uv_timer_t *t) {
   uint64_t now = ps__now_ms();
   for (part *p = ctx->held; p;) { /* peer-memory parts whose buffers the server may no longer touch */
     part *next = p->next;
-    if (!ps__pm_must_hold(p)) ps__part_finish(p);
+    if (!ps__part_must_hold(p)) ps__part_finish(p);
     p = next;
   }
   for (peer *l = ctx->links; l; l = l->next) {
@@ -196,7 +168,7 @@ void ps__mail_cancel(void *arg) {
         p->prev = p->next = NULL;
         p->queued = 0;
       }
-    } else if (l && p->hdr.xport == PS_XPORT_PEER_MEM && p->sent) {
+    } else if (l && ps__vx_lent(&p->vx, p->sent)) {
       /* The server may be copying from or into the caller's buffers: the part stays in
        * flight until its answer (or its deadline), which finishes it as canceled. */
       ps__req_set_error(r, PS_ERR_CANCELED, "canceled");

@@ -6,7 +6,8 @@
  * slots) by owner into a pooled block, unless one server holds them all; pushes go to
  * every server (each must count the worker's batch). A dense request cuts its range
  * into runs of slices with one owner; large parts to a same-host server name the
- * caller's buffers instead of carrying the values (peer memory).
+ * caller's buffers instead of carrying the values (peer memory, chosen and described
+ * by net/xport.h).
  */
 #include <stdio.h>
 #include <string.h>
@@ -261,22 +262,27 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
 
 /* ---- dense */
 
-/* Dense parts of at least this many bytes go by peer memory where they can: below it a
- * socket's two copies cost less than the system call's page pinning. */
-#define PM_MIN_BYTES ((size_t)64 << 10)
+/* The link of a dense part's server, asked by ps__vx_choose only for a part that could
+ * go by peer memory (a lookup under lend_mu). */
+typedef struct link_ask {
+  ps_ctx *ctx;
+  uint32_t target;
+} link_ask;
 
-/* The pid of target's server process if peer-memory frames may go to it, else 0. */
-static int link_takes_pm(ps_ctx *ctx, uint32_t target) {
+/* The pid of the target's server process if peer-memory frames may go to it, else 0. */
+static int link_takes_pm(void *arg) {
+  const link_ask *a = arg;
+  ps_ctx *ctx = a->ctx;
   if (!ctx->peer_mem) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
-  peer *l = ps__link_find(ctx, target);
+  peer *l = ps__link_find(ctx, a->target);
   int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;
   pthread_mutex_unlock(&ctx->lend_mu);
   return pm;
 }
 
-/* One function for the whole dense request build (segments, parts, peer-memory
- * descriptors): the hot path of every dense call, moved unchanged. */
+/* One function for the whole dense request build (segments, parts, each part's value
+ * transport): the hot path of every dense call. */
 static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset, uint64_t cnt, const float *grads,
                        float *out, uint32_t batch, float lr, uint64_t deadline, ps_req **out_req) {
   table_info ti = {0};
@@ -323,9 +329,9 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   free(order);
   unsigned nparts = 0;
   for (size_t s = 0; s < S; s++) nparts += (is_push || nseg_of[s]) ? 1 : 0;
-  /* Per part: 1 buffer for its segment list, 1 for its peer-memory descriptors, plus
-   * one region per segment. segbuf: the segment lists, then the descriptors (one
-   * (address, length) pair per segment). */
+  /* Per part: 1 buffer for its segment list, 1 for its peer-memory tail, plus one
+   * region per segment. segbuf: the segment lists, then room for the tails (expiry and
+   * hint, then one (address, length) pair per segment). */
   ps_req *r = ps__req_new(ctx, nparts, 2 * nparts + (unsigned)nseg);
   uint64_t *segbuf = ps__malloc(((nseg ? nseg : 1) * 4 + 2 * (size_t)nparts) * 8);
   if (!r || !segbuf) {
@@ -343,10 +349,8 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   unsigned pi = 0, bi = 0;
   size_t sb = 0;
-  uint64_t *descs = segbuf + 2 * nseg; /* per part: expiry, reserved, then its pairs */
-  /* The server may touch the caller's buffers until PM_SLACK_MS before the deadline;
-   * the caller gets them back at the deadline at the latest (ps__part_finish). */
-  int pm_time = deadline >= ps__now_ms() + 2 * PM_SLACK_MS;
+  uint64_t *tails = segbuf + 2 * nseg; /* per part: room for its peer-memory tail */
+  uint64_t now = ps__now_ms();
   for (size_t s = 0; s < S; s++) {
     if (!is_push && !nseg_of[s]) continue;
     uint32_t target = ps__ring_server_at(ring, s);
@@ -354,15 +358,11 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     part *p = &r->parts[pi];
     p->hdr.clock = clock;
     p->hdr.nkeys = (uint32_t)(2 * nseg_of[s]);
-    /* regs: segment list, descriptors, then the values' regions. */
+    /* regs: segment list, peer-memory tail, then the values' regions. */
     uv_buf_t *regs = &r->bufs[bi];
     unsigned nreg = 2;
-    size_t sb0 = sb;
+    uint64_t *tail = tails + 2 * (sb + pi);
     regs[0] = uv_buf_init((char *)(segbuf + 2 * sb), (unsigned)(nseg_of[s] * 16));
-    uint64_t *tail = descs + 2 * (sb + pi);
-    regs[1] = uv_buf_init((char *)tail, (unsigned)(16 + nseg_of[s] * 16));
-    tail[0] = deadline - PM_SLACK_MS;
-    tail[1] = 0;
     size_t bytes = 0;
     for (size_t k = 0; k < nseg; k++) {
       if (segown[k] != s) continue;
@@ -372,25 +372,20 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       uv_buf_t rb;
       rb.base = is_push ? (char *)(grads + rel) : (char *)(out + rel);
       rb.len = segs[2 * k + 1] * 4;
-      tail[2 + 2 * (sb - sb0)] = (uint64_t)(uintptr_t)rb.base;
-      tail[3 + 2 * (sb - sb0)] = rb.len;
       sb++;
       bytes += rb.len;
       regs[nreg++] = rb;
     }
     bi += nreg;
     /* A large part to a server on this host goes by peer memory: the frame names the
-     * caller's buffers, the server copies from or into them (net/peermem.c). */
-    int pm = pm_time && bytes >= PM_MIN_BYTES ? link_takes_pm(ctx, target) : 0;
+     * caller's buffers, the server copies from or into them (net/xport.h). */
+    link_ask ask = {ctx, target};
+    p->hdr.xport = ps__vx_choose(&p->vx, bytes, deadline, now, link_takes_pm, &ask);
+    int pm = p->hdr.xport == PS_XPORT_PEER_MEM;
+    regs[1] = uv_buf_init((char *)tail, (unsigned)ps__vx_tail(&p->vx, tail, regs + 2, nseg_of[s]));
     if (pm) {
-      p->pm_pid = pm;
-      p->pm_bytes = bytes;
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);
-      p->hdr.xport = PS_XPORT_PEER_MEM;
-      /* Regions in one ps_alloc buffer: the server may map it instead (net/shared.c). */
-      tail[1] = ps__shm_hint(tail + 2, nseg_of[s]);
-      if (tail[1]) __atomic_add_fetch(&ctx->shared_parts, 1, __ATOMIC_RELAXED);
-      for (size_t k = 0; k < 2 + 2 * nseg_of[s]; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]); /* little-endian */
+      if (p->vx.hint) __atomic_add_fetch(&ctx->shared_parts, 1, __ATOMIC_RELAXED);
     }
     if (is_push) {
       p->send = regs;

@@ -1,14 +1,21 @@
 /*
- * xport.c - the value transports' ops tables and how a request's transport is chosen
- * (xport.h). The system calls and the mappings are peermem.c's and shared.c's; this
- * file says which one a request uses and gives the server one interface to them.
+ * xport.c - the value transports (xport.h): on the worker, how a dense part's values
+ * travel, the tail that names them and what a reply means; on the server, the ops
+ * tables and which one a request uses. The system calls and the mappings are
+ * peermem.c's and shared.c's; this file says which one a request uses and gives the
+ * server and the worker one interface to them.
  */
 #include "net/xport.h"
 
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/common.h"
 #include "proto/frame.h"
+#include "proto/msg.h"
 
 /* ---------------------------------------------------------------- this process's memory */
 
@@ -118,4 +125,69 @@ int ps__vx_open(ps__vx *x, ps__shm_cache **shm, ps__conn *c, int self_pid, int w
 void ps__vx_close(ps__vx *x) {
   free(x->xd);
   x->xd = NULL;
+}
+
+/* ---------------------------------------------------------------- the worker's side */
+
+int ps__vx_link_peer(const ps__conn *c, unsigned caps) {
+  if (!c->is_unix || c->peer_pid <= 0 || !(caps & PS_CAP_PEER_MEM)) return 0;
+  return c->peer_uid == (unsigned)geteuid() || c->peer_uid == 0 ? c->peer_pid : 0;
+}
+
+uint8_t ps__vx_choose(ps__vx_part *v, uint64_t bytes, uint64_t deadline_ms, uint64_t now_ms,
+                      int (*link_pid)(void *arg), void *arg) {
+  memset(v, 0, sizeof *v);
+  if (bytes < PS_VX_PEER_MIN_BYTES || deadline_ms < now_ms + 2 * (uint64_t)PS_VX_SLACK_MS) return v->xport;
+  int pid = link_pid(arg);
+  if (pid <= 0) return v->xport;
+  v->xport = PS_XPORT_PEER_MEM;
+  v->pid = pid;
+  v->bytes = bytes;
+  v->until = deadline_ms - PS_VX_SLACK_MS;
+  return v->xport;
+}
+
+size_t ps__vx_tail(ps__vx_part *v, uint64_t *tail, const uv_buf_t *r, size_t n) {
+  if (v->xport != PS_XPORT_PEER_MEM) return 0;
+  /* Native pairs first: ps__shm_hint reads them so; then every word little-endian in
+   * place (nothing to do on a little-endian host). */
+  for (size_t i = 0; i < n; i++) {
+    tail[2 + 2 * i] = (uint64_t)(uintptr_t)r[i].base;
+    tail[3 + 2 * i] = r[i].len;
+  }
+  tail[0] = v->until;
+  tail[1] = v->hint = ps__shm_hint(tail + 2, n);
+  for (size_t k = 0; k < 2 + 2 * n; k++) ps__put_u64((uint8_t *)&tail[k], tail[k]);
+  return 16 + 16 * n;
+}
+
+int ps__vx_written(const ps__vx_part *v, const ps__frame_hdr *h) {
+  return h->xport == PS_XPORT_PEER_MEM && v->xport == PS_XPORT_PEER_MEM && h->payload_len == 0;
+}
+
+int ps__vx_reply(const ps__vx_part *v, const ps__frame_hdr *h, uint64_t want, int *written) {
+  *written = ps__vx_written(v, h);
+  if (*written || h->payload_len == want) return 0;
+  return ps__fail(PS_ERR_SIZE, "reply of %llu bytes where %llu were expected", (unsigned long long)h->payload_len,
+                  (unsigned long long)want);
+}
+
+int ps__vx_lent(const ps__vx_part *v, int sent) { return v->xport == PS_XPORT_PEER_MEM && sent; }
+
+/* Is process pid gone (exited, or a zombie not reaped yet)? */
+static int process_gone(int pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return kill(pid, 0) != 0 && errno == ESRCH;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *e = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold anything */
+  return e && e[1] == ' ' && (e[2] == 'Z' || e[2] == 'X');
+}
+
+int ps__vx_must_hold(const ps__vx_part *v, int sent, uint64_t deadline_ms) {
+  if (!ps__vx_lent(v, sent) || v->answered || ps__now_ms() >= deadline_ms) return 0;
+  return !process_gone(v->pid);
 }

@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "net/net.h"
 #include "pshard.h"
 #include "sched/sched.h"
 #include "server/server.h"
@@ -1033,6 +1034,68 @@ Test(direct, push_pull_equals_push_then_pull, .timeout = 60) {
       cr_assert(eq(dbl, stat_of(ctx, "direct_calls"), 0.0));
     ps_ctx_close(ctx);
   }
+}
+
+/* Each dense part chooses its value transport (net/xport.h): a part of 64 KiB or more
+ * to a server of this process goes by peer memory (the frame names the caller's
+ * buffers; one count per part), with the shared-buffer hint when they lie in ps_alloc
+ * memory; a small part, or a call whose deadline is less than 4 s away, carries its
+ * values inline. The values are the same every way: on lent links (direct=1) and
+ * through the I/O thread, blocking or not. */
+Test(direct, dense_parts_choose_their_transport, .timeout = 60) {
+  enum { N = 200000 };
+  int pm = ps__pm_usable(); /* else every part goes inline */
+  float *g = malloc(N * 4), *out = malloc(N * 4), *sh = ps_alloc(N * 4);
+  cr_assert(g && out && sh, "%s", ps_errmsg());
+  for (int i = 0; i < N; i++) g[i] = (float)(i % 251) - 125.0f;
+  for (int mode = 0; mode < 2; mode++) {
+    ps_ctx *ctx = open_embedded_with_direct(2, mode ? "1" : "0");
+    uint32_t td;
+    OK(ps_table_declare(ctx, "d", PS_DENSE, N, "opt=sgd lr=1 update=sum mode=async slice=1024", &td));
+    double parts = stat_of(ctx, "peer_mem_parts"), shared = stat_of(ctx, "shared_parts");
+#define EXPECT_PARTS(np, ns, what)                                                                   \
+  do {                                                                                              \
+    double p_ = stat_of(ctx, "peer_mem_parts") - parts, s_ = stat_of(ctx, "shared_parts") - shared; \
+    cr_assert(eq(dbl, p_, pm ? (double)(np) : 0.0), "mode %d, %s: %g peer-memory parts", mode, what, p_); \
+    cr_assert(eq(dbl, s_, pm ? (double)(ns) : 0.0), "mode %d, %s: %g shared parts", mode, what, s_);     \
+    parts += p_, shared += s_;                                                                      \
+  } while (0)
+    OK(ps_push_range(ctx, td, 0, N, g, 1, PS_LR_SCHEDULE, -1));
+    EXPECT_PARTS(2, 0, "a large push");
+    memset(out, 0, N * 4);
+    OK(ps_pull_range(ctx, td, 0, N, out, -1));
+    EXPECT_PARTS(2, 0, "a large pull");
+    for (int i = 0; i < N; i++) cr_assert(eq(flt, out[i], -g[i]), "mode %d [%d]", mode, i);
+    memset(sh, 0, N * 4);
+    OK(ps_pull_range(ctx, td, 0, N, sh, -1));
+    EXPECT_PARTS(2, 2, "a pull into ps_alloc memory");
+    cr_assert(eq(int, memcmp(sh, out, N * 4), 0), "mode %d: the shared pull differs", mode);
+    /* Small parts: inline. */
+    float small[1000];
+    OK(ps_pull_range(ctx, td, 5000, 1000, small, -1));
+    EXPECT_PARTS(0, 0, "a small pull");
+    cr_assert(eq(int, memcmp(small, out + 5000, sizeof small), 0));
+    /* A deadline 3 s away: inline, the same values. */
+    memset(out, 0, N * 4);
+    OK(ps_pull_range(ctx, td, 0, N, out, 3000));
+    EXPECT_PARTS(0, 0, "a pull due in 3 s");
+    for (int i = 0; i < N; i++) cr_assert(eq(flt, out[i], -g[i]), "mode %d, due in 3 s [%d]", mode, i);
+    OK(ps_push_range(ctx, td, 0, N, g, 1, PS_LR_SCHEDULE, 3000));
+    EXPECT_PARTS(0, 0, "a push due in 3 s");
+    /* Non-blocking: always through the I/O thread. */
+    ps_req *q;
+    memset(sh, 0, N * 4);
+    OK(ps_pull_range_start(ctx, td, 0, N, sh, &q));
+    OK(ps_req_wait(q, -1));
+    ps_req_free(q);
+    EXPECT_PARTS(2, 2, "a pull_start into ps_alloc memory");
+    for (int i = 0; i < N; i++) cr_assert(eq(flt, sh[i], -2.0f * g[i]), "mode %d, pull_start [%d]", mode, i);
+#undef EXPECT_PARTS
+    ps_ctx_close(ctx);
+  }
+  ps_free(sh);
+  free(g);
+  free(out);
 }
 
 /* A blocking call never overtakes a non-blocking one made before it: a pull after an
