@@ -199,15 +199,6 @@ struct ps_ctx {
   int emb_linger;          /* wait for it to stop by itself at close (a colocated server) */
 };
 
-/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_cond_timedwait. */
-static inline struct timespec ps__abs_after_ms(uint64_t ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = (uint64_t)ts.tv_nsec + (ms % 1000) * 1000000ull;
-  ts.tv_sec += (time_t)(ms / 1000 + ns / 1000000000ull);
-  ts.tv_nsec = (long)(ns % 1000000000ull);
-  return ts;
-}
 static inline void part_list_remove(part **head, part *p) {
   if (p->prev)
     p->prev->next = p->next;

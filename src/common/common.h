@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include "pshard.h"
 
 #define PS_INTERNAL __attribute__((visibility("hidden")))
@@ -39,6 +40,16 @@ void ps__block_sigpipe(void);
 /* Monotonic time. */
 uint64_t ps__now_ns(void);
 static inline uint64_t ps__now_ms(void) { return ps__now_ns() / 1000000u; }
+/* The CLOCK_REALTIME instant ms milliseconds from now (pthread_cond_timedwait,
+ * pthread_timedjoin_np). */
+static inline struct timespec ps__abs_after_ms(uint64_t ms) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t ns = (uint64_t)ts.tv_nsec + (ms % 1000) * 1000000ull;
+  ts.tv_sec += (time_t)(ms / 1000 + ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  return ts;
+}
 /* How much longer than its base window a poller keeps polling after handing a loopback
  * peer `bytes` (or taking them from it): the peer needs about that long to take them in
  * (2 GB/s) before it answers or sends its next request, and a sleeping poller on an

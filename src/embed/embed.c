@@ -41,22 +41,12 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
-/* The CLOCK_REALTIME instant ms milliseconds from now, for pthread_timedjoin_np. */
-static struct timespec abs_after_ms(uint64_t ms) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  uint64_t ns = (uint64_t)ts.tv_nsec + (ms % 1000) * 1000000ull;
-  ts.tv_sec += (time_t)(ms / 1000 + ns / 1000000000ull);
-  ts.tv_nsec = (long)(ns % 1000000000ull);
-  return ts;
-}
-
 /* The ps__ctx_embed hook: servers that stop by themselves within linger_ms are joined,
  * the others are stopped; then the scheduler. */
 static void embed_stop(void *arg, uint32_t linger_ms) {
   embed *e = arg;
   if (linger_ms) {
-    struct timespec ts = abs_after_ms(linger_ms);
+    struct timespec ts = ps__abs_after_ms(linger_ms);
     for (unsigned i = 0; i < e->n; i++) {
       if (!e->servers[i] || pthread_timedjoin_np(e->threads[i], NULL, &ts)) continue;
       ps__server_destroy(e->servers[i]);
