@@ -20,7 +20,6 @@
 #include "net/net.h"
 #include "proto/msg.h"
 
-
 #define STAGE_CAP (256u * 1024u)
 #define DIRECT_MIN (32u * 1024u) /* bodies with this much left are read in place */
 #define DISCARD_CAP (64u * 1024u)
@@ -74,7 +73,6 @@ ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, 
   return c;
 }
 
-
 static void conn_free_cb(uv_handle_t *h) {
   ps__conn *c = h->data;
   if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body.len);
@@ -102,7 +100,6 @@ static void shutdown_cb(uv_shutdown_t *req, int status) {
   c->closing = 0;
   ps__conn_close(c, st);
 }
-
 
 void ps__conn_close_after_flush(ps__conn *c, int status) {
   if (!c || c->closing) return;
