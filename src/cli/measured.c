@@ -108,17 +108,22 @@ static pred predict(double tc, double tw, double b, unsigned K, unsigned S, unsi
   return p;
 }
 
-int ps_cli_plan_measured(int argc, char **argv) {
-  const char *src = NULL;
-  int json = 0;
-  double cores = (double)sysconf(_SC_NPROCESSORS_ONLN);
-  unsigned ks[32] = {1, 2, 4, 8, 16}, ss[32] = {1, 2, 4};
-  int nk = 5, ns = 3;
+/* What `pshard plan --measured` was asked to do. */
+typedef struct m_opts {
+  const char *src;
+  int json;
+  double cores;
+  unsigned ks[32], ss[32]; /* worker and server counts to predict */
+  int nk, ns;
+} m_opts;
+
+/* The flags, into o. -1 to go on, or the exit status (usage printed as needed). */
+static int parse_flags(int argc, char **argv, m_opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strncmp(a, "--measured=", 11)) {
-      src = a + 11;
+      o->src = a + 11;
       continue;
     }
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -126,7 +131,7 @@ int ps_cli_plan_measured(int argc, char **argv) {
       return 0;
     }
     if (!strcmp(a, "--json")) {
-      json = 1;
+      o->json = 1;
       continue;
     }
     if (!v) {
@@ -136,35 +141,35 @@ int ps_cli_plan_measured(int argc, char **argv) {
     }
     i++;
     if (!strcmp(a, "--measured")) {
-      src = v;
+      o->src = v;
     } else if (!strcmp(a, "--cores")) {
       char *end;
-      cores = strtod(v, &end);
-      if (*end || !(cores >= 1)) {
+      o->cores = strtod(v, &end);
+      if (*end || !(o->cores >= 1)) {
         fprintf(stderr, "pshard plan: bad --cores '%s'\n", v);
         return 2;
       }
-    } else if (!strcmp(a, "--workers") && (nk = parse_list(v, ks, 32)) > 0) {
-    } else if (!strcmp(a, "--servers") && (ns = parse_list(v, ss, 32)) > 0) {
+    } else if (!strcmp(a, "--workers") && (o->nk = parse_list(v, o->ks, 32)) > 0) {
+    } else if (!strcmp(a, "--servers") && (o->ns = parse_list(v, o->ss, 32)) > 0) {
     } else {
       fprintf(stderr, "pshard plan: bad option or value: %s %s\n", a, v);
       usage(stderr);
       return 2;
     }
   }
-  if (!src) {
+  if (!o->src) {
     usage(stderr);
     return 2;
   }
-  static char text[1 << 20];
-  if (load(src, text, sizeof text)) return 1;
+  return -1;
+}
 
-  static wstat w[MAX_NODES];
-  int nw = 0;
-  unsigned S = 0;
+/* The "ps.*" metrics of each node in the counters text (which strtok cuts up), into
+ * w[0..*nw), and the number of servers the scheduler expected into *S. */
+static void read_metrics(char *text, wstat *w, int *nw, unsigned *S) {
   for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
     unsigned u;
-    if (sscanf(line, "servers_expected %u", &u) == 1) S = u;
+    if (sscanf(line, "servers_expected %u", &u) == 1) *S = u;
     unsigned node;
     char name[64];
     double val;
@@ -175,22 +180,33 @@ int ps_cli_plan_measured(int argc, char **argv) {
       if (!strcmp(name + 3, names[j])) idx = j;
     if (idx < 0) continue;
     int k;
-    for (k = 0; k < nw && w[k].node != node; k++) {}
-    if (k == nw) {
-      if (nw == MAX_NODES) continue;
-      memset(&w[nw], 0, sizeof w[nw]);
-      w[nw++].node = node;
+    for (k = 0; k < *nw && w[k].node != node; k++) {}
+    if (k == *nw) {
+      if (*nw == MAX_NODES) continue;
+      memset(&w[*nw], 0, sizeof w[*nw]);
+      w[(*nw)++].node = node;
     }
     w[k].v[idx] = val;
     w[k].have |= 1u << idx;
   }
-  /* Workers that trained: steps and examples reported. */
+}
+
+/* The measured job, averaged over the workers that trained (per worker and step). */
+typedef struct job {
+  unsigned K, S;
+  double tc, tw, b, B;    /* compute, communication, batch, bytes */
+  double pullw, pushw;    /* the two parts of tw */
+  double measured;        /* examples per second, all workers */
+} job;
+
+/* Average the workers that trained (steps and examples reported). K = 0 if none. */
+static job summarize(const wstat *w, int nw, unsigned S) {
   double sum_tc = 0, sum_tw = 0, sum_b = 0, sum_B = 0, sum_ex = 0, sum_train = 0, sum_pullw = 0, sum_pushw = 0;
-  unsigned K = 0;
+  job j = {.S = S};
   for (int k = 0; k < nw; k++) {
-    double *v = w[k].v;
+    const double *v = w[k].v;
     if (v[CLOCK] < 1 || v[EX] <= 0) continue;
-    K++;
+    j.K++;
     sum_tc += v[COMP] / v[CLOCK];
     sum_tw += (v[PULLW] + v[PUSHW]) / v[CLOCK];
     sum_pullw += v[PULLW] / v[CLOCK];
@@ -200,53 +216,86 @@ int ps_cli_plan_measured(int argc, char **argv) {
     sum_ex += v[EX];
     sum_train += v[COMP] + v[PULLW] + v[PUSHW];
   }
-  if (K == 0 || S == 0) {
-    fprintf(stderr, "pshard plan: no worker measurements in '%s' (workers report them about once a second; "
-                    "a job must run at least one step)\n", src);
-    return 1;
-  }
-  double tc = sum_tc / K, tw = sum_tw / K, b = sum_b / K, B = sum_B / K;
-  double measured = sum_ex / (sum_train / K);
-  pred self = predict(tc, tw, b, K, S, K, S, cores);
+  if (j.K == 0) return j;
+  unsigned K = j.K;
+  j.tc = sum_tc / K;
+  j.tw = sum_tw / K;
+  j.b = sum_b / K;
+  j.B = sum_B / K;
+  j.pullw = sum_pullw / K;
+  j.pushw = sum_pushw / K;
+  j.measured = sum_ex / (sum_train / K);
+  return j;
+}
 
-  if (json) {
-    printf("{\"measured\":{\"workers\":%u,\"servers\":%u,\"cores\":%g,\"batch\":%.6g,\"compute_s_per_step\":%.6g,"
-           "\"pull_wait_s_per_step\":%.6g,\"push_wait_s_per_step\":%.6g,\"bytes_per_step\":%.6g,"
-           "\"bandwidth_Bps\":%.6g,\"examples_per_s\":%.6g,\"predicted_examples_per_s\":%.6g,\"bottleneck\":\"%s\"},"
-           "\"predictions\":[",
-           K, S, cores, b, tc, sum_pullw / K, sum_pushw / K, B, tw > 0 ? B / tw : 0.0, measured, self.eps,
-           self.bottleneck);
-    int first = 1;
-    for (int i = 0; i < nk; i++)
-      for (int j = 0; j < ns; j++) {
-        pred p = predict(tc, tw, b, K, S, ks[i], ss[j], cores);
-        printf("%s{\"workers\":%u,\"servers\":%u,\"examples_per_s\":%.6g,\"compute_s_per_step\":%.6g,"
-               "\"comm_s_per_step\":%.6g,\"bottleneck\":\"%s\"}",
-               first ? "" : ",", p.k, p.s, p.eps, p.tc, p.tw, p.bottleneck);
-        first = 0;
-      }
-    printf("]}\n");
-    return 0;
-  }
-  printf("measured job: %u workers, %u servers, %g cores\n", K, S, cores);
-  printf("  per worker and step: %.0f examples; compute %.3f ms; waiting %.3f ms (pull %.3f, push %.3f)\n", b,
-         tc * 1e3, tw * 1e3, sum_pullw / K * 1e3, sum_pushw / K * 1e3);
-  printf("  traffic %.1f kB per step per worker (decimal units); %.3f GB/s while waiting\n", B / 1e3,
-         tw > 0 ? B / tw / 1e9 : 0.0);
+static pred predict_for(const job *j, unsigned k, unsigned s, double cores) {
+  return predict(j->tc, j->tw, j->b, j->K, j->S, k, s, cores);
+}
+
+static void print_json(const m_opts *o, const job *j) {
+  pred self = predict_for(j, j->K, j->S, o->cores);
+  printf("{\"measured\":{\"workers\":%u,\"servers\":%u,\"cores\":%g,\"batch\":%.6g,\"compute_s_per_step\":%.6g,"
+         "\"pull_wait_s_per_step\":%.6g,\"push_wait_s_per_step\":%.6g,\"bytes_per_step\":%.6g,"
+         "\"bandwidth_Bps\":%.6g,\"examples_per_s\":%.6g,\"predicted_examples_per_s\":%.6g,\"bottleneck\":\"%s\"},"
+         "\"predictions\":[",
+         j->K, j->S, o->cores, j->b, j->tc, j->pullw, j->pushw, j->B, j->tw > 0 ? j->B / j->tw : 0.0, j->measured,
+         self.eps, self.bottleneck);
+  int first = 1;
+  for (int i = 0; i < o->nk; i++)
+    for (int k = 0; k < o->ns; k++) {
+      pred p = predict_for(j, o->ks[i], o->ss[k], o->cores);
+      printf("%s{\"workers\":%u,\"servers\":%u,\"examples_per_s\":%.6g,\"compute_s_per_step\":%.6g,"
+             "\"comm_s_per_step\":%.6g,\"bottleneck\":\"%s\"}",
+             first ? "" : ",", p.k, p.s, p.eps, p.tc, p.tw, p.bottleneck);
+      first = 0;
+    }
+  printf("]}\n");
+}
+
+static void print_text(const m_opts *o, const job *j) {
+  pred self = predict_for(j, j->K, j->S, o->cores);
+  printf("measured job: %u workers, %u servers, %g cores\n", j->K, j->S, o->cores);
+  printf("  per worker and step: %.0f examples; compute %.3f ms; waiting %.3f ms (pull %.3f, push %.3f)\n", j->b,
+         j->tc * 1e3, j->tw * 1e3, j->pullw * 1e3, j->pushw * 1e3);
+  printf("  traffic %.1f kB per step per worker (decimal units); %.3f GB/s while waiting\n", j->B / 1e3,
+         j->tw > 0 ? j->B / j->tw / 1e9 : 0.0);
   printf("  measured %.0f examples/s; the model gives %.0f for this configuration (%+.1f%%); bottleneck: %s\n",
-         measured, self.eps, (self.eps / measured - 1) * 100, self.bottleneck);
+         j->measured, self.eps, (self.eps / j->measured - 1) * 100, self.bottleneck);
   printf("\npredicted examples/s (bottleneck)\n%8s", "K \\ S");
-  for (int j = 0; j < ns; j++) printf("  %24u", ss[j]);
+  for (int k = 0; k < o->ns; k++) printf("  %24u", o->ss[k]);
   printf("\n");
-  for (int i = 0; i < nk; i++) {
-    printf("%8u", ks[i]);
-    for (int j = 0; j < ns; j++) {
-      pred p = predict(tc, tw, b, K, S, ks[i], ss[j], cores);
+  for (int i = 0; i < o->nk; i++) {
+    printf("%8u", o->ks[i]);
+    for (int k = 0; k < o->ns; k++) {
+      pred p = predict_for(j, o->ks[i], o->ss[k], o->cores);
       char cell[64];
       snprintf(cell, sizeof cell, "%.0f (%s)", p.eps, p.bottleneck);
       printf("  %24s", cell);
     }
     printf("\n");
   }
+}
+
+int ps_cli_plan_measured(int argc, char **argv) {
+  m_opts o = {.cores = (double)sysconf(_SC_NPROCESSORS_ONLN), .ks = {1, 2, 4, 8, 16}, .ss = {1, 2, 4}, .nk = 5, .ns = 3};
+  int rc = parse_flags(argc, argv, &o);
+  if (rc >= 0) return rc;
+  static char text[1 << 20];
+  if (load(o.src, text, sizeof text)) return 1;
+
+  static wstat w[MAX_NODES];
+  int nw = 0;
+  unsigned S = 0;
+  read_metrics(text, w, &nw, &S);
+  job j = summarize(w, nw, S);
+  if (j.K == 0 || S == 0) {
+    fprintf(stderr, "pshard plan: no worker measurements in '%s' (workers report them about once a second; "
+                    "a job must run at least one step)\n", o.src);
+    return 1;
+  }
+  if (o.json)
+    print_json(&o, &j);
+  else
+    print_text(&o, &j);
   return 0;
 }

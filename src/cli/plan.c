@@ -219,16 +219,11 @@ typedef struct plan_opts {
   int binary, json;
 } plan_opts;
 
-static void print_table(const plan_opts *po, const ps__plan_out *o) {
+/* The table's sections, in order. v holds a row's value; a row whose figure is NaN
+ * prints n/a instead, so v may then hold anything. */
+static void print_inputs(const plan_opts *po) {
   const ps__plan_in *in = &po->in;
-  char v[512], a[64], b[64], c[64], l[128], r[256];
-  int bin = po->binary;
-
-  printf("pshard plan (sizes in %s units: 1 %s = %s B; links in decimal: 1 Gbit/s = 10^9 "
-         "bit/s)\n",
-         bin ? "binary" : "decimal", bin ? "GiB" : "GB", bin ? "2^30" : "10^9");
-
-  printf("\ninputs\n");
+  char v[512], a[64], r[256];
   if (in->params > 0) {
     snprintf(v, sizeof v, "%s", fmt_int(a, sizeof a, in->params));
     row("parameters P", v);
@@ -245,7 +240,12 @@ static void print_table(const plan_opts *po, const ps__plan_out *o) {
   snprintf(v, sizeof v, "S = %g, K = %g", in->servers, in->workers);
   row("servers, workers", v);
   row("link", in->link > 0 ? fmt_rate(r, sizeof r, in->link) : "not given (--link)");
+}
 
+static void print_memory_traffic(const plan_opts *po, const ps__plan_out *o) {
+  const ps__plan_in *in = &po->in;
+  char v[512], a[64], l[128];
+  int bin = po->binary;
   printf("\nmemory\n");
   snprintf(l, sizeof l, "weights only (%s)", po->weight_prec);
   row_v(l, o->weights_bytes, fmt_bytes(v, sizeof v, o->weights_bytes, bin), "--params");
@@ -265,7 +265,11 @@ static void print_table(const plan_opts *po, const ps__plan_out *o) {
         fmt_bytes(v, sizeof v, o->traffic_bytes, bin), "--params or --gradient");
   row_v("push + pull, per server (2 K G / S)", o->traffic_per_server,
         fmt_bytes(v, sizeof v, o->traffic_per_server, bin), "--params or --gradient");
+}
 
+static void print_time(const plan_opts *po, const ps__plan_out *o) {
+  const ps__plan_in *in = &po->in;
+  char v[512] = "", a[64], b[64], c[64], l[128];
   printf("\ntime\n");
   row_v("one push on the link (G / link)", o->push_time, fmt_time(v, sizeof v, o->push_time),
         "--link and --params");
@@ -295,7 +299,11 @@ static void print_table(const plan_opts *po, const ps__plan_out *o) {
              fmt_int(b, sizeof b, from));
   }
   row_v("communication dominates for", o->k_comm, v, "step time, --link and --params");
+}
 
+static void print_batch(const plan_opts *po, const ps__plan_out *o) {
+  const ps__plan_in *in = &po->in;
+  char v[512] = "", a[64], b[64], c[64], l[128];
   printf("\nbatch and learning rate\n");
   if (!isnan(o->global_batch))
     snprintf(v, sizeof v, "%s (K = %g x %s)", fmt_int(a, sizeof a, o->global_batch),
@@ -326,6 +334,18 @@ static void print_table(const plan_opts *po, const ps__plan_out *o) {
       snprintf(v, sizeof v, "%s (%s), linear from the base rate (Goyal et al. 2017)", ep, st);
     row("warm-up", v);
   }
+}
+
+static void print_table(const plan_opts *po, const ps__plan_out *o) {
+  int bin = po->binary;
+  printf("pshard plan (sizes in %s units: 1 %s = %s B; links in decimal: 1 Gbit/s = 10^9 "
+         "bit/s)\n",
+         bin ? "binary" : "decimal", bin ? "GiB" : "GB", bin ? "2^30" : "10^9");
+  printf("\ninputs\n");
+  print_inputs(po);
+  print_memory_traffic(po, o);
+  print_time(po, o);
+  print_batch(po, o);
 }
 
 /* A JSON number, or null for an unknown figure. */
@@ -381,21 +401,49 @@ static void print_json(const plan_opts *po, const ps__plan_out *o) {
 
 enum { V_COUNT, V_REAL, V_SIZE, V_RATE, V_TIME, V_NONNEG };
 
-int ps_cli_plan(int argc, char **argv) {
-  plan_opts po;
-  memset(&po, 0, sizeof po);
-  ps__plan_in_init(&po.in);
-  ps__plan_in *in = &po.in;
-  const char *recipe = "mixed-adam";
-  double state_bytes = 0;
+static const char *const hints[] = {
+    [V_COUNT] = "a whole number >= 1",
+    [V_REAL] = "a positive number",
+    [V_SIZE] = "a size such as 14GB, 13GiB, 512MiB or a number of bytes",
+    [V_RATE] = "a rate with its unit, such as 100Gbit/s or 12.5GB/s",
+    [V_TIME] = "a duration with its unit, such as 250ms, 1.5s, 3h or 64d",
+    [V_NONNEG] = "a number >= 0",
+};
 
-  const struct {
-    const char *name;
-    int kind;
-    double *dst;
-  } numeric[] = {
+/* A numeric option: its name, the kind of value it takes, where the value goes. */
+typedef struct num_opt {
+  const char *name;
+  int kind;
+  double *dst;
+} num_opt;
+
+/* val as option name's value of the given kind, into *dst. 0, or 2 (said why). */
+static int parse_value(const char *name, int kind, const char *val, double *dst) {
+  double v = 0;
+  int rc;
+  switch (kind) {
+  case V_COUNT: rc = parse_number(val, 1, 0, &v); break;
+  case V_REAL: rc = parse_number(val, 0, 0, &v); break;
+  case V_SIZE: rc = ps__parse_bytes(val, &v) || v <= 0 ? -1 : 0; break;
+  case V_RATE: rc = ps__parse_rate(val, &v) || v <= 0 ? -1 : 0; break;
+  case V_TIME: rc = ps__parse_duration(val, &v) || v <= 0 ? -1 : 0; break;
+  default: rc = parse_number(val, 0, 1, &v); break;
+  }
+  if (rc) {
+    fprintf(stderr, "pshard plan: %s: cannot parse '%s': expected %s\n", name, val, hints[kind]);
+    return 2;
+  }
+  *dst = v;
+  return 0;
+}
+
+/* The flags into po; --recipe into *recipe, --bytes-per-param into *state_bytes. -1 to
+ * go on, or the exit status. */
+static int plan_parse_flags(int argc, char **argv, plan_opts *po, const char **recipe, double *state_bytes) {
+  ps__plan_in *in = &po->in;
+  const num_opt numeric[] = {
       {"--params", V_REAL, &in->params},
-      {"--bytes-per-param", V_REAL, &state_bytes},
+      {"--bytes-per-param", V_REAL, state_bytes},
       {"--gradient", V_SIZE, &in->push_bytes},
       {"--servers", V_COUNT, &in->servers},
       {"--workers", V_COUNT, &in->workers},
@@ -412,17 +460,7 @@ int ps_cli_plan(int argc, char **argv) {
       {"--warmup-epochs", V_NONNEG, &in->warmup_epochs},
       {"--warmup-steps", V_COUNT, &in->warmup_steps},
   };
-  static const char *const hints[] = {
-      [V_COUNT] = "a whole number >= 1",
-      [V_REAL] = "a positive number",
-      [V_SIZE] = "a size such as 14GB, 13GiB, 512MiB or a number of bytes",
-      [V_RATE] = "a rate with its unit, such as 100Gbit/s or 12.5GB/s",
-      [V_TIME] = "a duration with its unit, such as 250ms, 1.5s, 3h or 64d",
-      [V_NONNEG] = "a number >= 0",
-  };
-
-  for (int i = 1; i < argc; i++)
-    if (!strcmp(argv[i], "--measured") || !strncmp(argv[i], "--measured=", 11)) return ps_cli_plan_measured(argc, argv);
+  const size_t nnum = sizeof numeric / sizeof numeric[0];
   for (int i = 1; i < argc; i++) {
     const char *arg = argv[i];
     if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
@@ -430,15 +468,14 @@ int ps_cli_plan(int argc, char **argv) {
       return 0;
     }
     if (!strcmp(arg, "--json")) {
-      po.json = 1;
+      po->json = 1;
       continue;
     }
     if (!strcmp(arg, "--binary")) {
-      po.binary = 1;
+      po->binary = 1;
       continue;
     }
-    if (strncmp(arg, "--", 2) != 0)
-      return usage_error("unexpected argument '%s'", arg);
+    if (strncmp(arg, "--", 2) != 0) return usage_error("unexpected argument '%s'", arg);
 
     /* --flag value or --flag=value */
     char name[64];
@@ -449,69 +486,66 @@ int ps_cli_plan(int argc, char **argv) {
     name[nlen] = '\0';
     if (eq) val = eq + 1;
 
-    int known = 0;
-    const char **sval = !strcmp(name, "--recipe")             ? &recipe
-                        : !strcmp(name, "--weight-precision") ? &po.weight_prec
-                        : !strcmp(name, "--grad-precision")   ? &po.grad_prec
+    const char **sval = !strcmp(name, "--recipe")             ? recipe
+                        : !strcmp(name, "--weight-precision") ? &po->weight_prec
+                        : !strcmp(name, "--grad-precision")   ? &po->grad_prec
                                                               : NULL;
     size_t k = 0;
-    if (sval) {
-      known = 1;
-    } else {
-      for (; k < sizeof numeric / sizeof numeric[0]; k++)
-        if (!strcmp(name, numeric[k].name)) break;
-      known = k < sizeof numeric / sizeof numeric[0];
-    }
-    if (!known) return usage_error("unknown option '%s'", name);
+    if (!sval)
+      while (k < nnum && strcmp(name, numeric[k].name)) k++;
+    if (!sval && k == nnum) return usage_error("unknown option '%s'", name);
     if (!val) {
       if (i + 1 >= argc) return usage_error("%s needs a value", name);
       val = argv[++i];
     }
-    if (sval) {
-      *sval = val;
-      continue;
-    }
-    double v = 0;
-    int rc;
-    switch (numeric[k].kind) {
-    case V_COUNT: rc = parse_number(val, 1, 0, &v); break;
-    case V_REAL: rc = parse_number(val, 0, 0, &v); break;
-    case V_SIZE: rc = ps__parse_bytes(val, &v) || v <= 0 ? -1 : 0; break;
-    case V_RATE: rc = ps__parse_rate(val, &v) || v <= 0 ? -1 : 0; break;
-    case V_TIME: rc = ps__parse_duration(val, &v) || v <= 0 ? -1 : 0; break;
-    default: rc = parse_number(val, 0, 1, &v); break;
-    }
-    if (rc) {
-      fprintf(stderr, "pshard plan: %s: cannot parse '%s': expected %s\n", name, val,
-              hints[numeric[k].kind]);
-      return 2;
-    }
-    *numeric[k].dst = v;
+    if (sval) *sval = val;
+    else if (parse_value(name, numeric[k].kind, val, numeric[k].dst)) return 2;
   }
+  return -1;
+}
 
-  po.recipe = ps__plan_recipe_find(recipe);
-  if (!po.recipe) {
+/* The recipe and the precisions, defaults filled in. -1 to go on, or the exit status. */
+static int plan_resolve(plan_opts *po, const char *recipe, double state_bytes) {
+  ps__plan_in *in = &po->in;
+  po->recipe = ps__plan_recipe_find(recipe);
+  if (!po->recipe) {
     fprintf(stderr, "pshard plan: --recipe: unknown recipe '%s' (known:", recipe);
     for (size_t i = 0; ps__plan_recipe_at(i); i++)
       fprintf(stderr, " %s", ps__plan_recipe_at(i)->name);
     fprintf(stderr, ")\n");
     return 2;
   }
-  in->state_bytes = state_bytes > 0 ? state_bytes : po.recipe->state_bytes;
-  po.state_overridden = state_bytes > 0;
-  if (!po.weight_prec) po.weight_prec = po.recipe->weight_prec;
-  if (!po.grad_prec) po.grad_prec = po.recipe->grad_prec;
-  in->weight_bytes = ps__plan_precision_bytes(po.weight_prec);
+  in->state_bytes = state_bytes > 0 ? state_bytes : po->recipe->state_bytes;
+  po->state_overridden = state_bytes > 0;
+  if (!po->weight_prec) po->weight_prec = po->recipe->weight_prec;
+  if (!po->grad_prec) po->grad_prec = po->recipe->grad_prec;
+  in->weight_bytes = ps__plan_precision_bytes(po->weight_prec);
   if (in->weight_bytes == 0)
-    return usage_error("--weight-precision: unknown precision '%s' (%s)", po.weight_prec,
+    return usage_error("--weight-precision: unknown precision '%s' (%s)", po->weight_prec,
                        PRECISIONS);
-  in->grad_bytes = ps__plan_precision_bytes(po.grad_prec);
+  in->grad_bytes = ps__plan_precision_bytes(po->grad_prec);
   if (in->grad_bytes == 0)
-    return usage_error("--grad-precision: unknown precision '%s' (%s)", po.grad_prec,
+    return usage_error("--grad-precision: unknown precision '%s' (%s)", po->grad_prec,
                        PRECISIONS);
+  return -1;
+}
+
+int ps_cli_plan(int argc, char **argv) {
+  plan_opts po;
+  memset(&po, 0, sizeof po);
+  ps__plan_in_init(&po.in);
+  const char *recipe = "mixed-adam";
+  double state_bytes = 0;
+  int rc;
+
+  for (int i = 1; i < argc; i++)
+    if (!strcmp(argv[i], "--measured") || !strncmp(argv[i], "--measured=", 11)) return ps_cli_plan_measured(argc, argv);
+  if ((rc = plan_parse_flags(argc, argv, &po, &recipe, &state_bytes)) >= 0 ||
+      (rc = plan_resolve(&po, recipe, state_bytes)) >= 0)
+    return rc;
 
   ps__plan_out out;
-  if (ps__plan_compute(in, &out)) {
+  if (ps__plan_compute(&po.in, &out)) {
     fprintf(stderr, "pshard %s\n", ps_errmsg());
     return 2;
   }

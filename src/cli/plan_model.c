@@ -55,7 +55,9 @@ static int bad(const char *what, double v) {
 
 static int is_count(double v) { return v >= 1 && v == floor(v) && v <= 1e15; }
 
-int ps__plan_compute(const ps__plan_in *in, ps__plan_out *out) {
+/* Every input finite and >= 0, the counts whole, at most two of the three compute
+ * figures. 0 or PS_ERR_INVALID with the reason. */
+static int check_inputs(const ps__plan_in *in) {
   const struct {
     const char *name;
     double v;
@@ -82,8 +84,94 @@ int ps__plan_compute(const ps__plan_in *in, ps__plan_out *out) {
     return ps__fail(PS_ERR_INVALID,
                     "plan: give at most two of step time, job time and steps (the third "
                     "follows from them)");
+  return 0;
+}
 
+/* Memory and traffic. Returns G, one worker's push per step (NaN if unknown). */
+static double plan_memory_traffic(const ps__plan_in *in, ps__plan_out *o) {
   const double S = in->servers, K = in->workers, nan = NAN;
+  if (in->params > 0) {
+    if (in->weight_bytes > 0) o->weights_bytes = in->params * in->weight_bytes;
+    if (in->state_bytes > 0) {
+      o->state_bytes = in->params * in->state_bytes;
+      o->state_per_server = o->state_bytes / S;
+      if (in->server_mem > 0) o->servers_needed = ceil(o->state_bytes / in->server_mem);
+    }
+  }
+  double G = in->push_bytes > 0 ? in->push_bytes
+             : in->params > 0 && in->grad_bytes > 0 ? in->params * in->grad_bytes
+                                                    : nan;
+  if (!isnan(G)) {
+    o->push_bytes = G;
+    o->traffic_bytes = 2 * K * G;
+    o->traffic_per_server = 2 * K * G / S;
+    if (in->link > 0) {
+      o->push_time = G / in->link;
+      o->comm_time = 2 * fmax(G, K * G / S) / in->link;
+    }
+  }
+  return G;
+}
+
+/* Compute and time, after plan_memory_traffic (comm_time; G its result). */
+static void plan_time(const ps__plan_in *in, double G, ps__plan_out *o) {
+  const double S = in->servers, K = in->workers, nan = NAN;
+  /* Any two of step time, job time and steps give the third. */
+  o->step_time_1 = in->step_time > 0 ? in->step_time
+                   : in->job_time > 0 && in->steps > 0 ? in->job_time / in->steps
+                                                       : nan;
+  o->job_time_1 = in->job_time > 0 ? in->job_time
+                  : in->step_time > 0 && in->steps > 0 ? in->step_time * in->steps
+                                                       : nan;
+  o->steps = in->steps > 0 ? in->steps
+             : in->step_time > 0 && in->job_time > 0 ? in->job_time / in->step_time
+                                                     : nan;
+  o->step_compute = o->step_time_1 / K;
+  o->job_compute = o->job_time_1 / K;
+  o->step_serial = o->step_compute + o->comm_time;
+  o->step_overlap = isnan(o->step_compute) || isnan(o->comm_time) ? nan
+                                                                  : fmax(o->step_compute, o->comm_time);
+  o->job_serial = o->steps * o->step_serial;
+  o->job_overlap = o->steps * o->step_overlap;
+
+  /* comm(K) = 2G/L while K <= S, 2GK/(SL) beyond; compute(K) = T1/K. The crossing is
+   * at Ka = T1 L / 2G if that is <= S, else at sqrt(S Ka). */
+  if (!isnan(o->step_time_1) && !isnan(G) && G > 0 && in->link > 0) {
+    double ka = o->step_time_1 * in->link / (2 * G);
+    o->k_comm = ka <= S ? ka : sqrt(S * ka);
+  }
+}
+
+/* Batch, learning rate, warm-up (Goyal et al. 2017: ramp linearly from the base rate
+ * to the scaled rate over the first 5 epochs, when the rate is scaled up). */
+static void plan_batch(const ps__plan_in *in, ps__plan_out *o) {
+  const double K = in->workers, nan = NAN;
+  if (in->batch > 0) {
+    o->global_batch = K * in->batch;
+    if (in->samples > 0) o->steps_per_epoch = ceil(in->samples / o->global_batch);
+    if (in->ref_batch > 0 && in->ref_lr > 0)
+      o->lr = in->ref_lr * o->global_batch / in->ref_batch;
+    if (in->warmup_steps > 0) {
+      o->warmup_steps = in->warmup_steps;
+      o->warmup_epochs = in->warmup_steps / o->steps_per_epoch;
+    } else if (in->ref_batch > 0 && o->global_batch <= in->ref_batch) {
+      o->warmup_epochs = 0;
+      o->warmup_steps = 0;
+    } else if (in->ref_batch > 0) {
+      o->warmup_epochs = in->warmup_epochs;
+      o->warmup_steps = in->warmup_epochs == 0 ? 0
+                        : in->samples > 0 ? ceil(in->warmup_epochs * in->samples / o->global_batch)
+                                          : nan;
+    }
+  } else if (in->warmup_steps > 0) {
+    o->warmup_steps = in->warmup_steps;
+  }
+}
+
+int ps__plan_compute(const ps__plan_in *in, ps__plan_out *out) {
+  int rc = check_inputs(in);
+  if (rc) return rc;
+  const double nan = NAN;
   ps__plan_out o = {
       .weights_bytes = nan, .state_bytes = nan,  .state_per_server = nan,
       .servers_needed = nan, .push_bytes = nan,  .traffic_bytes = nan,
@@ -94,79 +182,9 @@ int ps__plan_compute(const ps__plan_in *in, ps__plan_out *out) {
       .k_comm = nan,        .global_batch = nan, .lr = nan,
       .steps_per_epoch = nan, .warmup_epochs = nan, .warmup_steps = nan,
   };
-
-  /* Memory. */
-  if (in->params > 0) {
-    if (in->weight_bytes > 0) o.weights_bytes = in->params * in->weight_bytes;
-    if (in->state_bytes > 0) {
-      o.state_bytes = in->params * in->state_bytes;
-      o.state_per_server = o.state_bytes / S;
-      if (in->server_mem > 0) o.servers_needed = ceil(o.state_bytes / in->server_mem);
-    }
-  }
-
-  /* Traffic. */
-  double G = in->push_bytes > 0 ? in->push_bytes
-             : in->params > 0 && in->grad_bytes > 0 ? in->params * in->grad_bytes
-                                                    : nan;
-  if (!isnan(G)) {
-    o.push_bytes = G;
-    o.traffic_bytes = 2 * K * G;
-    o.traffic_per_server = 2 * K * G / S;
-    if (in->link > 0) {
-      o.push_time = G / in->link;
-      o.comm_time = 2 * fmax(G, K * G / S) / in->link;
-    }
-  }
-
-  /* Compute: any two of step time, job time and steps give the third. */
-  o.step_time_1 = in->step_time > 0 ? in->step_time
-                  : in->job_time > 0 && in->steps > 0 ? in->job_time / in->steps
-                                                      : nan;
-  o.job_time_1 = in->job_time > 0 ? in->job_time
-                 : in->step_time > 0 && in->steps > 0 ? in->step_time * in->steps
-                                                      : nan;
-  o.steps = in->steps > 0 ? in->steps
-            : in->step_time > 0 && in->job_time > 0 ? in->job_time / in->step_time
-                                                    : nan;
-  o.step_compute = o.step_time_1 / K;
-  o.job_compute = o.job_time_1 / K;
-  o.step_serial = o.step_compute + o.comm_time;
-  o.step_overlap = isnan(o.step_compute) || isnan(o.comm_time) ? nan
-                                                               : fmax(o.step_compute, o.comm_time);
-  o.job_serial = o.steps * o.step_serial;
-  o.job_overlap = o.steps * o.step_overlap;
-
-  /* comm(K) = 2G/L while K <= S, 2GK/(SL) beyond; compute(K) = T1/K. The crossing is
-   * at Ka = T1 L / 2G if that is <= S, else at sqrt(S Ka). */
-  if (!isnan(o.step_time_1) && !isnan(G) && G > 0 && in->link > 0) {
-    double ka = o.step_time_1 * in->link / (2 * G);
-    o.k_comm = ka <= S ? ka : sqrt(S * ka);
-  }
-
-  /* Batch, learning rate, warm-up (Goyal et al. 2017: ramp linearly from the base rate
-   * to the scaled rate over the first 5 epochs, when the rate is scaled up). */
-  if (in->batch > 0) {
-    o.global_batch = K * in->batch;
-    if (in->samples > 0) o.steps_per_epoch = ceil(in->samples / o.global_batch);
-    if (in->ref_batch > 0 && in->ref_lr > 0)
-      o.lr = in->ref_lr * o.global_batch / in->ref_batch;
-    if (in->warmup_steps > 0) {
-      o.warmup_steps = in->warmup_steps;
-      o.warmup_epochs = in->warmup_steps / o.steps_per_epoch;
-    } else if (in->ref_batch > 0 && o.global_batch <= in->ref_batch) {
-      o.warmup_epochs = 0;
-      o.warmup_steps = 0;
-    } else if (in->ref_batch > 0) {
-      o.warmup_epochs = in->warmup_epochs;
-      o.warmup_steps = in->warmup_epochs == 0 ? 0
-                       : in->samples > 0 ? ceil(in->warmup_epochs * in->samples / o.global_batch)
-                                         : nan;
-    }
-  } else if (in->warmup_steps > 0) {
-    o.warmup_steps = in->warmup_steps;
-  }
-
+  double G = plan_memory_traffic(in, &o);
+  plan_time(in, G, &o);
+  plan_batch(in, &o);
   *out = o;
   return 0;
 }

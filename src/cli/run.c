@@ -279,7 +279,18 @@ static const char *self_exe(void) {
   return path;
 }
 
-int ps_cli_run(int argc, char **argv) {
+/* What `pshard run` was asked to do. */
+typedef struct run_opts {
+  uint64_t S, K, hbt, prog, grace;
+  const char *mode;      /* NULL: sync */
+  const char *transport;
+  const char *stats_out; /* NULL: none */
+  int verbose, colocate, s_given;
+  char **cmd;            /* the worker command, NULL-terminated */
+} run_opts;
+
+/* The flags, into o. -1 to go on, or the exit status (usage printed as needed). */
+static int run_parse_flags(int argc, char **argv, run_opts *o) {
   static const struct option opts[] = {
       {"servers", required_argument, 0, 's'}, {"workers", required_argument, 0, 'w'},
       {"heartbeat-timeout-ms", required_argument, 0, 't'}, {"progress-ms", required_argument, 0, 'P'},
@@ -287,24 +298,20 @@ int ps_cli_run(int argc, char **argv) {
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
       {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
       {"colocate", no_argument, 0, 'C'},      {0, 0, 0, 0}};
-  const char *stats_out = NULL;
-  uint64_t S = 1, K = 1, hbt = 3000, prog = 1000, grace = 3000;
-  const char *mode = NULL;
-  const char *transport = "auto";
-  int verbose = 0, colocate = 0, s_given = 0, c;
+  int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:w:h", opts, NULL)) != -1) {
     uint64_t *dst = NULL, max = 0;
     switch (c) {
-    case 's': dst = &S; max = 256; s_given = 1; break;
-    case 'C': colocate = 1; break;
-    case 'w': dst = &K; max = 512; break;
-    case 't': dst = &hbt; max = 86400000; break;
-    case 'P': dst = &prog; max = 3600000; break;
-    case 'g': dst = &grace; max = 600000; break;
-    case 'T': transport = optarg; break;
-    case 'o': stats_out = optarg; break;
+    case 's': dst = &o->S; max = 256; o->s_given = 1; break;
+    case 'C': o->colocate = 1; break;
+    case 'w': dst = &o->K; max = 512; break;
+    case 't': dst = &o->hbt; max = 86400000; break;
+    case 'P': dst = &o->prog; max = 3600000; break;
+    case 'g': dst = &o->grace; max = 600000; break;
+    case 'T': o->transport = optarg; break;
+    case 'o': o->stats_out = optarg; break;
     case 'm': {
       ps__mode m;
       char msg[160];
@@ -312,10 +319,10 @@ int ps_cli_run(int argc, char **argv) {
         fprintf(stderr, "pshard run: --mode: %s\n", msg);
         return 2;
       }
-      mode = optarg;
+      o->mode = optarg;
       break;
     }
-    case 'v': verbose = 1; break;
+    case 'v': o->verbose = 1; break;
     case 'h': run_usage(stdout); return 0;
     default:
       fprintf(stderr, "pshard run: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -328,23 +335,28 @@ int ps_cli_run(int argc, char **argv) {
       return 2;
     }
   }
-  if (colocate) {
-    if (s_given && S != K) {
+  return -1;
+}
+
+/* The flags and the command together. -1 to go on, or the exit status. */
+static int run_check(int argc, char **argv, run_opts *o) {
+  if (o->colocate) {
+    if (o->s_given && o->S != o->K) {
       fprintf(stderr, "pshard run: --colocate runs one server in each worker: -s must equal -w (or be left out)\n");
       return 2;
     }
-    if (K > 256) {
+    if (o->K > 256) {
       fprintf(stderr, "pshard run: --colocate: at most 256 servers, so at most 256 workers\n");
       return 2;
     }
-    S = K;
+    o->S = o->K;
   }
-  if (S == 0 || K == 0 || hbt == 0) {
+  if (o->S == 0 || o->K == 0 || o->hbt == 0) {
     fprintf(stderr, "pshard run: servers, workers and the heartbeat timeout must be at least 1\n");
     return 2;
   }
-  if (strcmp(transport, "auto") && strcmp(transport, "tcp")) {
-    fprintf(stderr, "pshard run: bad --transport '%s' (auto or tcp)\n", transport);
+  if (strcmp(o->transport, "auto") && strcmp(o->transport, "tcp")) {
+    fprintf(stderr, "pshard run: bad --transport '%s' (auto or tcp)\n", o->transport);
     return 2;
   }
   if (optind >= argc) {
@@ -352,8 +364,13 @@ int ps_cli_run(int argc, char **argv) {
     run_usage(stderr);
     return 2;
   }
-  char **cmd = argv + optind;
+  o->cmd = argv + optind;
+  return -1;
+}
 
+/* The job's temporary directory (its name into run_dir, removed at exit) and the
+ * signal handling of the output loop. 0, or the exit status. */
+static int run_prepare(void) {
   char dir[] = "/tmp/pshard-run-XXXXXX";
   if (!mkdtemp(dir)) {
     fprintf(stderr, "pshard run: cannot create a temporary directory: %s\n", strerror(errno));
@@ -361,9 +378,6 @@ int ps_cli_run(int argc, char **argv) {
   }
   snprintf(run_dir, sizeof run_dir, "%s", dir);
   atexit(cleanup_dir);
-  char addr_file[256], addr[128] = "";
-  snprintf(addr_file, sizeof addr_file, "%s/addr", dir);
-
   if (pipe(sig_pipe) != 0) return 1;
   fcntl(sig_pipe[0], F_SETFL, O_NONBLOCK);
   fcntl(sig_pipe[1], F_SETFL, O_NONBLOCK);
@@ -374,25 +388,26 @@ int ps_cli_run(int argc, char **argv) {
   sigaction(SIGTERM, &sa, NULL);
   sigaction(SIGCHLD, &sa, NULL);
   signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
 
-  const char *exe = self_exe();
+/* Start the scheduler (procs[0]) and wait up to 10 s for its address in addr_file.
+ * -1 with the address in addr, or the exit status (everything stopped). */
+static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, char *addr, size_t cap, uint64_t t0) {
   char s_s[16], s_k[16], s_hbt[24];
-  snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)S);
-  snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
-  snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)hbt);
+  snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o->S);
+  snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)o->K);
+  snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)o->hbt);
   char *sched_argv[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
-                        "--heartbeat-timeout-ms", s_hbt, verbose ? "--verbose" : NULL, NULL};
-  int status = 0;
-  uint64_t t0 = ps__now_ms();
+                        "--heartbeat-timeout-ms", s_hbt, o->verbose ? "--verbose" : NULL, NULL};
   if (!spawn("scheduler", 0, sched_argv, NULL)) {
     fprintf(stderr, "pshard run: cannot start the scheduler\n");
     return 1;
   }
-  /* Wait for the scheduler's address. */
   while (ps__now_ms() - t0 < 10000) {
     FILE *f = fopen(addr_file, "r");
     if (f) {
-      if (fgets(addr, sizeof addr, f)) addr[strcspn(addr, "\n")] = '\0';
+      if (fgets(addr, (int)cap, f)) addr[strcspn(addr, "\n")] = '\0';
       fclose(f);
       if (addr[0]) break;
     }
@@ -403,74 +418,135 @@ int ps_cli_run(int argc, char **argv) {
   }
   if (!addr[0]) {
     fprintf(stderr, "pshard run: the scheduler did not start\n");
-    stop_all((int)grace);
+    stop_all((int)o->grace);
     return procs[0].exited && procs[0].status ? procs[0].status : 1;
   }
-  char *srv_argv[] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)transport,
-                      verbose ? "--verbose" : NULL, NULL};
-  for (uint64_t i = 0; i < (colocate ? 0 : S); i++) {
+  return -1;
+}
+
+/* Start the S servers (none when colocated) and the K workers. -1, or the exit status
+ * (everything stopped). */
+static int run_nodes(const run_opts *o, const char *exe, char *addr) {
+  char *srv_argv[] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)o->transport,
+                      o->verbose ? "--verbose" : NULL, NULL};
+  for (uint64_t i = 0; i < (o->colocate ? 0 : o->S); i++) {
     char name[32];
     snprintf(name, sizeof name, "server %llu", (unsigned long long)i);
     if (!spawn(name, 0, srv_argv, NULL)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
-      stop_all((int)grace);
+      stop_all((int)o->grace);
       return 1;
     }
   }
   static char env_role[] = "PSHARD_ROLE=worker";
   char env_sched[160], env_s[48], env_k[48], env_t[48], env_m[64];
-  snprintf(env_m, sizeof env_m, "PSHARD_MODE=%s", mode ? mode : "sync");
+  snprintf(env_m, sizeof env_m, "PSHARD_MODE=%s", o->mode ? o->mode : "sync");
   snprintf(env_sched, sizeof env_sched, "PSHARD_SCHEDULER=%s", addr);
-  snprintf(env_s, sizeof env_s, "PSHARD_SERVERS=%llu", (unsigned long long)S);
-  snprintf(env_k, sizeof env_k, "PSHARD_WORKERS=%llu", (unsigned long long)K);
-  snprintf(env_t, sizeof env_t, "PSHARD_TRANSPORT=%s", transport);
-  for (uint64_t i = 0; i < K; i++) {
+  snprintf(env_s, sizeof env_s, "PSHARD_SERVERS=%llu", (unsigned long long)o->S);
+  snprintf(env_k, sizeof env_k, "PSHARD_WORKERS=%llu", (unsigned long long)o->K);
+  snprintf(env_t, sizeof env_t, "PSHARD_TRANSPORT=%s", o->transport);
+  for (uint64_t i = 0; i < o->K; i++) {
     char name[32], *env_i = ps__malloc(48);
     if (!env_i) break;
     snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
     snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
     static char env_colo[] = "PSHARD_COLOCATE=1";
-    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m, colocate ? env_colo : NULL, NULL};
-    if (!spawn(name, 1, cmd, env)) {
+    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m, o->colocate ? env_colo : NULL, NULL};
+    if (!spawn(name, 1, o->cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
-      stop_all((int)grace);
+      stop_all((int)o->grace);
       return 1;
     }
     free(env_i); /* the child has its own copy */
   }
+  return -1;
+}
 
-  int tty = isatty(2);
+/* Wait up to 200 ms for output or a signal, and pass on what arrived. */
+static void run_poll(void) {
+  struct pollfd pf[MAX_PROCS + 1];
+  int map[MAX_PROCS + 1], n = 0;
+  pf[n].fd = sig_pipe[0];
+  pf[n].events = POLLIN;
+  map[n++] = -1;
+  for (int i = 0; i < nprocs; i++) {
+    if (procs[i].fd < 0) continue;
+    pf[n].fd = procs[i].fd;
+    pf[n].events = POLLIN;
+    map[n++] = i;
+  }
+  int r = poll(pf, (nfds_t)n, 200);
+  if (r <= 0) return;
+  for (int i = 0; i < n; i++) {
+    if (!pf[i].revents) continue;
+    if (map[i] < 0) {
+      char b[64];
+      while (read(sig_pipe[0], b, sizeof b) > 0) {}
+    } else {
+      drain(&procs[map[i]], 0);
+    }
+  }
+}
+
+/* --stats-out: the scheduler's counters into path. 0, or 1 (said why). */
+static int save_stats(const char *path, const char *addr) {
+  static char stats[1 << 20];
+  FILE *f = NULL;
+  if (ps_cli_fetch_stats(addr, FINAL_STATS_MS, stats, sizeof stats)) {
+    fprintf(stderr, "[pshard] cannot save the job's counters to %s: %s\n", path, ps_errmsg());
+    return 1;
+  }
+  if (!(f = fopen(path, "w"))) {
+    fprintf(stderr, "[pshard] cannot save the job's counters to %s: %s\n", path, strerror(errno));
+    return 1;
+  }
+  int bad = fputs(stats, f) < 0;
+  if (fclose(f) != 0) bad = 1;
+  if (bad) {
+    fprintf(stderr, "[pshard] cannot save the job's counters to %s: write failed\n", path);
+    return 1;
+  }
+  return 0;
+}
+
+/* Every worker exited 0: save the counters if asked, stop the servers, then the
+ * scheduler. The exit status. */
+static int run_finish(const run_opts *o, const char *addr, uint64_t t0) {
+  int status = 0;
+  if (o->stats_out) status = save_stats(o->stats_out, addr);
+  /* Servers first, so they do not report the scheduler's exit as a loss. */
+  for (int i = 1; i < nprocs; i++)
+    if (!procs[i].exited && !procs[i].is_worker) kill(-procs[i].pid, SIGTERM);
+  for (uint64_t t1 = ps__now_ms(); ps__now_ms() - t1 < o->grace;) {
+    reap();
+    int up = 0;
+    for (int i = 1; i < nprocs; i++) {
+      drain(&procs[i], 0);
+      up += !procs[i].exited && !procs[i].is_worker;
+    }
+    if (!up) break;
+    usleep(10000);
+  }
+  stop_all((int)o->grace);
+  fprintf(stderr, "[pshard] all %llu workers finished in %.1f s\n", (unsigned long long)o->K,
+          (double)(ps__now_ms() - t0) / 1000.0);
+  return status;
+}
+
+/* The output loop: relay output, print progress, and end the job on a signal, on the
+ * first failure (a worker's nonzero exit or any exit of the others) or when every
+ * worker is done. The exit status. */
+static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
+  int tty = isatty(2), status = 0;
   uint64_t last_prog = ps__now_ms();
   const char *failed = NULL;
   for (;;) {
-    struct pollfd pf[MAX_PROCS + 1];
-    int map[MAX_PROCS + 1], n = 0;
-    pf[n].fd = sig_pipe[0];
-    pf[n].events = POLLIN;
-    map[n++] = -1;
-    for (int i = 0; i < nprocs; i++) {
-      if (procs[i].fd < 0) continue;
-      pf[n].fd = procs[i].fd;
-      pf[n].events = POLLIN;
-      map[n++] = i;
-    }
-    int r = poll(pf, (nfds_t)n, 200);
-    if (r > 0) {
-      for (int i = 0; i < n; i++) {
-        if (!pf[i].revents) continue;
-        if (map[i] < 0) {
-          char b[64];
-          while (read(sig_pipe[0], b, sizeof b) > 0) {}
-        } else {
-          drain(&procs[map[i]], 0);
-        }
-      }
-    }
+    run_poll();
     reap();
     if (got_signal) {
-      if (tty && prog) fprintf(stderr, "\n");
+      if (tty && o->prog) fprintf(stderr, "\n");
       fprintf(stderr, "[pshard] interrupted; stopping every process\n");
-      stop_all((int)grace);
+      stop_all((int)o->grace);
       return 128 + got_signal;
     }
     int workers_left = 0;
@@ -484,54 +560,34 @@ int ps_cli_run(int argc, char **argv) {
       }
     }
     if (failed) {
-      if (tty && prog) fprintf(stderr, "\n");
+      if (tty && o->prog) fprintf(stderr, "\n");
       fprintf(stderr, "[pshard] %s exited with status %d; stopping every process\n", failed, status);
-      stop_all((int)grace);
+      stop_all((int)o->grace);
       return status;
     }
     if (workers_left == 0) {
-      if (tty && prog) fprintf(stderr, "\n");
-      if (stats_out) {
-        static char stats[1 << 20];
-        FILE *f = NULL;
-        if (ps_cli_fetch_stats(addr, FINAL_STATS_MS, stats, sizeof stats)) {
-          fprintf(stderr, "[pshard] cannot save the job's counters to %s: %s\n", stats_out, ps_errmsg());
-          status = 1;
-        } else if (!(f = fopen(stats_out, "w"))) {
-          fprintf(stderr, "[pshard] cannot save the job's counters to %s: %s\n", stats_out, strerror(errno));
-          status = 1;
-        } else {
-          int bad = fputs(stats, f) < 0;
-          if (fclose(f) != 0) bad = 1;
-          if (bad) {
-            fprintf(stderr, "[pshard] cannot save the job's counters to %s: write failed\n", stats_out);
-            status = 1;
-          }
-        }
-      }
-      /* Servers first, so they do not report the scheduler's exit as a loss. */
-      for (int i = 1; i < nprocs; i++)
-        if (!procs[i].exited && !procs[i].is_worker) kill(-procs[i].pid, SIGTERM);
-      for (uint64_t t1 = ps__now_ms(); ps__now_ms() - t1 < grace;) {
-        reap();
-        int up = 0;
-        for (int i = 1; i < nprocs; i++) {
-          drain(&procs[i], 0);
-          up += !procs[i].exited && !procs[i].is_worker;
-        }
-        if (!up) break;
-        usleep(10000);
-      }
-      stop_all((int)grace);
-      fprintf(stderr, "[pshard] all %llu workers finished in %.1f s\n", (unsigned long long)K,
-              (double)(ps__now_ms() - t0) / 1000.0);
-      return status;
+      if (tty && o->prog) fprintf(stderr, "\n");
+      return run_finish(o, addr, t0);
     }
-    if (prog && ps__now_ms() - last_prog >= prog) {
+    if (o->prog && ps__now_ms() - last_prog >= o->prog) {
       last_prog = ps__now_ms();
       progress(addr, t0, tty);
     }
   }
+}
+
+int ps_cli_run(int argc, char **argv) {
+  run_opts o = {.S = 1, .K = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
+  int rc;
+  if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;
+  if ((rc = run_prepare()) != 0) return rc;
+  char addr_file[256], addr[128] = "";
+  snprintf(addr_file, sizeof addr_file, "%s/addr", run_dir);
+  const char *exe = self_exe();
+  uint64_t t0 = ps__now_ms();
+  if ((rc = run_scheduler(&o, exe, addr_file, addr, sizeof addr, t0)) >= 0) return rc;
+  if ((rc = run_nodes(&o, exe, addr)) >= 0) return rc;
+  return run_watch(&o, addr, t0);
 }
 
 /* ------------------------------------------------------------------ stats query */
@@ -578,31 +634,37 @@ static void exec_usage(FILE *f) {
           "  -h, --help                this text\n");
 }
 
-int ps_cli_exec(int argc, char **argv) {
+/* What `pshard exec` was asked to do. */
+typedef struct exec_opts {
+  uint64_t S, wait_ms;
+  const char *sched, *addr_file, *host;
+  int colocate;
+} exec_opts;
+
+/* The flags, into o. -1 to go on, or the exit status (usage printed as needed). */
+static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
   static const struct option opts[] = {
       {"servers", required_argument, 0, 's'}, {"scheduler", required_argument, 0, 'S'},
       {"addr-file", required_argument, 0, 'a'}, {"host", required_argument, 0, 'H'},
       {"wait-ms", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
       {"colocate", no_argument, 0, 'C'},      {0, 0, 0, 0}};
-  uint64_t S = 0, wait_ms = 60000;
-  const char *sched = NULL, *addr_file = NULL, *host = "127.0.0.1";
-  int c, colocate = 0;
+  int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:h", opts, NULL)) != -1) {
     switch (c) {
     case 's':
-      if (ps__parse_u64(optarg, &S) || S == 0 || S > 4096) {
+      if (ps__parse_u64(optarg, &o->S) || o->S == 0 || o->S > 4096) {
         fprintf(stderr, "pshard exec: bad --servers '%s'\n", optarg);
         return 2;
       }
       break;
-    case 'S': sched = optarg; break;
-    case 'a': addr_file = optarg; break;
-    case 'H': host = optarg; break;
-    case 'C': colocate = 1; break;
+    case 'S': o->sched = optarg; break;
+    case 'a': o->addr_file = optarg; break;
+    case 'H': o->host = optarg; break;
+    case 'C': o->colocate = 1; break;
     case 'W':
-      if (ps__parse_u64(optarg, &wait_ms)) {
+      if (ps__parse_u64(optarg, &o->wait_ms)) {
         fprintf(stderr, "pshard exec: bad --wait-ms '%s'\n", optarg);
         return 2;
       }
@@ -614,82 +676,106 @@ int ps_cli_exec(int argc, char **argv) {
       return 2;
     }
   }
-  if ((S == 0 && !colocate) || (!sched == !addr_file) || optind >= argc) {
+  if ((o->S == 0 && !o->colocate) || (!o->sched == !o->addr_file) || optind >= argc) {
     fprintf(stderr, "pshard exec: need --servers (or --colocate), exactly one of --scheduler/--addr-file, and a "
                     "command\n");
     exec_usage(stderr);
     return 2;
   }
+  return -1;
+}
+
+/* This rank and the number of ranks, from the launcher's environment, checked against
+ * the servers asked for (o->S becomes the number of servers). -1, or the exit status. */
+static int exec_rank(exec_opts *o, uint64_t *rank, uint64_t *size) {
   static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID", NULL};
   static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "SLURM_NPROCS", NULL};
   const char *rs = first_env(rank_vars), *ss = first_env(size_vars);
-  uint64_t rank, size;
-  if (!rs || !ss || ps__parse_u64(rs, &rank) || ps__parse_u64(ss, &size) || rank >= size) {
+  if (!rs || !ss || ps__parse_u64(rs, rank) || ps__parse_u64(ss, size) || *rank >= *size) {
     fprintf(stderr, "pshard exec: no launcher rank found (run under mpirun or srun)\n");
     return 2;
   }
-  if (colocate) {
-    if (size < 2 || (S && S != size - 1)) {
+  uint64_t n = *size;
+  if (o->colocate) {
+    if (n < 2 || (o->S && o->S != n - 1)) {
       fprintf(stderr, "pshard exec: --colocate: %llu ranks hold a scheduler and %llu workers, each with a server%s\n",
-              (unsigned long long)size, (unsigned long long)(size ? size - 1 : 0),
-              size < 2 ? "; at least 2 ranks are needed" : ": -s must equal that number or be left out");
+              (unsigned long long)n, (unsigned long long)(n ? n - 1 : 0),
+              n < 2 ? "; at least 2 ranks are needed" : ": -s must equal that number or be left out");
       return 2;
     }
-    S = size - 1;
-  } else if (size < S + 2) {
+    o->S = n - 1;
+  } else if (n < o->S + 2) {
     fprintf(stderr, "pshard exec: %llu ranks cannot hold a scheduler, %llu servers and a worker\n",
-            (unsigned long long)size, (unsigned long long)S);
+            (unsigned long long)n, (unsigned long long)o->S);
     return 2;
   }
-  uint64_t K = colocate ? size - 1 : size - 1 - S;
-  uint64_t first_worker = colocate ? 1 : S + 1;
+  return -1;
+}
+
+/* Rank 0: become the scheduler. Returns only on failure, with the exit status. */
+static int exec_scheduler(const exec_opts *o, const char *exe, char *s_s, char *s_k) {
+  char port[16] = "0", shost[64];
+  int p;
+  if (o->sched) {
+    if (ps__parse_hostport(o->sched, shost, sizeof shost, &p)) {
+      fprintf(stderr, "pshard exec: bad --scheduler '%s'\n", o->sched);
+      return 2;
+    }
+    snprintf(port, sizeof port, "%d", p);
+    char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", shost, "--port", port,
+                 "--exit-when-done", NULL};
+    execv(exe, a);
+  } else {
+    unlink(o->addr_file);
+    char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)o->host,
+                 "--addr-file", (char *)o->addr_file, "--exit-when-done", NULL};
+    execv(exe, a);
+  }
+  fprintf(stderr, "pshard exec: cannot run the scheduler: %s\n", strerror(errno));
+  return 1;
+}
+
+/* The other ranks: the scheduler's address, given or read from the address file once
+ * rank 0 has written it (waiting up to --wait-ms). 0, or the exit status. */
+static int exec_sched_addr(const exec_opts *o, char *addr, size_t cap) {
+  if (o->sched) {
+    snprintf(addr, cap, "%s", o->sched);
+    return 0;
+  }
+  uint64_t t0 = ps__now_ms();
+  addr[0] = '\0';
+  while (!addr[0]) {
+    FILE *f = fopen(o->addr_file, "r");
+    if (f) {
+      if (fgets(addr, (int)cap, f)) addr[strcspn(addr, "\n")] = '\0';
+      fclose(f);
+    }
+    if (addr[0]) break;
+    if (ps__now_ms() - t0 > o->wait_ms) {
+      fprintf(stderr, "pshard exec: no scheduler address in %s after %llu ms\n", o->addr_file,
+              (unsigned long long)o->wait_ms);
+      return 1;
+    }
+    usleep(20000);
+  }
+  return 0;
+}
+
+int ps_cli_exec(int argc, char **argv) {
+  exec_opts o = {.wait_ms = 60000, .host = "127.0.0.1"};
+  uint64_t rank, size;
+  int rc;
+  if ((rc = exec_parse_flags(argc, argv, &o)) >= 0 || (rc = exec_rank(&o, &rank, &size)) >= 0) return rc;
+  uint64_t K = o.colocate ? size - 1 : size - 1 - o.S;
+  uint64_t first_worker = o.colocate ? 1 : o.S + 1;
   char s_s[16], s_k[16], addr[160];
-  snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)S);
+  snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o.S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
   const char *exe = self_exe();
-  if (rank == 0) {
-    char port[16] = "0", shost[64];
-    int p;
-    if (sched) {
-      if (ps__parse_hostport(sched, shost, sizeof shost, &p)) {
-        fprintf(stderr, "pshard exec: bad --scheduler '%s'\n", sched);
-        return 2;
-      }
-      snprintf(port, sizeof port, "%d", p);
-      host = shost;
-      char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host, "--port", port,
-                   "--exit-when-done", NULL};
-      execv(exe, a);
-    } else {
-      unlink(addr_file);
-      char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)host,
-                   "--addr-file", (char *)addr_file, "--exit-when-done", NULL};
-      execv(exe, a);
-    }
-    fprintf(stderr, "pshard exec: cannot run the scheduler: %s\n", strerror(errno));
-    return 1;
-  }
-  if (sched) {
-    snprintf(addr, sizeof addr, "%s", sched);
-  } else {
-    uint64_t t0 = ps__now_ms();
-    addr[0] = '\0';
-    while (!addr[0]) {
-      FILE *f = fopen(addr_file, "r");
-      if (f) {
-        if (fgets(addr, sizeof addr, f)) addr[strcspn(addr, "\n")] = '\0';
-        fclose(f);
-      }
-      if (addr[0]) break;
-      if (ps__now_ms() - t0 > wait_ms) {
-        fprintf(stderr, "pshard exec: no scheduler address in %s after %llu ms\n", addr_file, (unsigned long long)wait_ms);
-        return 1;
-      }
-      usleep(20000);
-    }
-  }
+  if (rank == 0) return exec_scheduler(&o, exe, s_s, s_k);
+  if ((rc = exec_sched_addr(&o, addr, sizeof addr)) != 0) return rc;
   if (rank < first_worker) {
-    char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)host, NULL};
+    char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)o.host, NULL};
     execv(exe, a);
     fprintf(stderr, "pshard exec: cannot run the server: %s\n", strerror(errno));
     return 1;
@@ -701,9 +787,9 @@ int ps_cli_exec(int argc, char **argv) {
   char idx[24];
   snprintf(idx, sizeof idx, "%llu", (unsigned long long)(rank - first_worker));
   setenv("PSHARD_WORKER_INDEX", idx, 1);
-  if (colocate) {
+  if (o.colocate) {
     setenv("PSHARD_COLOCATE", "1", 1);
-    setenv("PSHARD_HOST", host, 1);
+    setenv("PSHARD_HOST", o.host, 1);
   }
   execvp(argv[optind], argv + optind);
   fprintf(stderr, "pshard exec: cannot run %s: %s\n", argv[optind], strerror(errno));

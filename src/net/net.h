@@ -100,7 +100,7 @@ struct ps__conn {
   uint64_t bytes_in, bytes_out, frames_in, frames_out;
   size_t write_queue_bytes;  /* includes frames held back by fault injection */
   char peer[128];
-  struct ps__fault_q *fq;    /* fault injection state (conn.c): NULL until a fault fires here */
+  struct ps__fault_q *fq;    /* fault injection state (conn_fault.c): NULL until a fault fires here */
 };
 
 /* Wrap an accepted or connected stream. The conn starts reading at once. */

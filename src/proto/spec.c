@@ -97,6 +97,44 @@ static int parse_init(const char *s, ps__init *out) {
   return 0;
 }
 
+/* decay=const | step:S:G | cos:T | cos:T:MIN into s. 0, or -1 if malformed or out of range. */
+static int parse_decay(const char *val, ps__table_spec *s) {
+  unsigned long a = 0;
+  float g = 0;
+  char extra;
+  if (!strcmp(val, "const")) {
+    s->decay = PS__DECAY_CONST;
+  } else if (sscanf(val, "step:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g > 0 && g <= 1) {
+    s->decay = PS__DECAY_STEP;
+    s->decay_every = (uint32_t)a;
+    s->decay_gamma = g;
+  } else if (sscanf(val, "cos:%lu%c", &a, &extra) == 1 && a >= 1 && a <= 1000000000ul) {
+    s->decay = PS__DECAY_COS;
+    s->decay_steps = (uint32_t)a;
+    s->decay_gamma = 0;
+  } else if (sscanf(val, "cos:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g >= 0 && g <= 1) {
+    s->decay = PS__DECAY_COS;
+    s->decay_steps = (uint32_t)a;
+    s->decay_gamma = g == 0.0f ? 0.0f : g; /* cos:T:-0 is cos:T:0 */
+  } else {
+    return -1;
+  }
+  return 0;
+}
+
+/* One of the integer options every, agg_n, agg_ms, ref_batch, warmup (key k). */
+static int apply_count(ps__table_spec *s, int k, const char *val, char *err, size_t errlen) {
+  uint64_t v;
+  uint32_t *dst = k == K_EVERY ? &s->every : k == K_AGG_N ? &s->agg_n : k == K_AGG_MS ? &s->agg_ms
+                : k == K_REF_BATCH ? &s->ref_batch : &s->warmup;
+  uint64_t max = k == K_WARMUP ? 1000000000u : 1000000u;
+  if (ps__parse_u64(val, &v) || v > max || (k == K_EVERY && v == 0))
+    return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s': must be %s..%llu", val, key_names[k],
+                k == K_EVERY ? "1" : "0", (unsigned long long)max);
+  *dst = (uint32_t)v;
+  return 0;
+}
+
 /* Apply one key=value pair. Returns 0 or an error code with err filled in. */
 static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uint64_t *slice,
                         char *err, size_t errlen) {
@@ -146,46 +184,17 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
     s->mode_param = m.param;
     return 0;
   }
-  case K_DECAY: {
-    unsigned long a = 0;
-    float g = 0;
-    char extra;
-    if (!strcmp(val, "const")) {
-      s->decay = PS__DECAY_CONST;
-    } else if (sscanf(val, "step:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g > 0 && g <= 1) {
-      s->decay = PS__DECAY_STEP;
-      s->decay_every = (uint32_t)a;
-      s->decay_gamma = g;
-    } else if (sscanf(val, "cos:%lu%c", &a, &extra) == 1 && a >= 1 && a <= 1000000000ul) {
-      s->decay = PS__DECAY_COS;
-      s->decay_steps = (uint32_t)a;
-      s->decay_gamma = 0;
-    } else if (sscanf(val, "cos:%lu:%f%c", &a, &g, &extra) == 2 && a >= 1 && a <= 1000000000ul && g >= 0 && g <= 1) {
-      s->decay = PS__DECAY_COS;
-      s->decay_steps = (uint32_t)a;
-      s->decay_gamma = g == 0.0f ? 0.0f : g; /* cos:T:-0 is cos:T:0 */
-    } else {
+  case K_DECAY:
+    if (parse_decay(val, s))
       return fail(err, errlen, PS_ERR_CONFIG,
                   "bad value '%s' for option 'decay': expected const, step:S:G (every S steps times G, "
                   "0 < G <= 1) or cos:T[:MIN] (cosine over T steps down to MIN times the peak)", val);
-    }
     return 0;
-  }
   case K_EVERY:
   case K_AGG_N:
   case K_AGG_MS:
   case K_REF_BATCH:
-  case K_WARMUP: {
-    uint64_t v;
-    uint32_t *dst = k == K_EVERY ? &s->every : k == K_AGG_N ? &s->agg_n : k == K_AGG_MS ? &s->agg_ms
-                  : k == K_REF_BATCH ? &s->ref_batch : &s->warmup;
-    uint64_t max = k == K_WARMUP ? 1000000000u : 1000000u;
-    if (ps__parse_u64(val, &v) || v > max || (k == K_EVERY && v == 0))
-      return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option '%s': must be %s..%llu", val, name,
-                  k == K_EVERY ? "1" : "0", (unsigned long long)max);
-    *dst = (uint32_t)v;
-    return 0;
-  }
+  case K_WARMUP: return apply_count(s, k, val, err, errlen);
   case K_LR: fp = &s->opt.lr; break;
   case K_MOMENTUM: fp = &s->opt.momentum; break;
   case K_BETA1: fp = &s->opt.beta1; has_hi = 1; range = "must be in [0, 1)"; break;
@@ -206,15 +215,8 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
   return 0;
 }
 
-int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint64_t size,
-                         const char *options, char *err, size_t errlen) {
-  ps__table_spec s;
-  uint64_t slice = DEFAULT_SLICE;
-  unsigned seen = 0;
-  const char *p = options ? options : "";
-  int rc;
-
-  if (err && errlen > 0) err[0] = '\0';
+/* The arguments besides the option string. 0 or PS_ERR_INVALID with err filled in. */
+static int check_table(const char *name, int kind, uint64_t size, char *err, size_t errlen) {
   if (!name) return fail(err, errlen, PS_ERR_INVALID, "table name missing");
   if (kind != PS_DENSE && kind != PS_SPARSE)
     return fail(err, errlen, PS_ERR_INVALID, "bad table kind %d: expected dense or sparse", kind);
@@ -225,32 +227,41 @@ int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint6
   if (kind == PS_SPARSE && size > MAX_DIM)
     return fail(err, errlen, PS_ERR_INVALID, "sparse table dimension %llu exceeds the maximum %u",
                 (unsigned long long)size, MAX_DIM);
+  return 0;
+}
 
-  memset(&s, 0, sizeof s); /* padding too: specs are compared with memcmp */
-  s.kind = kind;
-  s.size = size;
-  s.opt.kind = PS__OPT_SGD;
-  s.opt.lr = 0.01f;
-  s.opt.momentum = 0.9f;
-  s.opt.beta1 = 0.9f;
-  s.opt.beta2 = 0.999f;
-  s.opt.acc0 = 0.0f;
-  s.opt.l1 = 0.0f;
-  s.opt.l2 = 0.0f;
-  s.opt.beta = 1.0f;
-  s.init.kind = PS__INIT_ZERO;
-  s.update = PS__UPDATE_MEAN;
-  s.mode = PS__MODE_SYNC;
-  s.every = 1;
+/* A spec with every default that does not depend on other options. */
+static void spec_defaults(ps__table_spec *s, int kind, uint64_t size) {
+  memset(s, 0, sizeof *s); /* padding too: specs are compared with memcmp */
+  s->kind = kind;
+  s->size = size;
+  s->opt.kind = PS__OPT_SGD;
+  s->opt.lr = 0.01f;
+  s->opt.momentum = 0.9f;
+  s->opt.beta1 = 0.9f;
+  s->opt.beta2 = 0.999f;
+  s->opt.acc0 = 0.0f;
+  s->opt.l1 = 0.0f;
+  s->opt.l2 = 0.0f;
+  s->opt.beta = 1.0f;
+  s->init.kind = PS__INIT_ZERO;
+  s->update = PS__UPDATE_MEAN;
+  s->mode = PS__MODE_SYNC;
+  s->every = 1;
+}
 
+/* Apply every key=value token of p (separated by white space) to s, noting each key in
+ * *seen. 0 or an error code with err filled in. */
+static int apply_options(ps__table_spec *s, int kind, const char *p, uint64_t *slice, unsigned *seen, char *err,
+                         size_t errlen) {
   for (;;) {
     char tok[MAX_TOKEN];
     const char *start, *eq;
     size_t n, klen;
-    int k;
+    int k, rc;
 
     while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
-    if (!*p) break;
+    if (!*p) return 0;
     start = p;
     while (*p && *p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') p++;
     n = (size_t)(p - start);
@@ -267,12 +278,25 @@ int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint6
       if (strlen(key_names[k]) == klen && memcmp(key_names[k], tok, klen) == 0) break;
     if (k == K_COUNT)
       return fail(err, errlen, PS_ERR_CONFIG, "unknown table option '%.*s'", (int)klen, tok);
-    if (seen & (1u << k))
+    if (*seen & (1u << k))
       return fail(err, errlen, PS_ERR_CONFIG, "table option '%s' given twice", key_names[k]);
-    seen |= 1u << k;
-    rc = apply_option(&s, kind, k, eq + 1, &slice, err, errlen);
+    *seen |= 1u << k;
+    rc = apply_option(s, kind, k, eq + 1, slice, err, errlen);
     if (rc) return rc;
   }
+}
+
+int ps__table_spec_parse(ps__table_spec *spec, const char *name, int kind, uint64_t size,
+                         const char *options, char *err, size_t errlen) {
+  ps__table_spec s;
+  uint64_t slice = DEFAULT_SLICE;
+  unsigned seen = 0;
+  int rc;
+
+  if (err && errlen > 0) err[0] = '\0';
+  if ((rc = check_table(name, kind, size, err, errlen)) != 0) return rc;
+  spec_defaults(&s, kind, size);
+  if ((rc = apply_options(&s, kind, options ? options : "", &slice, &seen, err, errlen)) != 0) return rc;
 
   if ((s.agg_n || s.agg_ms) && s.mode != PS__MODE_ASYNC && s.mode != PS__MODE_SSP)
     return fail(err, errlen, PS_ERR_CONFIG, "options 'agg_n' and 'agg_ms' apply to async and ssp tables");
