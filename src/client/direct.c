@@ -327,7 +327,7 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
  * wake-up each time (tens of microseconds on an idle VM). spin = 0 (one CPU) always
  * sleeps. */
 /* Kept whole: the caller-thread I/O loop (frame setup, write, read, deadline, poll)
- * is one hot path, moved unchanged; its pieces are dl_write and dl_read. */
+ * is one hot path, kept in one piece; its parts are dl_write and dl_read. */
 static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, int spin) {
   struct pollfd pf[64];
   uint64_t t0 = ps__now_ns(), moved = 0, sending = 0;

@@ -40,7 +40,7 @@ static void note_batch(ps_ctx *ctx, uint32_t batch) {
 /* ---- sparse */
 
 /* One function for the whole sparse request build (route, partition, parts): it is the
- * hot path of every sparse call, moved here unchanged from the former client.c. */
+ * hot path of every sparse call, kept in one piece so the compiler sees it whole. */
 static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t *keys, size_t nkeys,
                              const float *grads, float *out, uint32_t batch, float lr, uint64_t deadline,
                              ps_req **out_req) {
