@@ -185,8 +185,8 @@ void ps__srv_answer_ready_pulls(ps__server *s) {
   pending_pull **pp = &s->pulls;
   while (*pp) {
     pending_pull *p = *pp;
-    ps__table *t = ps__shard_table(s->sh, p->h.table);
-    if (!t || ps__shard_pull_ready(s->sh, t, p->h.clock)) {
+    ps__verdict v;
+    if (ps__shard_pull(s->sh, p->h.table, p->h.clock, &v) != PS__WAIT) { /* ready, or its table is gone */
       *pp = p->next;
       ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len);
       ps__pool_put(s->pool, p->buf, p->len);
@@ -228,7 +228,8 @@ void ps__srv_on_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__bod
   } else if (ps__srv_check_keys(s, c, h, t, b->buf)) {
     return;
   }
-  if (ps__shard_pull_ready(s->sh, t, h->clock)) {
+  ps__verdict v;
+  if (ps__shard_pull(s->sh, h->table, h->clock, &v) != PS__WAIT) {
     ps__srv_answer_pull(s, c, h, b->buf, b->len);
     return;
   }

@@ -150,47 +150,57 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     ps__srv_reply_verdict(c, h, &v);
 }
 
-static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  (void)c;
+/* The dispatch table: one handler per request type a server takes (a request family's
+ * file: push.c, pull.c, peer.c, stats.c); every other type is refused at its header. */
+typedef void (*frame_handler)(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+
+static void on_push_sparse(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_push(s, c, h, b, 0);
+}
+static void on_push_dense(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  if (h->xport == PS_XPORT_PEER_MEM)
+    ps__srv_on_push_peer(s, c, h, b);
+  else
+    ps__srv_on_push(s, c, h, b, 1);
+}
+static void on_pull_sparse(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_pull(s, c, h, b, 0);
+}
+static void on_pull_dense(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_pull(s, c, h, b, 1);
+}
+static void on_clock(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  (void)c, (void)b;
+  ps__shard_clock(s->sh, h->sender, h->clock);
+  ps__srv_answer_ready_pulls(s);
+}
+static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   (void)b;
-  switch (h->type) {
-  case PS_MSG_CREATE: case PS_MSG_PUSH: case PS_MSG_PULL: case PS_MSG_PUSH_DENSE:
-  case PS_MSG_PULL_DENSE: case PS_MSG_CLOCK: case PS_MSG_STATS:
-    return 0;
-  default:
-    return ps__fail(PS_ERR_PROTO, "%s frame not accepted by a server", ps__frame_type_name(h->type));
-  }
+  ps__srv_on_stats(s, c, h);
+}
+static void on_create_frame(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  on_create(s, c, h, b);
 }
 
+static const frame_handler dispatch[PS_MSG__MAX] = {
+    [PS_MSG_CREATE] = on_create_frame, [PS_MSG_PUSH] = on_push_sparse,  [PS_MSG_PUSH_DENSE] = on_push_dense,
+    [PS_MSG_PULL] = on_pull_sparse,    [PS_MSG_PULL_DENSE] = on_pull_dense, [PS_MSG_CLOCK] = on_clock,
+    [PS_MSG_STATS] = on_stats,
+};
 
-static void data_dispatch(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  (void)c, (void)b;
+  if (h->type < PS_MSG__MAX && dispatch[h->type]) return 0;
+  return ps__fail(PS_ERR_PROTO, "%s frame not accepted by a server", ps__frame_type_name(h->type));
+}
 
 static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__server *s = c->loop->data;
   if (s->stopping) return;
   s->frames++;
   uint64_t out0 = c->bytes_out + c->write_queue_bytes;
-  data_dispatch(s, c, h, b);
+  dispatch[h->type](s, c, h, b); /* on_header let only these types through */
   s->poll_extra_ns = ps__poll_extra_ns(h->payload_len + (c->bytes_out + c->write_queue_bytes - out0));
-}
-
-static void data_dispatch(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  switch (h->type) {
-  case PS_MSG_CREATE: on_create(s, c, h, b); break;
-  case PS_MSG_PUSH: ps__srv_on_push(s, c, h, b, 0); break;
-  case PS_MSG_PUSH_DENSE:
-    if (h->xport == PS_XPORT_PEER_MEM) ps__srv_on_push_peer(s, c, h, b);
-    else ps__srv_on_push(s, c, h, b, 1);
-    break;
-  case PS_MSG_PULL: ps__srv_on_pull(s, c, h, b, 0); break;
-  case PS_MSG_PULL_DENSE: ps__srv_on_pull(s, c, h, b, 1); break;
-  case PS_MSG_CLOCK:
-    ps__shard_clock(s->sh, h->sender, h->clock);
-    ps__srv_answer_ready_pulls(s);
-    break;
-  case PS_MSG_STATS: ps__srv_on_stats(s, c, h); break;
-  default: break;
-  }
 }
 
 static void data_on_close(ps__conn *c, int status) {

@@ -274,6 +274,14 @@ ps__rowmap *ps__shard_push_acc(ps__shard *sh, const ps__push *p, ps__verdict *v)
   return ps__sync_round_acc(sh, t, p, v);
 }
 
+int ps__shard_pull(ps__shard *sh, uint32_t table, int64_t c, ps__verdict *v) {
+  ps__table *t = ps__shard_table(sh, table);
+  v->status = PS__APPLIED;
+  if (!t) return ps__shard_reject(sh, NULL, v, PS_ERR_NO_TABLE, "unknown table %u", table);
+  if (!ps__shard_pull_ready(sh, t, c)) v->status = PS__WAIT;
+  return v->status;
+}
+
 int ps__shard_pull_ready(ps__shard *sh, ps__table *t, int64_t c) {
   return !sh->started || ps__shard_mode(t)->pull_ready(sh, t, c);
 }

@@ -228,8 +228,11 @@ int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdic
  * itself (a push read from the worker's memory as it goes) and then counts it in
  * t->pushes; NULL with v set when it is dropped or rejected. */
 ps__rowmap *ps__shard_push_acc(ps__shard *sh, const ps__push *p, ps__verdict *v);
-/* A pull at clock c of table t: may it be answered now (else it waits for a round or
- * for the slowest worker)? */
+/* A validated pull of table `table` at clock c: PS__APPLIED (answer it now), PS__WAIT
+ * (it waits for a round, or for the slowest worker; ask again after a clock or
+ * membership change), or PS__REJECTED (NO_TABLE). */
+int ps__shard_pull(ps__shard *sh, uint32_t table, int64_t c, ps__verdict *v);
+/* The same question for a known table: may a pull at clock c be answered now? */
 int ps__shard_pull_ready(ps__shard *sh, ps__table *t, int64_t c);
 /* A pull of worker `sender` at clock c is answered now: record its staleness, and
  * return the clock of the values (a sync table's applied rounds), moving a worker that

@@ -247,8 +247,13 @@ Test(shard, ssp_blocks_a_pull_beyond_the_bound_and_releases_it) {
   ps__shard_clock(SH, 2, 1);
   cr_assert(ps__shard_pull_ready(SH, t, 3));
   cr_assert(not(ps__shard_pull_ready(SH, t, 4)));
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_pull(SH, 1, 4, &v), PS__WAIT));
   ps__shard_member(SH, 2, 0); /* the slow worker leaves: only worker 1 counts */
   cr_assert(ps__shard_pull_ready(SH, t, 4));
+  cr_assert(eq(int, ps__shard_pull(SH, 1, 4, &v), PS__APPLIED));
+  cr_assert(eq(int, ps__shard_pull(SH, 9, 4, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_NO_TABLE));
   /* pushes apply on arrival and their staleness is recorded */
   push1_ok(1, 1, 4, 1, 1, 1.0f);
   push1_ok(1, 1, 2, 1, 1, 1.0f);
