@@ -307,6 +307,20 @@ PS_API void ps_req_free(ps_req *req);
  * mode a round is applied once every active worker has advanced past it. Does not wait
  * for the servers. Errors: PS_ERR_INVALID (NULL ctx), PS_ERR_NOMEM, PS_ERR_CLOSED. */
 PS_API int ps_clock(ps_ctx *ctx);
+/* Take a consistent checkpoint of the whole job (docs/checkpoint.md) into the job's
+ * checkpoint directory (the scheduler's `--checkpoint-dir`), cut at the caller's clock
+ * c (the number of its ps_clock calls): every sync table as it is once the rounds of
+ * clocks before c are applied, every other table as it is when its server gets the
+ * request. Blocks until the checkpoint is complete (its manifest written), at most
+ * timeout_ms (< 0: the context's timeout_ms); its id into *id (may be NULL). In a sync
+ * job the other workers wait at clock c meanwhile; `checkpoint_every` takes checkpoints
+ * without stopping the caller. Thread-safe.
+ * Errors: PS_ERR_INVALID (ctx is NULL), PS_ERR_CONFIG (the job has no checkpoint
+ * directory), PS_ERR_UNAVAILABLE (another checkpoint is being taken, or a server left),
+ * PS_ERR_CLOCK (a server was already past c: under sync:M a straggler's clock can be),
+ * PS_ERR_IO (a file could not be written; the message names it), PS_ERR_TIMEOUT,
+ * PS_ERR_CLOSED. */
+PS_API int ps_checkpoint(ps_ctx *ctx, uint64_t *id, int timeout_ms);
 /* Wait until every active worker reached the barrier. A call after a failed one enters
  * the same barrier again. Errors: PS_ERR_INVALID (NULL ctx), PS_ERR_TIMEOUT,
  * PS_ERR_UNAVAILABLE (the scheduler is gone), PS_ERR_NOMEM, PS_ERR_CLOSED. */

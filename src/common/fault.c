@@ -34,7 +34,7 @@ static const char *const type_names[] = {
     [1] = "hello",      [2] = "membership", [3] = "heartbeat",  [4] = "declare",   [5] = "create",
     [6] = "barrier",    [7] = "metric",     [8] = "leave",      [9] = "push",      [10] = "pull",
     [11] = "push-dense", [12] = "pull-dense", [13] = "clock",    [14] = "error",    [15] = "stats",
-    [16] = "task-init", [17] = "task-next", [18] = "task-done",
+    [16] = "task-init", [17] = "task-next", [18] = "task-done", [19] = "ckpt",     [20] = "checkpoint",
 };
 #define NTYPES (sizeof type_names / sizeof type_names[0])
 #define REPLY_BIT 0x80
@@ -45,7 +45,7 @@ const char *ps__fault_type_name(int type) {
       [5] = "create-reply",     [6] = "barrier-reply",    [7] = "metric-reply",    [8] = "leave-reply",
       [9] = "push-reply",       [10] = "pull-reply",      [11] = "push-dense-reply", [12] = "pull-dense-reply",
       [13] = "clock-reply",     [14] = "error-reply",     [15] = "stats-reply",    [16] = "task-init-reply",
-      [17] = "task-next-reply", [18] = "task-done-reply",
+      [17] = "task-next-reply", [18] = "task-done-reply", [19] = "ckpt-reply",   [20] = "checkpoint-reply",
   };
   if (type == PS__FAULT_ANY) return "any";
   if (type < 0 || type > 0xff) return NULL;

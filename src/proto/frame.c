@@ -17,6 +17,7 @@ static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_CLOCK] = "clock",     [PS_MSG_ERROR] = "error",
     [PS_MSG_STATS] = "stats",     [PS_MSG_TASK_INIT] = "task-init",
     [PS_MSG_TASK_NEXT] = "task-next", [PS_MSG_TASK_DONE] = "task-done",
+    [PS_MSG_CKPT] = "ckpt",       [PS_MSG_CHECKPOINT] = "checkpoint",
 };
 
 const char *ps__frame_type_name(uint8_t type) {

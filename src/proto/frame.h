@@ -39,7 +39,9 @@ enum {
   PS_MSG_TASK_INIT = 16, /* worker -> scheduler: partitions (table), epochs (batch) */
   PS_MSG_TASK_NEXT = 17, /* worker -> scheduler; reply: partition (table), epoch (clock) */
   PS_MSG_TASK_DONE = 18, /* worker -> scheduler: partition (table), epoch (clock) */
-  PS_MSG__MAX = 19
+  PS_MSG_CKPT = 19,      /* scheduler -> server: cut and write checkpoint (ps__ckpt_req); reply: ps__ckpt_done */
+  PS_MSG_CHECKPOINT = 20,/* anyone -> scheduler: take a checkpoint at a clock; reply when it is complete */
+  PS_MSG__MAX = 21
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,

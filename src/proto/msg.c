@@ -121,3 +121,61 @@ int ps__declare_decode(const void *p, size_t n, ps__declare *d) {
   if (!d->name[0]) return ps__fail(PS_ERR_INVALID, "empty table name");
   return 0;
 }
+
+/* ---------------------------------------------------------------- checkpoints */
+
+void ps__ckpt_req_encode(ps__wbuf *w, const ps__ckpt_req *q) {
+  ps__wbuf_u64(w, q->id);
+  ps__wbuf_u64(w, (uint64_t)q->clock);
+  ps__wbuf_u32(w, q->nservers);
+  ps__wbuf_str(w, q->dir);
+}
+
+int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, n);
+  memset(q, 0, sizeof *q);
+  q->id = ps__rbuf_u64(&r);
+  q->clock = (int64_t)ps__rbuf_u64(&r);
+  q->nservers = ps__rbuf_u32(&r);
+  ps__rbuf_str(&r, q->dir, sizeof q->dir);
+  if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed checkpoint request");
+  if (!q->dir[0]) return ps__fail(PS_ERR_INVALID, "checkpoint request without a directory");
+  return 0;
+}
+
+void ps__ckpt_done_encode(ps__wbuf *w, const ps__ckpt_done *d) {
+  ps__wbuf_u32(w, d->rank);
+  ps__wbuf_str(w, d->name);
+  ps__wbuf_u64(w, d->bytes);
+  ps__wbuf_u64(w, d->checksum);
+  ps__wbuf_u64(w, d->rows);
+}
+
+int ps__ckpt_done_decode(const void *p, size_t n, ps__ckpt_done *d) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, n);
+  memset(d, 0, sizeof *d);
+  d->rank = ps__rbuf_u32(&r);
+  ps__rbuf_str(&r, d->name, sizeof d->name);
+  d->bytes = ps__rbuf_u64(&r);
+  d->checksum = ps__rbuf_u64(&r);
+  d->rows = ps__rbuf_u64(&r);
+  if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed checkpoint answer");
+  return 0;
+}
+
+void ps__ckpt_info_encode(ps__wbuf *w, const ps__ckpt_info *i) {
+  ps__wbuf_u64(w, i->id);
+  ps__wbuf_str(w, i->dir);
+}
+
+int ps__ckpt_info_decode(const void *p, size_t n, ps__ckpt_info *i) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, n);
+  memset(i, 0, sizeof *i);
+  i->id = ps__rbuf_u64(&r);
+  ps__rbuf_str(&r, i->dir, sizeof i->dir);
+  if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed checkpoint answer");
+  return 0;
+}

@@ -70,4 +70,38 @@ void ps__membership_clear(ps__membership *m);
 void ps__declare_encode(ps__wbuf *w, const ps__declare *d);
 int ps__declare_decode(const void *p, size_t n, ps__declare *d);
 
+/* Checkpoints (docs/checkpoint.md). */
+#define PS_CKPT_DIR_MAX 1024
+
+/* CKPT (scheduler -> server): write checkpoint `id` into dir (the checkpoint's own
+ * directory, DIR/ckpt-<id>), every sync table cut once `clock` rounds' worth of clocks
+ * are applied (its version * every >= clock), the others at once. */
+typedef struct ps__ckpt_req {
+  uint64_t id;
+  int64_t clock;
+  uint32_t nservers;
+  char dir[PS_CKPT_DIR_MAX];
+} ps__ckpt_req;
+
+/* CKPT reply (server -> scheduler): the data file it wrote. */
+typedef struct ps__ckpt_done {
+  uint32_t rank;
+  char name[64];   /* in the checkpoint's directory */
+  uint64_t bytes, checksum, rows;
+} ps__ckpt_done;
+
+/* CHECKPOINT reply (scheduler -> requester): the complete checkpoint (in the header:
+ * clock = its clock). */
+typedef struct ps__ckpt_info {
+  uint64_t id;
+  char dir[PS_CKPT_DIR_MAX];
+} ps__ckpt_info;
+
+void ps__ckpt_req_encode(ps__wbuf *w, const ps__ckpt_req *q);
+int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q);
+void ps__ckpt_done_encode(ps__wbuf *w, const ps__ckpt_done *d);
+int ps__ckpt_done_decode(const void *p, size_t n, ps__ckpt_done *d);
+void ps__ckpt_info_encode(ps__wbuf *w, const ps__ckpt_info *i);
+int ps__ckpt_info_decode(const void *p, size_t n, ps__ckpt_info *i);
+
 #endif
