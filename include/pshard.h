@@ -66,9 +66,10 @@ extern "C" {
   X(ERR_CANCELED, 16, "canceled")                                              \
   X(ERR_ROLE, 17, "not allowed in this role")                                  \
   X(ERR_RANGE, 18, "out of range")                                             \
-  X(ERR_INTERNAL, 19, "internal error")                                       \
+  X(ERR_INTERNAL, 19, "internal error")                                        \
   X(ERR_DONE, 20, "no more tasks")                                             \
-  X(ERR_PENDING, 21, "request still running")
+  X(ERR_PENDING, 21, "request still running")                                  \
+  X(ERR_CORRUPT, 22, "corrupt data")
 
 typedef enum ps_err {
 #define PS__ERR_ENUM(name, code, msg) PS_##name = code,

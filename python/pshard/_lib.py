@@ -212,6 +212,7 @@ _NAMES = {
     "PS_ERR_INTERNAL": ("InternalError", ()),
     "PS_ERR_DONE": ("DoneError", ()),
     "PS_ERR_PENDING": ("PendingError", ()),
+    "PS_ERR_CORRUPT": ("CorruptError", (ValueError,)),
 }
 ERRORS = {}          # code -> (C name, Python class name, extra bases)
 for _code in range(1, 256):
