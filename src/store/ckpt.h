@@ -5,23 +5,30 @@
  * (server-<rank>.psck) and a MANIFEST written last by the scheduler: a checkpoint
  * without a manifest does not exist. Both kinds of file are a sequence of blocks:
  *
- *   u32 magic "PSCB" | u16 kind | u16 flags (0) | u64 payload length | payload | u64 xxh64(payload)
+ *   u32 magic "PSCB" | u16 kind | u16 flags (0) | u64 payload length | payload | u64 checksum
  *
- * all little-endian. The first block is a HEADER (file magic "PSCK", format version,
- * what the file is), the last an END (the number of blocks before it and the xxh64 of
- * their checksums, so a file cut at a block boundary is caught too). Payload lengths are
- * bounded (PS_CKPT_MAX_BLOCK) before anything is allocated. Data files hold TABLE blocks
- * (a table's declaration and its state) each followed by its ROWS blocks (keys and
- * whole rows: parameters then optimiser state), rows sorted by ring position
- * (ps__ring_key_hash) for sparse tables and by slice for dense ones, each ROWS block
- * stating the range of positions it covers so that a reader can skip the blocks outside
- * the ranges it wants without reading them. The manifest holds the checkpoint's TABLE
- * blocks (declarations, no rows), one FILE block per data file (name, size, checksum,
- * rows) and an opaque STATE block for the scheduler (tasks, clocks).
+ * all little-endian; the checksum is the xxh64 of the block's first 16 bytes and its
+ * payload, so a damaged kind or length is caught like a damaged payload. The first block
+ * is a HEADER (file magic "PSCK", format version, what the file is), the last an END
+ * (the number of blocks before it and the xxh64 of their checksums, so a file cut at a
+ * block boundary is caught too). Payload lengths are bounded (PS_CKPT_MAX_BLOCK, and the
+ * file's size) before anything is allocated. Data files hold TABLE blocks (a table's
+ * declaration and its state) each followed by its ROWS blocks (keys and whole rows:
+ * parameters then optimiser state), rows sorted by ring position (ps__ring_key_hash of
+ * the table id in the TABLE block) for sparse tables and by slice for dense ones. A ROWS
+ * payload starts with a 40-byte descriptor with its own checksum (table, rows, the range
+ * [pos_lo, pos_hi] of positions they cover), so that a reader can skip the blocks
+ * outside the ranges it wants after checking 56 bytes of each. A dense table is written
+ * whole: every slice the server owns, touched or not. The manifest holds the
+ * checkpoint's TABLE blocks (declarations, no rows), one FILE block per data file (name,
+ * size, checksum, rows) and an opaque STATE block for the scheduler (tasks, clocks).
  *
  * Writing: ps__ckpt_writer_open writes to PATH.tmp; ps__ckpt_writer_close(commit) ends
  * the file, fsyncs it, renames it to PATH and fsyncs the directory. Any write, fsync or
- * close error fails the file (the temporary is removed; never retried in place).
+ * close error fails the file (the temporary is removed; never retried in place). The
+ * writer refuses what the reader would refuse (rows out of order, a ROWS block for
+ * another table, a table whose rows do not add up to its nrows), so a file it commits
+ * always reads back.
  *
  * Reading: every block's checksum is verified before its payload is used; a truncated,
  * corrupt or version-mismatched file fails with PS_ERR_IO (unreadable) or
@@ -37,6 +44,10 @@
 #include <stdint.h>
 
 #include "proto/msg.h"
+
+/* Bytes of a block's framing: the 16 before the payload and the checksum after it. */
+#define PS_CKPT_BLOCK_HDR 16
+#define PS_CKPT_ROWS_DESC 40 /* a ROWS payload's descriptor, its checksum included */
 
 #define PS_CKPT_FILE_MAGIC 0x4b435350u  /* "PSCK" */
 #define PS_CKPT_BLOCK_MAGIC 0x42435350u /* "PSCB" */
@@ -67,10 +78,13 @@ typedef struct ps__ckpt_header {
 /* A table's declaration and its state when it was cut. */
 typedef struct ps__ckpt_table {
   ps__declare decl;    /* id, kind, size, name, options: as the job declared it */
-  uint32_t row_floats; /* floats per stored row (parameters + optimiser state) */
+  uint32_t width;      /* parameters per row: the sparse dim, or the dense slice width;
+                        * 0 when writing: taken from the declaration (proto/spec.c) */
+  uint32_t row_floats; /* floats per stored row: width * (1 + optimiser state blocks) */
   uint64_t step;       /* optimiser steps applied (adam bias correction, the schedule) */
   int64_t version;     /* sync tables: rounds applied; else 0 */
-  uint64_t nrows;      /* rows of this table in this file (manifest: in all files) */
+  uint64_t nrows;      /* rows of this table in this file (manifest: in all files); the
+                        * writer checks that the ROWS after it add up to this */
 } ps__ckpt_table;
 
 /* A manifest's entry for one data file. */
@@ -86,6 +100,9 @@ typedef struct ps__ckpt_file {
 typedef struct ps__ckpt_block {
   int kind;                   /* PS_CKPT_B_* */
   uint32_t index;             /* 0-based position in the file */
+  uint64_t offset;            /* of the block's first byte in the file */
+  uint64_t payload_len;
+  uint64_t checksum;          /* the block's checksum (verified unless a skipped ROWS) */
   ps__ckpt_table table;       /* TABLE */
   ps__ckpt_file file;         /* FILE */
   /* ROWS: n rows of table `table_id`, row_floats floats each; positions [pos_lo, pos_hi] */
@@ -96,6 +113,9 @@ typedef struct ps__ckpt_block {
   /* STATE */
   const uint8_t *state;
   size_t state_len;
+  /* END: the file's checksum (xxh64 of its blocks' checksums) and size, as the
+   * manifest's FILE block for it records them */
+  uint64_t end_checksum, end_bytes;
 } ps__ckpt_block;
 
 /* What a committed file is, for the manifest. */
@@ -108,12 +128,19 @@ typedef struct ps__ckpt_reader ps__ckpt_reader;
 
 /* ---------------------------------------------------------------- writing */
 
-/* Start the file PATH (written as PATH.tmp) with its HEADER. 0, PS_ERR_IO (with the
- * path and errno's text), PS_ERR_NOMEM. */
+/* Start the file PATH (written as PATH.tmp) with its HEADER (created_ms 0: now).
+ * 0, PS_ERR_INVALID (a bad header or path), PS_ERR_IO (with the path and errno's
+ * text), PS_ERR_NOMEM. The calls below return 0, PS_ERR_INVALID for a use the format
+ * does not allow (the message says which; the file is failed), or the file's first
+ * error. */
 int ps__ckpt_writer_open(ps__ckpt_writer **out, const char *path, const ps__ckpt_header *h);
+/* A TABLE block: in a data file the ROWS of that table follow it (t->nrows of them). */
 int ps__ckpt_write_table(ps__ckpt_writer *w, const ps__ckpt_table *t);
-/* n rows of a table (keys host-order, rows n * row_floats floats), one ROWS block per
- * PS_CKPT_ROWS_PER_BLOCK; pos_lo/pos_hi: the ring positions (or slices) they cover. */
+/* n rows of the table of the last TABLE block (keys host-order, rows n * row_floats
+ * floats), sorted by position, one ROWS block per PS_CKPT_ROWS_PER_BLOCK rows (fewer
+ * when rows are wide, to stay under PS_CKPT_MAX_BLOCK). pos_lo/pos_hi: the ring
+ * positions (or slices) the caller covers; every row must lie inside, and each block
+ * records the range of its own rows. n = 0 writes nothing. */
 int ps__ckpt_write_rows(ps__ckpt_writer *w, uint32_t table, uint32_t row_floats, const uint64_t *keys,
                         const float *rows, uint32_t n, uint64_t pos_lo, uint64_t pos_hi);
 int ps__ckpt_write_file(ps__ckpt_writer *w, const ps__ckpt_file *f);
@@ -125,14 +152,20 @@ int ps__ckpt_writer_close(ps__ckpt_writer *w, int commit, ps__ckpt_summary *sum)
 
 /* ---------------------------------------------------------------- reading */
 
+/* "HEADER", "ROWS", ...; "unknown" for another value. */
+const char *ps__ckpt_kind_name(int kind);
+
 /* Open PATH and check its HEADER (magic, format, checksum). 0, PS_ERR_IO (cannot read
  * it), PS_ERR_CORRUPT (not a checkpoint file, another format, a bad header block). */
 int ps__ckpt_reader_open(ps__ckpt_reader **out, const char *path, ps__ckpt_header *h);
 /* The next block into *b (its checksum verified). 0 for a block; b->kind == END once
- * the file ended well (its block count and checksum chain checked); PS_ERR_CORRUPT or
- * PS_ERR_IO otherwise. A ROWS block whose [pos_lo, pos_hi] misses every range of `want`
- * (may be NULL: everything) is skipped without its payload being read or checked:
- * b->n is then 0 and b->keys NULL. */
+ * the file ended well (its block count and checksum chain checked, nothing after it);
+ * PS_ERR_CORRUPT or PS_ERR_IO otherwise, and again on every later call. A ROWS block
+ * for which want(arg, table, pos_lo, pos_hi) returns 0 (want may be NULL: everything)
+ * is skipped after its descriptor is checked, without its payload being read or
+ * checked: b->n is then 0 and b->keys NULL. A block read is also checked against the
+ * format's rules (the order of blocks, rows inside their table and their block's range,
+ * in order). next after END returns PS_ERR_INVALID. */
 typedef int (*ps__ckpt_want_fn)(void *arg, uint32_t table, uint64_t pos_lo, uint64_t pos_hi);
 int ps__ckpt_next(ps__ckpt_reader *r, ps__ckpt_block *b, ps__ckpt_want_fn want, void *arg);
 void ps__ckpt_reader_close(ps__ckpt_reader *r);
