@@ -26,9 +26,7 @@ ps__table *ps__srv_table_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   return t;
 }
 
-/* The dense slices [*lo, *hi) of t this server owns (ring.h: one contiguous run per
- * server), cached per ring. 0, or -1 when out of memory. */
-static int dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi) {
+int ps__srv_dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi) {
   uint64_t nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
   size_t S = s->ring ? ps__ring_size(s->ring) : 0;
   if (S <= 1) {
@@ -58,7 +56,7 @@ static int dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi) {
 
 int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys) {
   uint64_t total = 0, lo = 0, hi = 0;
-  if (h->nkeys && dense_mine(s, t, &lo, &hi)) {
+  if (h->nkeys && ps__srv_dense_mine(s, t, &lo, &hi)) {
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "out of memory");
     return -1;
   }

@@ -144,10 +144,23 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     ps__srv_reply_err(c, h, PS_ERR_PROTO, "%s", ps_errmsg());
     return;
   }
-  if (ps__shard_create(s->sh, &d, &v) == PS__APPLIED)
-    ps__srv_reply_ok(c, h, 0);
-  else
+  int existed = ps__shard_table(s->sh, d.id) != NULL;
+  if (ps__shard_create(s->sh, &d, &v) != PS__APPLIED) {
     ps__srv_reply_verdict(c, h, &v);
+    return;
+  }
+  /* A restored job: a new table's rows come from the checkpoint. A table that cannot be
+   * restored is dropped again (it has no timer yet: nothing was pushed to it). */
+  int rc = existed ? 0 : ps__srv_restore_table(s, ps__shard_table(s->sh, d.id));
+  if (rc) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    ps__shard_drop(s->sh, d.id);
+    ps__log(PS_LOG_ERROR, "%s", msg);
+    ps__srv_reply_err(c, h, rc, "%s", msg);
+    return;
+  }
+  ps__srv_reply_ok(c, h, 0);
 }
 
 /* The dispatch table: one handler per request type a server takes (a request family's
@@ -278,6 +291,18 @@ static void agent_lost(void *arg, int status, const char *msg) {
 /* Each heartbeat: unmap the workers' shared buffers they freed. */
 static void agent_tick(void *arg) { ps__shm_sweep(((ps__server *)arg)->shm); }
 
+/* Frames of the scheduler's beyond what the agent handles: a checkpoint's requests. */
+static int agent_on_header(void *arg, const ps__frame_hdr *h, ps__body *b) {
+  (void)arg, (void)b;
+  if (h->type == PS_MSG_CKPT) return 0;
+  return ps__fail(PS_ERR_PROTO, "unexpected %s frame from the scheduler", ps__frame_type_name(h->type));
+}
+
+static void agent_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b) {
+  ps__server *s = arg;
+  if (h->type == PS_MSG_CKPT && !s->stopping) ps__srv_on_ckpt(s, h, b);
+}
+
 static int agent_begin(ps__server *s) {
   ps__agent_opts o = {.sched_host = s->o.sched_host, .sched_port = s->o.sched_port,
                       .heartbeat_ms = s->o.heartbeat_ms, .connect_timeout_ms = s->o.connect_timeout_ms,
@@ -290,7 +315,7 @@ static int agent_begin(ps__server *s) {
   ps__hostid(o.hello.hostid, sizeof o.hello.hostid);
   if (s->unix_path[0] && ps__pm_usable()) o.hello.caps |= PS_CAP_PEER_MEM;
   ps__agent_cbs cb = {.arg = s, .registered = agent_registered, .membership = agent_membership, .lost = agent_lost,
-                      .tick = agent_tick};
+                      .tick = agent_tick, .on_header = agent_on_header, .on_frame = agent_on_frame};
   int rc = ps__agent_init(&s->agent, &s->loop, &o, &cb);
   if (rc) return rc;
   s->agent_inited = 1;
@@ -330,7 +355,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   s->loop.data = s;
   s->pool = ps__pool_new(1ull << 30);
   ps__shard_hooks hooks = {.arg = s, .alloc = hook_alloc, .release = hook_release, .arm_flush = hook_arm_flush,
-                           .par = hook_par, .round_apply = ps__srv_round_apply, .round_done = ps__srv_round_done};
+                           .par = hook_par, .round_apply = ps__srv_round_apply, .round_done = ps__srv_round_done,
+                           .cut = ps__srv_cut};
   s->sh = ps__shard_new(&hooks);
   s->mail = ps__mailbox_new(&s->loop);
   uv_idle_init(&s->loop, &s->apply_idle);
@@ -350,6 +376,7 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
       s->unix_path[0] = '\0';
     }
   }
+  if (s->o.restore_dir && s->o.restore_dir[0] && (rc = ps__srv_restore_open(s, s->o.restore_dir))) goto fail;
   if ((rc = agent_begin(s))) goto fail;
   *out = s;
   return 0;
@@ -401,6 +428,8 @@ void ps__server_destroy(ps__server *s) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
   uv_loop_close(&s->loop);
   ps__srv_free_pulls(s);
+  ps__srv_ckpt_stop(s);
+  ps__srv_restore_free(s);
   for (size_t i = 0; s->sh && i < s->sh->ntables; i++)
     if (s->sh->tables[i]) free(s->sh->tables[i]->owner); /* its timer was closed with the loop */
   ps__shard_free(s->sh);

@@ -20,6 +20,9 @@
 #include "server/server.h"
 #include "shard/shard.h"
 
+typedef struct srv_ckpt srv_ckpt;       /* a checkpoint being written (ckpt.c) */
+typedef struct srv_restore srv_restore; /* the checkpoint restored from (ckpt.c) */
+
 /* A pull waiting for its table to reach its clock, holding its request body. */
 typedef struct pending_pull {
   struct pending_pull *next;
@@ -64,6 +67,8 @@ struct ps__server {
   uv_idle_t apply_idle; /* runs while tables have a pending apply */
   int idle_on;
   uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
+  srv_ckpt *ckpt;        /* the checkpoint being cut or written, or NULL */
+  srv_restore *restore;  /* the checkpoint this server restores tables from, or NULL */
   ps__par *par;   /* helper thread for huge requests, started on the first one */
   int par_failed; /* it could not be started: stay serial */
 };
@@ -84,6 +89,9 @@ void ps__srv_pending_check(ps__server *s);
 /* ---- validation against the ring (push.c) */
 /* The request's table, of the given kind; NULL when answered with an error. */
 ps__table *ps__srv_table_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, int kind);
+/* The dense slices [*lo, *hi) of t this server owns (ring.h: one contiguous run per
+ * server), cached per ring. 0, or -1 when out of memory. */
+int ps__srv_dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi);
 /* Check a dense segment list: in range, owned. Returns total elements or -1 (answered). */
 int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys);
 /* Check that every sparse key is owned here: 0, or -1 (answered with MOVED). */
@@ -118,6 +126,18 @@ int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body 
  * the peer-memory pulls waiting for it. */
 int ps__srv_round_apply(void *arg, ps__table *t, ps__round *r, void **token);
 void ps__srv_round_done(void *arg, ps__table *t, void *token);
+
+/* ---- checkpoints (ckpt.c) */
+void ps__srv_on_ckpt(ps__server *s, const ps__frame_hdr *h, const ps__body *b);
+void ps__srv_cut(void *arg, ps__table *t);        /* the engine's cut hook */
+void ps__srv_ckpt_written(void *arg);              /* mail from the writer thread */
+void ps__srv_ckpt_stop(ps__server *s);
+/* Read the restore directory's manifest (at create): 0, or an error with a message. */
+int ps__srv_restore_open(ps__server *s, const char *dir);
+/* Load table t's rows this server owns from the checkpoint being restored, if any:
+ * 0, or an error with a message (the table is then unusable: answer its CREATE so). */
+int ps__srv_restore_table(ps__server *s, ps__table *t);
+void ps__srv_restore_free(ps__server *s);
 
 /* ---- statistics (stats.c) */
 void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);

@@ -116,6 +116,7 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
   t->spec = spec;
   t->decl = *d;
   for (int i = 0; i < PS__ROUND_WINDOW; i++) t->rounds[i].round = -1;
+  t->cut_at = -1;
   /* A table created after the job ran starts at the current round. */
   int64_t minc, maxc;
   ps__shard_live_clocks(sh, &minc, &maxc);
@@ -124,6 +125,14 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
   ps__log(PS_LOG_INFO, "table %u '%s' created (%s, size %llu)", d->id, d->name, d->kind == PS_DENSE ? "dense" : "sparse",
           (unsigned long long)d->size);
   return PS__APPLIED;
+}
+
+void ps__shard_drop(ps__shard *sh, uint32_t id) {
+  ps__table *t = ps__shard_table(sh, id);
+  if (!t) return;
+  if (t->pend.active) sh->npending--;
+  table_free(sh, t);
+  sh->tables[id] = NULL;
 }
 
 float *ps__shard_row(ps__table *t, uint64_t key) {
@@ -177,7 +186,8 @@ void ps__shard_member(ps__shard *sh, uint32_t id, int alive) {
   int64_t minc, maxc;
   if (!w && alive) {
     ps__shard_live_clocks(sh, &minc, &maxc);
-    w = add_worker(sh, id, sh->started ? minc : 0, 1);
+    int64_t start = sh->started ? minc : 0;
+    w = add_worker(sh, id, start > sh->base_clock ? start : sh->base_clock, 1);
   } else if (w && alive && w->pending) { /* the scheduler vouches for it now */
     ps__shard_live_clocks(sh, &minc, &maxc);
     w->pending = 0;

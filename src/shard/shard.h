@@ -124,6 +124,7 @@ struct ps__table {
   uint64_t pushes, pulls, dropped, rejected, applied;
   float last_lr;        /* learning rate of the last update */
   double last_batch;    /* global batch of the last update */
+  int64_t cut_at;       /* sync: cut (hooks.cut) once version * every >= cut_at; -1 none */
   /* owner's cache: the dense slices [mine_lo, mine_hi) owned under ring generation mine_gen */
   uint64_t mine_gen, mine_lo, mine_hi;
   void *owner;          /* the owner's per-table state (an aggregation timer) */
@@ -155,6 +156,9 @@ typedef struct ps__shard_hooks {
    * engine applies it. *token is handed to round_done after the version moved on. */
   int (*round_apply)(void *arg, ps__table *t, ps__round *r, void **token);
   void (*round_done)(void *arg, ps__table *t, void *token);
+  /* A sync table reached the clock of the cut asked for with ps__shard_cut_at: take its
+   * snapshot now (ps__shard_snap), before the next round changes it. */
+  void (*cut)(void *arg, ps__table *t);
 } ps__shard_hooks;
 
 /* The consistency model of a table (one per ps__mode_kind). */
@@ -176,6 +180,7 @@ extern const ps__mode_ops ps__mode_sync, ps__mode_ssp, ps__mode_async;
 struct ps__shard {
   ps__shard_hooks hooks;
   int started;          /* the job has started (membership); before, pulls are answered at once */
+  int64_t base_clock;   /* a restored job's clock: workers start there */
   ps__worker *workers;
   size_t nworkers, wcap;
   ps__table **tables;   /* indexed by table id */
@@ -202,6 +207,8 @@ static inline ps__table *ps__shard_table(const ps__shard *sh, uint32_t id) {
 /* Create table d (its options parsed), or check that an existing one is the same.
  * PS__APPLIED, or PS__REJECTED (INVALID, CONFIG, CONFLICT, NOMEM) with a message. */
 int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v);
+/* Forget table id and everything in it (a table whose restore failed). */
+void ps__shard_drop(ps__shard *sh, uint32_t id);
 
 /* ---------------------------------------------------------------- clocks and workers */
 
@@ -262,6 +269,32 @@ static inline void ps__shard_flush(ps__table *t) {
 /* A step of every pending apply (the owner calls it when idle). */
 void ps__shard_pending_idle(ps__shard *sh, uint64_t budget);
 
+/* ---------------------------------------------------------------- checkpoints (snap.c) */
+
+/* One table as it was at its cut: every row (key, parameters and optimiser state) in
+ * the order of the table's row map, and the state a restore needs. */
+typedef struct ps__snap_table {
+  ps__declare decl;
+  uint32_t width, row_floats;
+  uint64_t step;
+  int64_t version;
+  uint64_t n;
+  uint64_t *keys;
+  float *rows;          /* n * row_floats */
+} ps__snap_table;
+
+/* The first clock at or after `clock` at which table t can be cut: a sync table's next
+ * round boundary (a multiple of every). */
+int64_t ps__shard_cut_clock(const ps__table *t, int64_t clock);
+/* Ask for the cut of table t at clock (sync tables: once version * every reaches its
+ * boundary; hooks.cut is called then, or at once when it is there already). Others are
+ * cut at once. 0, or PS_ERR_CLOCK when a sync table is past it already. */
+int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock);
+/* Copy table t as it is now into *out (finishing a pending apply and flushing an
+ * aggregation buffer first, so every acknowledged push is in). 0 or PS_ERR_NOMEM. */
+int ps__shard_snap(ps__table *t, ps__snap_table *out);
+void ps__snap_table_free(ps__snap_table *s);
+
 /* ---------------------------------------------------------------- the mutation point */
 
 /* The parameter row for key, created from the initialiser on first touch; NULL when out
@@ -269,7 +302,12 @@ void ps__shard_pending_idle(ps__shard *sh, uint64_t budget);
  * until the next row of the table is created. */
 float *ps__shard_row(ps__table *t, uint64_t key);
 
-/* The one place where parameters and optimiser state change: one optimiser step with
+/* A whole row (parameters and optimiser state, row_floats floats) set from a
+ * checkpoint or another server: the one way a row changes other than by an optimiser
+ * step. 0 or PS_ERR_NOMEM. */
+int ps__shard_import(ps__table *t, uint64_t key, const float *row);
+
+/* The one place where parameters and optimiser state change by a step: one optimiser step with
  * rate lr and step number `step` on parameters [within, within + n) of row `row`
  * (the row of `key`), gradient g (combined already: the mean or the sum). Called on the
  * owner's thread, or on its helper thread for the rows of a huge push that the helper

@@ -137,6 +137,10 @@ static void sync_advance(ps__shard *sh, ps__table *t) {
     }
     t->version++;
     if (have && sh->hooks.round_done) sh->hooks.round_done(sh->hooks.arg, t, token);
+    if (t->cut_at >= 0 && t->version * every >= t->cut_at) { /* before the next round changes it */
+      t->cut_at = -1;
+      if (sh->hooks.cut) sh->hooks.cut(sh->hooks.arg, t);
+    }
   }
 }
 

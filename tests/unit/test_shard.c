@@ -46,13 +46,31 @@ static void t_round_done(void *arg, ps__table *t, void *token) {
   L.rounds_done++;
 }
 
+/* The cut hook: a copy of the table as it is at the cut. */
+static ps__snap_table CUT;
+static int cuts;
+static int64_t cut_version;
+static void t_cut(void *arg, ps__table *t) {
+  (void)arg;
+  cuts++;
+  cut_version = t->version;
+  ps__snap_table_free(&CUT);
+  cr_assert(eq(int, ps__shard_snap(t, &CUT), 0));
+}
+
 static void setup(void) {
   memset(&L, 0, sizeof L);
-  ps__shard_hooks h = {.alloc = t_alloc, .release = t_release, .arm_flush = t_arm, .round_done = t_round_done};
+  ps__shard_hooks h = {.alloc = t_alloc, .release = t_release, .arm_flush = t_arm, .round_done = t_round_done,
+                       .cut = t_cut};
+  cuts = 0;
+  memset(&CUT, 0, sizeof CUT);
   SH = ps__shard_new(&h);
   cr_assert(SH != NULL);
 }
-static void teardown(void) { ps__shard_free(SH); }
+static void teardown(void) {
+  ps__snap_table_free(&CUT);
+  ps__shard_free(SH);
+}
 
 TestSuite(shard, .init = setup, .fini = teardown, .timeout = 30);
 
@@ -459,4 +477,103 @@ Test(shard, a_table_created_mid_job_starts_at_the_current_round) {
   ps__table *t = create(1, PS_SPARSE, 1, SPARSE1);
   cr_assert(eq(i64, t->version, 3));
   push1_ok(1, 1, 3, 1, 1, 1.0f);
+}
+
+/* ---------------------------------------------------------------- checkpoints */
+
+static void sync_round(int c, float g1, float g2) {
+  push1_ok(1, 1, c, 1, 5, g1);
+  push1_ok(1, 2, c, 1, 6, g2);
+  ps__shard_clock(SH, 1, c + 1);
+  ps__shard_clock(SH, 2, c + 1);
+}
+
+Test(shard, a_sync_table_is_cut_at_the_checkpoint_clock_before_the_next_round) {
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=1 opt=adam");
+  start(2);
+  sync_round(0, 1.0f, 2.0f);
+  cr_assert(eq(int, ps__shard_cut_at(SH, t, 2), 0));
+  cr_assert(eq(int, cuts, 0), "cut before the clock");
+  /* worker 1's push for clock 2 arrives before round 1 closes: not in the cut */
+  push1_ok(1, 1, 1, 1, 5, 3.0f);
+  push1_ok(1, 2, 1, 1, 6, 3.0f);
+  ps__shard_clock(SH, 1, 2);
+  push1_ok(1, 1, 2, 1, 5, 100.0f);
+  cr_assert(eq(int, cuts, 0));
+  ps__shard_clock(SH, 2, 2); /* round 1 applied: version 2, the cut */
+  cr_assert(eq(int, cuts, 1));
+  cr_assert(eq(i64, cut_version, 2));
+  cr_assert(eq(u64, CUT.n, 2));
+  cr_assert(eq(u64, CUT.step, 2));
+  cr_assert(eq(u32, CUT.row_floats, 3), "adam: parameter and two moments");
+  float w5 = row1(t, 5);
+  for (uint64_t i = 0; i < CUT.n; i++)
+    if (CUT.keys[i] == 5) cr_assert(eq(flt, CUT.rows[i * 3], w5), "the cut holds round 1's result");
+  push1_ok(1, 2, 2, 1, 5, 1.0f);
+  ps__shard_clock(SH, 1, 3);
+  ps__shard_clock(SH, 2, 3);
+  cr_assert(eq(int, cuts, 1), "cut once");
+  cr_assert(not(eq(flt, row1(t, 5), w5)), "round 2 applied after the cut");
+  /* too late: the table is at clock 3 */
+  cr_assert(eq(int, ps__shard_cut_at(SH, t, 2), PS_ERR_CLOCK));
+  cr_assert(eq(int, ps__shard_cut_at(SH, t, 3), 0));
+  cr_assert(eq(int, cuts, 2), "at the clock already: cut at once");
+}
+
+Test(shard, an_every_n_table_is_cut_at_its_next_round_boundary) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " every=2");
+  start(1);
+  cr_assert(eq(i64, ps__shard_cut_clock(t, 3), 4));
+  cr_assert(eq(i64, ps__shard_cut_clock(t, 4), 4));
+  cr_assert(eq(int, ps__shard_cut_at(SH, t, 3), 0));
+  for (int c = 0; c < 4; c++) {
+    push1_ok(1, 1, c, 1, 1, 1.0f);
+    ps__shard_clock(SH, 1, c + 1);
+    cr_assert(eq(int, cuts, c == 3), "clock %d", c + 1);
+  }
+  cr_assert(eq(i64, cut_version, 2));
+}
+
+Test(shard, an_async_table_is_cut_at_once_with_every_acknowledged_push) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async agg_n=10");
+  start(1);
+  push1_ok(1, 1, 0, 1, 9, 2.0f);
+  cr_assert(eq(flt, row1(t, 9), 0.0f), "buffered");
+  cr_assert(eq(int, ps__shard_cut_at(SH, t, 123), 0));
+  cr_assert(eq(int, cuts, 1));
+  cr_assert(eq(u64, CUT.n, 1));
+  cr_assert(eq(flt, CUT.rows[0], -2.0f), "the buffer was applied before the cut");
+}
+
+Test(shard, imported_rows_continue_as_the_saved_ones_would) {
+  /* Two engines: one trains 3 rounds, is cut after 2; the other imports the cut and
+   * trains the third round: both end bit-identical (parameters and adam moments). */
+  ps__table *t = create(1, PS_SPARSE, 1, "init=normal:0.1 seed=3 lr=0.1 opt=adam");
+  start(2);
+  cr_assert(eq(int, ps__shard_cut_at(SH, t, 2), 0));
+  sync_round(0, 1.0f, -2.0f);
+  sync_round(1, 0.5f, 0.25f);
+  cr_assert(eq(int, cuts, 1));
+  sync_round(2, -1.5f, 4.0f);
+  ps__snap_table saved = CUT;
+  memset(&CUT, 0, sizeof CUT);
+  ps__shard *a = SH;
+  setup();
+  ps__table *u = create(1, PS_SPARSE, 1, "init=normal:0.1 seed=3 lr=0.1 opt=adam");
+  SH->base_clock = 2;
+  start(2);
+  for (uint64_t i = 0; i < saved.n; i++)
+    cr_assert(eq(int, ps__shard_import(u, saved.keys[i], saved.rows + i * saved.row_floats), 0));
+  u->step = saved.step;
+  u->version = saved.version;
+  cr_assert(eq(i64, ps__shard_worker(SH, 1)->clock, 2), "workers start at the restored clock");
+  sync_round(2, -1.5f, 4.0f);
+  for (uint64_t k = 5; k <= 6; k++) {
+    float *x = ps__rowmap_get(t->params, k), *y = ps__rowmap_get(u->params, k);
+    cr_assert(x && y);
+    cr_assert(eq(int, memcmp(x, y, 3 * sizeof *x), 0), "row %llu differs", (unsigned long long)k);
+  }
+  cr_assert(eq(u64, t->step, u->step));
+  ps__snap_table_free(&saved);
+  ps__shard_free(a);
 }

@@ -1,0 +1,424 @@
+/*
+ * ckpt.c - a server's part of a checkpoint, and its restore (docs/checkpoint.md).
+ *
+ * Writing. The scheduler's CKPT request names the checkpoint, its directory and its
+ * clock. Every table is cut by the shard engine (shard/snap.c): a sync table once its
+ * rounds reach the clock, before the next round changes it; any other at once. Each cut
+ * copies the table on the loop thread; once every table is cut, a writer thread sorts
+ * the rows by ring position (sparse) or slice (dense), writes server-<rank>.psck
+ * through store/ckpt.h (temporary name, fsync, rename, fsync of the directory) and posts
+ * its result back to the loop, which answers the scheduler. Training goes on meanwhile.
+ * One checkpoint at a time; a probe (id 0) is answered at once with the smallest clock
+ * this server can still cut at.
+ *
+ * Restore. A server started with a restore directory reads the checkpoint's manifest
+ * when it is created (the clock workers start at, the data files); when a table is
+ * created, it reads every data file's blocks of that table and keeps the rows it owns
+ * under the current ring, whatever the number of servers that wrote them.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/common.h"
+#include "server/server_int.h"
+#include "store/ckpt.h"
+
+/* ------------------------------------------------------------------ writing */
+
+struct srv_ckpt {
+  ps__server *s;
+  ps__frame_hdr req;      /* the scheduler's request, for the reply */
+  ps__ckpt_req q;
+  ps__snap_table *t;      /* one per table being written */
+  size_t nt, cap;
+  size_t waiting;         /* tables not cut yet */
+  uint32_t *wait_ids;     /* their ids */
+  pthread_t thread;
+  int thread_started;
+  /* the writer thread's result */
+  int rc;
+  char msg[512];
+  ps__ckpt_summary sum;
+  uint64_t t0_ms;
+};
+
+static void ckpt_free(srv_ckpt *k) {
+  if (!k) return;
+  for (size_t i = 0; i < k->nt; i++) ps__snap_table_free(&k->t[i]);
+  free(k->t);
+  free(k->wait_ids);
+  free(k);
+}
+
+static void ckpt_reply_err(ps__server *s, const ps__frame_hdr *req, int err, const char *msg) {
+  ps__conn *c = s->agent.conn;
+  if (c) ps__conn_send_error(c, req, err, msg);
+}
+
+/* A row's place in the file: its ring position (sparse) or its slice (dense). */
+typedef struct order {
+  uint64_t pos;
+  uint64_t i;
+} order;
+
+static int order_cmp(const void *a, const void *b) {
+  const order *x = a, *y = b;
+  return x->pos < y->pos ? -1 : x->pos > y->pos ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* Write one table's rows in blocks, sorted; 0 or an error (with a message). */
+static int write_table_rows(ps__ckpt_writer *w, const ps__snap_table *t) {
+  uint64_t n = t->n, rf = t->row_floats;
+  order *o = ps__malloc((n ? n : 1) * sizeof *o);
+  uint64_t per = (PS_CKPT_MAX_BLOCK - 64) / (8 + 4 * rf);
+  if (per > PS_CKPT_ROWS_PER_BLOCK) per = PS_CKPT_ROWS_PER_BLOCK;
+  if (!o || per == 0) {
+    free(o);
+    return per ? ps__fail(PS_ERR_NOMEM, "out of memory sorting table '%s'", t->decl.name)
+               : ps__fail(PS_ERR_INVALID, "rows of table '%s' are too large for a block", t->decl.name);
+  }
+  for (uint64_t i = 0; i < n; i++) {
+    o[i].pos = t->decl.kind == PS_DENSE ? t->keys[i] : ps__ring_key_hash(t->decl.id, t->keys[i]);
+    o[i].i = i;
+  }
+  qsort(o, n, sizeof *o, order_cmp);
+  uint64_t *keys = ps__malloc(per * sizeof *keys);
+  float *rows = ps__malloc(per * rf * sizeof *rows);
+  int rc = keys && rows ? 0 : ps__fail(PS_ERR_NOMEM, "out of memory writing table '%s'", t->decl.name);
+  for (uint64_t at = 0; !rc && at < n; at += per) {
+    uint32_t m = (uint32_t)(n - at < per ? n - at : per);
+    for (uint32_t j = 0; j < m; j++) {
+      keys[j] = t->keys[o[at + j].i];
+      memcpy(rows + (size_t)j * rf, t->rows + o[at + j].i * rf, rf * sizeof *rows);
+    }
+    rc = ps__ckpt_write_rows(w, t->decl.id, (uint32_t)rf, keys, rows, m, o[at].pos, o[at + m - 1].pos);
+  }
+  free(keys);
+  free(rows);
+  free(o);
+  return rc;
+}
+
+static void *writer_main(void *arg) {
+  srv_ckpt *k = arg;
+  char path[PS_CKPT_DIR_MAX + 64];
+  snprintf(path, sizeof path, "%s/server-%u.psck", k->q.dir, k->s->rank);
+  ps__ckpt_header h = {.what = PS_CKPT_DATA, .id = k->q.id, .clock = k->q.clock, .rank = k->s->rank,
+                       .nservers = k->q.nservers};
+  ps__ckpt_writer *w = NULL;
+  int rc = ps__ckpt_writer_open(&w, path, &h);
+  for (size_t i = 0; !rc && i < k->nt; i++) {
+    const ps__snap_table *t = &k->t[i];
+    ps__ckpt_table ct = {.decl = t->decl, .width = t->width, .row_floats = t->row_floats, .step = t->step,
+                         .version = t->version, .nrows = t->n};
+    rc = ps__ckpt_write_table(w, &ct);
+    if (!rc) rc = write_table_rows(w, t);
+  }
+  if (rc) snprintf(k->msg, sizeof k->msg, "%s", ps_errmsg());
+  int crc = ps__ckpt_writer_close(w, rc == 0, &k->sum);
+  if (!rc && crc) {
+    rc = crc;
+    snprintf(k->msg, sizeof k->msg, "%s", ps_errmsg());
+  }
+  k->rc = rc;
+  if (ps__mailbox_post(k->s->mail, ps__srv_ckpt_written, k)) k->rc = PS_ERR_CLOSED; /* the loop is gone */
+  return NULL;
+}
+
+/* On the loop: the writer thread is done. */
+void ps__srv_ckpt_written(void *arg) {
+  srv_ckpt *k = arg;
+  ps__server *s = k->s;
+  pthread_join(k->thread, NULL);
+  if (k->rc) {
+    ps__log(PS_LOG_ERROR, "checkpoint %llu: %s", (unsigned long long)k->q.id, k->msg);
+    ckpt_reply_err(s, &k->req, k->rc, k->msg);
+  } else {
+    ps__ckpt_done d = {.rank = s->rank, .bytes = k->sum.bytes, .checksum = k->sum.checksum, .rows = k->sum.rows};
+    snprintf(d.name, sizeof d.name, "server-%u.psck", s->rank);
+    ps__wbuf w;
+    ps__wbuf_init(&w);
+    ps__ckpt_done_encode(&w, &d);
+    ps__frame_hdr r = {.type = PS_MSG_CKPT | PS_FRAME_REPLY, .req_id = k->req.req_id, .clock = k->q.clock,
+                       .sender = s->id};
+    if (s->agent.conn && !w.oom) ps__conn_send_ctrl(s->agent.conn, &r, w.data, w.len);
+    ps__wbuf_free(&w);
+    ps__log(PS_LOG_INFO, "checkpoint %llu: wrote %s/%s (%llu rows, %llu bytes) in %llu ms",
+            (unsigned long long)k->q.id, k->q.dir, d.name, (unsigned long long)d.rows, (unsigned long long)d.bytes,
+            (unsigned long long)(ps__now_ms() - k->t0_ms));
+  }
+  if (s->ckpt == k) s->ckpt = NULL;
+  ckpt_free(k);
+}
+
+static void start_writer(srv_ckpt *k) {
+  if (pthread_create(&k->thread, NULL, writer_main, k)) {
+    ckpt_reply_err(k->s, &k->req, PS_ERR_NOMEM, "cannot start the checkpoint writer thread");
+    k->s->ckpt = NULL;
+    ckpt_free(k);
+    return;
+  }
+  k->thread_started = 1;
+}
+
+/* The engine's cut hook: table t is at the checkpoint's clock now. */
+void ps__srv_cut(void *arg, ps__table *t) {
+  ps__server *s = arg;
+  srv_ckpt *k = s->ckpt;
+  if (!k || k->thread_started) return;
+  size_t w = 0;
+  for (; w < k->waiting && k->wait_ids[w] != t->id; w++) {}
+  if (w == k->waiting) return; /* created after the request: not in this checkpoint */
+  k->wait_ids[w] = k->wait_ids[--k->waiting];
+  /* A dense table is written whole: every slice this server owns, touched or not. */
+  uint64_t lo = 0, hi = 0;
+  int oom = t->spec.kind == PS_DENSE && ps__srv_dense_mine(s, t, &lo, &hi);
+  for (uint64_t sl = lo; !oom && sl < hi; sl++) oom = ps__shard_row(t, sl) == NULL;
+  if (oom || ps__shard_snap(t, &k->t[k->nt])) {
+    ckpt_reply_err(s, &k->req, PS_ERR_NOMEM, ps_errmsg());
+    for (size_t i = 0; i < s->sh->ntables; i++)
+      if (s->sh->tables[i]) s->sh->tables[i]->cut_at = -1;
+    s->ckpt = NULL;
+    ckpt_free(k);
+    return;
+  }
+  k->nt++;
+  if (k->waiting == 0) start_writer(k);
+}
+
+/* The smallest clock every sync table of this server can still be cut at. */
+static int64_t cut_floor(const ps__server *s) {
+  int64_t c = 0;
+  for (size_t i = 0; i < s->sh->ntables; i++) {
+    const ps__table *t = s->sh->tables[i];
+    if (t && ps__table_is_sync(t) && t->version * (int64_t)t->spec.every > c) c = t->version * (int64_t)t->spec.every;
+  }
+  return c;
+}
+
+void ps__srv_on_ckpt(ps__server *s, const ps__frame_hdr *h, const ps__body *b) {
+  ps__ckpt_req q;
+  if (ps__ckpt_req_decode(b->buf, b->len, &q)) {
+    ckpt_reply_err(s, h, PS_ERR_PROTO, ps_errmsg());
+    return;
+  }
+  if (q.id == 0) { /* a probe */
+    ps__frame_hdr r = {.type = PS_MSG_CKPT | PS_FRAME_REPLY, .req_id = h->req_id, .clock = cut_floor(s),
+                       .sender = s->id};
+    if (s->agent.conn) ps__conn_send_ctrl(s->agent.conn, &r, NULL, 0);
+    return;
+  }
+  if (s->ckpt) {
+    ckpt_reply_err(s, h, PS_ERR_UNAVAILABLE, "a checkpoint is being written on this server");
+    return;
+  }
+  srv_ckpt *k = ps__calloc(1, sizeof *k);
+  size_t nt = 0;
+  for (size_t i = 0; i < s->sh->ntables; i++) nt += s->sh->tables[i] != NULL;
+  if (!k || !(k->t = ps__calloc(nt ? nt : 1, sizeof *k->t)) || !(k->wait_ids = ps__calloc(nt ? nt : 1, 4))) {
+    ckpt_free(k);
+    ckpt_reply_err(s, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  k->s = s;
+  k->req = *h;
+  k->q = q;
+  k->cap = nt;
+  k->t0_ms = ps__now_ms();
+  for (size_t i = 0; i < s->sh->ntables; i++) /* first check that no sync table is past the clock */
+    if (s->sh->tables[i]) {
+      ps__table *t = s->sh->tables[i];
+      if (ps__table_is_sync(t) && t->version * (int64_t)t->spec.every > ps__shard_cut_clock(t, q.clock)) {
+        char msg[300];
+        snprintf(msg, sizeof msg, "server %u: table '%s' is at clock %lld, past the checkpoint's clock %lld",
+                 s->rank, t->decl.name, (long long)(t->version * (int64_t)t->spec.every), (long long)q.clock);
+        ckpt_free(k);
+        ckpt_reply_err(s, h, PS_ERR_CLOCK, msg);
+        return;
+      }
+      k->wait_ids[k->waiting++] = t->id;
+    }
+  s->ckpt = k;
+  if (k->waiting == 0) {
+    start_writer(k);
+    return;
+  }
+  for (size_t i = 0; i < s->sh->ntables && s->ckpt == k && !k->thread_started; i++)
+    if (s->sh->tables[i]) ps__shard_cut_at(s->sh, s->sh->tables[i], q.clock); /* may cut (and start) now */
+}
+
+/* The loop is going away: wait for a writer still running (its files stay consistent:
+ * without a manifest the checkpoint does not count). */
+void ps__srv_ckpt_stop(ps__server *s) {
+  srv_ckpt *k = s->ckpt;
+  s->ckpt = NULL;
+  if (!k) return;
+  if (k->thread_started) pthread_join(k->thread, NULL); /* its mail is dropped with the loop */
+  ckpt_free(k);
+}
+
+/* ------------------------------------------------------------------ restore */
+
+struct srv_restore {
+  char dir[PS_CKPT_DIR_MAX];  /* the checkpoint's directory */
+  uint64_t id;
+  int64_t clock;
+  uint32_t nservers;
+  ps__ckpt_file *files;
+  size_t nfiles;
+};
+
+void ps__srv_restore_free(ps__server *s) {
+  if (!s->restore) return;
+  free(s->restore->files);
+  free(s->restore);
+  s->restore = NULL;
+}
+
+static int read_manifest(srv_restore *r) {
+  char path[PS_CKPT_DIR_MAX + 16];
+  snprintf(path, sizeof path, "%s/MANIFEST", r->dir);
+  ps__ckpt_reader *rd;
+  ps__ckpt_header h;
+  int rc = ps__ckpt_reader_open(&rd, path, &h);
+  if (rc) return rc;
+  if (h.what != PS_CKPT_MANIFEST) {
+    ps__ckpt_reader_close(rd);
+    return ps__fail(PS_ERR_CORRUPT, "%s is not a checkpoint manifest", path);
+  }
+  r->id = h.id;
+  r->clock = h.clock;
+  r->nservers = h.nservers;
+  ps__ckpt_block b;
+  while (!(rc = ps__ckpt_next(rd, &b, NULL, NULL)) && b.kind != PS_CKPT_B_END) {
+    if (b.kind != PS_CKPT_B_FILE) continue;
+    ps__ckpt_file *f = ps__realloc(r->files, (r->nfiles + 1) * sizeof *f);
+    if (!f) {
+      rc = ps__fail(PS_ERR_NOMEM, "out of memory reading %s", path);
+      break;
+    }
+    r->files = f;
+    r->files[r->nfiles++] = b.file;
+  }
+  ps__ckpt_reader_close(rd);
+  return rc;
+}
+
+int ps__srv_restore_open(ps__server *s, const char *dir) {
+  srv_restore *r = ps__calloc(1, sizeof *r);
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  struct stat st;
+  char m[PS_CKPT_DIR_MAX + 16];
+  snprintf(m, sizeof m, "%s/MANIFEST", dir);
+  int rc = 0;
+  if (stat(m, &st) == 0)
+    snprintf(r->dir, sizeof r->dir, "%s", dir);
+  else
+    rc = ps__ckpt_latest(dir, &r->id, r->dir, sizeof r->dir);
+  if (!rc) rc = read_manifest(r);
+  if (rc) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "cannot restore from %s: %s", dir, ps_errmsg());
+    free(r->files);
+    free(r);
+    return ps__fail(rc, "%s", msg);
+  }
+  s->restore = r;
+  s->sh->base_clock = r->clock > 0 ? r->clock : 0;
+  ps__log(PS_LOG_INFO, "restoring checkpoint %llu (clock %lld, %zu files of %u servers) from %s",
+          (unsigned long long)r->id, (long long)r->clock, r->nfiles, r->nservers, r->dir);
+  return 0;
+}
+
+typedef struct load_arg {
+  ps__server *s;
+  ps__table *t;
+  uint64_t lo, hi;     /* dense: the slices this server owns */
+  int found;
+  uint64_t step, rows;
+  int64_t version;
+} load_arg;
+
+static int want_table(void *arg, uint32_t table, uint64_t pos_lo, uint64_t pos_hi) {
+  load_arg *a = arg;
+  if (table != a->t->id) return 0;
+  if (a->t->spec.kind == PS_DENSE) return pos_hi >= a->lo && pos_lo < a->hi; /* positions are slices */
+  return 1;
+}
+
+static int owned(load_arg *a, uint64_t key) {
+  if (a->t->spec.kind == PS_DENSE) return key >= a->lo && key < a->hi;
+  ps__ring *ring = a->s->ring;
+  return !ring || ps__ring_size(ring) <= 1 || ps__ring_owner(ring, a->t->id, key) == a->s->id;
+}
+
+/* The checkpoint's declaration of t must give the same table. */
+static int same_table(const ps__table *t, const ps__ckpt_table *ct, const char *file) {
+  ps__table_spec spec;
+  char err[256];
+  if (ps__table_spec_parse(&spec, ct->decl.name, ct->decl.kind, ct->decl.size, ct->decl.options, err, sizeof err) ||
+      strcmp(ct->decl.name, t->decl.name) || memcmp(&spec, &t->spec, sizeof spec) ||
+      ct->row_floats != ps__spec_row_floats(&t->spec))
+    return ps__fail(PS_ERR_CONFLICT, "table %u is '%s' (%s %llu '%s') in %s, but the job declares '%s' (%s %llu '%s')",
+                    t->id, ct->decl.name, ct->decl.kind == PS_DENSE ? "dense" : "sparse",
+                    (unsigned long long)ct->decl.size, ct->decl.options, file, t->decl.name,
+                    t->spec.kind == PS_DENSE ? "dense" : "sparse", (unsigned long long)t->decl.size, t->decl.options);
+  return 0;
+}
+
+static int load_file(load_arg *a, const char *path) {
+  ps__ckpt_reader *rd;
+  ps__ckpt_header h;
+  int rc = ps__ckpt_reader_open(&rd, path, &h);
+  if (rc) return rc;
+  ps__ckpt_block b;
+  int in_table = 0;
+  while (!(rc = ps__ckpt_next(rd, &b, want_table, a)) && b.kind != PS_CKPT_B_END) {
+    if (b.kind == PS_CKPT_B_TABLE) {
+      in_table = b.table.decl.id == a->t->id;
+      if (!in_table) continue;
+      if ((rc = same_table(a->t, &b.table, path))) break;
+      a->found = 1;
+      if (b.table.step > a->step) a->step = b.table.step;
+      if (b.table.version > a->version) a->version = b.table.version;
+    } else if (b.kind == PS_CKPT_B_ROWS && in_table && b.n) {
+      for (uint32_t i = 0; i < b.n && !rc; i++) {
+        uint64_t key = ps__get_u64(b.keys + 8 * (size_t)i);
+        if (!owned(a, key)) continue;
+        if (ps__shard_import(a->t, key, b.rows + (size_t)i * b.row_floats))
+          rc = ps__fail(PS_ERR_NOMEM, "out of memory restoring table '%s'", a->t->decl.name);
+        a->rows++;
+      }
+    }
+  }
+  ps__ckpt_reader_close(rd);
+  return rc;
+}
+
+int ps__srv_restore_table(ps__server *s, ps__table *t) {
+  srv_restore *r = s->restore;
+  if (!r) return 0;
+  load_arg a = {.s = s, .t = t};
+  if (t->spec.kind == PS_DENSE && ps__srv_dense_mine(s, t, &a.lo, &a.hi))
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  uint64_t t0 = ps__now_ms();
+  for (size_t i = 0; i < r->nfiles; i++) {
+    char path[PS_CKPT_DIR_MAX + 80];
+    snprintf(path, sizeof path, "%s/%s", r->dir, r->files[i].name);
+    int rc = load_file(&a, path);
+    if (rc) return rc;
+  }
+  if (!a.found) {
+    ps__log(PS_LOG_INFO, "table '%s' is not in checkpoint %llu: it starts afresh", t->decl.name,
+            (unsigned long long)r->id);
+    return 0;
+  }
+  t->step = a.step;
+  if (ps__table_is_sync(t)) t->version = a.version;
+  ps__log(PS_LOG_INFO, "table '%s': restored %llu rows (step %llu, version %lld) from checkpoint %llu in %llu ms",
+          t->decl.name, (unsigned long long)a.rows, (unsigned long long)a.step, (long long)a.version,
+          (unsigned long long)r->id, (unsigned long long)(ps__now_ms() - t0));
+  return 0;
+}
