@@ -221,7 +221,7 @@ int ps__ckpt_next(ps__ckpt_reader *r, ps__ckpt_block *o, ps__ckpt_want_fn want, 
     o->state = r->buf;
     o->state_len = n;
   } else if (kind == PS_CKPT_B_END) {
-    if (ps__rbuf_u32(&b) != r->index - 2) return ps__fail(PS_ERR_IO, "%s: bad end block", r->path);
+    if (ps__rbuf_u32(&b) != o->index) return ps__fail(PS_ERR_IO, "%s: bad end block", r->path);
   } else {
     return ps__fail(PS_ERR_IO, "%s: block %u: kind %d not read by the stand-in", r->path, o->index, kind);
   }
