@@ -81,6 +81,9 @@ static void sched_usage(FILE *f) {
           "  --addr-file F             also write HOST:PORT to F\n"
           "  --exit-when-done          stop (and stop the servers) once every worker has left;\n"
           "                            exit 1 if a worker died instead of leaving\n"
+          "  --checkpoint-dir DIR      take checkpoints on request into DIR/ckpt-<id> [PSHARD_CHECKPOINT_DIR]\n"
+          "  --checkpoint-keep K       complete checkpoints kept (3) [PSHARD_CHECKPOINT_KEEP]\n"
+          "  --restore DIR             resume the checkpoint DIR, or the newest one in DIR [PSHARD_RESTORE]\n"
           "  --verbose                 log registrations and membership changes\n"
           "  --help                    this text\n");
 }
@@ -95,9 +98,12 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"heartbeat-ms", required_argument, 0, 'b'}, {"heartbeat-timeout-ms", required_argument, 0, 't'},
       {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},          {"exit-when-done", no_argument, 0, 'x'},
+      {"checkpoint-dir", required_argument, 0, 'C'}, {"checkpoint-keep", required_argument, 0, 'K'},
+      {"restore", required_argument, 0, 'R'},
       {0, 0, 0, 0}};
   int exit_when_done = 0;
-  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000;
+  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3;
+  const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *addr_file = NULL;
@@ -105,6 +111,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   env_uint("PSHARD_PORT", &port);
   env_uint("PSHARD_HEARTBEAT_MS", &hb);
   env_uint("PSHARD_HEARTBEAT_TIMEOUT_MS", &hbt);
+  env_uint("PSHARD_CHECKPOINT_KEEP", &keep);
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -117,6 +124,15 @@ int ps_cli_scheduler(int argc, char **argv) {
     case 't': if (parse_uint_flag("--heartbeat-timeout-ms", optarg, 86400000, &hbt) || !hbt) return 2; break;
     case 'a': addr_file = optarg; break;
     case 'x': exit_when_done = 1; break;
+    case 'C': ckpt_dir = optarg; break;
+    case 'K':
+      if (parse_uint_flag("--checkpoint-keep", optarg, 1000000, &keep)) return 2;
+      if (!keep) {
+        fprintf(stderr, "pshard scheduler: --checkpoint-keep must be at least 1\n");
+        return 2;
+      }
+      break;
+    case 'R': restore = optarg; break;
     case 'v': verbose = 1; break;
     case 'h': sched_usage(stdout); return 0;
     default:
@@ -140,7 +156,10 @@ int ps_cli_scheduler(int argc, char **argv) {
   pthread_t st = start_signal_thread(&sc);
   ps__sched_opts o = {.host = host, .port = (int)port, .servers = (uint32_t)servers, .workers = (uint32_t)workers,
                       .heartbeat_ms = (uint32_t)hb, .heartbeat_timeout_ms = (uint32_t)hbt,
-                      .exit_when_done = exit_when_done};
+                      .exit_when_done = exit_when_done,
+                      .checkpoint_dir = ckpt_dir && *ckpt_dir ? ckpt_dir : NULL,
+                      .checkpoint_keep = (unsigned)keep,
+                      .restore_dir = restore && *restore ? restore : NULL};
   ps__sched *s;
   if (ps__sched_create(&o, &s)) {
     fprintf(stderr, "pshard scheduler: %s\n", ps_errmsg());

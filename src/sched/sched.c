@@ -13,78 +13,15 @@
 
 #include <string.h>
 
-#include "common/common.h"
-#include "net/net.h"
-#include "proto/msg.h"
-#include "proto/spec.h"
+#include "sched/sched_int.h"
 
-typedef struct node {
-  ps__member m;
-  ps__conn *conn;
-  uint64_t last_seen_ms;
-  int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
-  int64_t barrier_done; /* last barrier this worker passed (0 none) */
-  uint64_t barrier_req;
-} node;
-
-typedef struct table_entry {
-  ps__declare d;
-  ps__table_spec spec;
-} table_entry;
-
-typedef struct metric {
-  uint32_t node;
-  char name[64];
-  double value;
-  int64_t clock;
-  uint64_t count;
-} metric;
-
-/* Data-partition tasks (DESIGN 6). */
-enum { TASK_PENDING = 0, TASK_ASSIGNED = 1, TASK_DONE = 2 };
-
-typedef struct task_waiter {
-  struct task_waiter *next;
-  ps__conn *conn;
-  uint32_t node;
-  uint64_t req_id;
-  uint64_t deadline_ms;
-} task_waiter;
-
-typedef struct tasks {
-  int init;
-  uint32_t parts, epochs, epoch;
-  uint8_t *state;
-  uint32_t *owner;
-  uint32_t ndone;
-  uint64_t handed, completed, requeued;
-  task_waiter *waiters;
-} tasks;
-
-struct ps__sched {
-  tasks tk;
-  ps__sched_opts o;
-  uv_loop_t loop;
-  ps__listener listener;
-  ps__mailbox *mail;
-  uv_timer_t hb_timer;
-  ps__pool *pool;
-  node *nodes;
-  size_t nnodes, cap;
-  uint32_t next_id;
-  uint32_t nserver_ranks, nworker_ranks;
-  uint64_t epoch;
-  int started;
-  table_entry *tables;
-  size_t ntables;
-  metric *metrics;
-  size_t nmetrics, mcap;
-  int stopping;
-  int finished;     /* every worker left (exit_when_done): stopping soon */
-  int worker_failed;/* a worker died rather than leaving */
-  int result;
-  uv_timer_t finish_timer;
-};
+/* Short local names for the shared state (sched_int.h). */
+typedef ps__sched_node node;
+typedef ps__sched_table table_entry;
+typedef ps__sched_metric metric;
+typedef ps__task_waiter task_waiter;
+typedef ps__sched_tasks tasks;
+enum { TASK_PENDING = PS__TASK_PENDING, TASK_ASSIGNED = PS__TASK_ASSIGNED, TASK_DONE = PS__TASK_DONE };
 
 static node *node_by_conn(ps__sched *s, ps__conn *c) {
   for (size_t i = 0; i < s->nnodes; i++)
@@ -92,7 +29,7 @@ static node *node_by_conn(ps__sched *s, ps__conn *c) {
   return NULL;
 }
 
-static size_t count_alive(ps__sched *s, uint8_t role) {
+size_t ps__sched_count_alive(ps__sched *s, uint8_t role) {
   size_t n = 0;
   for (size_t i = 0; i < s->nnodes; i++) n += s->nodes[i].m.alive && s->nodes[i].m.role == role;
   return n;
@@ -125,7 +62,7 @@ static void broadcast_membership(ps__sched *s) {
 
 static void maybe_start(ps__sched *s) {
   if (s->started) return;
-  if (count_alive(s, PS_ROLE_SERVER) >= s->o.servers && count_alive(s, PS_ROLE_WORKER) >= s->o.workers) {
+  if (ps__sched_count_alive(s, PS_ROLE_SERVER) >= s->o.servers && ps__sched_count_alive(s, PS_ROLE_WORKER) >= s->o.workers) {
     s->started = 1;
     ps__log(PS_LOG_INFO, "job started: %u servers, %u workers", s->o.servers, s->o.workers);
   }
@@ -239,6 +176,7 @@ static void on_task_init(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     t->init = 1;
     t->parts = parts;
     t->epochs = epochs;
+    ps__sched_ckpt_tasks_restore(s);
   }
   ps__frame_hdr r = {.type = PS_MSG_TASK_INIT | PS_FRAME_REPLY, .req_id = h->req_id};
   ps__conn_send_ctrl(c, &r, NULL, 0);
@@ -326,8 +264,9 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
     n->conn = NULL;
   }
   if (n->m.role == PS_ROLE_WORKER) task_requeue(s, n->m.id);
+  if (n->m.role == PS_ROLE_SERVER) ps__sched_ckpt_node_dead(s, n, why);
   if (s->o.exit_when_done && s->started && !s->finished && n->m.role == PS_ROLE_WORKER &&
-      count_alive(s, PS_ROLE_WORKER) == 0) {
+      ps__sched_count_alive(s, PS_ROLE_WORKER) == 0) {
     /* The job is over: tell the servers (started = 2), then stop shortly after. */
     s->finished = 1;
     s->started = 2;
@@ -385,7 +324,7 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
   ps__log(PS_LOG_INFO, "%s %u registered as rank %u from %s", hello.role == PS_ROLE_SERVER ? "server" : "worker",
           n->m.id, n->m.rank, c->peer);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .sender = 0,
-                     .table = n->m.id, .batch = n->m.rank, .epoch = s->epoch};
+                     .table = n->m.id, .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
   ps__conn_send_ctrl(c, &r, NULL, 0);
   int was = s->started;
   maybe_start(s);
@@ -428,7 +367,9 @@ static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const 
     return;
   }
   s->tables = nt;
-  d.id = (uint32_t)s->ntables + 1;
+  d.id = 1; /* after the largest id: a restored registry keeps its ids */
+  for (size_t i = 0; i < s->ntables; i++)
+    if (s->tables[i].d.id >= d.id) d.id = s->tables[i].d.id + 1;
   s->tables[s->ntables].d = d;
   s->tables[s->ntables].spec = spec;
   s->ntables++;
@@ -475,13 +416,18 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
   int n = snprintf(line, sizeof line,
                    "epoch %llu\nstarted %d\nservers_alive %zu\nworkers_alive %zu\nservers_expected %u\n"
                    "workers_expected %u\n",
-                   (unsigned long long)s->epoch, s->started, count_alive(s, PS_ROLE_SERVER),
-                   count_alive(s, PS_ROLE_WORKER), s->o.servers, s->o.workers);
+                   (unsigned long long)s->epoch, s->started, ps__sched_count_alive(s, PS_ROLE_SERVER),
+                   ps__sched_count_alive(s, PS_ROLE_WORKER), s->o.servers, s->o.workers);
   ps__wbuf_bytes(&w, line, (size_t)n);
   if (s->tk.init) {
     n = snprintf(line, sizeof line, "tasks partitions=%u epochs=%u epoch=%u done=%u handed=%llu completed=%llu requeued=%llu\n",
                  s->tk.parts, s->tk.epochs, s->tk.epoch, s->tk.ndone, (unsigned long long)s->tk.handed,
                  (unsigned long long)s->tk.completed, (unsigned long long)s->tk.requeued);
+    ps__wbuf_bytes(&w, line, (size_t)n);
+  }
+  if (s->o.checkpoint_dir) {
+    n = snprintf(line, sizeof line, "checkpoints taken=%llu failed=%llu in_progress=%d\n",
+                 (unsigned long long)s->ck.taken, (unsigned long long)s->ck.failed, s->ck.phase != PS__CKPT_IDLE);
     ps__wbuf_bytes(&w, line, (size_t)n);
   }
   for (size_t i = 0; i < s->nmetrics; i++) {
@@ -496,11 +442,13 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
 }
 
 static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  /* The only requests the scheduler makes are CKPT to its servers. */
+  if (h->type == (PS_MSG_CKPT | PS_FRAME_REPLY)) return 0;
   if (h->type & PS_FRAME_REPLY) return ps__fail(PS_ERR_PROTO, "unexpected %s reply", ps__frame_type_name(h->type));
   switch (h->type) {
   case PS_MSG_HELLO: case PS_MSG_HEARTBEAT: case PS_MSG_DECLARE: case PS_MSG_BARRIER:
   case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS: case PS_MSG_TASK_INIT:
-  case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE:
+  case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE: case PS_MSG_CHECKPOINT:
     return 0;
   default:
     return ps__fail(PS_ERR_PROTO, "%s frame not accepted by the scheduler", ps__frame_type_name(h->type));
@@ -518,6 +466,11 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     on_stats(s, c, h);
     return;
   }
+  if (h->type == PS_MSG_CHECKPOINT) { /* from a worker or from a tool such as the CLI */
+    if (n) n->last_seen_ms = ps__now_ms();
+    ps__sched_ckpt_request(s, c, h);
+    return;
+  }
   if (!n) {
     ps__conn_send_error(c, h, PS_ERR_PROTO, "not registered: send hello first");
     ps__conn_close_after_flush(c, PS_ERR_PROTO);
@@ -526,6 +479,9 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   n->last_seen_ms = ps__now_ms();
   switch (h->type) {
   case PS_MSG_HEARTBEAT:
+    break;
+  case PS_MSG_CKPT | PS_FRAME_REPLY:
+    if (n->m.role == PS_ROLE_SERVER) ps__sched_ckpt_reply(s, n, h, b);
     break;
   case PS_MSG_DECLARE:
     on_declare(s, c, h, b);
@@ -573,6 +529,7 @@ static void sched_on_close(ps__conn *c, int status) {
   ps__sched *s = c->loop->data;
   if (s->stopping) return;
   task_drop_waiters(s, c, 0);
+  ps__sched_ckpt_conn_closed(s, c);
   node *n = node_by_conn(s, c);
   if (n) {
     n->conn = NULL;
@@ -602,6 +559,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 200;
   if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 3000;
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
+  if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
   s->next_id = 1;
   s->epoch = 1;
   uv_loop_init(&s->loop);
@@ -621,6 +579,13 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   s->hb_timer.data = s;
   uv_timer_init(&s->loop, &s->finish_timer);
   s->finish_timer.data = s;
+  rc = ps__sched_ckpt_init(s);
+  if (rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    ps__sched_destroy(s);
+    return ps__fail(rc, "%s", msg);
+  }
   uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
   *out = s;
   return 0;
@@ -687,5 +652,6 @@ void ps__sched_destroy(ps__sched *s) {
   }
   free(s->tk.state);
   free(s->tk.owner);
+  ps__sched_ckpt_free(s);
   free(s);
 }

@@ -20,8 +20,16 @@ typedef struct ps__sched_opts {
   uint32_t heartbeat_timeout_ms;
   uint64_t max_payload;
   int exit_when_done;        /* stop once every worker has left a started job */
+  /* Checkpoints (docs/checkpoint.md). */
+  const char *checkpoint_dir; /* where CHECKPOINT requests write DIR/ckpt-<id>; NULL: refused */
+  unsigned checkpoint_keep;   /* complete checkpoints kept after each one (0 = 3) */
+  const char *restore_dir;    /* a checkpoint (or a directory of them, the newest is used)
+                               * to resume: the table registry, the clock, the tasks */
 } ps__sched_opts;
 
+/* Bind and set up; with o->restore_dir, read the checkpoint first. The strings of o
+ * are borrowed until ps__sched_destroy. 0, or an error with a message (a bad address,
+ * an unreadable or bad checkpoint: the reader's PS_ERR_IO or PS_ERR_CORRUPT). */
 int ps__sched_create(const ps__sched_opts *o, ps__sched **out);
 int ps__sched_port(const ps__sched *s);
 /* Run until stopped. Returns 0, or 1 when it stopped on its own (exit_when_done)

@@ -1,0 +1,166 @@
+/*
+ * sched_int.h - the scheduler's state, shared by sched.c (registration, membership,
+ * barriers, tables, tasks) and ckpt.c (checkpoints and restore). Not for other layers.
+ *
+ * Threads: everything here belongs to the scheduler's loop thread.
+ */
+#ifndef PS_SCHED_INT_H
+#define PS_SCHED_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+#include "net/net.h"
+#include "proto/msg.h"
+#include "proto/spec.h"
+#include "sched/sched.h"
+
+typedef struct ps__sched_node {
+  ps__member m;
+  ps__conn *conn;
+  uint64_t last_seen_ms;
+  int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
+  int64_t barrier_done; /* last barrier this worker passed (0 none) */
+  uint64_t barrier_req;
+} ps__sched_node;
+
+typedef struct ps__sched_table {
+  ps__declare d;
+  ps__table_spec spec;
+} ps__sched_table;
+
+typedef struct ps__sched_metric {
+  uint32_t node;
+  char name[64];
+  double value;
+  int64_t clock;
+  uint64_t count;
+} ps__sched_metric;
+
+/* Data-partition tasks (DESIGN 6). */
+enum { PS__TASK_PENDING = 0, PS__TASK_ASSIGNED = 1, PS__TASK_DONE = 2 };
+
+typedef struct ps__task_waiter {
+  struct ps__task_waiter *next;
+  ps__conn *conn;
+  uint32_t node;
+  uint64_t req_id;
+  uint64_t deadline_ms;
+} ps__task_waiter;
+
+typedef struct ps__sched_tasks {
+  int init;
+  uint32_t parts, epochs, epoch;
+  uint8_t *state; /* PS__TASK_* per partition */
+  uint32_t *owner;
+  uint32_t ndone;
+  uint64_t handed, completed, requeued;
+  ps__task_waiter *waiters;
+} ps__sched_tasks;
+
+/* The task state a restore read from a manifest, applied at the first TASK_INIT with
+ * the same counts. */
+typedef struct ps__sched_task_restore {
+  int have;
+  uint32_t parts, epochs, epoch;
+  uint8_t *done; /* parts bytes, 1 = done in `epoch` */
+} ps__sched_task_restore;
+
+/* One server's part in the checkpoint being taken. */
+typedef struct ps__ckpt_part {
+  uint32_t node;     /* its node id */
+  uint32_t rank;
+  uint64_t req_id;   /* of the CKPT request it was sent */
+  int answered;
+  int64_t probe_clock;
+  ps__ckpt_done done;
+} ps__ckpt_part;
+
+/* The checkpoint being taken (at most one at a time). */
+enum { PS__CKPT_IDLE = 0, PS__CKPT_PROBING = 1, PS__CKPT_CUTTING = 2 };
+
+typedef struct ps__sched_ckpt {
+  char root[PS_CKPT_DIR_MAX]; /* the checkpoint directory, absolute ("" = none) */
+  int phase;              /* PS__CKPT_* */
+  uint64_t id;
+  int64_t clock;          /* the cut clock (-1 while probing for one) */
+  char dir[PS_CKPT_DIR_MAX]; /* DIR/ckpt-<id> */
+  ps__conn *requester;    /* NULL once it went away */
+  uint64_t requester_req; /* 0 = fire-and-forget */
+  ps__ckpt_part *parts;
+  uint32_t nparts, nanswered;
+  uint64_t started_ms;
+  uint64_t next_req;      /* req_id of the next CKPT sent to a server */
+  uv_timer_t deadline;
+  uint64_t taken, failed; /* counters for STATS */
+} ps__sched_ckpt;
+
+struct ps__sched {
+  ps__sched_tasks tk;
+  ps__sched_opts o;
+  uv_loop_t loop;
+  ps__listener listener;
+  ps__mailbox *mail;
+  uv_timer_t hb_timer;
+  ps__pool *pool;
+  ps__sched_node *nodes;
+  size_t nnodes, cap;
+  uint32_t next_id;
+  uint32_t nserver_ranks, nworker_ranks;
+  uint64_t epoch;
+  int started;
+  ps__sched_table *tables;
+  size_t ntables;
+  ps__sched_metric *metrics;
+  size_t nmetrics, mcap;
+  int stopping;
+  int finished;     /* every worker left (exit_when_done): stopping soon */
+  int worker_failed;/* a worker died rather than leaving */
+  int result;
+  uv_timer_t finish_timer;
+  int64_t start_clock; /* the restored checkpoint's clock (0 without a restore) */
+  ps__sched_task_restore tk_restore;
+  ps__sched_ckpt ck;
+};
+
+/* ------------------------------------------------------------ sched.c for ckpt.c */
+
+size_t ps__sched_count_alive(ps__sched *s, uint8_t role);
+
+/* ------------------------------------------------------------ ckpt.c */
+
+#define PS__CKPT_DEADLINE_MS 120000u /* every server answers a CKPT within this */
+#define PS__CKPT_PROBE_MARGIN 2      /* clocks added to the probed clock */
+
+/* Set up the checkpoint state (timer) at create; with o.restore_dir, read the
+ * checkpoint there into the registry, start_clock and tk_restore. 0, or the reader's
+ * error (its message kept). */
+int ps__sched_ckpt_init(ps__sched *s);
+/* Free what ps__sched_ckpt_init and a restore allocated (the timer is closed by the
+ * loop walk). */
+void ps__sched_ckpt_free(ps__sched *s);
+/* A CHECKPOINT request from c (a registered node or not). */
+void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h);
+/* A CKPT reply (or error frame) from server n. */
+void ps__sched_ckpt_reply(ps__sched *s, ps__sched_node *n, const ps__frame_hdr *h, const ps__body *b);
+/* Server n died (why says how): fails the checkpoint in progress if n takes part. */
+void ps__sched_ckpt_node_dead(ps__sched *s, ps__sched_node *n, const char *why);
+/* Connection c is closing: forget it as a requester. */
+void ps__sched_ckpt_conn_closed(ps__sched *s, ps__conn *c);
+/* A first TASK_INIT allocated the tasks: apply the restored state if the counts match. */
+void ps__sched_ckpt_tasks_restore(ps__sched *s);
+/* The next free checkpoint id of dir: 1 + the largest <id> of a ckpt-<id> entry (1 for
+ * none or a missing dir). PS_ERR_IO when dir cannot be read. */
+int ps__sched_ckpt_next_id(const char *dir, uint64_t *id);
+/* The STATE block: the clock and the task state. Encoding (little-endian):
+ *   u32 magic "PSST" | u32 version (1) | i64 clock | u8 tasks (0 none, 1 declared)
+ *   [tasks: u32 parts | u32 epochs | u32 epoch | ceil(parts / 8) bytes, bit p of byte
+ *    p / 8 (lsb first) set when partition p is done in `epoch`]
+ * A partition handed out but not done counts as not done: it is handed out again. */
+void ps__sched_state_encode(ps__wbuf *w, int64_t clock, const ps__sched_tasks *t);
+/* Decode into *clock and *r (r->done allocated, parts bytes of 0/1). 0, or
+ * PS_ERR_IO with a message for a malformed block. */
+int ps__sched_state_decode(const void *p, size_t n, int64_t *clock, ps__sched_task_restore *r);
+
+#endif

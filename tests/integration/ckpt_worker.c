@@ -1,0 +1,156 @@
+/*
+ * ckpt_worker.c - a deterministic sync-mode worker for the checkpoint tests.
+ *
+ * Four tables: a dense one with adam ("da"), a dense one with adagrad ("dg"), a sparse
+ * one with adam ("sa") and a sparse one with adagrad ("sg"). At clock t worker r pulls
+ * its rows, pushes gradients that depend only on (r, t, key, element) and on the values
+ * it pulled, then calls ps_clock. So a job that trains to clock N+M and a job that
+ * trains to N, checkpoints, and resumes from the checkpoint to N+M must end with
+ * bit-identical parameters, whatever the number of servers.
+ *
+ * The worker starts at ps_ctx_clock (past 0 in a restored job) and trains until its
+ * clock is --steps N. With --ckpt-at C, rank 0 calls ps_checkpoint once its clock is C
+ * (C may equal N: a checkpoint after the last step). At the end rank 0 prints every
+ * parameter of every table as a hex float ("%a"), one "table index value" per line,
+ * into --out FILE.
+ *
+ * Options: --steps N --ckpt-at C --dense D --dim d --keyspace V --out FILE.
+ * Connection settings come from the environment (PSHARD_*).
+ * Exit status: 0 success, 1 a pshard call failed (message on stderr), 2 bad usage.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pshard.h"
+
+/* Until the worker library's checkpoint call is in the tree, the program still links
+ * (the reference is then NULL and a checkpoint request fails clearly). */
+#pragma weak ps_checkpoint
+
+#define CHECK(call)                                                                                   \
+  do {                                                                                                \
+    int rc_ = (call);                                                                                 \
+    if (rc_) {                                                                                        \
+      fprintf(stderr, "ckpt_worker: %s failed: %s: %s\n", #call, ps_err_name(rc_), ps_errmsg());      \
+      exit(1);                                                                                        \
+    }                                                                                                 \
+  } while (0)
+
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* A gradient element in [-1, 1) from (rank, clock, key, element). */
+static float grad(int r, int64_t t, uint64_t key, int j) {
+  uint64_t h = mix(mix(mix((uint64_t)r + 1) ^ (uint64_t)t) ^ key) ^ (uint64_t)j;
+  return (float)((double)(h >> 11) / 4503599627370496.0 - 1.0);
+}
+
+int main(int argc, char **argv) {
+  int64_t steps = 10, ckpt_at = -1;
+  int dense = 16, dim = 4;
+  uint64_t keyspace = 64;
+  const char *out = NULL;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!v) {
+      fprintf(stderr, "ckpt_worker: option %s needs a value\n", a);
+      return 2;
+    }
+    if (!strcmp(a, "--steps")) steps = atoll(v);
+    else if (!strcmp(a, "--ckpt-at")) ckpt_at = atoll(v);
+    else if (!strcmp(a, "--dense")) dense = atoi(v);
+    else if (!strcmp(a, "--dim")) dim = atoi(v);
+    else if (!strcmp(a, "--keyspace")) keyspace = strtoull(v, NULL, 10);
+    else if (!strcmp(a, "--out")) out = v;
+    else {
+      fprintf(stderr, "ckpt_worker: unknown option %s\n", a);
+      return 2;
+    }
+    i++;
+  }
+  if (dense < 1 || dim < 1 || keyspace < 64 || steps < 0) {
+    fprintf(stderr, "ckpt_worker: bad sizes\n");
+    return 2;
+  }
+  ps_ctx *ctx;
+  CHECK(ps_ctx_open_env(&ctx));
+  int r = ps_ctx_rank(ctx);
+  uint32_t da, dg, sa, sg;
+  CHECK(ps_table_declare(ctx, "da", PS_DENSE, (uint64_t)dense, "opt=adam lr=0.01", &da));
+  CHECK(ps_table_declare(ctx, "dg", PS_DENSE, (uint64_t)dense, "opt=adagrad lr=0.1", &dg));
+  CHECK(ps_table_declare(ctx, "sa", PS_SPARSE, (uint64_t)dim, "opt=adam lr=0.01", &sa));
+  CHECK(ps_table_declare(ctx, "sg", PS_SPARSE, (uint64_t)dim, "opt=adagrad lr=0.1", &sg));
+
+  enum { NK = 6 };
+  float *w = calloc((size_t)dense, 4), *g = calloc((size_t)dense, 4);
+  float *rows = calloc(NK * (size_t)dim, 4), *grows = calloc(NK * (size_t)dim, 4);
+  uint64_t keys[NK];
+  int64_t t0 = ps_ctx_clock(ctx);
+  printf("rank %d starts at clock %lld\n", r, (long long)t0);
+  fflush(stdout);
+  for (int64_t t = t0;; t++) {
+    if (t == ckpt_at && r == 0) {
+      uint64_t id = 0;
+      if (!ps_checkpoint) {
+        fprintf(stderr, "ckpt_worker: ps_checkpoint is not in this build\n");
+        return 1;
+      }
+      CHECK(ps_checkpoint(ctx, &id, 120000));
+      printf("checkpoint %llu at clock %lld\n", (unsigned long long)id, (long long)t);
+      fflush(stdout);
+    }
+    if (t >= steps) break;
+    uint32_t dt[2] = {da, dg}, st[2] = {sa, sg};
+    for (int k = 0; k < 2; k++) {
+      CHECK(ps_pull_range(ctx, dt[k], 0, (uint64_t)dense, w, -1));
+      for (int j = 0; j < dense; j++) g[j] = grad(r, t, (uint64_t)k, j) + 0.01f * w[j];
+      CHECK(ps_push_range(ctx, dt[k], 0, (uint64_t)dense, g, 1, PS_LR_SCHEDULE, -1));
+    }
+    /* NK distinct keys (stride 7, keyspace >= 64). */
+    uint64_t base = mix((uint64_t)r * 1000003u + (uint64_t)t) % keyspace;
+    for (int q = 0; q < NK; q++) keys[q] = (base + (uint64_t)q * 7u) % keyspace;
+    for (int k = 0; k < 2; k++) {
+      CHECK(ps_pull(ctx, st[k], keys, NK, rows, -1));
+      for (int q = 0; q < NK; q++)
+        for (int j = 0; j < dim; j++)
+          grows[q * dim + j] = grad(r, t, keys[q] + 100u * (uint64_t)k, j) + 0.01f * rows[q * dim + j];
+      CHECK(ps_push(ctx, st[k], keys, NK, grows, 1, PS_LR_SCHEDULE, -1));
+    }
+    CHECK(ps_clock(ctx));
+  }
+  if (r == 0 && out) {
+    FILE *f = fopen(out, "w");
+    if (!f) {
+      fprintf(stderr, "ckpt_worker: cannot write %s\n", out);
+      return 1;
+    }
+    const char *dn[2] = {"da", "dg"}, *sn[2] = {"sa", "sg"};
+    uint32_t dt[2] = {da, dg}, st[2] = {sa, sg};
+    for (int k = 0; k < 2; k++) {
+      CHECK(ps_pull_range(ctx, dt[k], 0, (uint64_t)dense, w, -1));
+      for (int j = 0; j < dense; j++) fprintf(f, "%s %d %a\n", dn[k], j, (double)w[j]);
+    }
+    uint64_t *all = malloc(keyspace * 8);
+    float *vals = malloc(keyspace * (size_t)dim * 4);
+    for (uint64_t q = 0; q < keyspace; q++) all[q] = q;
+    for (int k = 0; k < 2; k++) {
+      CHECK(ps_pull(ctx, st[k], all, keyspace, vals, -1));
+      for (uint64_t q = 0; q < keyspace * (uint64_t)dim; q++) fprintf(f, "%s %llu %a\n", sn[k], (unsigned long long)q, (double)vals[q]);
+    }
+    free(all);
+    free(vals);
+    fclose(f);
+  }
+  printf("rank %d done at clock %lld\n", r, (long long)ps_ctx_clock(ctx));
+  free(w);
+  free(g);
+  free(rows);
+  free(grows);
+  ps_ctx_close(ctx);
+  return 0;
+}
