@@ -223,9 +223,13 @@ static void finish(ps__sched *s) {
     ps__ckpt_table t;
     memset(&t, 0, sizeof t);
     t.decl = s->tables[i].d;
-    t.row_floats = (uint32_t)ps__spec_row_floats(&s->tables[i].spec);
-    /* step, version and row counts are the servers' (in their files); the manifest
-     * carries the declarations. */
+    const ps__table_spec *sp = &s->tables[i].spec;
+    t.width = sp->width;
+    t.row_floats = (uint32_t)ps__spec_row_floats(sp);
+    /* A dense table is written whole: its slices, over all files. Step, version and a
+     * sparse table's row count are the servers' (in their files); the manifest carries
+     * the declarations. */
+    if (sp->kind == PS_DENSE) t.nrows = sp->nrows;
     rc = ps__ckpt_write_table(w, &t);
   }
   uint64_t bytes = 0, rows = 0;
