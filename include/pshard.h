@@ -133,7 +133,19 @@ typedef struct ps_config ps_config;
  *                      duplicate the n-th frame of a type, fail the n-th allocation,
  *                      e.g. "drop:type=push:n=3:node=server.0;alloc:n=500"
  *                      (docs/operations.md, section "Fault injection") [PSHARD_FAULT]
- * Of these a worker does not read `servers` (the scheduler tells it the servers);
+ *   checkpoint_every   N > 0: the worker of rank 0 asks the scheduler for a checkpoint
+ *                      (as ps_checkpoint, without waiting for it) each time its clock
+ *                      reaches a multiple of N; 0 = off (0)   [PSHARD_CHECKPOINT_EVERY]
+ *   checkpoint_dir     `pshard scheduler`: the directory checkpoints are written to
+ *                      (none: the job takes no checkpoints)   [PSHARD_CHECKPOINT_DIR]
+ *   checkpoint_keep    `pshard scheduler`: complete checkpoints kept, older ones are
+ *                      removed (3)                            [PSHARD_CHECKPOINT_KEEP]
+ *   restore            `pshard scheduler` and `pshard server`: start the job from the
+ *                      newest complete checkpoint under this directory (or from the
+ *                      checkpoint directory itself); the workers' clocks start at its
+ *                      clock (ps_ctx_clock)                    [PSHARD_RESTORE]
+ * Of these a worker does not read `servers` (the scheduler tells it the servers),
+ * `checkpoint_dir`, `checkpoint_keep` or `restore` (they are the daemons');
  * `workers` is read in embedded mode (the embedded scheduler expects that many).
  */
 /* A new, empty configuration in *out (free it with ps_config_free).

@@ -591,6 +591,24 @@ class Context:
         finally:
             st.leave()
 
+    def checkpoint(self, timeout=None):
+        """Take a checkpoint of the whole job, cut at this worker's clock, into the
+        scheduler's checkpoint directory; returns its id once it is complete (its
+        manifest written). A restored job starts at the checkpoint's clock
+        (clock_value). Raises ConfigError when the job has no checkpoint directory,
+        UnavailableError when another checkpoint is being taken or a server left,
+        ClockError when a server was already past this clock, IOFailureError when a
+        file could not be written, TimeoutError after timeout seconds (None: the
+        context's timeout_ms)."""
+        st = self._state
+        ptr = st.enter()
+        try:
+            cid = L.c_uint64()
+            L.check(L.ps_checkpoint(ptr, L.ctypes.byref(cid), _ms(timeout)))
+        finally:
+            st.leave()
+        return cid.value
+
     def barrier(self, timeout=None):
         """Wait until every active worker reached the barrier."""
         st = self._state

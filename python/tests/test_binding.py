@@ -71,6 +71,19 @@ def test_context_properties(ps):
     expect(pshard.RangeError, "PS_ERR_RANGE", ps.server_stats, 7, match="no server 7")
 
 
+def test_checkpoint_checks_its_timeout(ps):
+    expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=-1)
+    expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=float("nan"))
+    assert ps.clock_value == 0  # nothing was sent: the context goes on
+    assert ps.clock() == 1
+
+
+@pytest.mark.skip(reason="needs the scheduler's checkpoint handling: enable after the merge")
+def test_checkpoint_without_a_checkpoint_directory(ps):
+    expect(pshard.ConfigError, "PS_ERR_CONFIG", ps.checkpoint, timeout=5, match="checkpoint")
+    assert ps.clock() == 1
+
+
 def test_tasks(ps):
     assert list(ps.tasks(3, 2)) == [(p, e) for e in range(2) for p in range(3)]
     assert ps.next_task(timeout=0) is None

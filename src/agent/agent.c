@@ -165,6 +165,8 @@ static void on_hello_reply(ps__agent *a, const ps__frame_hdr *h) {
   }
   a->id = h->table;
   a->rank = h->batch;
+  /* A restored job resumes at its checkpoint's clock; a negative one is not a clock. */
+  a->start_clock = h->clock > 0 ? h->clock : 0;
   a->registered = 1;
   uv_timer_stop(&a->deadline_timer);
   a->cb.registered(a->cb.arg, a->id, a->rank);
@@ -258,6 +260,8 @@ void ps__agent_stop(ps__agent *a, int leave) {
 }
 
 uint32_t ps__agent_id(const ps__agent *a) { return a->id; }
+
+int64_t ps__agent_start_clock(const ps__agent *a) { return a->start_clock; }
 
 int ps__agent_refused(const ps__agent *a) { return __atomic_load_n(&a->refused, __ATOMIC_RELAXED); }
 

@@ -29,7 +29,8 @@
 
 typedef struct ps__agent_cbs {
   void *arg; /* passed to every callback */
-  /* The scheduler accepted the HELLO: this node's id and rank. */
+  /* The scheduler accepted the HELLO: this node's id and rank. The reply's clock (where
+   * a restored job resumes) is in ps__agent.start_clock by then. */
   void (*registered)(void *arg, uint32_t id, uint32_t rank);
   /* A MEMBERSHIP frame, decoded (borrowed for the call). A frame that does not decode
    * is logged and dropped. */
@@ -75,6 +76,7 @@ typedef struct ps__agent {
   uv_timer_t hb_timer, retry_timer, deadline_timer;
   uint64_t deadline_ms;
   uint32_t id, rank;
+  int64_t start_clock;         /* the HELLO reply's clock: 0, or a restored job's clock */
   int registered, stopped, lost, connected_once;
   int refused;                 /* the last connection attempt was refused (atomic) */
 } ps__agent;
@@ -91,6 +93,9 @@ int ps__agent_start(ps__agent *a);
 void ps__agent_stop(ps__agent *a, int leave);
 /* The node id the scheduler gave (0 before registration). */
 uint32_t ps__agent_id(const ps__agent *a);
+/* The clock the job starts at, from the HELLO reply (0 before registration, or when the
+ * job is not restored from a checkpoint). */
+int64_t ps__agent_start_clock(const ps__agent *a);
 /* Was the last connection attempt refused (the scheduler not listening)? Any thread. */
 int ps__agent_refused(const ps__agent *a);
 

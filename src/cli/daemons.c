@@ -204,6 +204,9 @@ static void server_usage(FILE *f) {
           "                          so a request that follows soon finds the server awake (50; 0 = off);\n"
           "                          0.5 ms more per MiB the frame moved on the socket, at most 1 ms\n"
           "                          [PSHARD_POLL_US]\n"
+          "  --restore DIR           load this server's rows of every table from the checkpoint in DIR\n"
+          "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
+          "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --verbose               log table creation and membership changes\n"
           "  --help                  this text\n");
 }
@@ -215,10 +218,12 @@ int ps_cli_server(int argc, char **argv) {
       {"heartbeat-ms", required_argument, 0, 'b'}, {"vnodes", required_argument, 0, 'n'},
       {"max-frame-mb", required_argument, 0, 'm'}, {"connect-timeout-ms", required_argument, 0, 'c'},
       {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
-      {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+      {"help", no_argument, 0, 'h'},            {"restore", required_argument, 0, 'R'},
+      {0, 0, 0, 0}};
   const char *sched = getenv("PSHARD_SCHEDULER");
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
+  const char *restore = getenv("PSHARD_RESTORE") && *getenv("PSHARD_RESTORE") ? getenv("PSHARD_RESTORE") : NULL;
   uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000, poll_us = 50;
   int verbose = 0, c;
   env_uint("PSHARD_HEARTBEAT_MS", &hb);
@@ -239,6 +244,7 @@ int ps_cli_server(int argc, char **argv) {
     case 'm': if (parse_uint_flag("--max-frame-mb", optarg, 1u << 20, &maxmb) || !maxmb) return 2; break;
     case 'c': if (parse_uint_flag("--connect-timeout-ms", optarg, 86400000, &cto) || !cto) return 2; break;
     case 'P': if (parse_uint_flag("--poll-us", optarg, 1000000, &poll_us)) return 2; break;
+    case 'R': restore = optarg; break;
     case 'v': verbose = 1; break;
     case 'h': server_usage(stdout); return 0;
     default:
@@ -264,13 +270,18 @@ int ps_cli_server(int argc, char **argv) {
     server_usage(stderr);
     return 2;
   }
+  if (restore && (!*restore || strlen(restore) >= PS_CFG_PATH_MAX)) {
+    fprintf(stderr, "pshard server: bad --restore directory (1..%d bytes)\n", PS_CFG_PATH_MAX - 1);
+    server_usage(stderr);
+    return 2;
+  }
   ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
   ps__server_opts o = {.host = host, .port = (int)port, .sched_host = shost, .sched_port = sport,
                        .use_unix = strcmp(transport, "tcp") != 0, .heartbeat_ms = (uint32_t)hb,
                        .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto,
-                       .poll_us = (uint32_t)poll_us};
+                       .poll_us = (uint32_t)poll_us, .restore_dir = restore};
   ps__server *s;
   if (ps__server_create(&o, &s)) {
     fprintf(stderr, "pshard server: %s\n", ps_errmsg());

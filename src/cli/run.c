@@ -10,6 +10,11 @@
  * stopped and run exits 0; when any process fails first (or Ctrl-C arrives) everything
  * is stopped (SIGTERM, SIGKILL after a grace period) and run exits with the first
  * failure's status (128+N for a signal).
+ *
+ * Both take the checkpoint flags (--checkpoint-dir, --checkpoint-every,
+ * --checkpoint-keep, --restore) and hand them to the roles they start: the scheduler
+ * writes and restores checkpoints, the servers load their rows from one, the worker of
+ * rank 0 asks for one every N clocks.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -246,6 +251,119 @@ static void progress(const char *addr, uint64_t t0, int tty) {
   fflush(stderr);
 }
 
+/* ------------------------------------------------------------------ checkpoint flags */
+
+/* The checkpoint flags `pshard run` and `pshard exec` share: where the scheduler writes
+ * checkpoints, how many it keeps, how often the worker of rank 0 asks for one, and the
+ * checkpoint a job starts from. The scheduler gets --checkpoint-dir, --checkpoint-keep
+ * and --restore, every server --restore, every worker PSHARD_CHECKPOINT_EVERY. */
+typedef struct ckpt_opts {
+  const char *dir;     /* --checkpoint-dir, NULL: none */
+  const char *restore; /* --restore, NULL: a fresh job */
+  uint64_t every, keep;
+  int every_given, keep_given;
+  char s_keep[24];     /* --checkpoint-keep's value as passed on */
+  char env_every[48];  /* "PSHARD_CHECKPOINT_EVERY=N" */
+} ckpt_opts;
+
+#define CKPT_LONG_OPTS                                                                         \
+  {"checkpoint-dir", required_argument, 0, 'D'}, {"checkpoint-every", required_argument, 0, 'E'}, \
+      {"checkpoint-keep", required_argument, 0, 'K'}, { "restore", required_argument, 0, 'R' }
+
+#define CKPT_USAGE                                                                                   \
+  "      --checkpoint-dir DIR      the scheduler writes checkpoints to DIR/ckpt-<id> (created\n"       \
+  "                                if missing); needed by ps_checkpoint and --checkpoint-every\n"     \
+  "      --checkpoint-every N      the worker of rank 0 asks for a checkpoint every N clocks\n"       \
+  "                                (PSHARD_CHECKPOINT_EVERY; 0 = off); needs --checkpoint-dir\n"     \
+  "      --checkpoint-keep K       complete checkpoints kept, older ones removed (3)\n"               \
+  "      --restore DIR             start from the newest complete checkpoint under DIR (or the\n"     \
+  "                                checkpoint DIR itself); may equal --checkpoint-dir\n"
+
+/* A checkpoint flag (c is its getopt code): 0 taken, 2 a bad value (said why), -1 not
+ * a checkpoint flag. */
+static int ckpt_flag(int c, const char *arg, ckpt_opts *k, const char *cmd) {
+  const char *flag;
+  switch (c) {
+  case 'D': flag = "--checkpoint-dir"; k->dir = arg; break;
+  case 'R': flag = "--restore"; k->restore = arg; break;
+  case 'E':
+    if (ps__parse_u64(arg, &k->every) || k->every > 1000000000u) {
+      fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-every (clocks, 0..1000000000)\n", cmd, arg);
+      return 2;
+    }
+    k->every_given = 1;
+    return 0;
+  case 'K':
+    if (ps__parse_u64(arg, &k->keep) || k->keep == 0 || k->keep > 1000000u) {
+      fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-keep (1..1000000)\n", cmd, arg);
+      return 2;
+    }
+    k->keep_given = 1;
+    snprintf(k->s_keep, sizeof k->s_keep, "%llu", (unsigned long long)k->keep);
+    return 0;
+  default: return -1;
+  }
+  if (!*arg || strlen(arg) >= PS_CFG_PATH_MAX) {
+    fprintf(stderr, "pshard %s: bad %s directory (1..%d bytes)\n", cmd, flag, PS_CFG_PATH_MAX - 1);
+    return 2;
+  }
+  return 0;
+}
+
+/* The flags together: -1 to go on, or 2 (said why). */
+static int ckpt_check(ckpt_opts *k, const char *cmd) {
+  if (k->every_given && k->every && !k->dir) {
+    fprintf(stderr, "pshard %s: --checkpoint-every needs --checkpoint-dir (where to write them)\n", cmd);
+    return 2;
+  }
+  if (k->keep_given && !k->dir) {
+    fprintf(stderr, "pshard %s: --checkpoint-keep needs --checkpoint-dir\n", cmd);
+    return 2;
+  }
+  struct stat st;
+  if (k->restore && stat(k->restore, &st) != 0) {
+    fprintf(stderr, "pshard %s: --restore %s: %s\n", cmd, k->restore, strerror(errno));
+    return 2;
+  }
+  if (k->restore && !S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "pshard %s: --restore %s: not a directory\n", cmd, k->restore);
+    return 2;
+  }
+  snprintf(k->env_every, sizeof k->env_every, "PSHARD_CHECKPOINT_EVERY=%llu", (unsigned long long)k->every);
+  return -1;
+}
+
+/* The checkpoint directory exists (made if missing, one level): 0, or 1 (said why). */
+static int ckpt_make_dir(const ckpt_opts *k, const char *cmd) {
+  struct stat st;
+  if (!k->dir) return 0;
+  if (mkdir(k->dir, 0777) != 0 && errno != EEXIST) {
+    fprintf(stderr, "pshard %s: cannot create the checkpoint directory %s: %s\n", cmd, k->dir, strerror(errno));
+    return 1;
+  }
+  if (stat(k->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    fprintf(stderr, "pshard %s: the checkpoint directory %s is not a directory\n", cmd, k->dir);
+    return 1;
+  }
+  return 0;
+}
+
+/* Append the scheduler's checkpoint flags to argv at *n (room for 6 more). */
+static void ckpt_sched_args(const ckpt_opts *k, char **argv, int *n) {
+  if (k->dir) {
+    argv[(*n)++] = "--checkpoint-dir";
+    argv[(*n)++] = (char *)k->dir;
+  }
+  if (k->keep_given) {
+    argv[(*n)++] = "--checkpoint-keep";
+    argv[(*n)++] = (char *)k->s_keep;
+  }
+  if (k->restore) {
+    argv[(*n)++] = "--restore";
+    argv[(*n)++] = (char *)k->restore;
+  }
+}
+
 static void run_usage(FILE *f) {
   fprintf(f,
           "usage: pshard run -s S -w K [options] -- COMMAND [ARGS...]\n\n"
@@ -267,6 +385,7 @@ static void run_usage(FILE *f) {
           "      --stats-out FILE          when the workers are done, save the scheduler's counters\n"
           "                                and metrics to FILE (input of `pshard plan --measured`)\n"
           "      --grace-ms N              SIGTERM to SIGKILL grace when stopping (3000)\n"
+          CKPT_USAGE
           "      --verbose                 servers and scheduler log their events\n"
           "  -h, --help                    this text\n");
 }
@@ -286,6 +405,7 @@ typedef struct run_opts {
   const char *transport;
   const char *stats_out; /* NULL: none */
   int verbose, colocate, s_given;
+  ckpt_opts ck;
   char **cmd;            /* the worker command, NULL-terminated */
 } run_opts;
 
@@ -297,12 +417,18 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
       {"transport", required_argument, 0, 'T'}, {"grace-ms", required_argument, 0, 'g'},
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
       {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
-      {"colocate", no_argument, 0, 'C'},      {0, 0, 0, 0}};
+      {"colocate", no_argument, 0, 'C'},      CKPT_LONG_OPTS, {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:w:h", opts, NULL)) != -1) {
     uint64_t *dst = NULL, max = 0;
+    int ck = ckpt_flag(c, optarg, &o->ck, "run");
+    if (ck >= 0) {
+      if (ck) run_usage(stderr);
+      if (ck) return ck;
+      continue;
+    }
     switch (c) {
     case 's': dst = &o->S; max = 256; o->s_given = 1; break;
     case 'C': o->colocate = 1; break;
@@ -359,6 +485,13 @@ static int run_check(int argc, char **argv, run_opts *o) {
     fprintf(stderr, "pshard run: bad --transport '%s' (auto or tcp)\n", o->transport);
     return 2;
   }
+  if (o->colocate && o->ck.restore) {
+    /* A colocated server is a thread of its worker, which does not load checkpoints. */
+    fprintf(stderr, "pshard run: --restore needs server processes; it cannot be used with --colocate\n");
+    return 2;
+  }
+  int rc = ckpt_check(&o->ck, "run");
+  if (rc >= 0) return rc;
   if (optind >= argc) {
     fprintf(stderr, "pshard run: no worker command (put it after --)\n");
     run_usage(stderr);
@@ -398,8 +531,12 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
   snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o->S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)o->K);
   snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)o->hbt);
-  char *sched_argv[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
-                        "--heartbeat-timeout-ms", s_hbt, o->verbose ? "--verbose" : NULL, NULL};
+  char *sched_argv[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
+                          "--heartbeat-timeout-ms", s_hbt};
+  int n = 10;
+  ckpt_sched_args(&o->ck, sched_argv, &n);
+  if (o->verbose) sched_argv[n++] = "--verbose";
+  sched_argv[n] = NULL;
   if (!spawn("scheduler", 0, sched_argv, NULL)) {
     fprintf(stderr, "pshard run: cannot start the scheduler\n");
     return 1;
@@ -427,8 +564,14 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
 /* Start the S servers (none when colocated) and the K workers. -1, or the exit status
  * (everything stopped). */
 static int run_nodes(const run_opts *o, const char *exe, char *addr) {
-  char *srv_argv[] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)o->transport,
-                      o->verbose ? "--verbose" : NULL, NULL};
+  char *srv_argv[10] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)o->transport};
+  int n = 6;
+  if (o->ck.restore) {
+    srv_argv[n++] = "--restore";
+    srv_argv[n++] = (char *)o->ck.restore;
+  }
+  if (o->verbose) srv_argv[n++] = "--verbose";
+  srv_argv[n] = NULL;
   for (uint64_t i = 0; i < (o->colocate ? 0 : o->S); i++) {
     char name[32];
     snprintf(name, sizeof name, "server %llu", (unsigned long long)i);
@@ -451,7 +594,11 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
     snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
     snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
     static char env_colo[] = "PSHARD_COLOCATE=1";
-    char *env[] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m, o->colocate ? env_colo : NULL, NULL};
+    char *env[10] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m};
+    int ne = 7;
+    if (o->ck.every) env[ne++] = (char *)o->ck.env_every;
+    if (o->colocate) env[ne++] = env_colo;
+    env[ne] = NULL;
     if (!spawn(name, 1, o->cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
       stop_all((int)o->grace);
@@ -580,7 +727,7 @@ int ps_cli_run(int argc, char **argv) {
   run_opts o = {.S = 1, .K = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;
-  if ((rc = run_prepare()) != 0) return rc;
+  if ((rc = ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0) return rc;
   char addr_file[256], addr[128] = "";
   snprintf(addr_file, sizeof addr_file, "%s/addr", run_dir);
   const char *exe = self_exe();
@@ -631,6 +778,7 @@ static void exec_usage(FILE *f) {
           "      --colocate            every rank but 0 is a worker that also runs one of the\n"
           "                            servers as a thread (PSHARD_COLOCATE=1, bound to --host);\n"
           "                            S is then the number of workers (-s may be left out)\n"
+          CKPT_USAGE
           "  -h, --help                this text\n");
 }
 
@@ -639,6 +787,7 @@ typedef struct exec_opts {
   uint64_t S, wait_ms;
   const char *sched, *addr_file, *host;
   int colocate;
+  ckpt_opts ck;
 } exec_opts;
 
 /* The flags, into o. -1 to go on, or the exit status (usage printed as needed). */
@@ -647,11 +796,14 @@ static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
       {"servers", required_argument, 0, 's'}, {"scheduler", required_argument, 0, 'S'},
       {"addr-file", required_argument, 0, 'a'}, {"host", required_argument, 0, 'H'},
       {"wait-ms", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
-      {"colocate", no_argument, 0, 'C'},      {0, 0, 0, 0}};
+      {"colocate", no_argument, 0, 'C'},      CKPT_LONG_OPTS, {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:h", opts, NULL)) != -1) {
+    int ck = ckpt_flag(c, optarg, &o->ck, "exec");
+    if (ck > 0) return ck;
+    if (ck == 0) continue;
     switch (c) {
     case 's':
       if (ps__parse_u64(optarg, &o->S) || o->S == 0 || o->S > 4096) {
@@ -682,7 +834,11 @@ static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
     exec_usage(stderr);
     return 2;
   }
-  return -1;
+  if (o->colocate && o->ck.restore) {
+    fprintf(stderr, "pshard exec: --restore needs server processes; it cannot be used with --colocate\n");
+    return 2;
+  }
+  return ckpt_check(&o->ck, "exec");
 }
 
 /* This rank and the number of ranks, from the launcher's environment, checked against
@@ -722,13 +878,19 @@ static int exec_scheduler(const exec_opts *o, const char *exe, char *s_s, char *
       return 2;
     }
     snprintf(port, sizeof port, "%d", p);
-    char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", shost, "--port", port,
-                 "--exit-when-done", NULL};
+    char *a[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", shost, "--port", port,
+                   "--exit-when-done"};
+    int n = 11;
+    ckpt_sched_args(&o->ck, a, &n);
+    a[n] = NULL;
     execv(exe, a);
   } else {
     unlink(o->addr_file);
-    char *a[] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)o->host,
-                 "--addr-file", (char *)o->addr_file, "--exit-when-done", NULL};
+    char *a[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)o->host,
+                   "--addr-file", (char *)o->addr_file, "--exit-when-done"};
+    int n = 11;
+    ckpt_sched_args(&o->ck, a, &n);
+    a[n] = NULL;
     execv(exe, a);
   }
   fprintf(stderr, "pshard exec: cannot run the scheduler: %s\n", strerror(errno));
@@ -772,10 +934,11 @@ int ps_cli_exec(int argc, char **argv) {
   snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o.S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
   const char *exe = self_exe();
-  if (rank == 0) return exec_scheduler(&o, exe, s_s, s_k);
+  if (rank == 0) return ckpt_make_dir(&o.ck, "exec") ? 1 : exec_scheduler(&o, exe, s_s, s_k);
   if ((rc = exec_sched_addr(&o, addr, sizeof addr)) != 0) return rc;
   if (rank < first_worker) {
-    char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)o.host, NULL};
+    char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)o.host,
+                 o.ck.restore ? "--restore" : NULL, (char *)o.ck.restore, NULL};
     execv(exe, a);
     fprintf(stderr, "pshard exec: cannot run the server: %s\n", strerror(errno));
     return 1;
@@ -787,6 +950,11 @@ int ps_cli_exec(int argc, char **argv) {
   char idx[24];
   snprintf(idx, sizeof idx, "%llu", (unsigned long long)(rank - first_worker));
   setenv("PSHARD_WORKER_INDEX", idx, 1);
+  if (o.ck.every) {
+    char every[24];
+    snprintf(every, sizeof every, "%llu", (unsigned long long)o.ck.every);
+    setenv("PSHARD_CHECKPOINT_EVERY", every, 1);
+  }
   if (o.colocate) {
     setenv("PSHARD_COLOCATE", "1", 1);
     setenv("PSHARD_HOST", o.host, 1);

@@ -13,7 +13,8 @@
  *              and described through net/xport.h, whose calls link.c, req.c and
  *              direct.c also use to read replies and to give the caller's buffers back
  *   direct.c   the caller-thread fast path: blocking calls on lent links
- *   control.c  control calls: declare, clock, barrier, metric, tasks, statistics
+ *   control.c  control calls: declare, clock, checkpoint, barrier, metric, tasks,
+ *              statistics
  * Embedded mode (scheduler and servers as threads of the worker's process) is composed
  * above the client, in src/embed/embed.c, through client.h: ps_ctx_close reaches it
  * only through the ps__ctx_embed hook it was given.
@@ -62,8 +63,10 @@ struct part {
   int status;
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
   int64_t reply_clock;     /* hdr.clock of the reply */
-  char *stats_buf;         /* STATS reply text destination (control body copied here) */
+  char *stats_buf;         /* control reply body destination (STATS text, CHECKPOINT info),
+                            * copied here cut to stats_cap - 1 bytes and NUL-terminated */
   size_t stats_cap;
+  size_t stats_len;        /* the reply body's full length (more than stats_cap - 1: cut) */
   peer *lk;
   part *prev, *next;       /* in the link's in-flight or queue list */
 };
@@ -165,8 +168,9 @@ struct ps_ctx {
   size_t nretired;
   table_info *tables;
   size_t ntables;
-  int64_t clock;
+  int64_t clock;           /* starts at the HELLO reply's clock (a restored job's) */
   int64_t barrier_seq;
+  uint64_t ckpt_every;     /* rank 0 asks for a checkpoint every this many clocks (0: off) */
   char mode[32];           /* job consistency mode, added to tables declared without one */
   /* counters (atomics): time blocked waiting, by kind; requests; bytes */
   uint64_t wait_ns[3];     /* 0 pull, 1 push, 2 other */

@@ -1,10 +1,11 @@
 /*
- * control.c - control calls: table declaration, clock, barrier, metrics, data-partition
- * tasks and statistics.
+ * control.c - control calls: table declaration, clock, checkpoints, barrier, metrics,
+ * data-partition tasks and statistics.
  *
  * Runs on callers' threads. Each call is a small request to the scheduler or to every
- * server (ps__ctrl_req), or a fire-and-forget frame (clock, metric) that goes on lent
- * links when they are idle and through the loop otherwise.
+ * server (ps__ctrl_req), or a fire-and-forget frame (clock, metric, the checkpoints of
+ * checkpoint_every) that goes on lent links when they are idle and through the loop
+ * otherwise.
  */
 #include <stdio.h>
 #include <string.h>
@@ -149,8 +150,46 @@ int ps_clock(ps_ctx *ctx) {
   int64_t c = __atomic_add_fetch(&ctx->clock, 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&ctx->examples, __atomic_exchange_n(&ctx->clock_batch, 0, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
   ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = c};
-  if (ps__direct_fire(ctx, &h)) return 0;
-  return post_fire(ctx, 0xffffffffu, &h, NULL, 0);
+  if (!ps__direct_fire(ctx, &h) && (rc = post_fire(ctx, 0xffffffffu, &h, NULL, 0))) return rc;
+  /* checkpoint_every: rank 0 asks for a checkpoint cut at every N-th clock and goes on
+   * (req_id 0: no answer). A failed one is the scheduler's to log; this clock stands. */
+  uint64_t every = ctx->ckpt_every;
+  if (every && c > 0 && (uint64_t)c % every == 0 && ps_ctx_rank(ctx) == 0) {
+    ps__frame_hdr ck = {.type = PS_MSG_CHECKPOINT, .clock = c};
+    if (post_fire(ctx, SCHED_LINK, &ck, NULL, 0))
+      ps__log(PS_LOG_WARN, "cannot ask for the checkpoint at clock %lld: %s", (long long)c, ps_errmsg());
+  }
+  return 0;
+}
+
+/* A CHECKPOINT to the scheduler, cut at this worker's clock; the scheduler answers once
+ * the checkpoint's manifest is written, with its id and directory. */
+int ps_checkpoint(ps_ctx *ctx, uint64_t *id, int timeout_ms) {
+  int rc = ps__ctx_check(ctx);
+  if (rc || (rc = ps__ctx_state_err(ctx))) return rc;
+  char body[sizeof(ps__ckpt_info) + 64];
+  ps_req *r = ps__ctrl_req(ctx, SCHED_LINK, PS_MSG_CHECKPOINT, NULL, 0, ps__deadline_for(ctx, timeout_ms));
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
+  r->parts[0].hdr.clock = clock;
+  r->parts[0].stats_buf = body;
+  r->parts[0].stats_cap = sizeof body;
+  rc = ps__req_post(ctx, r);
+  if (rc) {
+    ps__req_destroy(r);
+    return rc;
+  }
+  rc = ps__req_wait_call(r, timeout_ms);
+  size_t len = r->parts[0].stats_len;
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", ps_errmsg());
+  ps_req_free(r);
+  if (rc) return ps__fail(rc, "checkpoint at clock %lld: %s", (long long)clock, msg);
+  ps__ckpt_info info;
+  if (len >= sizeof body || ps__ckpt_info_decode(body, len, &info))
+    return ps__fail(PS_ERR_PROTO, "checkpoint at clock %lld: malformed answer from the scheduler", (long long)clock);
+  if (id) *id = info.id;
+  return 0;
 }
 
 int ps_barrier(ps_ctx *ctx, int timeout_ms) {

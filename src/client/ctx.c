@@ -57,6 +57,9 @@ static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
   pthread_mutex_lock(&ctx->mu);
   ctx->id = id;
   ctx->rank = (int)rank;
+  /* A job restored from a checkpoint resumes at its clock: every worker starts there,
+   * and a program reads ps_ctx_clock to know where it is. */
+  __atomic_store_n(&ctx->clock, ps__agent_start_clock(&ctx->agent), __ATOMIC_RELAXED);
   ctx->registered = 1;
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
@@ -209,6 +212,7 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   /* Armed fault rules see every frame only if the I/O goes through the loop's connections. */
   ctx->direct = ps__config_uint(cfg, "direct", 1) && !ps__fault_on();
   ctx->dedup = (int)ps__config_uint(cfg, "dedup", 1);
+  ctx->ckpt_every = ps__config_uint(cfg, "checkpoint_every", 0);
   ctx->peer_mem = ps__config_uint(cfg, "peer_mem", 1) && ps__pm_usable();
   pthread_mutex_init(&ctx->lend_mu, NULL);
   pthread_cond_init(&ctx->lend_cv, NULL);

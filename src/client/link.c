@@ -449,6 +449,7 @@ static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
   if (l->lend_wanted && !l->inflight && !l->queue_head) ps__post_lend(ctx);
   if (p->stats_buf) {
     size_t n = b->len < p->stats_cap - 1 ? b->len : p->stats_cap - 1;
+    p->stats_len = b->len;
     if (n) memcpy(p->stats_buf, b->buf, n);
     p->stats_buf[n] = '\0';
   }

@@ -8,7 +8,7 @@
 #include "common/config.h"
 #include "common/fault.h"
 
-typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT } kind_t;
+typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH } kind_t;
 
 static const struct {
   const char *key;
@@ -23,6 +23,8 @@ static const struct {
     {"max_frame_mb", K_UINT, 1u << 20}, {"port", K_UINT, 65535},
     {"direct", K_UINT, 1},         {"peer_mem", K_UINT, 1},      {"dedup", K_UINT, 1},
     {"colocate", K_UINT, 1},       {"fault", K_FAULT, 0},
+    {"checkpoint_every", K_UINT, 1000000000}, {"checkpoint_dir", K_PATH, 0},
+    {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -124,6 +126,10 @@ int ps_config_set(ps_config *c, const char *key, const char *value) {
     if (ps__fault_parse(value, &set, msg, sizeof msg)) return ps__fail(PS_ERR_CONFIG, "%s", msg);
     break;
   }
+  case K_PATH:
+    if (!*value || strlen(value) >= PS_CFG_PATH_MAX)
+      return ps__fail(PS_ERR_CONFIG, "bad value for '%s' (a directory path of 1..%d bytes)", key, PS_CFG_PATH_MAX - 1);
+    break;
   case K_STR:
     if (!*value || strlen(value) >= PS_CFG_HOST_MAX) return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s'", value, key);
     break;

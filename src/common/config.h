@@ -10,6 +10,9 @@
 #include "pshard.h"
 
 #define PS_CFG_HOST_MAX 64
+/* Longest directory path a key takes (checkpoint_dir, restore), NUL included: the
+ * checkpoint frames carry directories of at most this size. */
+#define PS_CFG_PATH_MAX 1024
 
 /* Consistency models (DESIGN 5): sync (BSP), sync:M (first M of K), ssp:S (bounded
  * staleness S), async. */

@@ -6,12 +6,13 @@
  * refuses connections, so "not listening yet" needs no port race), answers HELLO with
  * an id and a rank (or a refusal, or nothing), sends a MEMBERSHIP and a reply the agent
  * does not handle itself, counts heartbeats, records LEAVE, and can close the
- * connection after some heartbeats. The agent runs on a private loop in the test's
+ * connection after some heartbeats. Its HELLO reply can carry a start clock, as a
+ * restored job's scheduler's does. The agent runs on a private loop in the test's
  * thread; every wait is bounded. Covered: registration and what HELLO carries,
  * heartbeats and ticks, membership decode, the job-finished signal, frames passed to
  * the owner, LEAVE, retry while the scheduler does not listen, the connect deadline
  * (refused, and connected without an answer), a refused registration, and the
- * lost-scheduler callback.
+ * lost-scheduler callback, and the start clock of a restored job.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -52,6 +53,7 @@ typedef struct fake {
   int mode;            /* FAKE_* */
   int started;         /* the membership's started field */
   int close_after_hb;  /* > 0: close the connection after this many heartbeats */
+  int64_t hello_clock; /* the HELLO reply's clock (a restored job's start clock) */
   int stop;            /* set by the test (atomic) */
   /* what it saw (atomics) */
   int got_hello, heartbeats, got_leave;
@@ -116,7 +118,8 @@ static void serve(fake *f, int fd) {
       cr_assert(eq(int, ps__hello_decode(body, (size_t)h.payload_len, &f->hello), 0));
       __atomic_store_n(&f->got_hello, 1, __ATOMIC_RELEASE);
       if (f->mode == FAKE_SILENT) continue;
-      ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h.req_id, .table = 7, .batch = 3};
+      ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h.req_id, .table = 7, .batch = 3,
+                         .clock = f->hello_clock};
       if (f->mode == FAKE_REFUSE) r.status = PS_ERR_ROLE;
       send_frame(fd, &r, NULL, 0);
       if (f->mode == FAKE_REFUSE) continue;
@@ -182,6 +185,7 @@ typedef struct owner {
   ps__agent agent;
   int registered, memberships, finished, lost, ticks, links_up, links_down, frames;
   uint32_t id, rank;
+  int64_t start_clock; /* ps__agent_start_clock as seen in registered() */
   uint64_t epoch;
   uint32_t nmembers, server_port;
   int lost_status;
@@ -194,6 +198,7 @@ static void on_registered(void *arg, uint32_t id, uint32_t rank) {
   o->registered++;
   o->id = id;
   o->rank = rank;
+  o->start_clock = ps__agent_start_clock(&o->agent);
 }
 
 static void on_membership(void *arg, const ps__membership *m) {
@@ -290,6 +295,7 @@ Test(agent, registers_heartbeats_takes_membership_and_leaves, .timeout = 30) {
   cr_assert(eq(u32, o.id, 7));
   cr_assert(eq(u32, o.rank, 3));
   cr_assert(eq(u32, ps__agent_id(&o.agent), 7));
+  cr_assert(eq(i64, o.start_clock, 0), "a job not restored starts at clock 0");
   cr_assert(eq(int, o.memberships, 1));
   cr_assert(eq(u64, o.epoch, 5));
   cr_assert(eq(u32, o.nmembers, 2));
@@ -320,6 +326,29 @@ Test(agent, registers_heartbeats_takes_membership_and_leaves, .timeout = 30) {
   cr_assert(eq(u32, f.leave_sender, 7));
   cr_assert(eq(int, o.lost, 0), "a stopped agent reported a loss: %s", o.lost_msg);
   fake_stop(&f);
+}
+
+/* A restored job's scheduler answers HELLO with the checkpoint's clock: the owner
+ * finds it in the agent when registered() runs; a negative one is no clock. */
+Test(agent, the_hello_reply_clock_is_the_start_clock, .timeout = 30) {
+  static const int64_t clocks[] = {42, -5};
+  static const int64_t want[] = {42, 0};
+  for (int i = 0; i < 2; i++) {
+    fake f;
+    owner o;
+    fake_start(&f, 0, FAKE_ANSWER);
+    f.hello_clock = clocks[i];
+    fake_run(&f);
+    owner_init(&o, &f, 5000);
+    cr_assert(eq(i64, ps__agent_start_clock(&o.agent), 0));
+    OK(ps__agent_start(&o.agent));
+    run_until(&o, &o.registered, 1, 10);
+    cr_assert(eq(int, o.registered, 1));
+    cr_assert(eq(i64, o.start_clock, want[i]), "HELLO reply clock %lld", (long long)clocks[i]);
+    cr_assert(eq(i64, ps__agent_start_clock(&o.agent), want[i]));
+    owner_close(&o, 1);
+    fake_stop(&f);
+  }
 }
 
 Test(agent, retries_while_the_scheduler_does_not_listen_yet, .timeout = 30) {
