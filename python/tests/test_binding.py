@@ -78,7 +78,6 @@ def test_checkpoint_checks_its_timeout(ps):
     assert ps.clock() == 1
 
 
-@pytest.mark.skip(reason="needs the scheduler's checkpoint handling: enable after the merge")
 def test_checkpoint_without_a_checkpoint_directory(ps):
     expect(pshard.ConfigError, "PS_ERR_CONFIG", ps.checkpoint, timeout=5, match="checkpoint")
     assert ps.clock() == 1

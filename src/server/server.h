@@ -27,7 +27,6 @@ typedef struct ps__server_opts {
                               * checkpoint directory itself), NULL or "" for none */
   int stop_without_workers;  /* colocated in a worker: stop once the job has started and no
                               * worker is alive any more (each has left or died) */
-  const char *restore_dir;   /* start from the checkpoint there (its manifest, or the newest under it); NULL: none */
 } ps__server_opts;
 
 int ps__server_create(const ps__server_opts *o, ps__server **out);

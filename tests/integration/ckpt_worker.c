@@ -26,7 +26,6 @@
 
 /* Until the worker library's checkpoint call is in the tree, the program still links
  * (the reference is then NULL and a checkpoint request fails clearly). */
-#pragma weak ps_checkpoint
 
 #define CHECK(call)                                                                                   \
   do {                                                                                                \
@@ -96,10 +95,6 @@ int main(int argc, char **argv) {
   for (int64_t t = t0;; t++) {
     if (t == ckpt_at && r == 0) {
       uint64_t id = 0;
-      if (!ps_checkpoint) {
-        fprintf(stderr, "ckpt_worker: ps_checkpoint is not in this build\n");
-        return 1;
-      }
       CHECK(ps_checkpoint(ctx, &id, 120000));
       printf("checkpoint %llu at clock %lld\n", (unsigned long long)id, (long long)t);
       fflush(stdout);

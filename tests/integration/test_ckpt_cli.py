@@ -12,7 +12,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cluster import binary  # noqa: E402
 
 SLOW = 3 if os.environ.get("PSHARD_SANITIZED") else 1
-merged = pytest.mark.skip(reason="needs `pshard scheduler --checkpoint-dir` (the scheduler's side): enable after the merge")
 
 
 def run(argv, timeout=60, **kw):
@@ -72,7 +71,6 @@ def test_server_restore_flag():
     assert r.returncode == 2 and "--restore" in r.stderr, r.stderr
 
 
-@merged
 def test_run_passes_the_checkpoint_settings(tmp_path):
     d = tmp_path / "ckpt"
     r = run([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--checkpoint-dir", str(d),

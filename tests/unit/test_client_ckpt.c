@@ -505,7 +505,7 @@ Test(ckpt, the_checkpoint_command_refuses_bad_usage, .timeout = 30) {
 
 /* Needs the scheduler's checkpoint handling (it refuses CHECKPOINT without a checkpoint
  * directory): enable once the scheduler's side is merged. */
-Test(ckpt, a_job_without_a_checkpoint_directory_refuses, .timeout = 30, .disabled = true) {
+Test(ckpt, a_job_without_a_checkpoint_directory_refuses, .timeout = 30) {
   ps_config *cfg;
   ps_ctx *ctx = NULL;
   OK(ps_config_new(&cfg));
