@@ -8,7 +8,7 @@
  *    the decoder promises (type, status, codec, limits, key array, float values);
  *  - a decoded header is rejected with PS_ERR_TOO_LARGE under a limit one byte smaller
  *    than its payload, and accepted again under exactly its payload length;
- *  - a body that decodes as hello, membership or declare re-encodes to a body that
+ *  - a body that decodes as hello, membership, declare or a checkpoint body re-encodes to a body that
  *    decodes to the same values (fields compared, strings up to their NUL);
  *  - failed membership decodes leave no member array behind.
  * A violated property aborts with a message, which libFuzzer and the replay driver
@@ -134,6 +134,37 @@ static void check_declare(const uint8_t *p, size_t n) {
   ps__wbuf_free(&w);
 }
 
+/* Checkpoint bodies: a decoded one re-encodes to one that decodes the same. */
+static void check_ckpt(const uint8_t *p, size_t n) {
+  ps__wbuf w;
+  ps__ckpt_req qa, qb;
+  if (ps__ckpt_req_decode(p, n, &qa) == 0) {
+    CHECK(qa.dir[0] != '\0');
+    ps__wbuf_init(&w);
+    ps__ckpt_req_encode(&w, &qa);
+    CHECK(!w.oom && ps__ckpt_req_decode(w.data, w.len, &qb) == 0);
+    CHECK(qa.id == qb.id && qa.clock == qb.clock && qa.nservers == qb.nservers && !strcmp(qa.dir, qb.dir));
+    ps__wbuf_free(&w);
+  }
+  ps__ckpt_done da, db;
+  if (ps__ckpt_done_decode(p, n, &da) == 0) {
+    ps__wbuf_init(&w);
+    ps__ckpt_done_encode(&w, &da);
+    CHECK(!w.oom && ps__ckpt_done_decode(w.data, w.len, &db) == 0);
+    CHECK(da.rank == db.rank && da.bytes == db.bytes && da.checksum == db.checksum && da.rows == db.rows &&
+          !strcmp(da.name, db.name));
+    ps__wbuf_free(&w);
+  }
+  ps__ckpt_info ia, ib;
+  if (ps__ckpt_info_decode(p, n, &ia) == 0) {
+    ps__wbuf_init(&w);
+    ps__ckpt_info_encode(&w, &ia);
+    CHECK(!w.oom && ps__ckpt_info_decode(w.data, w.len, &ib) == 0);
+    CHECK(ia.id == ib.id && !strcmp(ia.dir, ib.dir));
+    ps__wbuf_free(&w);
+  }
+}
+
 /* The metric body as the scheduler reads it: str name (< 64) then f64 value. */
 static void check_metric(const uint8_t *p, size_t n) {
   ps__rbuf r;
@@ -208,6 +239,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check_membership(body, blen);
   check_declare(body, blen);
   check_metric(body, blen);
+  check_ckpt(body, blen);
   check_strings(body, blen);
   return 0;
 }

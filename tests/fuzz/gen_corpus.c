@@ -303,6 +303,39 @@ int main(int argc, char **argv) {
   h.clock = 1;
   one("task-done.bin", h, NULL, 0, NULL);
 
+  /* Checkpoints: the scheduler's request to a server and its answer; a request to the
+   * scheduler and its answer. */
+  {
+    ps__wbuf w;
+    ps__ckpt_req q = {.id = 4, .clock = 12, .nservers = 2};
+    snprintf(q.dir, sizeof q.dir, "/tmp/ck/ckpt-4");
+    ps__wbuf_init(&w);
+    ps__ckpt_req_encode(&w, &q);
+    h = hdr(PS_MSG_CKPT, 15);
+    one("ckpt.bin", h, w.data, w.len, NULL);
+    ps__wbuf_free(&w);
+    ps__ckpt_done d = {.rank = 1, .bytes = 4096, .checksum = 0x1234, .rows = 10};
+    snprintf(d.name, sizeof d.name, "server-1.psck");
+    ps__wbuf_init(&w);
+    ps__ckpt_done_encode(&w, &d);
+    h = hdr(PS_MSG_CKPT | PS_FRAME_REPLY, 15);
+    h.clock = 12;
+    one("ckpt-reply.bin", h, w.data, w.len, NULL);
+    ps__wbuf_free(&w);
+    h = hdr(PS_MSG_CHECKPOINT, 16);
+    h.sender = 3;
+    h.clock = 12;
+    one("checkpoint.bin", h, NULL, 0, NULL);
+    ps__ckpt_info ci = {.id = 4};
+    snprintf(ci.dir, sizeof ci.dir, "/tmp/ck/ckpt-4");
+    ps__wbuf_init(&w);
+    ps__ckpt_info_encode(&w, &ci);
+    h = hdr(PS_MSG_CHECKPOINT | PS_FRAME_REPLY, 16);
+    h.clock = 12;
+    one("checkpoint-reply.bin", h, w.data, w.len, NULL);
+    ps__wbuf_free(&w);
+  }
+
   save("stream-session.bin", &session);
   free(session.p);
 
