@@ -74,6 +74,13 @@ static void refused_give_up(ps__agent *a) {
 static void deadline_tick(uv_timer_t *t) {
   ps__agent *a = t->data;
   if (agent_done(a) || a->registered) return;
+  if (a->rejoining) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "lost the scheduler at %s:%d, which did not take this node back within %u ms",
+             a->sched_host, a->o.sched_port, a->o.rejoin_ms);
+    agent_give_up(a, PS_ERR_UNAVAILABLE, msg);
+    return;
+  }
   if (!a->conn && !a->connected_once) {
     refused_give_up(a);
     return;
@@ -98,7 +105,8 @@ static void send_hello(ps__agent *a) {
   ps__wbuf w;
   ps__wbuf_init(&w);
   ps__hello_encode(&w, &a->o.hello);
-  ps__frame_hdr h = {.type = PS_MSG_HELLO, .req_id = 1};
+  /* A rejoin names the node the scheduler registered before (sender = its id). */
+  ps__frame_hdr h = {.type = PS_MSG_HELLO, .req_id = 1, .sender = a->rejoining ? a->id : 0};
   int rc = w.oom ? ps__fail(PS_ERR_NOMEM, "out of memory") : ps__conn_send_ctrl(a->conn, &h, w.data, w.len);
   ps__wbuf_free(&w);
   if (rc) {
@@ -156,12 +164,28 @@ static int agent_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   return ps__fail(PS_ERR_PROTO, "unexpected %s frame from the scheduler", ps__frame_type_name(h->type));
 }
 
-static void on_hello_reply(ps__agent *a, const ps__frame_hdr *h) {
+static void on_hello_reply(ps__agent *a, const ps__frame_hdr *h, const ps__body *b) {
   if (h->status) {
-    char msg[200];
-    snprintf(msg, sizeof msg, "the scheduler refused the registration: %s", ps_strerror(h->status));
+    char msg[300];
+    if (b->buf && b->len)
+      snprintf(msg, sizeof msg, "the scheduler refused the registration: %.*s", (int)(b->len < 250 ? b->len : 250),
+               (const char *)b->buf);
+    else
+      snprintf(msg, sizeof msg, "the scheduler refused the registration: %s", ps_strerror(h->status));
     agent_give_up(a, h->status, msg);
     return;
+  }
+  if (a->rejoining && (h->table != a->id || h->batch != a->rank)) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "the scheduler took this node back as %u (rank %u), not %u (rank %u)", h->table,
+             h->batch, a->id, a->rank);
+    agent_give_up(a, PS_ERR_PROTO, msg);
+    return;
+  }
+  if (a->rejoining) {
+    a->rejoining = 0;
+    a->rejoins++;
+    ps__log(PS_LOG_INFO, "the scheduler at %s:%d took node %u back", a->sched_host, a->o.sched_port, a->id);
   }
   a->id = h->table;
   a->rank = h->batch;
@@ -188,7 +212,7 @@ static void agent_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__agent *a = c->udata;
   if (!a || a->lost) return;
   if (h->type == (PS_MSG_HELLO | PS_FRAME_REPLY)) {
-    if (!a->stopped) on_hello_reply(a, h);
+    if (!a->stopped) on_hello_reply(a, h, b);
   } else if (h->type == PS_MSG_MEMBERSHIP) {
     if (!a->stopped) on_membership(a, b);
   } else if (h->type == PS_MSG_ERROR) {
@@ -207,6 +231,16 @@ static void agent_on_close(ps__conn *c, int status) {
   uv_timer_stop(&a->hb_timer);
   char msg[160];
   snprintf(msg, sizeof msg, "lost the scheduler (%s)", ps_strerror(status ? status : PS_ERR_CLOSED));
+  if (a->registered && a->o.rejoin_ms) {
+    /* Wait for it: a restarted scheduler takes its nodes back (sched.c, its state file). */
+    a->registered = 0;
+    a->rejoining = 1;
+    a->deadline_ms = ps__now_ms() + a->o.rejoin_ms;
+    if (a->cb.detached) a->cb.detached(a->cb.arg, msg);
+    uv_timer_start(&a->deadline_timer, deadline_tick, a->o.rejoin_ms, 0);
+    uv_timer_start(&a->retry_timer, retry_tick, a->o.retry_ms, 0);
+    return;
+  }
   agent_give_up(a, PS_ERR_UNAVAILABLE, msg);
 }
 

@@ -27,6 +27,10 @@
 #include "net/net.h"
 #include "proto/msg.h"
 
+/* How long nodes wait for a lost scheduler to come back, unless told otherwise
+ * (configuration key rejoin_ms, `pshard server --rejoin-ms`). */
+#define PS__REJOIN_MS 10000u
+
 typedef struct ps__agent_cbs {
   void *arg; /* passed to every callback */
   /* The scheduler accepted the HELLO: this node's id and rank. The reply's clock (where
@@ -43,6 +47,10 @@ typedef struct ps__agent_cbs {
    * registration (its status), or closed the connection (PS_ERR_UNAVAILABLE). msg says
    * which. Called at most once, never after ps__agent_stop. */
   void (*lost)(void *arg, int status, const char *msg);
+  /* Optional: the scheduler went away after registration and the agent waits for it
+   * (rejoin_ms): msg says why. registered() is called again, with the same id and
+   * rank, when it takes this node back. */
+  void (*detached)(void *arg, const char *msg);
   /* Optional: every heartbeat period once connected, after the heartbeat went out
    * (a worker reports its counters, a server sweeps its shared buffers). */
   void (*tick)(void *arg);
@@ -65,6 +73,9 @@ typedef struct ps__agent_opts {
   uint32_t retry_ms;           /* between refused connection attempts; 0: 200 */
   ps__pool *pool;              /* the owner's loop pool, for frame bodies */
   uint64_t max_payload;        /* largest frame accepted from the scheduler; 0: 16 MiB */
+  uint32_t rejoin_ms;          /* after registering: a lost scheduler is waited for this
+                                * long (reconnecting every retry_ms, then a HELLO naming
+                                * this node's id) before lost(); 0: lost() at once */
 } ps__agent_opts;
 
 typedef struct ps__agent {
@@ -78,6 +89,8 @@ typedef struct ps__agent {
   uint32_t id, rank;
   int64_t start_clock;         /* the HELLO reply's clock: 0, or a restored job's clock */
   int registered, stopped, lost, connected_once;
+  int rejoining;               /* registered once, the scheduler gone: reconnecting */
+  uint32_t rejoins;            /* times the scheduler came back */
   int refused;                 /* the last connection attempt was refused (atomic) */
 } ps__agent;
 

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agent/agent.h"
 #include "cli/cli.h"
 #include "common/common.h"
 #include "common/config.h"
@@ -84,6 +85,8 @@ static void sched_usage(FILE *f) {
           "  --checkpoint-dir DIR      take checkpoints on request into DIR/ckpt-<id> [PSHARD_CHECKPOINT_DIR]\n"
           "  --checkpoint-keep K       complete checkpoints kept (3) [PSHARD_CHECKPOINT_KEEP]\n"
           "  --restore DIR             resume the checkpoint DIR, or the newest one in DIR [PSHARD_RESTORE]\n"
+          "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
+          "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
           "  --verbose                 log registrations and membership changes\n"
           "  --help                    this text\n");
 }
@@ -99,11 +102,12 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},          {"exit-when-done", no_argument, 0, 'x'},
       {"checkpoint-dir", required_argument, 0, 'C'}, {"checkpoint-keep", required_argument, 0, 'K'},
-      {"restore", required_argument, 0, 'R'},
+      {"restore", required_argument, 0, 'R'}, {"state-dir", required_argument, 0, 'D'},
       {0, 0, 0, 0}};
   int exit_when_done = 0;
   uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3;
   const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
+  const char *state_dir = getenv("PSHARD_STATE_DIR");
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *addr_file = NULL;
@@ -133,6 +137,7 @@ int ps_cli_scheduler(int argc, char **argv) {
       }
       break;
     case 'R': restore = optarg; break;
+    case 'D': state_dir = optarg; break;
     case 'v': verbose = 1; break;
     case 'h': sched_usage(stdout); return 0;
     default:
@@ -159,7 +164,8 @@ int ps_cli_scheduler(int argc, char **argv) {
                       .exit_when_done = exit_when_done,
                       .checkpoint_dir = ckpt_dir && *ckpt_dir ? ckpt_dir : NULL,
                       .checkpoint_keep = (unsigned)keep,
-                      .restore_dir = restore && *restore ? restore : NULL};
+                      .restore_dir = restore && *restore ? restore : NULL,
+                      .state_dir = state_dir && *state_dir ? state_dir : NULL};
   ps__sched *s;
   if (ps__sched_create(&o, &s)) {
     fprintf(stderr, "pshard scheduler: %s\n", ps_errmsg());
@@ -200,6 +206,8 @@ static void server_usage(FILE *f) {
           "  --vnodes N              ring points per server (128) [PSHARD_VNODES]\n"
           "  --max-frame-mb N        largest accepted frame (2048) [PSHARD_MAX_FRAME_MB]\n"
           "  --connect-timeout-ms N  give up registering after N ms (60000) [PSHARD_CONNECT_TIMEOUT_MS]\n"
+          "  --rejoin-ms N           a lost scheduler is waited for N ms while serving on (10000; 0: stop\n"
+          "                          at once) [PSHARD_REJOIN_MS]\n"
           "  --poll-us N             after a worker's frame, poll the sockets for N us before sleeping,\n"
           "                          so a request that follows soon finds the server awake (50; 0 = off);\n"
           "                          0.5 ms more per MiB the frame moved on the socket, at most 1 ms\n"
@@ -219,14 +227,16 @@ int ps_cli_server(int argc, char **argv) {
       {"max-frame-mb", required_argument, 0, 'm'}, {"connect-timeout-ms", required_argument, 0, 'c'},
       {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},            {"restore", required_argument, 0, 'R'},
+      {"rejoin-ms", required_argument, 0, 'J'},
       {0, 0, 0, 0}};
   const char *sched = getenv("PSHARD_SCHEDULER");
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
   const char *restore = getenv("PSHARD_RESTORE") && *getenv("PSHARD_RESTORE") ? getenv("PSHARD_RESTORE") : NULL;
-  uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000, poll_us = 50;
+  uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000, poll_us = 50, rejoin = PS__REJOIN_MS;
   int verbose = 0, c;
   env_uint("PSHARD_HEARTBEAT_MS", &hb);
+  env_uint("PSHARD_REJOIN_MS", &rejoin);
   env_uint("PSHARD_VNODES", &vnodes);
   env_uint("PSHARD_MAX_FRAME_MB", &maxmb);
   env_uint("PSHARD_CONNECT_TIMEOUT_MS", &cto);
@@ -245,6 +255,7 @@ int ps_cli_server(int argc, char **argv) {
     case 'c': if (parse_uint_flag("--connect-timeout-ms", optarg, 86400000, &cto) || !cto) return 2; break;
     case 'P': if (parse_uint_flag("--poll-us", optarg, 1000000, &poll_us)) return 2; break;
     case 'R': restore = optarg; break;
+    case 'J': if (parse_uint_flag("--rejoin-ms", optarg, 86400000, &rejoin)) return 2; break;
     case 'v': verbose = 1; break;
     case 'h': server_usage(stdout); return 0;
     default:
@@ -281,7 +292,8 @@ int ps_cli_server(int argc, char **argv) {
   ps__server_opts o = {.host = host, .port = (int)port, .sched_host = shost, .sched_port = sport,
                        .use_unix = strcmp(transport, "tcp") != 0, .heartbeat_ms = (uint32_t)hb,
                        .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto,
-                       .poll_us = (uint32_t)poll_us, .restore_dir = restore};
+                       .poll_us = (uint32_t)poll_us, .restore_dir = restore,
+                       .rejoin_ms = (uint32_t)rejoin};
   ps__server *s;
   if (ps__server_create(&o, &s)) {
     fprintf(stderr, "pshard server: %s\n", ps_errmsg());

@@ -20,6 +20,7 @@
  * defaults applied. */
 typedef struct ps__worker_opts {
   uint32_t timeout_ms, connect_timeout_ms, heartbeat_ms, vnodes;
+  uint32_t rejoin_ms; /* how long a lost scheduler is waited for (agent/agent.h) */
   uint64_t max_payload;
   int use_unix;
 } ps__worker_opts;

@@ -134,7 +134,7 @@ typedef struct table_info {
 
 struct ps_ctx {
   /* configuration */
-  uint32_t timeout_ms, connect_timeout_ms, heartbeat_ms, vnodes;
+  uint32_t timeout_ms, connect_timeout_ms, heartbeat_ms, vnodes, rejoin_ms;
   uint64_t max_payload;
   int use_unix;
   char sched_host[PS_CFG_HOST_MAX];

@@ -58,14 +58,22 @@ static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
   ctx->id = id;
   ctx->rank = (int)rank;
   /* A job restored from a checkpoint resumes at its clock: every worker starts there,
-   * and a program reads ps_ctx_clock to know where it is. */
-  __atomic_store_n(&ctx->clock, ps__agent_start_clock(&ctx->agent), __ATOMIC_RELAXED);
+   * and a program reads ps_ctx_clock to know where it is. (A scheduler that restarted
+   * and took this worker back changes nothing of its clock.) */
+  if (!ctx->registered) __atomic_store_n(&ctx->clock, ps__agent_start_clock(&ctx->agent), __ATOMIC_RELAXED);
   ctx->registered = 1;
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
 }
 
 static void agent_membership(void *arg, const ps__membership *m) { ps__on_membership(arg, m); }
+
+/* The scheduler went away: the servers keep serving pushes and pulls, and the agent
+ * waits rejoin_ms for a restarted scheduler to take this worker back. */
+static void agent_detached(void *arg, const char *msg) {
+  ps_ctx *ctx = arg;
+  ps__log(PS_LOG_WARN, "%s; waiting up to %u ms for it to come back", msg, ctx->rejoin_ms);
+}
 
 /* The scheduler is gone or never answered: every later call fails with this. */
 static void agent_lost(void *arg, int status, const char *msg) {
@@ -87,12 +95,13 @@ static void agent_tick(void *arg) {
 static int agent_setup(ps_ctx *ctx) {
   ps__agent_opts o = {.sched_host = ctx->sched_host, .sched_port = ctx->sched_port,
                       .heartbeat_ms = ctx->heartbeat_ms, .connect_timeout_ms = ctx->connect_timeout_ms,
+                      .rejoin_ms = ctx->rejoin_ms,
                       .pool = ctx->pool, .max_payload = 1u << 24};
   o.hello.role = PS_ROLE_WORKER;
   o.hello.pid = (uint32_t)getpid();
   snprintf(o.hello.hostid, sizeof o.hello.hostid, "%s", ctx->hostid);
   ps__agent_cbs cb = {.arg = ctx, .registered = agent_registered, .membership = agent_membership,
-                      .lost = agent_lost, .tick = agent_tick, .link = ps__sched_on_link,
+                      .lost = agent_lost, .tick = agent_tick, .link = ps__sched_on_link, .detached = agent_detached,
                       .on_header = ps__sched_on_header, .on_frame = ps__sched_on_frame};
   int rc = ps__agent_init(&ctx->agent, &ctx->loop, &o, &cb);
   if (rc == 0) ctx->agent_inited = 1;
@@ -165,6 +174,7 @@ void ps__worker_opts_read(const ps_config *cfg, ps__worker_opts *o) {
   o->timeout_ms = (uint32_t)ps__config_uint(cfg, "timeout_ms", 30000);
   o->connect_timeout_ms = (uint32_t)ps__config_uint(cfg, "connect_timeout_ms", 60000);
   o->heartbeat_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_ms", 200);
+  o->rejoin_ms = (uint32_t)ps__config_uint(cfg, "rejoin_ms", PS__REJOIN_MS);
   o->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
   o->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
   o->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
@@ -203,6 +213,7 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   ctx->timeout_ms = wo.timeout_ms;
   ctx->connect_timeout_ms = wo.connect_timeout_ms;
   ctx->heartbeat_ms = wo.heartbeat_ms;
+  ctx->rejoin_ms = wo.rejoin_ms;
   ctx->vnodes = wo.vnodes;
   ctx->max_payload = wo.max_payload;
   ctx->use_unix = wo.use_unix;

@@ -276,6 +276,41 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
   }
   if (s->started) broadcast_membership(s);
   check_barriers(s);
+  ps__sched_state_save(s);
+}
+
+/* A node registered before (by this scheduler, or by the one whose state it restarted
+ * from) comes back after its connection broke: it names its id in `sender`. */
+static void on_rejoin(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello) {
+  node *n = NULL;
+  for (size_t i = 0; i < s->nnodes && !n; i++)
+    if (s->nodes[i].m.id == h->sender) n = &s->nodes[i];
+  const char *why = !n ? "is not a member of this job (did the scheduler lose its state?)"
+                   : n->m.role != hello->role ? "registered with another role"
+                   : !n->m.alive ? "was removed from the job"
+                   : n->conn ? "is connected already" : NULL;
+  if (why) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "node %u %s", h->sender, why);
+    ps__conn_send_error(c, h, PS_ERR_UNAVAILABLE, msg);
+    ps__conn_close_after_flush(c, PS_ERR_UNAVAILABLE);
+    return;
+  }
+  n->conn = c;
+  c->udata = n;
+  n->last_seen_ms = ps__now_ms();
+  n->m.port = hello->port;
+  memcpy(n->m.host, hello->host, sizeof n->m.host);
+  memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
+  n->m.caps = hello->caps;
+  ps__log(PS_LOG_INFO, "%s %u (rank %u) came back from %s", hello->role == PS_ROLE_SERVER ? "server" : "worker",
+          n->m.id, n->m.rank, c->peer);
+  ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
+                     .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+  s->epoch++;
+  if (s->started) broadcast_membership(s);
+  ps__sched_state_save(s);
 }
 
 static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
@@ -287,6 +322,10 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
   if (ps__hello_decode(b->buf, b->len, &hello)) {
     ps__conn_send_error(c, h, PS_ERR_PROTO, ps_errmsg());
     ps__conn_close_after_flush(c, PS_ERR_PROTO);
+    return;
+  }
+  if (h->sender) {
+    on_rejoin(s, c, h, &hello);
     return;
   }
   if (hello.role == PS_ROLE_SERVER && s->nserver_ranks >= s->o.servers) {
@@ -333,6 +372,7 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
     (void)was;
     broadcast_membership(s);
   }
+  ps__sched_state_save(s);
 }
 
 static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
@@ -523,6 +563,10 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   default:
     break;
   }
+  /* What changed the job's state is kept (state.c): tables, tasks. */
+  if (h->type == PS_MSG_DECLARE || h->type == PS_MSG_TASK_INIT || h->type == PS_MSG_TASK_NEXT ||
+      h->type == PS_MSG_TASK_DONE)
+    ps__sched_state_save(s);
 }
 
 static void sched_on_close(ps__conn *c, int status) {
@@ -564,6 +608,17 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   s->epoch = 1;
   uv_loop_init(&s->loop);
   s->loop.data = s;
+  if (ps__sched_state_load(s)) { /* a restarted scheduler: its job's members, tables, tasks */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    uv_loop_close(&s->loop);
+    free(s->nodes);
+    free(s->tables);
+    free(s->tk.state);
+    free(s->tk.owner);
+    free(s);
+    return ps__fail(PS_ERR_CORRUPT, "%s", msg);
+  }
   s->pool = ps__pool_new(16u << 20);
   s->mail = ps__mailbox_new(&s->loop);
   int rc = ps__listen_tcp(&s->listener, &s->loop, s->o.host, o->port, &sched_ops, on_accept, s, s->pool,

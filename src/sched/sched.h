@@ -19,6 +19,8 @@ typedef struct ps__sched_opts {
   uint32_t heartbeat_ms;     /* check period */
   uint32_t heartbeat_timeout_ms;
   uint64_t max_payload;
+  const char *state_dir;     /* keep the scheduler's state there and take it back at a
+                              * restart (src/sched/state.c); NULL or "": in memory only */
   int exit_when_done;        /* stop once every worker has left a started job */
   /* Checkpoints (docs/checkpoint.md). */
   const char *checkpoint_dir; /* where CHECKPOINT requests write DIR/ckpt-<id>; NULL: refused */

@@ -128,6 +128,13 @@ struct ps__sched {
 
 size_t ps__sched_count_alive(ps__sched *s, uint8_t role);
 
+/* ------------------------------------------------------------ state.c */
+
+/* Rewrite the state file after a change (logged, not fatal, when it cannot be). */
+void ps__sched_state_save(ps__sched *s);
+/* At create: load the state file if there is one. 0, or an error with a message. */
+int ps__sched_state_load(ps__sched *s);
+
 /* ------------------------------------------------------------ ckpt.c */
 
 #define PS__CKPT_DEADLINE_MS 120000u /* every server answers a CKPT within this */

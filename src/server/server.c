@@ -288,6 +288,12 @@ static void agent_lost(void *arg, int status, const char *msg) {
   server_shutdown(s, status ? status : PS_ERR_UNAVAILABLE);
 }
 
+/* The scheduler went away: keep every table and keep serving, and wait for it. */
+static void agent_detached(void *arg, const char *msg) {
+  ps__server *s = arg;
+  ps__log(PS_LOG_WARN, "%s; serving on, waiting up to %u ms for it to come back", msg, s->o.rejoin_ms);
+}
+
 /* Each heartbeat: unmap the workers' shared buffers they freed. */
 static void agent_tick(void *arg) { ps__shm_sweep(((ps__server *)arg)->shm); }
 
@@ -306,7 +312,7 @@ static void agent_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b) {
 static int agent_begin(ps__server *s) {
   ps__agent_opts o = {.sched_host = s->o.sched_host, .sched_port = s->o.sched_port,
                       .heartbeat_ms = s->o.heartbeat_ms, .connect_timeout_ms = s->o.connect_timeout_ms,
-                      .pool = s->pool, .max_payload = 1u << 24};
+                      .pool = s->pool, .max_payload = 1u << 24, .rejoin_ms = s->o.rejoin_ms};
   o.hello.role = PS_ROLE_SERVER;
   o.hello.port = (uint16_t)s->tcp.port;
   o.hello.pid = (uint32_t)getpid();
@@ -315,7 +321,8 @@ static int agent_begin(ps__server *s) {
   ps__hostid(o.hello.hostid, sizeof o.hello.hostid);
   if (s->unix_path[0] && ps__pm_usable()) o.hello.caps |= PS_CAP_PEER_MEM;
   ps__agent_cbs cb = {.arg = s, .registered = agent_registered, .membership = agent_membership, .lost = agent_lost,
-                      .tick = agent_tick, .on_header = agent_on_header, .on_frame = agent_on_frame};
+                      .tick = agent_tick, .on_header = agent_on_header, .on_frame = agent_on_frame,
+                      .detached = agent_detached};
   int rc = ps__agent_init(&s->agent, &s->loop, &o, &cb);
   if (rc) return rc;
   s->agent_inited = 1;

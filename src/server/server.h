@@ -23,6 +23,8 @@ typedef struct ps__server_opts {
   uint32_t connect_timeout_ms;
   uint32_t poll_us;          /* keep polling the sockets this long after a worker's frame
                               * instead of sleeping (0: always sleep; forced 0 on one CPU) */
+  uint32_t rejoin_ms;        /* wait this long for a lost scheduler to come back (0: stop
+                              * at once); the CLI's default is PS__REJOIN_MS */
   const char *restore_dir;   /* restore tables from the newest checkpoint there (or the
                               * checkpoint directory itself), NULL or "" for none */
   int stop_without_workers;  /* colocated in a worker: stop once the job has started and no

@@ -1,0 +1,152 @@
+"""A scheduler that goes away and comes back (src/sched/state.c, agent/agent.h rejoin):
+SIGKILL it in the middle of a sync job and start it again with the same --state-dir and
+--port; the servers keep their tables and serve on meanwhile, every node is taken back
+with its id and rank, and the job ends with exactly the model of a run without the
+fault. Real processes on loopback; every process is killed at the end.
+"""
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from cluster import binary
+
+SLOW = 3 if os.environ.get("PSHARD_SANITIZED") else 1
+STEPS = 2000  # about 6 s of sync rounds: the scheduler is killed and back within the first second
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Job:
+    """A scheduler, 2 servers and 2 ckpt_worker processes started by hand (not pshard
+    run), so that the scheduler alone can be killed and started again."""
+
+    def __init__(self, tmp, state_dir=None):
+        self.tmp, self.procs, self.port = tmp, [], free_port()
+        self.state_dir = state_dir
+        self.env = dict(os.environ, PSHARD_SCHEDULER=f"127.0.0.1:{self.port}", PSHARD_MODE="sync",
+                        PSHARD_REJOIN_MS=str(20000 * SLOW))
+        self.sched = self.start_scheduler("scheduler")
+        self.servers = [self.spawn([binary("pshard"), "server", "--rejoin-ms", str(20000 * SLOW)], f"server{i}")
+                        for i in range(2)]
+        self.out = os.path.join(tmp, "params")
+        self.workers = [self.spawn([binary("ckpt_worker"), "--steps", str(STEPS), "--out", self.out], f"worker{i}")
+                        for i in range(2)]
+
+    def spawn(self, argv, name):
+        log = open(os.path.join(self.tmp, name + ".log"), "ab")
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        p.name = name
+        self.procs.append(p)
+        return p
+
+    def start_scheduler(self, name):
+        argv = [binary("pshard"), "scheduler", "--servers", "2", "--workers", "2", "--port", str(self.port),
+                "--exit-when-done", "--heartbeat-timeout-ms", str(3000 * SLOW), "--verbose"]
+        if self.state_dir:
+            argv += ["--state-dir", self.state_dir]
+        p = self.spawn(argv, name)
+        deadline = time.time() + 10 * SLOW
+        while True:  # listening?
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return p
+            except OSError:
+                assert p.poll() is None and time.time() < deadline, self.log(name)
+                time.sleep(0.02)
+
+    def log(self, name):
+        try:
+            with open(os.path.join(self.tmp, name + ".log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def logs(self):
+        return "\n".join(f"--- {p.name}\n{self.log(p.name)}" for p in self.procs)
+
+    def wait_workers(self, timeout):
+        deadline = time.time() + timeout * SLOW
+        for w in self.workers:
+            try:
+                rc = w.wait(timeout=max(deadline - time.time(), 0.01))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{w.name} did not finish\n{self.logs()}")
+            assert rc == 0, f"{w.name} exited {rc}\n{self.logs()}"
+        with open(self.out) as f:
+            return f.read().splitlines()
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="pshard-restart-")
+    yield d
+
+
+def test_a_killed_scheduler_started_again_takes_the_job_back(tmp):
+    ref_dir = os.path.join(tmp, "ref")
+    os.mkdir(ref_dir)
+    ref = Job(ref_dir, state_dir=os.path.join(ref_dir, "state"))
+    try:
+        want = ref.wait_workers(60)
+    finally:
+        ref.close()
+    run_dir = os.path.join(tmp, "run")
+    os.mkdir(run_dir)
+    job = Job(run_dir, state_dir=os.path.join(run_dir, "state"))
+    try:
+        time.sleep(0.5)  # the job is running: the workers are in their sync rounds
+        assert all(w.poll() is None for w in job.workers), job.logs()
+        os.killpg(job.sched.pid, signal.SIGKILL)
+        job.sched.wait()
+        time.sleep(0.5)  # the job goes on without it
+        assert all(p.poll() is None for p in job.workers + job.servers), job.logs()
+        job.sched = job.start_scheduler("scheduler2")
+        got = job.wait_workers(90)
+        assert got == want, f"the model differs from the run without the fault\n{job.logs()}"
+        for s in job.servers:
+            assert s.wait(timeout=15 * SLOW) == 0, job.logs()
+        log2 = job.log("scheduler2")
+        assert "restarted from" in log2 and log2.count("came back") == 4, log2
+        for w in ("server0", "server1"):  # (a worker's library logs only through its hook)
+            assert "serving on, waiting up to" in job.log(w), job.log(w)
+    finally:
+        job.close()
+
+
+def test_without_its_state_a_new_scheduler_refuses_the_old_nodes(tmp):
+    job = Job(tmp, state_dir=None)
+    try:
+        time.sleep(0.5)
+        os.killpg(job.sched.pid, signal.SIGKILL)
+        job.sched.wait()
+        job.sched = job.start_scheduler("scheduler2")
+        for p in job.workers + job.servers:
+            assert p.wait(timeout=30 * SLOW) != 0, job.logs()
+        # The nodes it does not know are refused by name, and the job ends loudly.
+        assert "node 1 is not a member of this job" in job.logs() or "node 2 is not a member" in job.logs(), job.logs()
+    finally:
+        job.close()
