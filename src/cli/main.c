@@ -16,6 +16,7 @@ static const struct {
     {"scheduler", ps_cli_scheduler, "run the scheduler of a job"},
     {"server", ps_cli_server, "run a parameter server"},
     {"plan", ps_cli_plan, "estimate memory, traffic, time and learning rate of a job"},
+    {"checkpoint", ps_cli_checkpoint, "inspect a checkpoint on disk, or ask a job to write one"},
 };
 
 static void usage(FILE *f) {

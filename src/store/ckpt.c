@@ -494,6 +494,7 @@ struct ps__ckpt_reader {
   uint64_t size;              /* of the file at open */
   uint64_t off;               /* of the next block */
   uint32_t index;             /* of the next block */
+  uint64_t header_len, header_sum;
   XXH64_state_t chain;
   uint8_t *buf;               /* the current payload */
   size_t cap;
@@ -675,6 +676,8 @@ int ps__ckpt_reader_open(ps__ckpt_reader **out, const char *path, ps__ckpt_heade
       XXH64_update(&r->chain, c, sizeof c);
       r->off = PS_CKPT_BLOCK_HDR + len + 8;
       r->index = 1;
+      r->header_len = len;
+      r->header_sum = sum;
       r->what = hd.what;
       r->nservers = hd.nservers;
       if (hd.what == PS_CKPT_MANIFEST && !(r->ranks = ps__calloc(hd.nservers, 1)))
@@ -883,6 +886,11 @@ int ps__ckpt_next(ps__ckpt_reader *r, ps__ckpt_block *b, ps__ckpt_want_fn want, 
   r->off += PS_CKPT_BLOCK_HDR + len + 8;
   r->index++;
   return 0;
+}
+
+void ps__ckpt_reader_header_block(const ps__ckpt_reader *r, uint64_t *payload_len, uint64_t *checksum) {
+  *payload_len = r->header_len;
+  *checksum = r->header_sum;
 }
 
 void ps__ckpt_reader_close(ps__ckpt_reader *r) {

@@ -168,6 +168,8 @@ int ps__ckpt_reader_open(ps__ckpt_reader **out, const char *path, ps__ckpt_heade
  * in order). next after END returns PS_ERR_INVALID. */
 typedef int (*ps__ckpt_want_fn)(void *arg, uint32_t table, uint64_t pos_lo, uint64_t pos_hi);
 int ps__ckpt_next(ps__ckpt_reader *r, ps__ckpt_block *b, ps__ckpt_want_fn want, void *arg);
+/* The HEADER block's payload length and checksum (verified by ps__ckpt_reader_open). */
+void ps__ckpt_reader_header_block(const ps__ckpt_reader *r, uint64_t *payload_len, uint64_t *checksum);
 void ps__ckpt_reader_close(ps__ckpt_reader *r);
 
 /* ---------------------------------------------------------------- a directory of checkpoints */

@@ -1,0 +1,262 @@
+"""pshard.load_checkpoint and `pshard checkpoint inspect` on checkpoints written by the C
+writer (tests/integration/ckpt_sample.c, built beside the library): values, optimiser
+state and metadata read back exactly; the newest complete checkpoint of a directory;
+damaged, truncated, mismatched and missing files refused with an error naming them; the
+pure-Python xxh64 against the C library's on many lengths, and its speed on a few MB."""
+import ctypes
+import ctypes.util
+import os
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+import pshard
+from pshard import checkpoint as ckmod
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("PSHARD_BUILD", os.path.join(ROOT, "build"))
+SAMPLE = os.path.join(BUILD, "ckpt_sample")
+CORPUS = os.path.join(ROOT, "tests", "fuzz", "corpus", "ckpt")
+EMB_KEYS = list(range(1, 21)) + [(1 << 40) + 7]
+
+
+def write_sample(parent, cid, servers=1, clock=5, big=0):
+    cmd = [SAMPLE, str(parent), str(cid), "--servers", str(servers), "--clock", str(clock)]
+    if big:
+        cmd += ["--big", str(big)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def flip(path, offset, mask=0x01):
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)[0]
+        f.seek(offset)
+        f.write(bytes([b ^ mask]))
+
+
+@pytest.fixture(params=[False, True], ids=["module-or-python", "pure-python"])
+def hashing(request, monkeypatch):
+    """Run a test with the xxhash module if installed, and with the pure-Python xxh64."""
+    if request.param:
+        monkeypatch.setattr(ckmod, "_xxhash", None)
+    return request.param
+
+
+# ------------------------------------------------------------------------- xxh64
+
+def test_xxh64_reference_values():
+    assert ckmod._xxh64_py(b"") == 0xEF46DB3751D8E999
+    assert ckmod._xxh64_py(b"a") == 0xD24EC4F1A98C6E5B
+    assert ckmod._xxh64_py(b"abc") == 0x44BC2CF5AD770999
+    assert ckmod.xxh64(b"") == 0xEF46DB3751D8E999
+
+
+def test_xxh64_matches_the_c_library():
+    name = ctypes.util.find_library("xxhash")
+    if not name:
+        pytest.skip("libxxhash not found")
+    lib = ctypes.CDLL(name)
+    lib.XXH64.restype = ctypes.c_uint64
+    lib.XXH64.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint64]
+    rng = np.random.default_rng(7)
+    lengths = list(range(0, 70)) + [95, 96, 97, 127, 128, 255, 256, 1000, 4099, 65537]
+    for n in lengths:
+        data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+        for seed in (0, 1, 0x70736872696E676B, (1 << 64) - 1):
+            assert ckmod._xxh64_py(data, seed) == lib.XXH64(data, n, seed), (n, seed)
+        assert ckmod._xxh64_py(memoryview(data)) == lib.XXH64(data, n, 0)
+
+
+def test_pure_python_xxh64_is_not_slow_on_a_few_megabytes(tmp_path, monkeypatch):
+    """About 20 MB/s on one core; the bound leaves room for a loaded machine."""
+    monkeypatch.setattr(ckmod, "_xxhash", None)
+    write_sample(tmp_path, 1, servers=2, big=1 << 20)  # 4 MB of parameters
+    t0 = time.monotonic()
+    ck = pshard.load_checkpoint(tmp_path)
+    dt = time.monotonic() - t0
+    i = np.arange(1 << 20)
+    assert np.array_equal(ck["big"], (i % 1000 - 500).astype(np.float32))
+    assert dt < 20, "loading 4 MB took %.1f s" % dt
+
+
+# ------------------------------------------------------------------------- reading
+
+@pytest.mark.parametrize("servers", [1, 3])
+def test_load_the_c_writers_checkpoint(tmp_path, servers, hashing):
+    cdir = write_sample(tmp_path, 7, servers=servers, clock=11)
+    ck = pshard.load_checkpoint(cdir)
+    assert isinstance(ck, dict)
+    assert sorted(ck) == ["bias", "emb", "empty", "w"]
+    assert (ck.id, ck.clock, ck.nservers) == (7, 11, servers)
+    assert ck.path == cdir
+    assert ck.state == b"sample scheduler state"
+    assert ck.created_ms > 1_600_000_000_000
+
+    i = np.arange(10, dtype=np.float32)
+    w = ck["w"]
+    assert w.dtype == np.float32 and w.shape == (10,)
+    assert np.array_equal(w, 0.5 * i)
+    assert sorted(ck.optimizer["w"]) == ["exp_avg", "exp_avg_sq"]
+    assert np.array_equal(ck.optimizer["w"]["exp_avg"], -i)
+    assert np.array_equal(ck.optimizer["w"]["exp_avg_sq"], 0.25 * i)
+    info = ck.tables["w"]
+    assert (info.kind, info.size, info.width, info.row_floats, info.opt) == ("dense", 10, 4, 12, "adam")
+    assert (info.step, info.version, info.rows, info.options) == (3, 11, 3, "opt=adam slice=4")
+
+    keys, rows = ck["emb"]
+    assert keys.dtype == np.uint64 and rows.dtype == np.float32
+    assert keys.tolist() == EMB_KEYS  # sorted by key, whichever server held them
+    k = keys.astype(np.float64)[:, None]
+    j = np.arange(3)[None, :]
+    assert rows.shape == (21, 3)
+    assert np.array_equal(rows, (k + j / 8).astype(np.float32))
+    assert np.array_equal(ck.optimizer["emb"]["sum"], (2 * k + j).astype(np.float32))
+    assert ck.tables["emb"].opt == "adagrad" and ck.tables["emb"].size == 3
+
+    bkeys, brows = ck["bias"]
+    assert bkeys.tolist() == [7, 8] and brows.tolist() == [[70.0], [80.0]]
+    assert ck.optimizer["bias"] == {}
+    ekeys, erows = ck["empty"]
+    assert ekeys.shape == (0,) and erows.shape == (0, 4)
+    assert ck.optimizer["empty"]["momentum_buffer"].shape == (0, 4)
+
+
+def test_a_parent_directory_gives_the_newest_complete_checkpoint(tmp_path):
+    for cid in (2, 10, 11):
+        write_sample(tmp_path, cid, clock=cid)
+    os.unlink(tmp_path / "ckpt-11" / "MANIFEST")   # being written: not a checkpoint yet
+    (tmp_path / "ckpt-010").mkdir()                # not a name pshard writes
+    shutil.copy(tmp_path / "ckpt-10" / "MANIFEST", tmp_path / "ckpt-010" / "MANIFEST")
+    ck = pshard.load_checkpoint(tmp_path)
+    assert (ck.id, ck.clock) == (10, 10)
+    assert ck.path == os.path.join(str(tmp_path), "ckpt-10")
+
+
+def test_no_complete_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+        pshard.load_checkpoint(tmp_path)
+    write_sample(tmp_path, 1)
+    os.unlink(tmp_path / "ckpt-1" / "MANIFEST")
+    with pytest.raises(FileNotFoundError, match="1 without a MANIFEST"):
+        pshard.load_checkpoint(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        pshard.load_checkpoint(tmp_path / "absent")
+
+
+def test_a_damaged_byte_is_refused_and_named(tmp_path, hashing):
+    cdir = write_sample(tmp_path, 1, servers=2)
+    path = os.path.join(cdir, "server-1.psck")
+    flip(path, 400)   # inside a ROWS block of table emb
+    with pytest.raises(pshard.CorruptError) as e:
+        pshard.load_checkpoint(cdir)
+    assert isinstance(e.value, pshard.Error) and isinstance(e.value, ValueError)
+    assert e.value.code == 22 and e.value.name == "PS_ERR_CORRUPT"
+    msg = str(e.value)
+    assert "server-1.psck" in msg and "(ROWS)" in msg and "checksum mismatch" in msg, msg
+
+
+def test_every_damaged_byte_of_a_data_file_is_refused(tmp_path):
+    cdir = write_sample(tmp_path, 1)
+    path = os.path.join(cdir, "server-0.psck")
+    data = open(path, "rb").read()
+    ckmod._read_file(path, ckmod.DATA)
+    bad = os.path.join(str(tmp_path), "bad.psck")
+    for off in range(len(data)):
+        b = bytearray(data)
+        b[off] ^= 0x20
+        open(bad, "wb").write(bytes(b))
+        with pytest.raises(pshard.CorruptError):
+            ckmod._read_file(bad, ckmod.DATA)
+    for n in range(len(data)):
+        open(bad, "wb").write(data[:n])
+        with pytest.raises(pshard.CorruptError):
+            ckmod._read_file(bad, ckmod.DATA)
+
+
+def test_the_c_corpus_reads(hashing):
+    """The fuzz seeds (written by the C writer) read with this reader too."""
+    names = sorted(os.listdir(CORPUS))
+    assert names
+    for name in names:
+        what = ckmod.MANIFEST if name.startswith("manifest") else ckmod.DATA
+        header, blocks = ckmod._read_file(os.path.join(CORPUS, name), what)
+        assert header["what"] == what and blocks is not None
+
+
+def test_files_that_do_not_match_the_manifest(tmp_path):
+    a = write_sample(tmp_path / "a", 1, servers=2)
+    b = write_sample(tmp_path / "b", 2, servers=2)
+    # a data file of another checkpoint
+    shutil.copy(os.path.join(b, "server-0.psck"), os.path.join(a, "server-0.psck"))
+    with pytest.raises(pshard.CorruptError, match="server-0.psck.*id 2, the manifest says 1"):
+        pshard.load_checkpoint(a)
+    # the ranks' files swapped
+    a = write_sample(tmp_path / "c", 1, servers=2)
+    os.rename(os.path.join(a, "server-0.psck"), os.path.join(a, "x"))
+    os.rename(os.path.join(a, "server-1.psck"), os.path.join(a, "server-0.psck"))
+    os.rename(os.path.join(a, "x"), os.path.join(a, "server-1.psck"))
+    with pytest.raises(pshard.CorruptError, match="rank 1, the manifest says 0"):
+        pshard.load_checkpoint(a)
+    # cut at a block boundary: the END block gone
+    a = write_sample(tmp_path / "d", 1, servers=2)
+    path = os.path.join(a, "server-1.psck")
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[:-40])
+    with pytest.raises(pshard.CorruptError, match="without an END block"):
+        pshard.load_checkpoint(a)
+    # missing
+    os.unlink(path)
+    with pytest.raises(FileNotFoundError):
+        pshard.load_checkpoint(a)
+
+
+# ------------------------------------------------------------------------- the command
+
+def inspect(*args):
+    return subprocess.run([pshard.find_command(), "checkpoint", "inspect", *map(str, args)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_inspect_verifies_and_describes(tmp_path):
+    cdir = write_sample(tmp_path, 4, servers=2, clock=9)
+    out = inspect(tmp_path)   # the parent: the newest complete one
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout
+    assert "checkpoint %s" % cdir in text
+    assert "id 4, clock 9, 2 servers" in text
+    for line in ("w ", "dense", "10 floats, slices of 4", "adam", "emb", "sparse", "rows of dim 3", "adagrad"):
+        assert line in text, line
+    assert text.count("    block 0    HEADER") == 3          # the manifest and two data files
+    assert "server-0.psck" in text and "server-1.psck" in text
+    assert "FAILED" not in text and text.rstrip().endswith("result: verified")
+
+    summary = inspect("--summary", cdir)
+    assert summary.returncode == 0 and "block 0" not in summary.stdout
+
+    flip(os.path.join(cdir, "server-1.psck"), 400)
+    out = inspect(cdir)
+    assert out.returncode == 1, out.stdout
+    assert "FAILED: checkpoint %s" % os.path.join(cdir, "server-1.psck") in out.stdout
+    assert "checksum mismatch" in out.stdout and "result: FAILED" in out.stdout
+
+    flip(os.path.join(cdir, "MANIFEST"), 100)
+    out = inspect(cdir)
+    assert out.returncode == 1 and "MANIFEST" in out.stdout and "result: FAILED" in out.stdout
+
+
+def test_inspect_usage(tmp_path):
+    assert inspect().returncode == 2
+    assert inspect("--bogus", tmp_path).returncode == 2
+    out = inspect(tmp_path)
+    assert out.returncode == 1 and "no complete checkpoint" in out.stderr
+    out = inspect(tmp_path / "absent")
+    assert out.returncode == 1 and "not a directory" in out.stderr
+    top = subprocess.run([pshard.find_command(), "--help"], capture_output=True, text=True, timeout=30)
+    assert "checkpoint" in top.stdout
