@@ -353,12 +353,3 @@ int ps_cli_checkpoint(int argc, char **argv) {
   if (!strcmp(argv[1], "inspect")) return ps_cli_checkpoint_inspect(argc - 1, argv + 1);
   return ps_cli_checkpoint_trigger(argc, argv);
 }
-
-/* ---------------------------------------------------------------- trigger */
-
-/* `pshard checkpoint HOST:PORT`: ask a running job's scheduler for a checkpoint. */
-int ps_cli_checkpoint_trigger(int argc, char **argv) {
-  (void)argc;
-  fprintf(stderr, "pshard: checkpoint %s: not available in this build\n", argv[1]);
-  return 2;
-}
