@@ -7,7 +7,7 @@
 # figures of docs/benchmarks.md); OUT=DIR keeps each benchmark's full output (default
 # a temporary directory, printed at the end); ONLY="dense sparse" runs a subset of
 # dense sparse sparse_unix memory sync ctr (the default), or adds ckpt (bench_ckpt: about
-# two minutes and 3 GB of disk at 1 GB of state, so it runs only when named).
+# 2.5 minutes and up to 5 GB of disk at 1 GB of state, so it runs only when named).
 # Needs: redis-server (bench_sparse's peer), openmpi-bin + libopenmpi-dev (bench_sync's
 # peer); both are in the Makefile's package list.
 set -euo pipefail
