@@ -6,7 +6,8 @@
 # Environment: QUICK=1 runs reduced sizes (a smoke run of a few minutes, not the
 # figures of docs/benchmarks.md); OUT=DIR keeps each benchmark's full output (default
 # a temporary directory, printed at the end); ONLY="dense sparse" runs a subset of
-# dense sparse sparse_unix memory sync ctr.
+# dense sparse sparse_unix memory sync ctr (the default), or adds ckpt (bench_ckpt: about
+# 2.5 minutes and up to 5 GB of disk at 1 GB of state, so it runs only when named).
 # Needs: redis-server (bench_sparse's peer), openmpi-bin + libopenmpi-dev (bench_sync's
 # peer); both are in the Makefile's package list.
 set -euo pipefail
@@ -18,7 +19,7 @@ ONLY="${ONLY:-dense sparse sparse_unix memory sync ctr}"
 mkdir -p "$OUT"
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target bench_dense bench_sparse bench_memory bench_sync pshard_cli >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target bench_dense bench_sparse bench_memory bench_sync bench_ckpt pshard_cli >/dev/null
 # Optional: the MPI peer (needs libopenmpi-dev) and the click-through programs.
 cmake --build "$BUILD" -j "$(nproc)" --target bench_mpi_allreduce >/dev/null 2>&1 ||
   echo "note: bench_mpi_allreduce not built (no MPI compiler): bench_sync prints no MPI figures" >&2
@@ -50,6 +51,7 @@ if [ "${QUICK:-0}" = 1 ]; then
   run memory "$B/bench_memory" --rows 1000000
   run sync   "$B/bench_sync" --floats 1M --workers 2 --steps 5
   run ctr    "$B/bench_ctr" --rows 400000 --workers 1,2 --servers 1 --data "$OUT/ctr-data"
+  run ckpt   "$B/bench_ckpt" --gb 0.1 --rounds 1
 else
   # Five repeats (rather than the programs' default three) for the two whose ratios move
   # most from run to run on a small VM: 1 MiB over TCP, and 1M-float sync rounds.
@@ -60,11 +62,12 @@ else
   run memory "$B/bench_memory"
   run sync   "$B/bench_sync" --runs 5
   run ctr    "$B/bench_ctr"
+  run ckpt   "$B/bench_ckpt" --gb 1 --rounds 3
 fi
 
 echo
 echo "== summary (rows with a target; full output in $OUT)"
-for f in dense sparse sparse_unix memory sync; do
+for f in dense sparse sparse_unix memory sync ckpt; do
   [ -f "$OUT/$f.txt" ] || continue
   grep -E 'target|<=|>=' "$OUT/$f.txt" | grep -v '^#' | sed "s/^/$f: /" || true
 done
