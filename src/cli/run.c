@@ -48,9 +48,11 @@ typedef struct proc {
   size_t len;
   int exited;
   int status;      /* exit code, or 128 + signal */
+  int replaced;    /* a scheduler that died and was started again: not a failure */
 } proc;
 
 static proc procs[MAX_PROCS];
+static char *sched_argv_saved[32]; /* how the scheduler was started, to start it again */
 static char run_dir[64];
 
 /* Remove the job's temporary directory (the scheduler's address file). */
@@ -527,16 +529,21 @@ static int run_prepare(void) {
 /* Start the scheduler (procs[0]) and wait up to 10 s for its address in addr_file.
  * -1 with the address in addr, or the exit status (everything stopped). */
 static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, char *addr, size_t cap, uint64_t t0) {
-  char s_s[16], s_k[16], s_hbt[24];
+  static char s_s[16], s_k[16], s_hbt[24]; /* static: sched_argv_saved points at them */
   snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o->S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)o->K);
   snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)o->hbt);
-  char *sched_argv[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
-                          "--heartbeat-timeout-ms", s_hbt};
-  int n = 10;
+  /* Its state in the job's directory: a scheduler that dies is started again (run_watch)
+   * and takes the job back (src/sched/state.c). */
+  static char state_dir[96];
+  snprintf(state_dir, sizeof state_dir, "%s/state", run_dir);
+  char *sched_argv[24] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
+                          "--heartbeat-timeout-ms", s_hbt, "--state-dir", state_dir};
+  int n = 12;
   ckpt_sched_args(&o->ck, sched_argv, &n);
   if (o->verbose) sched_argv[n++] = "--verbose";
   sched_argv[n] = NULL;
+  for (int i = 0; i <= n; i++) sched_argv_saved[i] = sched_argv[i];
   if (!spawn("scheduler", 0, sched_argv, NULL)) {
     fprintf(stderr, "pshard run: cannot start the scheduler\n");
     return 1;
@@ -680,16 +687,49 @@ static int run_finish(const run_opts *o, const char *addr, uint64_t t0) {
   return status;
 }
 
+#define SCHED_RESTARTS 5 /* a scheduler that keeps dying is a failure after this many */
+
+/* The scheduler (procs[sched]) died while workers run: start it again on its port with
+ * its state directory, so the nodes, which wait for it, are taken back. 0, or -1 when it
+ * cannot be (the caller fails the job). */
+static int restart_scheduler(const char *addr, int *sched, int *restarts) {
+  proc *old = &procs[*sched];
+  const char *colon = strrchr(addr, ':');
+  if (!colon || ++*restarts > SCHED_RESTARTS || nprocs == MAX_PROCS) return -1;
+  static char port[16], state_dir[96];
+  snprintf(port, sizeof port, "%s", colon + 1);
+  snprintf(state_dir, sizeof state_dir, "%s/state", run_dir);
+  char *argv[32];
+  int n = 0;
+  for (; n < 30 && sched_argv_saved[n]; n++) argv[n] = sched_argv_saved[n];
+  argv[n++] = "--port";
+  argv[n++] = port;
+  argv[n] = NULL;
+  fprintf(stderr, "[pshard] the scheduler exited with status %d; starting it again on port %s (%d of %d)\n",
+          old->status, port, *restarts, SCHED_RESTARTS);
+  old->replaced = 1;
+  proc *p = spawn("scheduler", 0, argv, NULL);
+  if (!p) return -1;
+  *sched = (int)(p - procs);
+  return 0;
+}
+
 /* The output loop: relay output, print progress, and end the job on a signal, on the
  * first failure (a worker's nonzero exit or any exit of the others) or when every
- * worker is done. The exit status. */
+ * worker is done. A scheduler that dies while workers run is started again. The exit
+ * status. */
 static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
-  int tty = isatty(2), status = 0;
+  int tty = isatty(2), status = 0, sched = 0, restarts = 0;
   uint64_t last_prog = ps__now_ms();
   const char *failed = NULL;
   for (;;) {
     run_poll();
     reap();
+    if (procs[sched].exited && !got_signal && procs[sched].status != 0) {
+      int workers_up = 0;
+      for (int i = 0; i < nprocs; i++) workers_up += procs[i].is_worker && !procs[i].exited;
+      if (workers_up && restart_scheduler(addr, &sched, &restarts) == 0) continue;
+    }
     if (got_signal) {
       if (tty && o->prog) fprintf(stderr, "\n");
       fprintf(stderr, "[pshard] interrupted; stopping every process\n");
@@ -700,7 +740,7 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
     for (int i = 0; i < nprocs; i++) {
       proc *p = &procs[i];
       if (p->is_worker && !p->exited) workers_left++;
-      if (!p->exited || failed) continue;
+      if (!p->exited || failed || p->replaced) continue;
       if (p->status != 0 || !p->is_worker) {
         failed = p->name;
         status = p->status ? p->status : 1;

@@ -32,7 +32,12 @@
 /* Start one optimiser step of a table: its step number and learning rate (lr < 0: the
  * table's schedule at this step for a global batch of global_batch). */
 static float apply_begin(ps__table *t, float lr, double global_batch, uint64_t *step) {
-  *step = ++t->step;
+  /* A sync table takes one step per round, whether or not this shard has rows in it:
+   * the step of round v is v + 1 on every shard, so Adam's bias correction and the
+   * schedule's position do not depend on which server holds a row (nor the result on
+   * the order in which servers registered). Other modes count the updates applied. */
+  *step = ps__table_is_sync(t) ? (uint64_t)t->version + 1 : t->step + 1;
+  t->step = *step;
   if (lr < 0) lr = ps__lr_at(&t->spec, *step, global_batch);
   t->last_lr = lr;
   t->last_batch = global_batch;

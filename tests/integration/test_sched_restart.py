@@ -150,3 +150,34 @@ def test_without_its_state_a_new_scheduler_refuses_the_old_nodes(tmp):
         assert "node 1 is not a member of this job" in job.logs() or "node 2 is not a member" in job.logs(), job.logs()
     finally:
         job.close()
+
+
+def test_pshard_run_starts_a_killed_scheduler_again(tmp):
+    """The local launcher restarts a scheduler that dies while workers run, and the job
+    ends as if nothing had happened."""
+    def run(name, kill_scheduler):
+        out = os.path.join(tmp, name)
+        p = subprocess.Popen([binary("pshard"), "run", "-s", "2", "-w", "2", "--mode", "sync", "--progress-ms", "0",
+                              "--", binary("ckpt_worker"), "--steps", str(STEPS), "--out", out],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            if kill_scheduler:
+                time.sleep(0.6)
+                pids = subprocess.run(["pgrep", "-P", str(p.pid), "-f", "pshard scheduler"], capture_output=True,
+                                      text=True).stdout.split()
+                assert len(pids) == 1, pids
+                os.kill(int(pids[0]), signal.SIGKILL)
+            log, _ = p.communicate(timeout=90 * SLOW)
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert p.returncode == 0, log
+        with open(out) as f:
+            return f.read().splitlines(), log
+
+    want, _ = run("ref", False)
+    got, log = run("fault", True)
+    assert "the scheduler exited with status 137; starting it again" in log, log
+    assert got == want, log

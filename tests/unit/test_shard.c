@@ -577,3 +577,17 @@ Test(shard, imported_rows_continue_as_the_saved_ones_would) {
   ps__snap_table_free(&saved);
   ps__shard_free(a);
 }
+
+Test(shard, a_sync_step_counts_rounds_not_the_rounds_this_shard_had_rows_in) {
+  /* Adam's bias correction must not depend on which server holds a row: a round in
+   * which this shard got no row still counts as a step of the table. */
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=0.1 opt=adam");
+  start(1);
+  push1_ok(1, 1, 0, 1, 5, 1.0f);
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 1, 2); /* round 1: no rows here */
+  push1_ok(1, 1, 2, 1, 5, 1.0f);
+  ps__shard_clock(SH, 1, 3);
+  cr_assert(eq(u64, t->step, 3), "the third round is step 3 (got %llu)", (unsigned long long)t->step);
+  cr_assert(eq(u64, t->applied, 2));
+}
