@@ -202,3 +202,103 @@ def test_a_paused_worker_is_evicted(tmp):
     assert "removed: missed heartbeats" in log, log
     assert "liveness is judged afresh" not in log, log
     assert rc != 0, f"the job went on as if nothing happened:\n{log}"
+
+
+# ---------------------------------------------------------------- kill -9 during a write
+
+C1, C2 = 2, 4  # the clocks of checkpoints 1 and 2
+FILL = ["--fill", str(FILL_MB)]
+
+
+def digest(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def snapshot(d):
+    """name -> sha256 of every file in checkpoint directory d."""
+    return {e: digest(os.path.join(d, e)) for e in sorted(os.listdir(d))}
+
+
+def writer_of(job, path):
+    """The server process that has path open, or None."""
+    for pid in job.procs("server"):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == path:
+                    return pid
+            except OSError:
+                pass
+    return None
+
+
+@pytest.fixture(scope="module")
+def at_c1():
+    """Rank 0's parameters after C1 clocks of the fill job, without any checkpoint."""
+    d = tempfile.mkdtemp(prefix="pshard-ckfault-ref-")
+    try:
+        got, _ = train(d, "ref", ["--steps", str(C1)] + FILL)
+        yield got
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def kill_during_second_write(tmp, whole_job):
+    """Checkpoint 1 at clock C1, then SIGKILL while checkpoint 2 is being written: the
+    server writing its data file (or, with whole_job, every process of the job) as soon
+    as it has the file's temporary open. Returns (ck dir, checkpoint 1's file digests)."""
+    ck = os.path.join(tmp, "ck")
+    j = Job(tmp, "killed", run_argv(2, 2, ["--steps", "40", "--ckpt-at", f"{C1},{C2}",
+                                           "--step-ms", "20"] + FILL, ckpt_dir=ck))
+    try:
+        j.wait_for(f"checkpoint 1 at clock {C1}", 60)
+        before = snapshot(os.path.join(ck, "ckpt-1"))
+        d2 = os.path.join(ck, "ckpt-2")
+        tmps = [os.path.join(d2, f"server-{r}.psck.tmp") for r in (0, 1)]
+        deadline = time.time() + 30 * SLOW
+        victim = None
+        while victim is None:
+            assert j.p.poll() is None, f"the job ended before checkpoint 2 was written:\n{j.log()}"
+            assert time.time() < deadline, f"never saw checkpoint 2 being written:\n{j.log()}"
+            for t in tmps:
+                pid = writer_of(j, t) if os.path.exists(t) else None
+                if pid:
+                    victim, victim_tmp = pid, t
+                    break
+            else:
+                time.sleep(0.001)
+        if whole_job:
+            pids = [j.p.pid] + j.procs("scheduler") + j.procs("server") + j.procs("worker")
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+        else:
+            os.kill(victim, signal.SIGKILL)
+        rc = j.wait(30)
+        assert rc != 0, j.log()
+        assert os.path.exists(victim_tmp) and not os.path.exists(victim_tmp[:-4]), (
+            "the kill did not land during the write", os.listdir(d2))
+        assert not os.path.exists(os.path.join(d2, "MANIFEST")), os.listdir(d2)
+        return ck, before
+    finally:
+        j.close()
+
+
+@pytest.mark.parametrize("whole_job", [False, True], ids=["one-server", "every-process"])
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp, at_c1, whole_job):
+    ck, before = kill_during_second_write(tmp, whole_job)
+    assert complete_checkpoints(ck) == [1]
+    assert snapshot(os.path.join(ck, "ckpt-1")) == before, "checkpoint 1 changed"
+    # The newest complete checkpoint of the directory is 1: the job resumes there.
+    got, log = train(tmp, "restored", ["--steps", str(C1)] + FILL, restore=ck)
+    assert f"rank 0 starts at clock {C1}" in log and f"rank 1 starts at clock {C1}" in log, log
+    assert len(got) == len(at_c1) > 0
+    diff = [(a, b) for a, b in zip(at_c1, got) if a != b]
+    assert not diff, f"{len(diff)} parameters differ, first: {diff[:3]}"
