@@ -352,9 +352,13 @@ static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const 
     table_entry *t = &s->tables[i];
     if (strcmp(t->d.name, d.name)) continue;
     if (memcmp(&t->spec, &spec, sizeof spec)) {
-      snprintf(err, sizeof err, "table '%s' already declared as %s %llu '%s'", d.name,
-               t->d.kind == 1 ? "dense" : "sparse", (unsigned long long)t->d.size, t->d.options);
-      ps__conn_send_error(c, h, PS_ERR_CONFLICT, err);
+      /* Both declarations, and in a restored job the likely cause. */
+      char msg[2 * PS_OPTS_MAX + PS_NAME_MAX + 256];
+      snprintf(msg, sizeof msg, "table '%s' already declared as %s %llu '%s', not as %s %llu '%s'%s", d.name,
+               t->d.kind == 1 ? "dense" : "sparse", (unsigned long long)t->d.size, t->d.options,
+               d.kind == 1 ? "dense" : "sparse", (unsigned long long)d.size, d.options,
+               s->o.restore_dir && s->o.restore_dir[0] ? " (a restored job declares its tables as its checkpoint has them)" : "");
+      ps__conn_send_error(c, h, PS_ERR_CONFLICT, msg);
       return;
     }
     ps__frame_hdr r = {.type = PS_MSG_DECLARE | PS_FRAME_REPLY, .req_id = h->req_id, .table = t->d.id};
