@@ -392,9 +392,13 @@ static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const 
     table_entry *t = &s->tables[i];
     if (strcmp(t->d.name, d.name)) continue;
     if (memcmp(&t->spec, &spec, sizeof spec)) {
-      snprintf(err, sizeof err, "table '%s' already declared as %s %llu '%s'", d.name,
-               t->d.kind == 1 ? "dense" : "sparse", (unsigned long long)t->d.size, t->d.options);
-      ps__conn_send_error(c, h, PS_ERR_CONFLICT, err);
+      /* Both declarations, and in a restored job the likely cause. */
+      char msg[2 * PS_OPTS_MAX + PS_NAME_MAX + 256];
+      snprintf(msg, sizeof msg, "table '%s' already declared as %s %llu '%s', not as %s %llu '%s'%s", d.name,
+               t->d.kind == 1 ? "dense" : "sparse", (unsigned long long)t->d.size, t->d.options,
+               d.kind == 1 ? "dense" : "sparse", (unsigned long long)d.size, d.options,
+               s->o.restore_dir && s->o.restore_dir[0] ? " (a restored job declares its tables as its checkpoint has them)" : "");
+      ps__conn_send_error(c, h, PS_ERR_CONFLICT, msg);
       return;
     }
     ps__frame_hdr r = {.type = PS_MSG_DECLARE | PS_FRAME_REPLY, .req_id = h->req_id, .table = t->d.id};
@@ -585,9 +589,31 @@ static const ps__conn_ops sched_ops = {sched_on_header, sched_on_frame, sched_on
 
 static void on_accept(void *arg, ps__conn *c) { (void)arg; (void)c; }
 
+/* A check this late means the scheduler itself did not run (SIGSTOP, a suspended VM,
+ * heavy swapping): several periods, or half the timeout when that is shorter, but
+ * never less than two periods. */
+static uint64_t paused_after_ms(const ps__sched *s) {
+  uint64_t p = s->o.heartbeat_ms, t = s->o.heartbeat_timeout_ms / 2, lim = 4 * p;
+  if (t < lim) lim = t;
+  return lim < 2 * p ? 2 * p : lim;
+}
+
+/* The liveness check, every heartbeat_ms. After a pause of the scheduler the gap since
+ * a node was last seen is measured on a clock that ran while nobody could be heard
+ * (the heartbeats sent meanwhile wait unread in the sockets, and the loop runs timers
+ * before it reads), so every node counts as seen now: liveness is then judged by what
+ * arrives after the resume, and a node that really went silent is removed one
+ * timeout later. */
 static void hb_tick(uv_timer_t *t) {
   ps__sched *s = t->data;
   uint64_t now = ps__now_ms();
+  if (now - s->hb_last_ms > paused_after_ms(s)) {
+    ps__log(PS_LOG_WARN, "the scheduler was paused for %llu ms; liveness is judged afresh",
+            (unsigned long long)(now - s->hb_last_ms));
+    for (size_t i = 0; i < s->nnodes; i++)
+      if (s->nodes[i].m.alive) s->nodes[i].last_seen_ms = now;
+  }
+  s->hb_last_ms = now;
   for (size_t i = 0; i < s->nnodes; i++) {
     node *n = &s->nodes[i];
     if (n->m.alive && now - n->last_seen_ms > s->o.heartbeat_timeout_ms) mark_dead(s, n, "missed heartbeats");
@@ -641,6 +667,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
     ps__sched_destroy(s);
     return ps__fail(rc, "%s", msg);
   }
+  s->hb_last_ms = ps__now_ms();
   uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
   *out = s;
   return 0;

@@ -103,6 +103,7 @@ struct ps__sched {
   ps__listener listener;
   ps__mailbox *mail;
   uv_timer_t hb_timer;
+  uint64_t hb_last_ms; /* when the previous liveness check ran (or the timer started) */
   ps__pool *pool;
   ps__sched_node *nodes;
   size_t nnodes, cap;
