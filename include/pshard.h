@@ -113,6 +113,12 @@ typedef struct ps_config ps_config;
  *   heartbeat_ms       heartbeat period (200)                 [PSHARD_HEARTBEAT_MS]
  *   heartbeat_timeout_ms  a node silent this long is dead (3000)
  *                                                             [PSHARD_HEARTBEAT_TIMEOUT_MS]
+ *   rejoin_ms          a worker whose scheduler went away keeps its servers and waits
+ *                      this long for a restarted scheduler to take it back (10000;
+ *                      0: fail at once); meanwhile pushes and pulls go on, and calls
+ *                      that need the scheduler (declare, barrier, tasks, checkpoint)
+ *                      may fail
+ *                                                             [PSHARD_REJOIN_MS]
  *   transport          auto | tcp (auto uses AF_UNIX sockets on the same host)
  *                                                             [PSHARD_TRANSPORT]
  *   host               address to bind and advertise (127.0.0.1) [PSHARD_HOST]
