@@ -462,8 +462,27 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
   return row_ptr(m, i);
 }
 
+/* A map whose index is much larger than its rows (an accumulator that once held a huge
+ * round, then small ones) is cleared slot by slot: each row's slot is found first (all
+ * lookups before any slot is emptied, since a probe stops at an empty slot), then
+ * emptied, instead of a pass over the whole index on every clear. */
+static int clear_rows(ps__rowmap *m) {
+  size_t n = m->count, mask = m->icap - 1;
+  size_t *at = ps__malloc(n * sizeof *at);
+  if (!at) return -1;
+  for (size_t i = 0; i < n; i++) {
+    size_t s = slot_of(ps__rowmap_key_at(m, i), mask);
+    while (slot_row(slot_at(m, s)) != (uint32_t)i) s = (s + 1) & mask;
+    at[i] = s;
+  }
+  for (size_t i = 0; i < n; i++) slot_set(slot_at(m, at[i]), 0, EMPTY);
+  free(at);
+  return 0;
+}
+
 void ps__rowmap_clear(ps__rowmap *m) {
-  for (size_t s = 0; s < m->icap; s++) slot_set(slot_at(m, s), 0, EMPTY);
+  if (m->count && (m->count * 16 >= m->icap || clear_rows(m)))
+    for (size_t s = 0; s < m->icap; s++) slot_set(slot_at(m, s), 0, EMPTY);
   m->count = 0;
 }
 

@@ -662,3 +662,35 @@ Test(rowmap, one_float_rows_in_the_index) {
   }
   ps__rowmap_free(m);
 }
+
+/* A map that once held many rows and then few is cleared row by row: what stays must be
+ * exactly what was inserted since (both kinds of map, colliding keys included). */
+static void clear_after_growth(ps__rowmap *m) {
+  int created;
+  for (uint64_t k = 0; k < 200000; k++) cr_assert(ps__rowmap_upsert(m, k * 977, &created) != NULL);
+  ps__rowmap_clear(m);
+  for (int round = 0; round < 50; round++) {
+    for (uint64_t k = 0; k < 40; k++) {
+      float *r = ps__rowmap_upsert(m, k * 7919 + (uint64_t)round, &created);
+      cr_assert(r != NULL && created, "round %d key %llu", round, (unsigned long long)k);
+      r[0] = (float)k;
+    }
+    cr_assert(eq(sz, ps__rowmap_count(m), 40));
+    for (uint64_t k = 0; k < 40; k++) {
+      float *r = ps__rowmap_get(m, k * 7919 + (uint64_t)round);
+      cr_assert(r != NULL && r[0] == (float)k);
+    }
+    cr_assert(ps__rowmap_get(m, 977) == NULL, "a row of before the clear is back");
+    ps__rowmap_clear(m);
+    cr_assert(eq(sz, ps__rowmap_count(m), 0));
+    for (uint64_t k = 0; k < 40; k++) cr_assert(ps__rowmap_get(m, k * 7919 + (uint64_t)round) == NULL);
+  }
+}
+
+Test(rowmap, clear_after_growth_row_by_row) {
+  ps__rowmap *a = ps__rowmap_new(4), *b = ps__rowmap_new_in_index(1);
+  clear_after_growth(a);
+  clear_after_growth(b);
+  ps__rowmap_free(a);
+  ps__rowmap_free(b);
+}
