@@ -612,6 +612,9 @@ static void hb_tick(uv_timer_t *t) {
             (unsigned long long)(now - s->hb_last_ms));
     for (size_t i = 0; i < s->nnodes; i++)
       if (s->nodes[i].m.alive) s->nodes[i].last_seen_ms = now;
+    /* Workers waiting for a task did not wait the pause either. */
+    uint64_t paused = now - s->hb_last_ms;
+    for (task_waiter *w = s->tk.waiters; w; w = w->next) w->deadline_ms += paused;
   }
   s->hb_last_ms = now;
   for (size_t i = 0; i < s->nnodes; i++) {
