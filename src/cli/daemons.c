@@ -94,6 +94,8 @@ static void sched_usage(FILE *f) {
 static void stop_sched(void *arg) { ps__sched_stop(arg); }
 static void stop_server(void *arg) { ps__server_stop(arg); }
 
+/* Long because it is one getopt loop over every flag and the checks of their values,
+ * which read best in one place. */
 int ps_cli_scheduler(int argc, char **argv) {
   static const struct option opts[] = {
       {"servers", required_argument, 0, 's'}, {"workers", required_argument, 0, 'w'},
@@ -219,6 +221,7 @@ static void server_usage(FILE *f) {
           "  --help                  this text\n");
 }
 
+/* Long for the same reason as ps_cli_scheduler: one getopt loop and its checks. */
 int ps_cli_server(int argc, char **argv) {
   static const struct option opts[] = {
       {"scheduler", required_argument, 0, 'S'}, {"host", required_argument, 0, 'H'},

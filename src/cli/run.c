@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/run_ckpt.h"
 #include "common/common.h"
 #include "common/config.h"
 #include "net/oneshot.h"
@@ -253,119 +254,6 @@ static void progress(const char *addr, uint64_t t0, int tty) {
   fflush(stderr);
 }
 
-/* ------------------------------------------------------------------ checkpoint flags */
-
-/* The checkpoint flags `pshard run` and `pshard exec` share: where the scheduler writes
- * checkpoints, how many it keeps, how often the worker of rank 0 asks for one, and the
- * checkpoint a job starts from. The scheduler gets --checkpoint-dir, --checkpoint-keep
- * and --restore, every server --restore, every worker PSHARD_CHECKPOINT_EVERY. */
-typedef struct ckpt_opts {
-  const char *dir;     /* --checkpoint-dir, NULL: none */
-  const char *restore; /* --restore, NULL: a fresh job */
-  uint64_t every, keep;
-  int every_given, keep_given;
-  char s_keep[24];     /* --checkpoint-keep's value as passed on */
-  char env_every[48];  /* "PSHARD_CHECKPOINT_EVERY=N" */
-} ckpt_opts;
-
-#define CKPT_LONG_OPTS                                                                         \
-  {"checkpoint-dir", required_argument, 0, 'D'}, {"checkpoint-every", required_argument, 0, 'E'}, \
-      {"checkpoint-keep", required_argument, 0, 'K'}, { "restore", required_argument, 0, 'R' }
-
-#define CKPT_USAGE                                                                                   \
-  "      --checkpoint-dir DIR      the scheduler writes checkpoints to DIR/ckpt-<id> (created\n"       \
-  "                                if missing); needed by ps_checkpoint and --checkpoint-every\n"     \
-  "      --checkpoint-every N      the worker of rank 0 asks for a checkpoint every N clocks\n"       \
-  "                                (PSHARD_CHECKPOINT_EVERY; 0 = off); needs --checkpoint-dir\n"     \
-  "      --checkpoint-keep K       complete checkpoints kept, older ones removed (3)\n"               \
-  "      --restore DIR             start from the newest complete checkpoint under DIR (or the\n"     \
-  "                                checkpoint DIR itself); may equal --checkpoint-dir\n"
-
-/* A checkpoint flag (c is its getopt code): 0 taken, 2 a bad value (said why), -1 not
- * a checkpoint flag. */
-static int ckpt_flag(int c, const char *arg, ckpt_opts *k, const char *cmd) {
-  const char *flag;
-  switch (c) {
-  case 'D': flag = "--checkpoint-dir"; k->dir = arg; break;
-  case 'R': flag = "--restore"; k->restore = arg; break;
-  case 'E':
-    if (ps__parse_u64(arg, &k->every) || k->every > 1000000000u) {
-      fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-every (clocks, 0..1000000000)\n", cmd, arg);
-      return 2;
-    }
-    k->every_given = 1;
-    return 0;
-  case 'K':
-    if (ps__parse_u64(arg, &k->keep) || k->keep == 0 || k->keep > 1000000u) {
-      fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-keep (1..1000000)\n", cmd, arg);
-      return 2;
-    }
-    k->keep_given = 1;
-    snprintf(k->s_keep, sizeof k->s_keep, "%llu", (unsigned long long)k->keep);
-    return 0;
-  default: return -1;
-  }
-  if (!*arg || strlen(arg) >= PS_CFG_PATH_MAX) {
-    fprintf(stderr, "pshard %s: bad %s directory (1..%d bytes)\n", cmd, flag, PS_CFG_PATH_MAX - 1);
-    return 2;
-  }
-  return 0;
-}
-
-/* The flags together: -1 to go on, or 2 (said why). */
-static int ckpt_check(ckpt_opts *k, const char *cmd) {
-  if (k->every_given && k->every && !k->dir) {
-    fprintf(stderr, "pshard %s: --checkpoint-every needs --checkpoint-dir (where to write them)\n", cmd);
-    return 2;
-  }
-  if (k->keep_given && !k->dir) {
-    fprintf(stderr, "pshard %s: --checkpoint-keep needs --checkpoint-dir\n", cmd);
-    return 2;
-  }
-  struct stat st;
-  if (k->restore && stat(k->restore, &st) != 0) {
-    fprintf(stderr, "pshard %s: --restore %s: %s\n", cmd, k->restore, strerror(errno));
-    return 2;
-  }
-  if (k->restore && !S_ISDIR(st.st_mode)) {
-    fprintf(stderr, "pshard %s: --restore %s: not a directory\n", cmd, k->restore);
-    return 2;
-  }
-  snprintf(k->env_every, sizeof k->env_every, "PSHARD_CHECKPOINT_EVERY=%llu", (unsigned long long)k->every);
-  return -1;
-}
-
-/* The checkpoint directory exists (made if missing, one level): 0, or 1 (said why). */
-static int ckpt_make_dir(const ckpt_opts *k, const char *cmd) {
-  struct stat st;
-  if (!k->dir) return 0;
-  if (mkdir(k->dir, 0777) != 0 && errno != EEXIST) {
-    fprintf(stderr, "pshard %s: cannot create the checkpoint directory %s: %s\n", cmd, k->dir, strerror(errno));
-    return 1;
-  }
-  if (stat(k->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-    fprintf(stderr, "pshard %s: the checkpoint directory %s is not a directory\n", cmd, k->dir);
-    return 1;
-  }
-  return 0;
-}
-
-/* Append the scheduler's checkpoint flags to argv at *n (room for 6 more). */
-static void ckpt_sched_args(const ckpt_opts *k, char **argv, int *n) {
-  if (k->dir) {
-    argv[(*n)++] = "--checkpoint-dir";
-    argv[(*n)++] = (char *)k->dir;
-  }
-  if (k->keep_given) {
-    argv[(*n)++] = "--checkpoint-keep";
-    argv[(*n)++] = (char *)k->s_keep;
-  }
-  if (k->restore) {
-    argv[(*n)++] = "--restore";
-    argv[(*n)++] = (char *)k->restore;
-  }
-}
-
 static void run_usage(FILE *f) {
   fprintf(f,
           "usage: pshard run -s S -w K [options] -- COMMAND [ARGS...]\n\n"
@@ -425,7 +313,7 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:w:h", opts, NULL)) != -1) {
     uint64_t *dst = NULL, max = 0;
-    int ck = ckpt_flag(c, optarg, &o->ck, "run");
+    int ck = ps__cli_ckpt_flag(c, optarg, &o->ck, "run");
     if (ck >= 0) {
       if (ck) run_usage(stderr);
       if (ck) return ck;
@@ -492,7 +380,7 @@ static int run_check(int argc, char **argv, run_opts *o) {
     fprintf(stderr, "pshard run: --restore needs server processes; it cannot be used with --colocate\n");
     return 2;
   }
-  int rc = ckpt_check(&o->ck, "run");
+  int rc = ps__cli_ckpt_check(&o->ck, "run");
   if (rc >= 0) return rc;
   if (optind >= argc) {
     fprintf(stderr, "pshard run: no worker command (put it after --)\n");
@@ -540,7 +428,7 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
   char *sched_argv[24] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
                           "--heartbeat-timeout-ms", s_hbt, "--state-dir", state_dir};
   int n = 12;
-  ckpt_sched_args(&o->ck, sched_argv, &n);
+  ps__cli_ckpt_sched_args(&o->ck, sched_argv, &n);
   if (o->verbose) sched_argv[n++] = "--verbose";
   sched_argv[n] = NULL;
   for (int i = 0; i <= n; i++) sched_argv_saved[i] = sched_argv[i];
@@ -767,7 +655,7 @@ int ps_cli_run(int argc, char **argv) {
   run_opts o = {.S = 1, .K = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;
-  if ((rc = ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0) return rc;
+  if ((rc = ps__cli_ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0) return rc;
   char addr_file[256], addr[128] = "";
   snprintf(addr_file, sizeof addr_file, "%s/addr", run_dir);
   const char *exe = self_exe();
@@ -841,7 +729,7 @@ static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "+s:h", opts, NULL)) != -1) {
-    int ck = ckpt_flag(c, optarg, &o->ck, "exec");
+    int ck = ps__cli_ckpt_flag(c, optarg, &o->ck, "exec");
     if (ck > 0) return ck;
     if (ck == 0) continue;
     switch (c) {
@@ -878,7 +766,7 @@ static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
     fprintf(stderr, "pshard exec: --restore needs server processes; it cannot be used with --colocate\n");
     return 2;
   }
-  return ckpt_check(&o->ck, "exec");
+  return ps__cli_ckpt_check(&o->ck, "exec");
 }
 
 /* This rank and the number of ranks, from the launcher's environment, checked against
@@ -921,7 +809,7 @@ static int exec_scheduler(const exec_opts *o, const char *exe, char *s_s, char *
     char *a[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", shost, "--port", port,
                    "--exit-when-done"};
     int n = 11;
-    ckpt_sched_args(&o->ck, a, &n);
+    ps__cli_ckpt_sched_args(&o->ck, a, &n);
     a[n] = NULL;
     execv(exe, a);
   } else {
@@ -929,7 +817,7 @@ static int exec_scheduler(const exec_opts *o, const char *exe, char *s_s, char *
     char *a[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)o->host,
                    "--addr-file", (char *)o->addr_file, "--exit-when-done"};
     int n = 11;
-    ckpt_sched_args(&o->ck, a, &n);
+    ps__cli_ckpt_sched_args(&o->ck, a, &n);
     a[n] = NULL;
     execv(exe, a);
   }
@@ -974,7 +862,7 @@ int ps_cli_exec(int argc, char **argv) {
   snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o.S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)K);
   const char *exe = self_exe();
-  if (rank == 0) return ckpt_make_dir(&o.ck, "exec") ? 1 : exec_scheduler(&o, exe, s_s, s_k);
+  if (rank == 0) return ps__cli_ckpt_make_dir(&o.ck, "exec") ? 1 : exec_scheduler(&o, exe, s_s, s_k);
   if ((rc = exec_sched_addr(&o, addr, sizeof addr)) != 0) return rc;
   if (rank < first_worker) {
     char *a[] = {(char *)exe, "server", "--scheduler", addr, "--host", (char *)o.host,
