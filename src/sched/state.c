@@ -14,7 +14,8 @@
  * Format (little-endian, ps__wbuf): u32 magic "PSSS", u32 version 1, u32 next_id,
  * u32 server ranks, u32 worker ranks, u64 epoch, u8 started, u32 nodes, then per node:
  * u32 id, u8 role, u8 alive, u32 rank, u32 port, str host, str unix path, str hostid,
- * u8 caps; u32 tables, then per table a declaration (proto/msg.c); u8 tasks present,
+ * u8 caps; u32 tables, then per table u32 length and a declaration as CREATE carries it
+ * (proto/msg.c); u8 tasks present,
  * and if so u32 parts, epochs, epoch, ndone, then per partition u8 state and u32 owner;
  * last, u64 xxh64 of everything before it.
  *
@@ -63,7 +64,15 @@ static void encode(const ps__sched *s, ps__wbuf *w) {
     ps__wbuf_u8(w, m->caps);
   }
   ps__wbuf_u32(w, (uint32_t)s->ntables);
-  for (size_t i = 0; i < s->ntables; i++) ps__declare_encode(w, &s->tables[i].d);
+  for (size_t i = 0; i < s->ntables; i++) { /* each declaration as a CREATE body, length first */
+    ps__wbuf d;
+    ps__wbuf_init(&d);
+    ps__declare_encode(&d, &s->tables[i].d);
+    ps__wbuf_u32(w, (uint32_t)d.len);
+    ps__wbuf_bytes(w, d.data, d.len);
+    w->oom |= d.oom;
+    ps__wbuf_free(&d);
+  }
   const ps__sched_tasks *t = &s->tk;
   ps__wbuf_u8(w, (uint8_t)(t->init != 0));
   if (t->init) {
@@ -156,16 +165,13 @@ static int decode_rest(ps__sched *s, ps__rbuf *r) {
   s->tables = ps__calloc(nt ? nt : 1, sizeof *s->tables);
   if (!s->tables) return -1;
   for (uint32_t i = 0; i < nt && !r->err; i++) {
-    /* A declaration is u32 id, u8 kind, u64 size, str name, str options. */
     ps__declare *d = &s->tables[i].d;
-    d->id = ps__rbuf_u32(r);
-    d->kind = ps__rbuf_u8(r);
-    d->size = ps__rbuf_u64(r);
-    ps__rbuf_str(r, d->name, sizeof d->name);
-    ps__rbuf_str(r, d->options, sizeof d->options);
+    uint32_t len = ps__rbuf_u32(r);
     char err[256];
-    if (r->err || ps__table_spec_parse(&s->tables[i].spec, d->name, d->kind, d->size, d->options, err, sizeof err))
+    if (r->err || len > r->len - r->off || ps__declare_decode(r->p + r->off, len, d) ||
+        ps__table_spec_parse(&s->tables[i].spec, d->name, d->kind, d->size, d->options, err, sizeof err))
       return -1;
+    r->off += len;
     s->ntables++;
   }
   if (ps__rbuf_u8(r)) {

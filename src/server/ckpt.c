@@ -227,7 +227,7 @@ static int64_t cut_floor(const ps__server *s) {
   int64_t c = 0;
   for (size_t i = 0; i < s->sh->ntables; i++) {
     const ps__table *t = s->sh->tables[i];
-    if (t && ps__table_is_sync(t) && t->version * (int64_t)t->spec.every > c) c = t->version * (int64_t)t->spec.every;
+    if (t && ps__shard_table_clock(t) > c) c = ps__shard_table_clock(t);
   }
   return c;
 }
@@ -264,10 +264,10 @@ void ps__srv_on_ckpt(ps__server *s, const ps__frame_hdr *h, const ps__body *b) {
   for (size_t i = 0; i < s->sh->ntables; i++) /* first check that no sync table is past the clock */
     if (s->sh->tables[i]) {
       ps__table *t = s->sh->tables[i];
-      if (ps__table_is_sync(t) && t->version * (int64_t)t->spec.every > ps__shard_cut_clock(t, q.clock)) {
+      if (ps__shard_cut_too_late(t, q.clock)) {
         char msg[300];
         snprintf(msg, sizeof msg, "server %u: table '%s' is at clock %lld, past the checkpoint's clock %lld",
-                 s->rank, t->decl.name, (long long)(t->version * (int64_t)t->spec.every), (long long)q.clock);
+                 s->rank, t->decl.name, (long long)ps__shard_table_clock(t), (long long)q.clock);
         ckpt_free(k);
         ckpt_reply_err(s, h, PS_ERR_CLOCK, msg);
         return;

@@ -122,17 +122,12 @@ static void hook_arm_flush(void *arg, ps__table *t, uint32_t ms) {
 static void apply_idle_cb(uv_idle_t *h) {
   ps__server *s = h->data;
   ps__shard_pending_idle(s->sh, PS__APPLY_STEP);
-  if (s->sh->npending == 0) {
-    uv_idle_stop(&s->apply_idle);
-    s->idle_on = 0;
-  }
+  if (s->sh->npending == 0) uv_idle_stop(&s->apply_idle);
 }
 
 void ps__srv_pending_check(ps__server *s) {
-  if (s->sh->npending && !s->idle_on && !s->stopping) {
+  if (s->sh->npending && !uv_is_active((uv_handle_t *)&s->apply_idle) && !s->stopping)
     uv_idle_start(&s->apply_idle, apply_idle_cb);
-    s->idle_on = 1;
-  }
 }
 
 /* ------------------------------------------------------------------ worker connections */

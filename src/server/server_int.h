@@ -65,7 +65,6 @@ struct ps__server {
   pending_pull *pulls;
   char unix_path[PS_PATH_MAX];
   uv_idle_t apply_idle; /* runs while tables have a pending apply */
-  int idle_on;
   uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
   srv_ckpt *ckpt;        /* the checkpoint being cut or written, or NULL */
   srv_restore *restore;  /* the checkpoint this server restores tables from, or NULL */

@@ -286,6 +286,11 @@ typedef struct ps__snap_table {
 /* The first clock at or after `clock` at which table t can be cut: a sync table's next
  * round boundary (a multiple of every). */
 int64_t ps__shard_cut_clock(const ps__table *t, int64_t clock);
+/* The clock a sync table's applied rounds reach (version * every); 0 for other modes.
+ * A cut at a clock whose boundary is below it is too late. */
+int64_t ps__shard_table_clock(const ps__table *t);
+/* Is a cut of t at clock too late already (a sync table past its boundary)? */
+int ps__shard_cut_too_late(const ps__table *t, int64_t clock);
 /* Ask for the cut of table t at clock (sync tables: once version * every reaches its
  * boundary; hooks.cut is called then, or at once when it is there already). Others are
  * cut at once. 0, or PS_ERR_CLOCK when a sync table is past it already. */

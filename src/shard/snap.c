@@ -21,13 +21,21 @@ int64_t ps__shard_cut_clock(const ps__table *t, int64_t clock) {
   return clock <= 0 ? 0 : (clock + every - 1) / every * every;
 }
 
+int64_t ps__shard_table_clock(const ps__table *t) {
+  return ps__table_is_sync(t) ? t->version * (int64_t)t->spec.every : 0;
+}
+
+int ps__shard_cut_too_late(const ps__table *t, int64_t clock) {
+  return ps__table_is_sync(t) && ps__shard_table_clock(t) > ps__shard_cut_clock(t, clock);
+}
+
 int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock) {
   if (!ps__table_is_sync(t)) {
     if (sh->hooks.cut) sh->hooks.cut(sh->hooks.arg, t);
     return 0;
   }
-  int64_t at = ps__shard_cut_clock(t, clock), now = t->version * (int64_t)t->spec.every;
-  if (now > at)
+  int64_t at = ps__shard_cut_clock(t, clock), now = ps__shard_table_clock(t);
+  if (ps__shard_cut_too_late(t, clock))
     return ps__fail(PS_ERR_CLOCK, "table '%s' is at clock %lld, past the checkpoint's clock %lld", t->decl.name,
                     (long long)now, (long long)at);
   if (now == at) {
