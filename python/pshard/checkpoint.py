@@ -35,7 +35,7 @@ __all__ = ["load_checkpoint", "Checkpoint", "TableInfo", "xxh64"]
 
 FILE_MAGIC = 0x4B435350   # "PSCK"
 BLOCK_MAGIC = 0x42435350  # "PSCB"
-FORMAT = 1
+FORMAT = 2  # written by this version; format 1 (no base) is read too
 MAX_BLOCK = 64 << 20
 ROWS_PER_BLOCK = 65536
 MAX_MEMBERS = 4096
@@ -290,11 +290,15 @@ def _read_file(path, what):
                 if length < 8 or struct.unpack_from("<I", buf, p)[0] != FILE_MAGIC:
                     raise _Corrupt("%s: not a checkpoint file (bad file magic)" % w)
                 fmt = struct.unpack_from("<I", buf, p + 4)[0]
-                if fmt != FORMAT:
-                    raise _Corrupt("%s: format version %d, this reader reads version %d" % (w, fmt, FORMAT))
-                if length != 48:
-                    raise _Corrupt("%s: %d bytes, version %d has 48" % (w, length, FORMAT))
+                if fmt not in (1, FORMAT):
+                    raise _Corrupt("%s: format version %d, this reader reads versions 1 and %d" % (w, fmt, FORMAT))
+                want = 48 if fmt == 1 else 56
+                if length != want:
+                    raise _Corrupt("%s: %d bytes, version %d has %d" % (w, length, fmt, want))
                 _, _, fwhat, rank, nservers, res, fid, clock, created = struct.unpack_from("<IIIIIIQqQ", buf, p)
+                base = struct.unpack_from("<Q", buf, p + 48)[0] if fmt >= 2 else 0
+                if base and base >= fid:
+                    raise _Corrupt("%s: an increment on checkpoint %d, not older than itself (%d)" % (w, base, fid))
                 if fwhat not in (DATA, MANIFEST):
                     raise _Corrupt("%s: unknown file type %d" % (w, fwhat))
                 if res:
@@ -306,7 +310,8 @@ def _read_file(path, what):
                 if fwhat != what:
                     raise _Corrupt("%s: a %s where a %s belongs" % (
                         w, "manifest" if fwhat == MANIFEST else "data file", "manifest" if what == MANIFEST else "data file"))
-                header = dict(what=fwhat, rank=rank, nservers=nservers, id=fid, clock=clock, created_ms=created)
+                header = dict(what=fwhat, rank=rank, nservers=nservers, id=fid, clock=clock, created_ms=created,
+                              base=base)
             elif kind == B_TABLE:
                 if table is not None and table_rows != table["nrows"]:
                     raise _Corrupt("%s: table '%s' has %d rows, its TABLE block says %d"

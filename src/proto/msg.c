@@ -129,6 +129,8 @@ void ps__ckpt_req_encode(ps__wbuf *w, const ps__ckpt_req *q) {
   ps__wbuf_u64(w, (uint64_t)q->clock);
   ps__wbuf_u32(w, q->nservers);
   ps__wbuf_str(w, q->dir);
+  ps__wbuf_u64(w, q->base);
+  ps__wbuf_u32(w, q->track);
 }
 
 int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q) {
@@ -139,7 +141,9 @@ int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q) {
   q->clock = (int64_t)ps__rbuf_u64(&r);
   q->nservers = ps__rbuf_u32(&r);
   ps__rbuf_str(&r, q->dir, sizeof q->dir);
-  if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed checkpoint request");
+  q->base = ps__rbuf_u64(&r);
+  q->track = ps__rbuf_u32(&r);
+  if (r.err || r.off != n || q->track > 1) return ps__fail(PS_ERR_PROTO, "malformed checkpoint request");
   if (!q->dir[0]) return ps__fail(PS_ERR_INVALID, "checkpoint request without a directory");
   return 0;
 }
@@ -150,6 +154,7 @@ void ps__ckpt_done_encode(ps__wbuf *w, const ps__ckpt_done *d) {
   ps__wbuf_u64(w, d->bytes);
   ps__wbuf_u64(w, d->checksum);
   ps__wbuf_u64(w, d->rows);
+  ps__wbuf_u64(w, d->base);
 }
 
 int ps__ckpt_done_decode(const void *p, size_t n, ps__ckpt_done *d) {
@@ -161,6 +166,7 @@ int ps__ckpt_done_decode(const void *p, size_t n, ps__ckpt_done *d) {
   d->bytes = ps__rbuf_u64(&r);
   d->checksum = ps__rbuf_u64(&r);
   d->rows = ps__rbuf_u64(&r);
+  d->base = ps__rbuf_u64(&r);
   if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed checkpoint answer");
   return 0;
 }

@@ -81,6 +81,8 @@ typedef struct ps__ckpt_req {
   int64_t clock;
   uint32_t nservers;
   char dir[PS_CKPT_DIR_MAX];
+  uint64_t base;   /* an increment on this complete checkpoint (same directory); 0: whole */
+  uint32_t track;  /* 1: keep the set of rows changed from now on (increments follow) */
 } ps__ckpt_req;
 
 /* CKPT reply (server -> scheduler): the data file it wrote. */
@@ -88,6 +90,7 @@ typedef struct ps__ckpt_done {
   uint32_t rank;
   char name[64];   /* in the checkpoint's directory */
   uint64_t bytes, checksum, rows;
+  uint64_t base;   /* the file holds the rows changed since this checkpoint; 0: every row */
 } ps__ckpt_done;
 
 /* CHECKPOINT reply (scheduler -> requester): the complete checkpoint (in the header:

@@ -3,13 +3,19 @@
  *
  * Writing. The scheduler's CKPT request names the checkpoint, its directory and its
  * clock. Every table is cut by the shard engine (shard/snap.c): a sync table once its
- * rounds reach the clock, before the next round changes it; any other at once. Each cut
- * copies the table on the loop thread; once every table is cut, a writer thread sorts
- * the rows by ring position (sparse) or slice (dense), writes server-<rank>.psck
- * through store/ckpt.h (temporary name, fsync, rename, fsync of the directory) and posts
- * its result back to the loop, which answers the scheduler. Training goes on meanwhile.
+ * rounds reach the clock, before the next round changes it; any other at once. A cut
+ * copies nothing; once every table is cut, a writer thread sorts the rows by ring
+ * position (sparse) or slice (dense), reads them through the cuts (a row written on the
+ * loop before the writer read it was saved first), writes server-<rank>.psck through
+ * store/ckpt.h (temporary name, fsync, rename, fsync of the directory) and posts its
+ * result back to the loop, which answers the scheduler. Training goes on meanwhile.
  * One checkpoint at a time; a probe (id 0) is answered at once with the smallest clock
  * this server can still cut at.
+ *
+ * Increments. A request with track set makes every table keep the set of rows changed
+ * since its cut; a request with base B, when this server's last checkpoint written with
+ * tracking on was B, writes only those rows (the file's base is B); else the file is
+ * whole (base 0), which a restore reads just as well.
  *
  * Restore. A server started with a restore directory reads the checkpoint's manifest
  * when it is created (the clock workers start at, the data files); when a table is
@@ -41,12 +47,14 @@ struct srv_ckpt {
   int rc;
   char msg[512];
   ps__ckpt_summary sum;
-  uint64_t t0_ms;
+  uint64_t base;          /* the file is an increment on this checkpoint; 0: whole */
+  uint64_t t0_ms, cut_ms, sort_ms, rows_ms, sync_ms; /* where the time went */
 };
 
+/* On the loop thread, with the writer thread gone: the tables forget their cuts. */
 static void ckpt_free(srv_ckpt *k) {
   if (!k) return;
-  for (size_t i = 0; i < k->nt; i++) ps__snap_table_free(&k->t[i]);
+  for (size_t i = 0; i < k->nt; i++) ps__shard_snap_release(k->s->sh, &k->t[i]);
   free(k->t);
   free(k->wait_ids);
   free(k);
@@ -99,39 +107,65 @@ static int sort_places(order **o, uint64_t n) {
   return 0;
 }
 
-/* Write one table's rows in blocks, sorted; 0 or an error (with a message). */
-static int write_table_rows(ps__ckpt_writer *w, const ps__snap_table *t) {
-  uint64_t n = t->n, rf = t->row_floats;
-  order *o = ps__malloc((n ? n : 1) * sizeof *o);
+/* The places of the rows of t to write (every row, or the changed ones of an
+ * increment) into *o, *n of them; 0 or -1 (out of memory). */
+static int table_places(const ps__snap_table *t, int whole, order **o, uint64_t *n) {
+  uint64_t m = 0;
+  *o = ps__malloc((t->n ? t->n : 1) * sizeof **o);
+  if (!*o) return -1;
+  for (uint64_t i = 0; i < t->n; i++) {
+    if (!whole && !ps__snap_dirty(t, i)) continue;
+    uint64_t key = ps__snap_key(t, i);
+    (*o)[m].pos = t->decl.kind == PS_DENSE ? key : ps__ring_key_hash(t->decl.id, key);
+    (*o)[m++].i = i;
+  }
+  *n = m;
+  return sort_places(o, m);
+}
+
+#define READ_AHEAD 8 /* rows prefetched ahead of the one read */
+
+/* Write the n rows of t at places o, in blocks; 0 or an error (with a message). */
+static int write_table_rows(ps__ckpt_writer *w, ps__snap_table *t, const order *o, uint64_t n) {
+  uint64_t rf = t->row_floats;
   uint64_t per = (PS_CKPT_MAX_BLOCK - 64) / (8 + 4 * rf);
   if (per > PS_CKPT_ROWS_PER_BLOCK) per = PS_CKPT_ROWS_PER_BLOCK;
-  if (!o || per == 0) {
-    free(o);
-    return per ? ps__fail(PS_ERR_NOMEM, "out of memory sorting table '%s'", t->decl.name)
-               : ps__fail(PS_ERR_INVALID, "rows of table '%s' are too large for a block", t->decl.name);
-  }
-  for (uint64_t i = 0; i < n; i++) {
-    o[i].pos = t->decl.kind == PS_DENSE ? t->keys[i] : ps__ring_key_hash(t->decl.id, t->keys[i]);
-    o[i].i = i;
-  }
-  if (sort_places(&o, n)) {
-    free(o);
-    return ps__fail(PS_ERR_NOMEM, "out of memory sorting table '%s'", t->decl.name);
-  }
+  if (per == 0) return ps__fail(PS_ERR_INVALID, "rows of table '%s' are too large for a block", t->decl.name);
   uint64_t *keys = ps__malloc(per * sizeof *keys);
   float *rows = ps__malloc(per * rf * sizeof *rows);
   int rc = keys && rows ? 0 : ps__fail(PS_ERR_NOMEM, "out of memory writing table '%s'", t->decl.name);
   for (uint64_t at = 0; !rc && at < n; at += per) {
     uint32_t m = (uint32_t)(n - at < per ? n - at : per);
-    for (uint32_t j = 0; j < m; j++) {
-      keys[j] = t->keys[o[at + j].i];
-      memcpy(rows + (size_t)j * rf, t->rows + o[at + j].i * rf, rf * sizeof *rows);
+    for (uint32_t j = 0; j < m && !rc; j++) {
+      if (at + j + READ_AHEAD < n) ps__snap_prefetch(t, o[at + j + READ_AHEAD].i);
+      keys[j] = ps__snap_key(t, o[at + j].i);
+      if (ps__snap_read(t, o[at + j].i, rows + (size_t)j * rf))
+        rc = ps__fail(PS_ERR_NOMEM, "table '%s': a row changed before it was saved (out of memory)", t->decl.name);
     }
-    rc = ps__ckpt_write_rows(w, t->decl.id, (uint32_t)rf, keys, rows, m, o[at].pos, o[at + m - 1].pos);
+    if (!rc) rc = ps__ckpt_write_rows(w, t->decl.id, (uint32_t)rf, keys, rows, m, o[at].pos, o[at + m - 1].pos);
   }
   free(keys);
   free(rows);
+  return rc;
+}
+
+/* One table: its TABLE block and its rows. */
+static int write_table(srv_ckpt *k, ps__ckpt_writer *w, ps__snap_table *t) {
+  order *o = NULL;
+  uint64_t n = 0;
+  uint64_t t0 = ps__now_ms();
+  if (table_places(t, k->base == 0, &o, &n)) {
+    free(o);
+    return ps__fail(PS_ERR_NOMEM, "out of memory sorting table '%s'", t->decl.name);
+  }
+  uint64_t t1 = ps__now_ms();
+  ps__ckpt_table ct = {.decl = t->decl, .width = t->width, .row_floats = t->row_floats, .step = t->step,
+                       .version = t->version, .nrows = n};
+  int rc = ps__ckpt_write_table(w, &ct);
+  if (!rc) rc = write_table_rows(w, t, o, n);
   free(o);
+  k->sort_ms += t1 - t0;
+  k->rows_ms += ps__now_ms() - t1;
   return rc;
 }
 
@@ -140,18 +174,14 @@ static void *writer_main(void *arg) {
   char path[PS_CKPT_DIR_MAX + 64];
   snprintf(path, sizeof path, "%s/server-%u.psck", k->q.dir, k->s->rank);
   ps__ckpt_header h = {.what = PS_CKPT_DATA, .id = k->q.id, .clock = k->q.clock, .rank = k->s->rank,
-                       .nservers = k->q.nservers};
+                       .nservers = k->q.nservers, .base = k->base};
   ps__ckpt_writer *w = NULL;
   int rc = ps__ckpt_writer_open(&w, path, &h);
-  for (size_t i = 0; !rc && i < k->nt; i++) {
-    const ps__snap_table *t = &k->t[i];
-    ps__ckpt_table ct = {.decl = t->decl, .width = t->width, .row_floats = t->row_floats, .step = t->step,
-                         .version = t->version, .nrows = t->n};
-    rc = ps__ckpt_write_table(w, &ct);
-    if (!rc) rc = write_table_rows(w, t);
-  }
+  for (size_t i = 0; !rc && i < k->nt; i++) rc = write_table(k, w, &k->t[i]);
   if (rc) snprintf(k->msg, sizeof k->msg, "%s", ps_errmsg());
+  uint64_t t0 = ps__now_ms();
   int crc = ps__ckpt_writer_close(w, rc == 0, &k->sum);
+  k->sync_ms = ps__now_ms() - t0;
   if (!rc && crc) {
     rc = crc;
     snprintf(k->msg, sizeof k->msg, "%s", ps_errmsg());
@@ -169,8 +199,11 @@ void ps__srv_ckpt_written(void *arg) {
   if (k->rc) {
     ps__log(PS_LOG_ERROR, "checkpoint %llu: %s", (unsigned long long)k->q.id, k->msg);
     ckpt_reply_err(s, &k->req, k->rc, k->msg);
+    s->ckpt_last = 0; /* the rows changed since this cut are not on disk: the next one is whole */
   } else {
-    ps__ckpt_done d = {.rank = s->rank, .bytes = k->sum.bytes, .checksum = k->sum.checksum, .rows = k->sum.rows};
+    s->ckpt_last = k->q.track ? k->q.id : 0;
+    ps__ckpt_done d = {.rank = s->rank, .bytes = k->sum.bytes, .checksum = k->sum.checksum, .rows = k->sum.rows,
+                       .base = k->base};
     snprintf(d.name, sizeof d.name, "server-%u.psck", s->rank);
     ps__wbuf w;
     ps__wbuf_init(&w);
@@ -179,9 +212,13 @@ void ps__srv_ckpt_written(void *arg) {
                        .sender = s->id};
     if (s->agent.conn && !w.oom) ps__conn_send_ctrl(s->agent.conn, &r, w.data, w.len);
     ps__wbuf_free(&w);
-    ps__log(PS_LOG_INFO, "checkpoint %llu: wrote %s/%s (%llu rows, %llu bytes) in %llu ms",
-            (unsigned long long)k->q.id, k->q.dir, d.name, (unsigned long long)d.rows, (unsigned long long)d.bytes,
-            (unsigned long long)(ps__now_ms() - k->t0_ms));
+    ps__log(PS_LOG_INFO,
+            "checkpoint %llu: wrote %s/%s (%s%llu rows, %llu bytes) in %llu ms (cut %llu, sort %llu, rows %llu, "
+            "fsync %llu)",
+            (unsigned long long)k->q.id, k->q.dir, d.name, k->base ? "increment: " : "", (unsigned long long)d.rows,
+            (unsigned long long)d.bytes, (unsigned long long)(ps__now_ms() - k->t0_ms),
+            (unsigned long long)k->cut_ms, (unsigned long long)k->sort_ms, (unsigned long long)k->rows_ms,
+            (unsigned long long)k->sync_ms);
   }
   if (s->ckpt == k) s->ckpt = NULL;
   ckpt_free(k);
@@ -210,7 +247,8 @@ void ps__srv_cut(void *arg, ps__table *t) {
   uint64_t lo = 0, hi = 0;
   int oom = t->spec.kind == PS_DENSE && ps__srv_dense_mine(s, t, &lo, &hi);
   for (uint64_t sl = lo; !oom && sl < hi; sl++) oom = ps__shard_row(t, sl) == NULL;
-  if (oom || ps__shard_snap(t, &k->t[k->nt])) {
+  uint64_t t0 = ps__now_ms();
+  if (oom || ps__shard_snap(t, &k->t[k->nt], (int)k->q.track)) {
     ckpt_reply_err(s, &k->req, PS_ERR_NOMEM, ps_errmsg());
     for (size_t i = 0; i < s->sh->ntables; i++)
       if (s->sh->tables[i]) s->sh->tables[i]->cut_at = -1;
@@ -219,6 +257,7 @@ void ps__srv_cut(void *arg, ps__table *t) {
     return;
   }
   k->nt++;
+  k->cut_ms += ps__now_ms() - t0;
   if (k->waiting == 0) start_writer(k);
 }
 
@@ -261,6 +300,9 @@ void ps__srv_on_ckpt(ps__server *s, const ps__frame_hdr *h, const ps__body *b) {
   k->q = q;
   k->cap = nt;
   k->t0_ms = ps__now_ms();
+  /* An increment needs the changed rows since its base: this server's sets start at
+   * the cut of the last checkpoint it wrote with tracking on. Otherwise the file is whole. */
+  k->base = q.base && q.base == s->ckpt_last ? q.base : 0;
   for (size_t i = 0; i < s->sh->ntables; i++) /* first check that no sync table is past the clock */
     if (s->sh->tables[i]) {
       ps__table *t = s->sh->tables[i];

@@ -67,6 +67,8 @@ struct ps__server {
   uv_idle_t apply_idle; /* runs while tables have a pending apply */
   uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
   srv_ckpt *ckpt;        /* the checkpoint being cut or written, or NULL */
+  uint64_t ckpt_last;    /* the last checkpoint written with tracking on: the tables'
+                          * changed sets start at its cut (0: none) */
   srv_restore *restore;  /* the checkpoint this server restores tables from, or NULL */
   ps__par *par;   /* helper thread for huge requests, started on the first one */
   int par_failed; /* it could not be started: stay serial */

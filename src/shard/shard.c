@@ -27,7 +27,9 @@ ps__shard *ps__shard_new(const ps__shard_hooks *hooks) {
 static void table_free(ps__shard *sh, ps__table *t) {
   if (!t) return;
   if (t->pend.active) sh->hooks.release(sh->hooks.arg, t->pend.buf, t->pend.len);
+  ps__shard_cut_orphan(t);
   ps__rowmap_free(t->params);
+  free(t->dirty);
   ps__rowmap_free(t->agg);
   for (int i = 0; i < PS__ROUND_WINDOW; i++) {
     ps__rowmap_free(t->rounds[i].acc);
@@ -138,7 +140,10 @@ void ps__shard_drop(ps__shard *sh, uint32_t id) {
 float *ps__shard_row(ps__table *t, uint64_t key) {
   int created = 0;
   float *row = ps__rowmap_upsert(t->params, key, &created);
-  if (row && created) ps__row_init(&t->spec, key, row);
+  if (row && created) {
+    ps__row_init(&t->spec, key, row);
+    if (t->track) ps__shard_created(t, key);
+  }
   return row;
 }
 

@@ -39,6 +39,7 @@
 
 typedef struct ps__shard ps__shard;
 typedef struct ps__table ps__table;
+typedef struct ps__cut ps__cut;
 
 /* A decoded push. keys are wire bytes: sparse row ids (8 bytes each, little-endian), or
  * for a dense table (offset, count) pairs of elements. */
@@ -125,6 +126,13 @@ struct ps__table {
   float last_lr;        /* learning rate of the last update */
   double last_batch;    /* global batch of the last update */
   int64_t cut_at;       /* sync: cut (hooks.cut) once version * every >= cut_at; -1 none */
+  /* checkpoints (snap.c): a cut being read by the owner's writer thread, and the rows
+   * changed since the last cut (a bit per row number) when they are tracked */
+  ps__cut *cut;
+  uint64_t *dirty;
+  size_t dirty_words;
+  int track;
+  int watch;            /* cut || track: ps__shard_write tells ps__shard_watch first */
   /* owner's cache: the dense slices [mine_lo, mine_hi) owned under ring generation mine_gen */
   uint64_t mine_gen, mine_lo, mine_hi;
   void *owner;          /* the owner's per-table state (an aggregation timer) */
@@ -271,16 +279,23 @@ void ps__shard_pending_idle(ps__shard *sh, uint64_t budget);
 
 /* ---------------------------------------------------------------- checkpoints (snap.c) */
 
-/* One table as it was at its cut: every row (key, parameters and optimiser state) in
- * the order of the table's row map, and the state a restore needs. */
+/* One table as it was at its cut, and the state a restore needs. Its n rows (key,
+ * parameters and optimiser state), numbered in the order of the table's row map, are
+ * read with ps__snap_key and ps__snap_read, from any one thread: through the cut (the
+ * live rows, each saved first by the owner if it is written before the reader has
+ * read it) or, for a map whose rows move (one-float rows in the index), from a copy
+ * taken at the cut. dirty: the rows changed since the cut before (a bit per row
+ * number; rows created since are set), or NULL when they were not tracked. */
 typedef struct ps__snap_table {
   ps__declare decl;
   uint32_t width, row_floats;
   uint64_t step;
   int64_t version;
   uint64_t n;
-  uint64_t *keys;
+  ps__cut *cut;
+  uint64_t *keys;       /* the copy, when cut is NULL */
   float *rows;          /* n * row_floats */
+  uint64_t *dirty;
 } ps__snap_table;
 
 /* The first clock at or after `clock` at which table t can be cut: a sync table's next
@@ -295,10 +310,36 @@ int ps__shard_cut_too_late(const ps__table *t, int64_t clock);
  * boundary; hooks.cut is called then, or at once when it is there already). Others are
  * cut at once. 0, or PS_ERR_CLOCK when a sync table is past it already. */
 int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock);
-/* Copy table t as it is now into *out (finishing a pending apply and flushing an
- * aggregation buffer first, so every acknowledged push is in). 0 or PS_ERR_NOMEM. */
-int ps__shard_snap(ps__table *t, ps__snap_table *out);
+/* Cut table t as it is now into *out (finishing a pending apply and flushing an
+ * aggregation buffer first, so every acknowledged push is in): O(chunks), not a copy of
+ * the rows, except for maps of one-float rows (copied). The dirty rows since the cut
+ * before go with it; from now on the table tracks its changed rows when track is set
+ * (and forgets them when not). One cut of a table at a time. 0 or PS_ERR_NOMEM. */
+int ps__shard_snap(ps__table *t, ps__snap_table *out, int track);
+/* Key and row (row_floats floats into dst) of row i < s->n as they were at the cut,
+ * each row read once. 0, or PS_ERR_NOMEM when the owner could not save a row before
+ * writing it (the snapshot is lost then). Any thread (one at a time). */
+uint64_t ps__snap_key(const ps__snap_table *s, uint64_t i);
+int ps__snap_read(ps__snap_table *s, uint64_t i, float *dst);
+/* A hint: row i is read soon. */
+void ps__snap_prefetch(const ps__snap_table *s, uint64_t i);
+/* Is row i in the snapshot's dirty set (every row when it has none)? */
+static inline int ps__snap_dirty(const ps__snap_table *s, uint64_t i) {
+  return !s->dirty || (s->dirty[i >> 6] >> (i & 63) & 1);
+}
+/* On the owner's thread, once the reader is done: the table (if it still exists)
+ * forgets the cut, and the snapshot's memory is freed. */
+void ps__shard_snap_release(ps__shard *sh, ps__snap_table *s);
+/* Frees what a snapshot holds, on any thread, once no table refers to its cut (after
+ * ps__shard_snap_release, or for a snapshot whose table was freed). */
 void ps__snap_table_free(ps__snap_table *s);
+/* Called by ps__shard_write before row `key` changes, when t->watch is set: marks it
+ * dirty and, under a cut, saves its old value first if the reader has not read it. */
+void ps__shard_watch(ps__table *t, uint64_t key);
+/* Row `key` was just created (tracked as changed); a table being freed under a cut
+ * leaves its map to the cut. */
+void ps__shard_created(ps__table *t, uint64_t key);
+void ps__shard_cut_orphan(ps__table *t);
 
 /* ---------------------------------------------------------------- the mutation point */
 
@@ -319,7 +360,7 @@ int ps__shard_import(ps__table *t, uint64_t key, const float *row);
  * owns (each row then has one writer). */
 static inline void ps__shard_write(ps__table *t, uint64_t key, float *row, uint32_t within, const float *g,
                                    size_t n, float lr, uint64_t step) {
-  (void)key;
+  if (__builtin_expect(t->watch, 0)) ps__shard_watch(t, key);
   unsigned width = t->spec.width;
   if (t->spec.opt.kind == PS__OPT_SGD && n <= 8) {
     /* sgd on a short run (sparse rows of small dim): the step inlined, no call. */

@@ -5,12 +5,16 @@
  * A sync table is cut at a round boundary: once the rounds of the clocks before the
  * checkpoint's clock are applied and before the next one is (sync.c calls hooks.cut
  * right after the version moves there). An async or ssp table is cut when asked, after
- * its aggregation buffer is applied, so the copy holds every push acknowledged before
- * the request. The copy is of the whole table, in the loop thread, rows in the order of
- * the row map; the owner's writer thread sorts and writes it.
+ * its aggregation buffer is applied, so the snapshot holds every push acknowledged
+ * before the request. A cut copies nothing: the owner's writer thread reads the live
+ * rows, and a row written before the writer has read it is saved first (below). With
+ * tracking on, a table also keeps the set of rows changed since its last cut, which an
+ * incremental checkpoint writes instead of every row.
  */
 #include "shard/shard.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -47,7 +51,167 @@ int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock) {
   return 0;
 }
 
-int ps__shard_snap(ps__table *t, ps__snap_table *out) {
+/* ---------------------------------------------------------------- cuts */
+
+/* A cut: the table's rows [0, n) as they were, read by the owner's writer thread while
+ * the owner goes on writing. Each row has a state word:
+ *   0        not read yet: still the cut's value, in place;
+ *   1        being copied (by the reader out of the live row, or by the owner into the
+ *            save area): the other side waits, a row's copy long;
+ *   2        read by the reader: the owner may write it freely;
+ *   3 + s    saved by the owner in save slot s before it wrote the row.
+ * Whoever moves a row from 0 to 1 copies it. The owner calls ps__shard_watch before any
+ * change to a row (ps__shard_write), so a row is never written between the cut and its
+ * read. Memory: 4 bytes a row, and a saved copy of each row written before it was read
+ * (the rows written during the write, not the table). */
+#define SAVE_ROWS 4096u /* rows per save chunk */
+#define ST_FREE 0u
+#define ST_BUSY 1u
+#define ST_READ 2u
+#define ST_SAVED 3u
+
+struct ps__cut {
+  ps__rowmap_view view;
+  _Atomic uint32_t *state;
+  size_t row_floats;
+  pthread_mutex_t mu;   /* the save area (the owner's threads: loop and helper) */
+  float **save;         /* ceil(n / SAVE_ROWS) chunks, made as needed */
+  size_t nsaved;
+  atomic_int failed;    /* a row could not be saved: the snapshot is lost */
+  ps__rowmap *orphan;   /* the table's map, when the table was dropped during the cut */
+};
+
+static void cut_free(ps__cut *c) {
+  if (!c) return;
+  size_t nch = (c->view.n + SAVE_ROWS - 1) / SAVE_ROWS;
+  for (size_t i = 0; c->save && i < nch; i++) free(c->save[i]);
+  free(c->save);
+  free((void *)c->state);
+  ps__rowmap_view_free(&c->view);
+  ps__rowmap_free(c->orphan);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+/* A cut of map m, or NULL (out of memory, or a map whose rows live in the index). */
+static ps__cut *cut_new(const ps__rowmap *m, size_t row_floats) {
+  ps__cut *c = ps__calloc(1, sizeof *c);
+  if (!c) return NULL;
+  pthread_mutex_init(&c->mu, NULL);
+  if (ps__rowmap_view_take(m, &c->view)) {
+    cut_free(c);
+    return NULL;
+  }
+  size_t n = c->view.n, nch = (n + SAVE_ROWS - 1) / SAVE_ROWS;
+  c->row_floats = row_floats;
+  c->state = ps__calloc(n ? n : 1, sizeof *c->state); /* zero pages: no pass over them */
+  c->save = ps__calloc(nch ? nch : 1, sizeof *c->save);
+  if (!c->state || !c->save || n >= UINT32_MAX - ST_SAVED) {
+    cut_free(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* The owner, before row i changes. */
+static void cut_before_write(ps__cut *c, size_t i) {
+  if (i >= c->view.n) return; /* created after the cut */
+  uint32_t st = atomic_load_explicit(&c->state[i], memory_order_acquire);
+  for (;;) {
+    if (st == ST_BUSY) { /* the reader copies it now */
+      st = atomic_load_explicit(&c->state[i], memory_order_acquire);
+      continue;
+    }
+    if (st != ST_FREE) return;
+    if (atomic_compare_exchange_weak_explicit(&c->state[i], &st, ST_BUSY, memory_order_acquire,
+                                              memory_order_acquire))
+      break;
+  }
+  pthread_mutex_lock(&c->mu);
+  size_t slot = c->nsaved, ch = slot / SAVE_ROWS;
+  float *dst = NULL;
+  if (!c->save[ch]) c->save[ch] = ps__malloc((size_t)SAVE_ROWS * c->row_floats * sizeof(float));
+  if (c->save[ch]) {
+    dst = c->save[ch] + (slot % SAVE_ROWS) * c->row_floats;
+    memcpy(dst, ps__rowmap_view_row(&c->view, i), c->row_floats * sizeof *dst);
+    c->nsaved++;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (!dst) atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
+  atomic_store_explicit(&c->state[i], dst ? ST_SAVED + (uint32_t)slot : ST_READ, memory_order_release);
+}
+
+/* The reader: row i into dst. */
+static int cut_read(ps__cut *c, size_t i, float *dst) {
+  size_t bytes = c->row_floats * sizeof *dst;
+  uint32_t st = atomic_load_explicit(&c->state[i], memory_order_acquire);
+  for (;;) {
+    if (st == ST_BUSY) { /* the owner saves it now */
+      st = atomic_load_explicit(&c->state[i], memory_order_acquire);
+      continue;
+    }
+    if (st != ST_FREE) break;
+    if (atomic_compare_exchange_weak_explicit(&c->state[i], &st, ST_BUSY, memory_order_acquire,
+                                              memory_order_acquire)) {
+      memcpy(dst, ps__rowmap_view_row(&c->view, i), bytes);
+      atomic_store_explicit(&c->state[i], ST_READ, memory_order_release);
+      return 0;
+    }
+  }
+  if (st == ST_READ) /* read twice, or lost by the owner */
+    return atomic_load_explicit(&c->failed, memory_order_relaxed) ? PS_ERR_NOMEM : PS_ERR_INVALID;
+  size_t slot = st - ST_SAVED;
+  memcpy(dst, c->save[slot / SAVE_ROWS] + (slot % SAVE_ROWS) * c->row_floats, bytes);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- dirty rows */
+
+/* Room in t->dirty for every row of the table; 0 or PS_ERR_NOMEM. */
+static int dirty_fit(ps__table *t) {
+  size_t need = (ps__rowmap_count(t->params) + 64) / 64;
+  if (need <= t->dirty_words) return 0;
+  size_t cap = t->dirty_words ? t->dirty_words : 64;
+  while (cap < need) cap *= 2;
+  uint64_t *d = ps__realloc(t->dirty, cap * sizeof *d);
+  if (!d) return PS_ERR_NOMEM;
+  memset(d + t->dirty_words, 0, (cap - t->dirty_words) * sizeof *d);
+  t->dirty = d;
+  t->dirty_words = cap;
+  return 0;
+}
+
+static inline void dirty_set(ps__table *t, size_t i) {
+  /* atomic: a huge push writes rows from the owner's two threads */
+  atomic_fetch_or_explicit((_Atomic uint64_t *)&t->dirty[i >> 6], (uint64_t)1 << (i & 63), memory_order_relaxed);
+}
+
+/* A row was created: it belongs to the next increment. Out of memory for the bitmap:
+ * tracking stops, and the next checkpoint is whole (a snapshot without dirty rows). */
+void ps__shard_created(ps__table *t, uint64_t key) {
+  if (!t->track) return;
+  if (dirty_fit(t)) {
+    free(t->dirty);
+    t->dirty = NULL;
+    t->dirty_words = 0;
+    t->track = 0;
+    t->watch = t->cut != NULL;
+    return;
+  }
+  size_t i = ps__rowmap_index(t->params, key);
+  if (i != SIZE_MAX) dirty_set(t, i);
+}
+
+void ps__shard_watch(ps__table *t, uint64_t key) {
+  size_t i = ps__rowmap_index(t->params, key);
+  if (i == SIZE_MAX) return;
+  if (t->track && i < t->dirty_words * 64) dirty_set(t, i);
+  if (t->cut) cut_before_write(t->cut, i);
+}
+
+/* ---------------------------------------------------------------- snapshots */
+
+int ps__shard_snap(ps__table *t, ps__snap_table *out, int track) {
   memset(out, 0, sizeof *out);
   ps__shard_flush(t);
   if (!ps__table_is_sync(t)) ps__shard_agg_flush(t);
@@ -58,25 +222,72 @@ int ps__shard_snap(ps__table *t, ps__snap_table *out) {
   out->step = t->step;
   out->version = t->version;
   out->n = n;
-  out->keys = ps__malloc((n ? n : 1) * sizeof *out->keys);
-  out->rows = ps__malloc((n ? n : 1) * rf * sizeof *out->rows);
-  if (!out->keys || !out->rows) {
-    ps__snap_table_free(out);
-    return ps__fail(PS_ERR_NOMEM, "out of memory copying table '%s' for a checkpoint", t->decl.name);
+  if (t->cut) return ps__fail(PS_ERR_UNAVAILABLE, "table '%s' is being written by a checkpoint", t->decl.name);
+  out->cut = cut_new(t->params, rf);
+  if (!out->cut) { /* one-float rows move: a copy */
+    out->keys = ps__malloc((n ? n : 1) * sizeof *out->keys);
+    out->rows = ps__malloc((n ? n : 1) * rf * sizeof *out->rows);
+    if (!out->keys || !out->rows) {
+      ps__snap_table_free(out);
+      return ps__fail(PS_ERR_NOMEM, "out of memory cutting table '%s' for a checkpoint", t->decl.name);
+    }
+    for (size_t i = 0; i < n; i++) {
+      out->keys[i] = ps__rowmap_key_at(t->params, i);
+      memcpy(out->rows + i * rf, ps__rowmap_row_at(t->params, i), rf * sizeof *out->rows);
+    }
   }
-  for (size_t i = 0; i < n; i++) {
-    out->keys[i] = ps__rowmap_key_at(t->params, i);
-    memcpy(out->rows + i * rf, ps__rowmap_row_at(t->params, i), rf * sizeof *out->rows);
-  }
+  /* The rows changed since the cut before go with the snapshot; a fresh set starts. */
+  out->dirty = t->track ? t->dirty : NULL;
+  t->dirty = NULL;
+  t->dirty_words = 0;
+  t->track = track && !dirty_fit(t);
+  t->cut = out->cut;
+  t->watch = t->track || t->cut;
   return 0;
+}
+
+uint64_t ps__snap_key(const ps__snap_table *s, uint64_t i) {
+  return s->cut ? ps__rowmap_view_key(&s->cut->view, i) : s->keys[i];
+}
+
+void ps__snap_prefetch(const ps__snap_table *s, uint64_t i) {
+  if (s->cut) __builtin_prefetch(ps__rowmap_view_row(&s->cut->view, i));
+}
+
+int ps__snap_read(ps__snap_table *s, uint64_t i, float *dst) {
+  if (s->cut) return cut_read(s->cut, i, dst);
+  memcpy(dst, s->rows + i * s->row_floats, s->row_floats * sizeof *dst);
+  return 0;
+}
+
+void ps__shard_snap_release(ps__shard *sh, ps__snap_table *s) {
+  ps__table *t = ps__shard_table(sh, s->decl.id);
+  if (t && s->cut && t->cut == s->cut) {
+    t->cut = NULL;
+    t->watch = t->track;
+  }
+  ps__snap_table_free(s);
+}
+
+/* Called by table_free (shard.c): a table dropped while its cut is read leaves its map
+ * to the cut, which frees it. */
+void ps__shard_cut_orphan(ps__table *t) {
+  if (!t->cut) return;
+  t->cut->orphan = t->params;
+  t->params = NULL;
+  t->cut = NULL;
 }
 
 void ps__snap_table_free(ps__snap_table *s) {
   if (!s) return;
+  cut_free(s->cut);
   free(s->keys);
   free(s->rows);
+  free(s->dirty);
+  s->cut = NULL;
   s->keys = NULL;
   s->rows = NULL;
+  s->dirty = NULL;
   s->n = 0;
 }
 
@@ -84,6 +295,8 @@ int ps__shard_import(ps__table *t, uint64_t key, const float *row) {
   int created = 0;
   float *w = ps__rowmap_upsert(t->params, key, &created);
   if (!w) return PS_ERR_NOMEM;
+  if (!created && t->watch) ps__shard_watch(t, key);
   memcpy(w, row, ps__spec_row_floats(&t->spec) * sizeof *w);
+  if (created) ps__shard_created(t, key);
   return 0;
 }

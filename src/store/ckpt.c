@@ -173,6 +173,7 @@ int ps__ckpt_writer_open(ps__ckpt_writer **out, const char *path, const ps__ckpt
   ps__put_u64(p + 24, h->id);
   ps__put_u64(p + 32, (uint64_t)h->clock);
   ps__put_u64(p + 40, created);
+  ps__put_u64(p + 48, h->base);
   int rc = block_whole(w, PS_CKPT_B_HEADER, p, sizeof p);
   if (rc) {
     ps__ckpt_writer_close(w, 0, NULL);

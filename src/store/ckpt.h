@@ -51,7 +51,7 @@
 
 #define PS_CKPT_FILE_MAGIC 0x4b435350u  /* "PSCK" */
 #define PS_CKPT_BLOCK_MAGIC 0x42435350u /* "PSCB" */
-#define PS_CKPT_FORMAT 1
+#define PS_CKPT_FORMAT 2 /* written; format 1 (without `base`) is read too */
 #define PS_CKPT_MAX_BLOCK ((uint64_t)64 << 20) /* payload bytes of one block, at most */
 #define PS_CKPT_ROWS_PER_BLOCK 65536u          /* what the writer puts in one ROWS block, at most */
 
@@ -73,6 +73,8 @@ typedef struct ps__ckpt_header {
   uint32_t rank;       /* data: the server's rank; manifest: 0 */
   uint32_t nservers;   /* servers of the job that wrote it */
   uint64_t created_ms; /* wall clock (ms since the epoch), for people */
+  uint64_t base;       /* an increment on checkpoint `base` (< id): a data file holds the
+                        * rows changed since, a manifest names its parent; 0: whole */
 } ps__ckpt_header;
 
 /* A table's declaration and its state when it was cut. */

@@ -32,7 +32,8 @@
 #error "checkpoint rows are written and read in place as little-endian floats"
 #endif
 
-#define HEADER_LEN 48           /* a HEADER payload */
+#define HEADER_LEN 56           /* a HEADER payload (format 2) */
+#define HEADER_LEN_V1 48        /* format 1: no base */
 #define HEADER_MIN 8            /* file magic and format: the part every version keeps */
 #define HEADER_MAX 4096         /* what a reader accepts before looking at the format */
 #define END_LEN 16

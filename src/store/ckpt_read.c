@@ -141,10 +141,13 @@ static int decode_header(ps__ckpt_reader *r, const uint8_t *p, uint64_t len, ps_
   if (len < HEADER_MIN || ps__get_u32(p) != PS_CKPT_FILE_MAGIC)
     return rfail(r, PS_ERR_CORRUPT, "%s: not a checkpoint file (bad file magic)", w);
   uint32_t format = ps__get_u32(p + 4);
-  if (format != PS_CKPT_FORMAT)
-    return rfail(r, PS_ERR_CORRUPT, "%s: format version %u, this build reads version %d", w, format, PS_CKPT_FORMAT);
-  if (len != HEADER_LEN)
-    return rfail(r, PS_ERR_CORRUPT, "%s: %" PRIu64 " bytes, version %d has %d", w, len, PS_CKPT_FORMAT, HEADER_LEN);
+  if (format != PS_CKPT_FORMAT && format != 1)
+    return rfail(r, PS_ERR_CORRUPT, "%s: format version %u, this build reads versions 1 and %d", w, format,
+                 PS_CKPT_FORMAT);
+  uint64_t want = format == 1 ? HEADER_LEN_V1 : HEADER_LEN;
+  if (len != want)
+    return rfail(r, PS_ERR_CORRUPT, "%s: %" PRIu64 " bytes, version %u has %" PRIu64, w, len, format, want);
+  h->base = format == 1 ? 0 : ps__get_u64(p + 48);
   h->what = ps__get_u32(p + 8);
   h->rank = ps__get_u32(p + 12);
   h->nservers = ps__get_u32(p + 16);
@@ -154,6 +157,9 @@ static int decode_header(ps__ckpt_reader *r, const uint8_t *p, uint64_t len, ps_
   if (h->what != PS_CKPT_DATA && h->what != PS_CKPT_MANIFEST)
     return rfail(r, PS_ERR_CORRUPT, "%s: unknown file type %u", w, h->what);
   if (ps__get_u32(p + 20) != 0) return rfail(r, PS_ERR_CORRUPT, "%s: reserved field not 0", w);
+  if (h->base && h->base >= h->id)
+    return rfail(r, PS_ERR_CORRUPT, "%s: an increment on checkpoint %" PRIu64 ", not older than itself (%" PRIu64 ")",
+                 w, h->base, h->id);
   if (h->nservers == 0 || h->nservers > PS_MAX_MEMBERS)
     return rfail(r, PS_ERR_CORRUPT, "%s: %u servers (1 to %u)", w, h->nservers, PS_MAX_MEMBERS);
   if (h->what == PS_CKPT_DATA ? h->rank >= h->nservers : h->rank != 0)

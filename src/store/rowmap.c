@@ -93,11 +93,11 @@ static size_t chunk_rows(const ps__rowmap *m, size_t c) {
 
 /* Chunk of row i and the row's offset in it. Chunk 0 holds row 0, chunk c in
  * 1..shift holds rows [2^(c-1), 2^c), later chunks 1 << shift rows each. */
-static size_t locate(const ps__rowmap *m, size_t i, size_t *off) {
+static inline size_t locate_in(unsigned shift, size_t i, size_t *off) {
   size_t c;
-  if (i >> m->shift) {
-    *off = i & (((size_t)1 << m->shift) - 1);
-    return m->shift + (i >> m->shift);
+  if (i >> shift) {
+    *off = i & (((size_t)1 << shift) - 1);
+    return shift + (i >> shift);
   }
   if (i == 0) {
     *off = 0;
@@ -107,6 +107,8 @@ static size_t locate(const ps__rowmap *m, size_t i, size_t *off) {
   *off = i - ((size_t)1 << (c - 1));
   return c;
 }
+
+static size_t locate(const ps__rowmap *m, size_t i, size_t *off) { return locate_in(m->shift, i, off); }
 
 static inline unsigned char *slot_at(const ps__rowmap *m, size_t s) { return m->idx + s * m->slot_bytes; }
 static inline uint64_t slot_key(const unsigned char *p) {
@@ -489,4 +491,54 @@ void ps__rowmap_clear(ps__rowmap *m) {
 size_t ps__rowmap_bytes(const ps__rowmap *m) {
   return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes +
          m->icap * m->slot_bytes;
+}
+
+size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key) {
+  if (m->count == 0) return SIZE_MAX;
+  size_t mask = m->icap - 1;
+  for (size_t s = slot_of(key, mask);; s = (s + 1) & mask) {
+    const unsigned char *p = slot_at(m, s);
+    uint32_t r = slot_row(p);
+    if (r == EMPTY) return SIZE_MAX;
+    if (slot_key(p) == key) return r;
+  }
+}
+
+/* ---------------------------------------------------------------- views */
+
+int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v) {
+  memset(v, 0, sizeof *v);
+  if (m->in_index) return -1;
+  size_t off, nc = m->count ? locate(m, m->count - 1, &off) + 1 : 0;
+  v->n = m->count;
+  v->row_floats = m->row_floats;
+  v->shift = m->shift;
+  v->nchunks = nc;
+  v->rows = ps__malloc((nc ? nc : 1) * sizeof *v->rows);
+  v->keys = ps__malloc((nc ? nc : 1) * sizeof *v->keys);
+  if (!v->rows || !v->keys) {
+    ps__rowmap_view_free(v);
+    return PS_ERR_NOMEM;
+  }
+  for (size_t c = 0; c < nc; c++) {
+    v->rows[c] = m->chunks[c].rows;
+    v->keys[c] = m->chunks[c].keys;
+  }
+  return 0;
+}
+
+void ps__rowmap_view_free(ps__rowmap_view *v) {
+  free(v->rows);
+  free(v->keys);
+  memset(v, 0, sizeof *v);
+}
+
+float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i) {
+  size_t off, c = locate_in(v->shift, i, &off);
+  return v->rows[c] + off * v->row_floats;
+}
+
+uint64_t ps__rowmap_view_key(const ps__rowmap_view *v, size_t i) {
+  size_t off, c = locate_in(v->shift, i, &off);
+  return v->keys[c][off];
 }

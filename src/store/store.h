@@ -91,5 +91,26 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i);
 void ps__rowmap_clear(ps__rowmap *m);
 /* Bytes held: row chunks + index. */
 size_t ps__rowmap_bytes(const ps__rowmap *m);
+/* The row number of key (its place in insertion order), or SIZE_MAX if absent. */
+size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key);
+
+/* The rows [0, n) of a map as they are placed now, readable from another thread while
+ * the map's owner goes on inserting (chunks never move, and a row's key never changes):
+ * a copy of the chunk pointers, nothing else. Not for maps whose rows live in the index
+ * (ps__rowmap_new_in_index with one-float rows: they move on a rebuild), and valid only
+ * until the map is cleared or freed. The rows' contents are the owner's: a reader that
+ * races with writes needs its own protocol (shard/snap.c). */
+typedef struct ps__rowmap_view {
+  size_t n, row_floats;
+  unsigned shift;
+  size_t nchunks;
+  float **rows;    /* per chunk */
+  uint64_t **keys; /* per chunk */
+} ps__rowmap_view;
+/* 0, -1 when the map keeps its rows in the index, PS_ERR_NOMEM. */
+int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v);
+void ps__rowmap_view_free(ps__rowmap_view *v);
+float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i);
+uint64_t ps__rowmap_view_key(const ps__rowmap_view *v, size_t i);
 
 #endif /* PS_STORE_H */

@@ -211,7 +211,7 @@ Test(ckpt, data_file_round_trip, .init = make_tmpdir, .fini = remove_tmpdir) {
   OK(ps__ckpt_next(r, &b, NULL, NULL));
   cr_assert(eq(int, b.kind, PS_CKPT_B_TABLE));
   cr_assert(eq(u32, b.index, 1));
-  cr_assert(eq(u64, b.offset, 16 + 48 + 8));
+  cr_assert(eq(u64, b.offset, 16 + 56 + 8));
   cr_assert(eq(u32, b.table.decl.id, 1));
   cr_assert(eq(u8, b.table.decl.kind, PS_DENSE));
   cr_assert(eq(u64, b.table.decl.size, 10));
@@ -389,7 +389,7 @@ Test(ckpt, rows_split_into_blocks_and_skipped_by_range, .init = make_tmpdir, .fi
   cr_assert(not(eq(ptr, strstr(msg, "checksum mismatch"), NULL)), "%s", msg);
   /* A damaged descriptor is refused even when the block is skipped. */
   p[last_row] ^= 0x40;
-  size_t desc = 16 + 48 + 8; /* HEADER */
+  size_t desc = 16 + 56 + 8; /* HEADER */
   desc += 16 + (48 + 8 + 3 + 7) + 8; /* TABLE "big" "slice=1" */
   desc += 16 + 16;                   /* ROWS 1's framing, to its pos_lo */
   p[desc] ^= 1;
@@ -479,14 +479,14 @@ Test(ckpt, another_format_version_is_refused, .init = make_tmpdir, .fini = remov
   write_data(path);
   size_t n;
   uint8_t *p = slurp(path, &n);
-  ps__put_u32(p + 16 + 4, 2);
+  ps__put_u32(p + 16 + 4, 3);
   reseal(p, 0);
   spit(path, p, n);
   ps__ckpt_reader *r;
   ps__ckpt_header h;
   cr_assert(eq(int, ps__ckpt_reader_open(&r, path, &h), PS_ERR_CORRUPT));
   snprintf(msg, sizeof msg, "%s", ps_errmsg());
-  cr_assert(not(eq(ptr, strstr(msg, "format version 2, this build reads version 1"), NULL)), "%s", msg);
+  cr_assert(not(eq(ptr, strstr(msg, "format version 3, this build reads versions 1 and 2"), NULL)), "%s", msg);
   cr_assert(not(eq(ptr, strstr(msg, "block 0 (HEADER)"), NULL)), "%s", msg);
   cr_assert(not(eq(ptr, strstr(msg, path), NULL)), "%s", msg);
   /* Not a checkpoint at all. */
@@ -509,7 +509,7 @@ Test(ckpt, oversized_lengths_are_refused_before_allocating, .init = make_tmpdir,
   size_t n;
   uint8_t *orig = slurp(path, &n);
   uint8_t *p = malloc(n);
-  const size_t table = 16 + 48 + 8;                         /* the first TABLE block */
+  const size_t table = 16 + 56 + 8;                         /* the first TABLE block */
   const size_t rows = table + 16 + (48 + 8 + 1 + 16) + 8;   /* its ROWS block */
   const uint64_t lens[] = {PS_CKPT_MAX_BLOCK + 1, UINT64_MAX, UINT64_MAX - 15, (uint64_t)1 << 40, n};
   for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
