@@ -113,7 +113,8 @@ static void cluster_start(bench_cluster *c, int S, int K, const char *transport,
     exit(1);
   }
   for (int i = 0; i < S && !c->colocated; i++) {
-    char *va[] = {(char *)bin, "server", "--scheduler", c->addr, "--transport", (char *)transport, NULL};
+    const char *v = getenv("BENCH_LOG") ? "--verbose" : NULL; /* what the servers did, in the kept log */
+    char *va[] = {(char *)bin, "server", "--scheduler", c->addr, "--transport", (char *)transport, (char *)v, NULL};
     c->server_pid[i] = spawn_logged(va, log);
     if (getenv("BENCH_PIDS")) fprintf(stderr, "# server %d pid %d\n", i, (int)c->server_pid[i]);
   }
@@ -137,7 +138,12 @@ void bench_cluster_stop(bench_cluster *c) {
     kill(c->sched_pid, SIGTERM);
     waitpid(c->sched_pid, NULL, 0);
   }
-  char cmd[160];
+  char cmd[600];
+  const char *keep = getenv("BENCH_LOG"); /* a path: keep the cluster's log there */
+  if (keep && *keep && strlen(keep) < 400) {
+    snprintf(cmd, sizeof cmd, "cp %s/log '%s'", c->dir, keep);
+    if (system(cmd)) fprintf(stderr, "bench: could not copy the cluster's log to %s\n", keep);
+  }
   snprintf(cmd, sizeof cmd, "rm -rf %s", c->dir);
   if (system(cmd)) {
   }

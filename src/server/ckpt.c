@@ -65,29 +65,50 @@ static void ckpt_reply_err(ps__server *s, const ps__frame_hdr *req, int err, con
   if (c) ps__conn_send_error(c, req, err, msg);
 }
 
-/* A row's place in the file: its ring position (sparse) or its slice (dense). */
+/* A row's place in the file: its ring position (sparse) or its slice (dense), its key
+ * (so the writer does not look it up again) and its row number. */
 typedef struct order {
-  uint64_t pos;
-  uint64_t i;
+  uint64_t pos, key, i;
 } order;
+
+static inline int order_less(const order *x, const order *y) {
+  return x->pos < y->pos || (x->pos == y->pos && x->key < y->key);
+}
 
 static int order_cmp(const void *a, const void *b) {
   const order *x = a, *y = b;
-  return x->pos < y->pos ? -1 : x->pos > y->pos ? 1 : (x->i > y->i) - (x->i < y->i);
+  return order_less(x, y) ? -1 : order_less(y, x);
 }
 
-/* Sort n places by position: a counting pass on the top 16 bits of the positions in
- * use scatters them into buckets, then each bucket (about n / 65536 places) is sorted
- * on its own; 3x faster than one qsort of 7.8M places here (1.5 s). The result is in
- * *o (which may be replaced by the scatter buffer). 0 or -1 (out of memory). */
+/* Sort v[0 .. n): insertion sort when short (a bucket of a few places), else qsort. */
+static void sort_bucket(order *v, uint64_t n) {
+  if (n > 32) {
+    qsort(v, n, sizeof *v, order_cmp);
+    return;
+  }
+  for (uint64_t i = 1; i < n; i++) {
+    order x = v[i];
+    uint64_t j = i;
+    for (; j > 0 && order_less(&x, &v[j - 1]); j--) v[j] = v[j - 1];
+    v[j] = x;
+  }
+}
+
+/* Sort n places by position: a counting pass on the top bits of the positions in use
+ * scatters them into about n / 4 buckets (positions are hashes, so evenly), then each
+ * bucket is sorted on its own. 7.8M places: about 0.4 s here, against 1.5 s for one
+ * qsort. The result is in *o (which may be replaced by the scatter buffer). 0 or -1
+ * (out of memory). */
 static int sort_places(order **o, uint64_t n) {
-  if (n < 65536) {
+  if (n < 4096) {
     qsort(*o, n, sizeof **o, order_cmp);
     return 0;
   }
   uint64_t bitsof = 0;
   for (uint64_t i = 0; i < n; i++) bitsof |= (*o)[i].pos;
-  int bits = 64 - __builtin_clzll(bitsof | 1), shift = bits > 16 ? bits - 16 : 0;
+  int want = 64 - __builtin_clzll(n / 4), bits = 64 - __builtin_clzll(bitsof | 1);
+  if (want > 22) want = 22;
+  int shift = bits > want ? bits - want : 0;
   size_t nb = (size_t)1 << (bits - shift);
   uint64_t *start = ps__calloc(nb + 1, sizeof *start);
   order *to = ps__malloc(n * sizeof *to);
@@ -100,7 +121,7 @@ static int sort_places(order **o, uint64_t n) {
   for (size_t b = 0; b < nb; b++) start[b + 1] += start[b];
   for (uint64_t i = 0; i < n; i++) to[start[(*o)[i].pos >> shift]++] = (*o)[i]; /* start[b]: end of b now */
   for (size_t b = 0, lo = 0; b < nb; lo = start[b], b++)
-    if (start[b] - lo > 1) qsort(to + lo, start[b] - lo, sizeof *to, order_cmp);
+    if (start[b] - lo > 1) sort_bucket(to + lo, start[b] - lo);
   free(start);
   free(*o);
   *o = to;
@@ -117,13 +138,14 @@ static int table_places(const ps__snap_table *t, int whole, order **o, uint64_t 
     if (!whole && !ps__snap_dirty(t, i)) continue;
     uint64_t key = ps__snap_key(t, i);
     (*o)[m].pos = t->decl.kind == PS_DENSE ? key : ps__ring_key_hash(t->decl.id, key);
+    (*o)[m].key = key;
     (*o)[m++].i = i;
   }
   *n = m;
   return sort_places(o, m);
 }
 
-#define READ_AHEAD 8 /* rows prefetched ahead of the one read */
+#define READ_AHEAD 16 /* rows (and their state words) prefetched ahead of the one read */
 
 /* Write the n rows of t at places o, in blocks; 0 or an error (with a message). */
 static int write_table_rows(ps__ckpt_writer *w, ps__snap_table *t, const order *o, uint64_t n) {
@@ -138,7 +160,7 @@ static int write_table_rows(ps__ckpt_writer *w, ps__snap_table *t, const order *
     uint32_t m = (uint32_t)(n - at < per ? n - at : per);
     for (uint32_t j = 0; j < m && !rc; j++) {
       if (at + j + READ_AHEAD < n) ps__snap_prefetch(t, o[at + j + READ_AHEAD].i);
-      keys[j] = ps__snap_key(t, o[at + j].i);
+      keys[j] = o[at + j].key;
       if (ps__snap_read(t, o[at + j].i, rows + (size_t)j * rf))
         rc = ps__fail(PS_ERR_NOMEM, "table '%s': a row changed before it was saved (out of memory)", t->decl.name);
     }

@@ -251,7 +251,11 @@ uint64_t ps__snap_key(const ps__snap_table *s, uint64_t i) {
 }
 
 void ps__snap_prefetch(const ps__snap_table *s, uint64_t i) {
-  if (s->cut) __builtin_prefetch(ps__rowmap_view_row(&s->cut->view, i));
+  if (!s->cut) return;
+  const char *row = (const char *)ps__rowmap_view_row(&s->cut->view, i);
+  __builtin_prefetch(row);
+  if (s->row_floats > 16) __builtin_prefetch(row + 64);
+  __builtin_prefetch((const void *)&s->cut->state[i], 1);
 }
 
 int ps__snap_read(ps__snap_table *s, uint64_t i, float *dst) {

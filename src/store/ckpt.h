@@ -182,8 +182,23 @@ void ps__ckpt_reader_close(ps__ckpt_reader *r);
 int ps__ckpt_latest(const char *dir, uint64_t *id, char *path, size_t cap);
 /* DIR/ckpt-<id> into path. */
 void ps__ckpt_dir_of(const char *dir, uint64_t id, char *path, size_t cap);
-/* Remove the complete checkpoints of dir beyond the newest `keep` (those without a
- * manifest and older than the newest complete one too). 0 or PS_ERR_IO. */
+/* Remove the complete checkpoints of dir beyond the newest `keep`, except those a kept
+ * increment reads (its chain), and those without a manifest older than the newest
+ * complete one. 0 or PS_ERR_IO. */
 int ps__ckpt_prune(const char *dir, unsigned keep);
+
+/* A checkpoint and the ones it is an increment on: the chain a restore reads, oldest
+ * (a whole checkpoint) first, each later one overriding the rows it holds. */
+#define PS_CKPT_MAX_CHAIN 4096
+typedef struct ps__ckpt_link {
+  char dir[PS_CKPT_DIR_MAX];
+  uint64_t id, base;
+  int64_t clock;
+  uint32_t nservers;
+} ps__ckpt_link;
+/* The chain of the checkpoint in directory ckdir (which has a MANIFEST): each base is
+ * found beside it (../ckpt-<base>). *out is malloc'd. 0, PS_ERR_IO, PS_ERR_CORRUPT
+ * (a manifest unreadable, a base missing or incomplete), PS_ERR_NOMEM. */
+int ps__ckpt_chain(const char *ckdir, ps__ckpt_link **out, size_t *n);
 
 #endif /* PS_CKPT_H */
