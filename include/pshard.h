@@ -145,13 +145,19 @@ typedef struct ps_config ps_config;
  *   checkpoint_dir     `pshard scheduler`: the directory checkpoints are written to
  *                      (none: the job takes no checkpoints)   [PSHARD_CHECKPOINT_DIR]
  *   checkpoint_keep    `pshard scheduler`: complete checkpoints kept, older ones are
- *                      removed (3)                            [PSHARD_CHECKPOINT_KEEP]
+ *                      removed (3; and the ones a kept increment builds on)
+ *                                                             [PSHARD_CHECKPOINT_KEEP]
+ *   checkpoint_full_every  `pshard scheduler`: N > 1: one checkpoint in N holds every
+ *                      row, the others only the rows changed since the checkpoint
+ *                      before (increments; a restore reads the chain) (1: every
+ *                      checkpoint whole)                      [PSHARD_CHECKPOINT_FULL_EVERY]
  *   restore            `pshard scheduler` and `pshard server`: start the job from the
  *                      newest complete checkpoint under this directory (or from the
  *                      checkpoint directory itself); the workers' clocks start at its
  *                      clock (ps_ctx_clock)                    [PSHARD_RESTORE]
  * Of these a worker does not read `servers` (the scheduler tells it the servers),
- * `checkpoint_dir`, `checkpoint_keep` or `restore` (they are the daemons');
+ * `checkpoint_dir`, `checkpoint_keep`, `checkpoint_full_every` or `restore` (they are the
+ * daemons');
  * `workers` is read in embedded mode (the embedded scheduler expects that many).
  */
 /* A new, empty configuration in *out (free it with ps_config_free).

@@ -84,6 +84,8 @@ static void sched_usage(FILE *f) {
           "                            exit 1 if a worker died instead of leaving\n"
           "  --checkpoint-dir DIR      take checkpoints on request into DIR/ckpt-<id> [PSHARD_CHECKPOINT_DIR]\n"
           "  --checkpoint-keep K       complete checkpoints kept (3) [PSHARD_CHECKPOINT_KEEP]\n"
+          "  --checkpoint-full-every N one checkpoint in N whole, the others increments (1)\n"
+          "                            [PSHARD_CHECKPOINT_FULL_EVERY]\n"
           "  --restore DIR             resume the checkpoint DIR, or the newest one in DIR [PSHARD_RESTORE]\n"
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
@@ -104,10 +106,11 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},          {"exit-when-done", no_argument, 0, 'x'},
       {"checkpoint-dir", required_argument, 0, 'C'}, {"checkpoint-keep", required_argument, 0, 'K'},
+      {"checkpoint-full-every", required_argument, 0, 'F'},
       {"restore", required_argument, 0, 'R'}, {"state-dir", required_argument, 0, 'D'},
       {0, 0, 0, 0}};
   int exit_when_done = 0;
-  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3;
+  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1;
   const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
   const char *state_dir = getenv("PSHARD_STATE_DIR");
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
@@ -118,6 +121,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   env_uint("PSHARD_HEARTBEAT_MS", &hb);
   env_uint("PSHARD_HEARTBEAT_TIMEOUT_MS", &hbt);
   env_uint("PSHARD_CHECKPOINT_KEEP", &keep);
+  env_uint("PSHARD_CHECKPOINT_FULL_EVERY", &full_every);
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -135,6 +139,12 @@ int ps_cli_scheduler(int argc, char **argv) {
       if (parse_uint_flag("--checkpoint-keep", optarg, 1000000, &keep)) return 2;
       if (!keep) {
         fprintf(stderr, "pshard scheduler: --checkpoint-keep must be at least 1\n");
+        return 2;
+      }
+      break;
+    case 'F':
+      if (parse_uint_flag("--checkpoint-full-every", optarg, 1000000, &full_every) || !full_every) {
+        fprintf(stderr, "pshard scheduler: --checkpoint-full-every must be 1 to 1000000\n");
         return 2;
       }
       break;
@@ -166,6 +176,7 @@ int ps_cli_scheduler(int argc, char **argv) {
                       .exit_when_done = exit_when_done,
                       .checkpoint_dir = ckpt_dir && *ckpt_dir ? ckpt_dir : NULL,
                       .checkpoint_keep = (unsigned)keep,
+                      .checkpoint_full_every = (unsigned)(full_every ? full_every : 1),
                       .restore_dir = restore && *restore ? restore : NULL,
                       .state_dir = state_dir && *state_dir ? state_dir : NULL};
   ps__sched *s;

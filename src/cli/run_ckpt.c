@@ -26,6 +26,14 @@ int ps__cli_ckpt_flag(int c, const char *arg, ckpt_opts *k, const char *cmd) {
     }
     k->every_given = 1;
     return 0;
+  case 'F':
+    if (ps__parse_u64(arg, &k->full_every) || k->full_every == 0 || k->full_every > 1000000u) {
+      fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-full-every (1..1000000)\n", cmd, arg);
+      return 2;
+    }
+    k->full_given = 1;
+    snprintf(k->s_full, sizeof k->s_full, "%llu", (unsigned long long)k->full_every);
+    return 0;
   case 'K':
     if (ps__parse_u64(arg, &k->keep) || k->keep == 0 || k->keep > 1000000u) {
       fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-keep (1..1000000)\n", cmd, arg);
@@ -51,6 +59,10 @@ int ps__cli_ckpt_check(ckpt_opts *k, const char *cmd) {
   }
   if (k->keep_given && !k->dir) {
     fprintf(stderr, "pshard %s: --checkpoint-keep needs --checkpoint-dir\n", cmd);
+    return 2;
+  }
+  if (k->full_given && !k->dir) {
+    fprintf(stderr, "pshard %s: --checkpoint-full-every needs --checkpoint-dir\n", cmd);
     return 2;
   }
   struct stat st;
@@ -81,7 +93,7 @@ int ps__cli_ckpt_make_dir(const ckpt_opts *k, const char *cmd) {
   return 0;
 }
 
-/* Append the scheduler's checkpoint flags to argv at *n (room for 6 more). */
+/* Append the scheduler's checkpoint flags to argv at *n (room for 8 more). */
 void ps__cli_ckpt_sched_args(const ckpt_opts *k, char **argv, int *n) {
   if (k->dir) {
     argv[(*n)++] = "--checkpoint-dir";
@@ -90,6 +102,10 @@ void ps__cli_ckpt_sched_args(const ckpt_opts *k, char **argv, int *n) {
   if (k->keep_given) {
     argv[(*n)++] = "--checkpoint-keep";
     argv[(*n)++] = (char *)k->s_keep;
+  }
+  if (k->full_given) {
+    argv[(*n)++] = "--checkpoint-full-every";
+    argv[(*n)++] = (char *)k->s_full;
   }
   if (k->restore) {
     argv[(*n)++] = "--restore";

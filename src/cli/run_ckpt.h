@@ -14,15 +14,17 @@
 typedef struct ckpt_opts {
   const char *dir;     /* --checkpoint-dir, NULL: none */
   const char *restore; /* --restore, NULL: a fresh job */
-  uint64_t every, keep;
-  int every_given, keep_given;
+  uint64_t every, keep, full_every;
+  int every_given, keep_given, full_given;
   char s_keep[24];     /* --checkpoint-keep's value as passed on */
+  char s_full[24];     /* --checkpoint-full-every's */
   char env_every[48];  /* "PSHARD_CHECKPOINT_EVERY=N" */
 } ckpt_opts;
 
 #define CKPT_LONG_OPTS                                                                         \
   {"checkpoint-dir", required_argument, 0, 'D'}, {"checkpoint-every", required_argument, 0, 'E'}, \
-      {"checkpoint-keep", required_argument, 0, 'K'}, { "restore", required_argument, 0, 'R' }
+      {"checkpoint-keep", required_argument, 0, 'K'}, {"checkpoint-full-every", required_argument, 0, 'F'}, \
+      { "restore", required_argument, 0, 'R' }
 
 #define CKPT_USAGE                                                                                   \
   "      --checkpoint-dir DIR      the scheduler writes checkpoints to DIR/ckpt-<id> (created\n"       \
@@ -30,6 +32,8 @@ typedef struct ckpt_opts {
   "      --checkpoint-every N      the worker of rank 0 asks for a checkpoint every N clocks\n"       \
   "                                (PSHARD_CHECKPOINT_EVERY; 0 = off); needs --checkpoint-dir\n"     \
   "      --checkpoint-keep K       complete checkpoints kept, older ones removed (3)\n"               \
+  "      --checkpoint-full-every N one checkpoint in N holds every row, the others the rows\n"       \
+  "                                changed since the one before (1: all whole)\n"                   \
   "      --restore DIR             start from the newest complete checkpoint under DIR (or the\n"     \
   "                                checkpoint DIR itself); may equal --checkpoint-dir\n"
 

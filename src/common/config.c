@@ -25,7 +25,7 @@ static const struct {
     {"direct", K_UINT, 1},         {"peer_mem", K_UINT, 1},      {"dedup", K_UINT, 1},
     {"colocate", K_UINT, 1},       {"fault", K_FAULT, 0},
     {"checkpoint_every", K_UINT, 1000000000}, {"checkpoint_dir", K_PATH, 0},
-    {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0},
+    {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0}, {"checkpoint_full_every", K_UINT, 1000000},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

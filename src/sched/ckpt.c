@@ -178,6 +178,8 @@ static int send_all(ps__sched *s, uint64_t id) {
   q.clock = k->clock;
   q.nservers = k->nparts;
   snprintf(q.dir, sizeof q.dir, "%s", k->dir);
+  q.base = k->base;
+  q.track = s->o.checkpoint_full_every > 1;
   ps__wbuf w;
   ps__wbuf_init(&w);
   ps__ckpt_req_encode(&w, &q);
@@ -215,8 +217,13 @@ static void finish(ps__sched *s) {
   ps__sched_ckpt *k = &s->ck;
   char path[PS_CKPT_DIR_MAX + 16];
   snprintf(path, sizeof path, "%s/MANIFEST", k->dir);
+  /* An increment unless every server wrote its whole shard (it could not build on the
+   * base: restarted since, or its last write failed). */
+  uint64_t base = 0;
+  for (uint32_t i = 0; i < k->nparts; i++)
+    if (k->parts[i].done.base) base = k->base;
   ps__ckpt_header hd = {.what = PS_CKPT_MANIFEST, .id = k->id, .clock = k->clock, .rank = 0,
-                        .nservers = k->nparts, .created_ms = wall_ms()};
+                        .nservers = k->nparts, .created_ms = wall_ms(), .base = base};
   ps__ckpt_writer *w = NULL;
   int rc = ps__ckpt_writer_open(&w, path, &hd);
   for (size_t i = 0; !rc && i < s->ntables; i++) {
@@ -267,10 +274,12 @@ static void finish(ps__sched *s) {
   }
   bytes += sum.bytes;
   uint64_t ms = ps__now_ms() - k->started_ms;
-  ps__log(PS_LOG_INFO, "checkpoint %llu complete: clock %lld, %u servers, %llu rows, %llu bytes, %llu ms in %s",
-          (unsigned long long)k->id, (long long)k->clock, k->nparts, (unsigned long long)rows,
-          (unsigned long long)bytes, (unsigned long long)ms, k->dir);
+  ps__log(PS_LOG_INFO, "checkpoint %llu complete%s: clock %lld, %u servers, %llu rows, %llu bytes, %llu ms in %s",
+          (unsigned long long)k->id, base ? " (an increment)" : "", (long long)k->clock, k->nparts,
+          (unsigned long long)rows, (unsigned long long)bytes, (unsigned long long)ms, k->dir);
   k->taken++;
+  k->last_id = k->id;
+  k->since_full = base ? k->since_full + 1 : 0;
   if (ps__ckpt_prune(k->root, s->o.checkpoint_keep))
     ps__log(PS_LOG_WARN, "checkpoint %llu: cannot prune old checkpoints: %s", (unsigned long long)k->id, ps_errmsg());
   if (k->requester && k->requester_req) {
@@ -352,6 +361,9 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     k->nparts++;
   }
   k->id = id;
+  /* Whole every checkpoint_full_every, else an increment on the last one taken. */
+  k->base = s->o.checkpoint_full_every > 1 && k->last_id && k->since_full + 1 < s->o.checkpoint_full_every
+                ? k->last_id : 0;
   snprintf(k->dir, sizeof k->dir, "%s", dir);
   k->requester = c;
   k->requester_req = h->req_id;
@@ -391,6 +403,11 @@ void ps__sched_ckpt_reply(ps__sched *s, ps__sched_node *n, const ps__frame_hdr *
   }
   if (ps__ckpt_done_decode(b->buf, b->len, &p->done)) {
     fail(s, PS_ERR_PROTO, "server rank %u: %s", p->rank, ps_errmsg());
+    return;
+  }
+  if (p->done.base && p->done.base != k->base) {
+    fail(s, PS_ERR_PROTO, "server rank %u wrote an increment on checkpoint %llu, not on %llu", p->rank,
+         (unsigned long long)p->done.base, (unsigned long long)k->base);
     return;
   }
   if (p->done.rank != p->rank || !p->done.name[0] || strchr(p->done.name, '/')) {

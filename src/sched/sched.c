@@ -633,6 +633,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 3000;
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
   if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
+  if (!s->o.checkpoint_full_every) s->o.checkpoint_full_every = 1;
   s->next_id = 1;
   s->epoch = 1;
   uv_loop_init(&s->loop);

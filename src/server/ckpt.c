@@ -359,25 +359,35 @@ void ps__srv_ckpt_stop(ps__server *s) {
 
 /* ------------------------------------------------------------------ restore */
 
-struct srv_restore {
-  char dir[PS_CKPT_DIR_MAX];  /* the checkpoint's directory */
+/* One checkpoint of the chain being restored: its directory and data files. */
+typedef struct srv_link {
+  char dir[PS_CKPT_DIR_MAX];
   uint64_t id;
-  int64_t clock;
-  uint32_t nservers;
   ps__ckpt_file *files;
   size_t nfiles;
+} srv_link;
+
+struct srv_restore {
+  uint64_t id;        /* the checkpoint restored (the newest of the chain) */
+  int64_t clock;
+  uint32_t nservers;
+  srv_link *links;    /* its chain, oldest (a whole checkpoint) first */
+  size_t nlinks;
 };
 
 void ps__srv_restore_free(ps__server *s) {
-  if (!s->restore) return;
-  free(s->restore->files);
-  free(s->restore);
+  srv_restore *r = s->restore;
+  if (!r) return;
+  for (size_t i = 0; i < r->nlinks; i++) free(r->links[i].files);
+  free(r->links);
+  free(r);
   s->restore = NULL;
 }
 
-static int read_manifest(srv_restore *r) {
+/* The data files of the checkpoint in l->dir, from its manifest. */
+static int read_manifest(srv_link *l) {
   char path[PS_CKPT_DIR_MAX + 16];
-  snprintf(path, sizeof path, "%s/MANIFEST", r->dir);
+  snprintf(path, sizeof path, "%s/MANIFEST", l->dir);
   ps__ckpt_reader *rd;
   ps__ckpt_header h;
   int rc = ps__ckpt_reader_open(&rd, path, &h);
@@ -386,21 +396,41 @@ static int read_manifest(srv_restore *r) {
     ps__ckpt_reader_close(rd);
     return ps__fail(PS_ERR_CORRUPT, "%s is not a checkpoint manifest", path);
   }
-  r->id = h.id;
-  r->clock = h.clock;
-  r->nservers = h.nservers;
   ps__ckpt_block b;
   while (!(rc = ps__ckpt_next(rd, &b, NULL, NULL)) && b.kind != PS_CKPT_B_END) {
     if (b.kind != PS_CKPT_B_FILE) continue;
-    ps__ckpt_file *f = ps__realloc(r->files, (r->nfiles + 1) * sizeof *f);
+    ps__ckpt_file *f = ps__realloc(l->files, (l->nfiles + 1) * sizeof *f);
     if (!f) {
       rc = ps__fail(PS_ERR_NOMEM, "out of memory reading %s", path);
       break;
     }
-    r->files = f;
-    r->files[r->nfiles++] = b.file;
+    l->files = f;
+    l->files[l->nfiles++] = b.file;
   }
   ps__ckpt_reader_close(rd);
+  return rc;
+}
+
+/* The checkpoint in dir and the chain it builds on. */
+static int open_chain(srv_restore *r, const char *dir) {
+  ps__ckpt_link *chain;
+  size_t n;
+  int rc = ps__ckpt_chain(dir, &chain, &n);
+  if (rc) return rc;
+  r->links = ps__calloc(n, sizeof *r->links);
+  if (!r->links) rc = ps__fail(PS_ERR_NOMEM, "out of memory");
+  for (size_t i = 0; !rc && i < n; i++) {
+    srv_link *l = &r->links[r->nlinks++];
+    snprintf(l->dir, sizeof l->dir, "%s", chain[i].dir);
+    l->id = chain[i].id;
+    rc = read_manifest(l);
+  }
+  if (!rc) {
+    r->id = chain[n - 1].id;
+    r->clock = chain[n - 1].clock;
+    r->nservers = chain[n - 1].nservers;
+  }
+  free(chain);
   return rc;
 }
 
@@ -408,25 +438,30 @@ int ps__srv_restore_open(ps__server *s, const char *dir) {
   srv_restore *r = ps__calloc(1, sizeof *r);
   if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
   struct stat st;
-  char m[PS_CKPT_DIR_MAX + 16];
+  char m[PS_CKPT_DIR_MAX + 16], newest[PS_CKPT_DIR_MAX];
   snprintf(m, sizeof m, "%s/MANIFEST", dir);
   int rc = 0;
+  uint64_t id;
   if (stat(m, &st) == 0)
-    snprintf(r->dir, sizeof r->dir, "%s", dir);
+    snprintf(newest, sizeof newest, "%s", dir);
   else
-    rc = ps__ckpt_latest(dir, &r->id, r->dir, sizeof r->dir);
-  if (!rc) rc = read_manifest(r);
+    rc = ps__ckpt_latest(dir, &id, newest, sizeof newest);
+  if (!rc) {
+    s->restore = r;
+    rc = open_chain(r, newest);
+  }
   if (rc) {
     char msg[600];
     snprintf(msg, sizeof msg, "cannot restore from %s: %s", dir, ps_errmsg());
-    free(r->files);
-    free(r);
+    s->restore = r;
+    ps__srv_restore_free(s);
     return ps__fail(rc, "%s", msg);
   }
-  s->restore = r;
   s->sh->base_clock = r->clock > 0 ? r->clock : 0;
-  ps__log(PS_LOG_INFO, "restoring checkpoint %llu (clock %lld, %zu files of %u servers) from %s",
-          (unsigned long long)r->id, (long long)r->clock, r->nfiles, r->nservers, r->dir);
+  size_t nfiles = 0;
+  for (size_t i = 0; i < r->nlinks; i++) nfiles += r->links[i].nfiles;
+  ps__log(PS_LOG_INFO, "restoring checkpoint %llu (clock %lld, %zu checkpoints in its chain, %zu files) from %s",
+          (unsigned long long)r->id, (long long)r->clock, r->nlinks, nfiles, newest);
   return 0;
 }
 
@@ -502,12 +537,14 @@ int ps__srv_restore_table(ps__server *s, ps__table *t) {
   if (t->spec.kind == PS_DENSE && ps__srv_dense_mine(s, t, &a.lo, &a.hi))
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   uint64_t t0 = ps__now_ms();
-  for (size_t i = 0; i < r->nfiles; i++) {
-    char path[PS_CKPT_DIR_MAX + 80];
-    snprintf(path, sizeof path, "%s/%s", r->dir, r->files[i].name);
-    int rc = load_file(&a, path);
-    if (rc) return rc;
-  }
+  /* Oldest first: a later checkpoint's rows replace the earlier ones'. */
+  for (size_t c = 0; c < r->nlinks; c++)
+    for (size_t i = 0; i < r->links[c].nfiles; i++) {
+      char path[PS_CKPT_DIR_MAX + 80];
+      snprintf(path, sizeof path, "%s/%s", r->links[c].dir, r->links[c].files[i].name);
+      int rc = load_file(&a, path);
+      if (rc) return rc;
+    }
   if (!a.found) {
     ps__log(PS_LOG_INFO, "table '%s' is not in checkpoint %llu: it starts afresh", t->decl.name,
             (unsigned long long)r->id);
