@@ -111,9 +111,11 @@ class Job:
         self.log_file.close()
 
 
-def run_argv(servers, workers, worker_args, hbt=None, ckpt_dir=None, restore=None):
+def run_argv(servers, workers, worker_args, hbt=None, ckpt_dir=None, restore=None, full_every=None):
     argv = [binary("pshard"), "run", "-s", str(servers), "-w", str(workers), "--mode", "sync",
             "--progress-ms", "0"]
+    if full_every:
+        argv += ["--checkpoint-full-every", str(full_every)]
     if hbt:
         argv += ["--heartbeat-timeout-ms", str(hbt)]
     if ckpt_dir:
@@ -252,13 +254,15 @@ def at_c1():
         shutil.rmtree(d, ignore_errors=True)
 
 
-def kill_during_second_write(tmp, whole_job):
-    """Checkpoint 1 at clock C1, then SIGKILL while checkpoint 2 is being written: the
-    server writing its data file (or, with whole_job, every process of the job) as soon
-    as it has the file's temporary open. Returns (ck dir, checkpoint 1's file digests)."""
+def kill_during_second_write(tmp, whole_job, full_every=None):
+    """Checkpoint 1 at clock C1, then SIGKILL while checkpoint 2 (with full_every, an
+    increment on 1) is being written: the server writing its data file (or, with
+    whole_job, every process of the job) as soon as it has the file's temporary open.
+    Returns (ck dir, checkpoint 1's file digests)."""
     ck = os.path.join(tmp, "ck")
-    j = Job(tmp, "killed", run_argv(2, 2, ["--steps", "40", "--ckpt-at", f"{C1},{C2}",
-                                           "--step-ms", "20"] + FILL, ckpt_dir=ck))
+    c2 = C1 + 8 if full_every else C2  # an increment as large as a whole file: time to catch it
+    j = Job(tmp, "killed", run_argv(2, 2, ["--steps", "40", "--ckpt-at", f"{C1},{c2}",
+                                           "--step-ms", "20"] + FILL, ckpt_dir=ck, full_every=full_every))
     try:
         j.wait_for(f"checkpoint 1 at clock {C1}", 60)
         before = snapshot(os.path.join(ck, "ckpt-1"))
@@ -292,9 +296,10 @@ def kill_during_second_write(tmp, whole_job):
         j.close()
 
 
-@pytest.mark.parametrize("whole_job", [False, True], ids=["one-server", "every-process"])
-def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp, at_c1, whole_job):
-    ck, before = kill_during_second_write(tmp, whole_job)
+@pytest.mark.parametrize("whole_job,full_every", [(False, None), (True, None), (False, 4), (True, 4)],
+                         ids=["one-server", "every-process", "one-server-increment", "every-process-increment"])
+def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp, at_c1, whole_job, full_every):
+    ck, before = kill_during_second_write(tmp, whole_job, full_every)
     assert complete_checkpoints(ck) == [1]
     assert snapshot(os.path.join(ck, "ckpt-1")) == before, "checkpoint 1 changed"
     # The newest complete checkpoint of the directory is 1: the job resumes there.
