@@ -9,6 +9,8 @@
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -601,4 +603,153 @@ Test(shard, a_sync_step_counts_rounds_not_the_rounds_this_shard_had_rows_in) {
   ps__shard_clock(SH, 1, 3);
   cr_assert(eq(u64, t->step, 3), "the third round is step 3 (got %llu)", (unsigned long long)t->step);
   cr_assert(eq(u64, t->applied, 2));
+}
+
+/* ---------------------------------------------------------------- cuts that copy nothing */
+
+#define DIM4 4u
+
+/* An async sgd push of one row of DIM4 floats, all g. */
+static void push4(uint32_t table, uint64_t key, float g) {
+  uint8_t kb[8];
+  float v[DIM4] = {g, g, g, g};
+  put_keys(kb, &key, 1);
+  ps__push p = {.table = table, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = kb, .nkeys = 1,
+                .vals = v, .nvals = DIM4};
+  ps__verdict vd;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &vd), PS__APPLIED));
+}
+
+/* Row i of snapshot s equals expected (DIM4 floats), read once. */
+static void snap_row_is(ps__snap_table *s, uint64_t i, const float *expected) {
+  float got[DIM4];
+  cr_assert(eq(int, ps__snap_read(s, i, got), 0));
+  for (unsigned j = 0; j < DIM4; j++)
+    cr_assert(eq(flt, got[j], expected[j]), "row %llu (key %llu): %g, not %g", (unsigned long long)i,
+              (unsigned long long)ps__snap_key(s, i), got[j], expected[j]);
+}
+
+Test(shard, a_cut_reads_the_rows_as_they_were_while_they_change) {
+  ps__table *t = create(1, PS_SPARSE, DIM4, "init=zero lr=1 mode=async");
+  start(1);
+  for (uint64_t k = 0; k < 100; k++) push4(1, k, (float)k);
+  float was[100][DIM4];
+  for (uint64_t i = 0; i < 100; i++) memcpy(was[i], ps__rowmap_row_at(t->params, i), sizeof was[i]);
+  ps__snap_table s;
+  cr_assert(eq(int, ps__shard_snap(t, &s, 0), 0));
+  cr_assert(s.cut != NULL, "rows of 4 floats are read in place, not copied");
+  cr_assert(eq(u64, s.n, 100));
+  cr_assert(t->watch);
+  for (uint64_t i = 0; i < 50; i++) snap_row_is(&s, i, was[i]); /* the writer reads half */
+  for (uint64_t k = 0; k < 100; k++) push4(1, k, 1000.0f);      /* every row changes */
+  for (uint64_t k = 100; k < 110; k++) push4(1, k, 1.0f);       /* and rows are created */
+  for (uint64_t i = 50; i < 100; i++) snap_row_is(&s, i, was[i]); /* the saved values */
+  float row[DIM4];
+  cr_assert(eq(int, ps__snap_read(&s, 3, row), PS_ERR_INVALID), "a row is read once");
+  cr_assert(eq(flt, ps__rowmap_get(t->params, 7)[0], was[7][0] - 1000.0f), "the table moved on");
+  ps__shard_snap_release(SH, &s);
+  cr_assert(t->cut == NULL);
+  cr_assert(not(t->watch), "nothing watched once the cut is released");
+  cr_assert(eq(int, ps__shard_snap(t, &s, 0), 0), "a second cut after the first");
+  cr_assert(eq(u64, s.n, 110));
+  ps__shard_snap_release(SH, &s);
+}
+
+Test(shard, a_second_cut_while_one_is_read_is_refused) {
+  ps__table *t = create(1, PS_SPARSE, DIM4, "init=zero lr=1 mode=async");
+  start(1);
+  push4(1, 1, 1.0f);
+  ps__snap_table a, b;
+  cr_assert(eq(int, ps__shard_snap(t, &a, 0), 0));
+  cr_assert(eq(int, ps__shard_snap(t, &b, 0), PS_ERR_UNAVAILABLE));
+  ps__snap_table_free(&b);
+  ps__shard_snap_release(SH, &a);
+}
+
+Test(shard, tracked_tables_know_the_rows_changed_since_their_last_cut) {
+  ps__table *t = create(1, PS_SPARSE, DIM4, "init=zero lr=1 mode=async");
+  start(1);
+  for (uint64_t k = 0; k < 64; k++) push4(1, k, 1.0f);
+  ps__snap_table s;
+  cr_assert(eq(int, ps__shard_snap(t, &s, 1), 0));
+  cr_assert(eq(ptr, s.dirty, NULL), "not tracked before the first cut: every row");
+  for (uint64_t i = 0; i < s.n; i++) cr_assert(ps__snap_dirty(&s, i));
+  ps__shard_snap_release(SH, &s);
+  cr_assert(t->track && t->watch);
+  push4(1, 3, 2.0f);
+  push4(1, 40, 2.0f);
+  push4(1, 3, 2.0f);
+  uint8_t kb[8];
+  float pulled[DIM4];
+  uint64_t k200 = 200;
+  put_keys(kb, &k200, 1);
+  cr_assert(eq(int, ps__shard_read_rows(t, kb, 0, 1, pulled), 0)); /* a pull creates a row: new, so changed */
+  cr_assert(eq(int, ps__shard_snap(t, &s, 1), 0));
+  cr_assert(s.dirty != NULL);
+  cr_assert(eq(u64, s.n, 65));
+  for (uint64_t i = 0; i < s.n; i++) {
+    uint64_t key = ps__snap_key(&s, i);
+    cr_assert(eq(int, ps__snap_dirty(&s, i), key == 3 || key == 40 || key == 200), "key %llu",
+              (unsigned long long)key);
+  }
+  ps__shard_snap_release(SH, &s);
+  /* nothing changed since: an empty set; tracking off forgets it */
+  cr_assert(eq(int, ps__shard_snap(t, &s, 0), 0));
+  for (uint64_t i = 0; i < s.n; i++) cr_assert(not(ps__snap_dirty(&s, i)));
+  ps__shard_snap_release(SH, &s);
+  cr_assert(eq(int, t->track || t->watch, 0));
+}
+
+Test(shard, a_table_dropped_while_its_cut_is_read_leaves_its_rows_to_the_cut) {
+  ps__table *t = create(1, PS_SPARSE, DIM4, "init=zero lr=1 mode=async");
+  start(1);
+  for (uint64_t k = 0; k < 300; k++) push4(1, k, (float)k);
+  ps__snap_table s;
+  cr_assert(eq(int, ps__shard_snap(t, &s, 1), 0));
+  ps__shard_drop(SH, 1);
+  cr_assert(eq(ptr, ps__shard_table(SH, 1), NULL));
+  for (uint64_t i = 0; i < s.n; i++) {
+    float want[DIM4];
+    float v = -(float)ps__snap_key(&s, i);
+    for (unsigned j = 0; j < DIM4; j++) want[j] = v;
+    snap_row_is(&s, i, want);
+  }
+  ps__shard_snap_release(SH, &s); /* frees the map the table left */
+}
+
+/* The writer thread of the race below: reads every row of the snapshot once. */
+typedef struct race_reader {
+  ps__snap_table *s;
+  float *out;
+  int rc;
+} race_reader;
+
+static void *race_read(void *arg) {
+  race_reader *r = arg;
+  for (uint64_t i = r->s->n; i-- > 0 && !r->rc;) r->rc = ps__snap_read(r->s, i, r->out + i * DIM4);
+  return NULL;
+}
+
+Test(shard, a_writer_thread_racing_the_loop_reads_every_row_as_it_was_at_the_cut) {
+  enum { ROWS = 20000 };
+  ps__table *t = create(1, PS_SPARSE, DIM4, "init=zero lr=1 mode=async");
+  start(1);
+  for (uint64_t k = 0; k < ROWS; k++) push4(1, k, (float)k);
+  ps__snap_table s;
+  cr_assert(eq(int, ps__shard_snap(t, &s, 1), 0));
+  race_reader r = {.s = &s, .out = malloc(ROWS * DIM4 * sizeof(float))};
+  cr_assert(r.out != NULL);
+  pthread_t th;
+  cr_assert(eq(int, pthread_create(&th, NULL, race_read, &r), 0));
+  for (int pass = 0; pass < 3; pass++) /* the loop writes every row, from the other end */
+    for (uint64_t k = 0; k < ROWS; k++) push4(1, k, 0.5f);
+  pthread_join(th, NULL);
+  cr_assert(eq(int, r.rc, 0));
+  for (uint64_t i = 0; i < ROWS; i++) {
+    float v = -(float)ps__snap_key(&s, i);
+    for (unsigned j = 0; j < DIM4; j++)
+      cr_assert(eq(flt, r.out[i * DIM4 + j], v), "row %llu: %g, not %g", (unsigned long long)i, r.out[i * DIM4 + j], v);
+  }
+  free(r.out);
+  ps__shard_snap_release(SH, &s);
 }
