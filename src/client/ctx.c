@@ -20,7 +20,7 @@
 void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg) {
   pthread_mutex_lock(&ctx->mu);
   if (!ctx->failed) {
-    ctx->failed = 1;
+    __atomic_store_n(&ctx->failed, 1, __ATOMIC_RELAXED); /* read unlocked by link.c */
     ctx->fail_err = err;
     snprintf(ctx->fail_msg, sizeof ctx->fail_msg, "%s", msg);
   }

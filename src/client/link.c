@@ -54,7 +54,9 @@ static uint64_t attempt_wait(const ps_ctx *ctx, const part *p) {
 
 int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now) {
   uint8_t t = p->hdr.type;
-  return ctx->retry_ms && !p->finished && !p->reply_done && now < p->deadline_ms &&
+  /* Not once the context failed (the scheduler refused it): calls fail from then on. */
+  return ctx->retry_ms && !__atomic_load_n(&ctx->failed, __ATOMIC_RELAXED) && !p->finished && !p->reply_done &&
+         now < p->deadline_ms &&
          p->vx.xport == PS_XPORT_INLINE &&
          (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE);
 }
@@ -117,11 +119,15 @@ void ps__link_sweep(ps_ctx *ctx, uint64_t now) {
     if (l->id == SCHED_LINK) continue;
     if (l->reconnect_ms && now >= l->reconnect_ms) {
       l->reconnect_ms = 0;
-      if (l->alive && l->queue_head && !l->conn && !l->connecting) link_connect(ctx, l);
+      if (__atomic_load_n(&ctx->failed, __ATOMIC_RELAXED))
+        ps__link_fail_all(l, PS_ERR_UNAVAILABLE, "the worker left the job");
+      else if (l->alive && l->queue_head && !l->conn && !l->connecting)
+        link_connect(ctx, l);
     }
     if (!l->conn || !ctx->retry_ms) continue;
     for (part *p = l->inflight; p; p = p->next) {
-      if (!p->attempt_ms || now < p->attempt_ms || !p->write_done || !ps__part_may_resend(ctx, p, now)) continue;
+      if (!p->attempt_ms || now < p->attempt_ms || !p->write_done || l->reading == p || !ps__part_may_resend(ctx, p, now))
+        continue;
       ps__log(PS_LOG_INFO, "no answer from server %u to push %u within %llu ms; sending it again", l->id, p->hdr.seq,
               (unsigned long long)attempt_wait(ctx, p));
       ps__part_send(ctx, l, p); /* stays where it is in the list */
