@@ -95,9 +95,9 @@ def test_a_server_stopped_with_pushes_in_flight_loses_nothing_and_applies_nothin
     env = {"PSHARD_RETRY_MS": "200"}
     # The scheduler must not declare the stopped server dead meanwhile.
     with Cluster(2, 2, heartbeat_timeout_ms=int(20000 * SCALE), extra_env=env) as c:
-        ps = [c.worker([binary("once_worker"), "--mode", mode, "--pushes", "60", "--keys", str(KEYS), "--sleep-ms",
+        ps = [c.worker([binary("once_worker"), "--mode", mode, "--pushes", "100", "--keys", str(KEYS), "--sleep-ms",
                         "25"], f"w{i}") for i in range(2)]
-        time.sleep(1.0 * SCALE)
+        time.sleep(0.5)  # not scaled: the workers must still be pushing
         victim = c.server_procs[0]
         os.kill(victim.pid, signal.SIGSTOP)
         try:
@@ -110,7 +110,7 @@ def test_a_server_stopped_with_pushes_in_flight_loses_nothing_and_applies_nothin
         values = None
         for i in range(2):
             acked, vals, failed = outcome(c.log(f"w{i}"))
-            assert failed == [] and acked == 60, c.log(f"w{i}")
+            assert failed == [] and acked == 100, c.log(f"w{i}")
             total += acked
             values = vals
         assert values == [float(total)] * KEYS, (values, total)
