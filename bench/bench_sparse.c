@@ -21,10 +21,18 @@
  *
  * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
  *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--rounds R] [--big-only]
+ *                     [--once-cost]
  *
  * --big-only: only the 10M-key calls at dim 1 (populate, then three pull/push pairs;
  * no batch sweep, no Redis), each run printed with the server's and this process's
  * CPU time, for quick before/after comparisons on a busy machine.
+ *
+ * --once-cost: what exactly-once pushes cost the server (shard/once.h), measured on
+ * the shard engine in this process (no sockets, whose noise would hide it): for each
+ * dim and batch, async sgd pushes of Zipf keys over --rows rows, without an identity
+ * (nothing checked or recorded) and with one (each push checked against its worker's
+ * window and recorded), in alternating rounds of --seconds each; medians of pushes/s
+ * and rows/s of both, and the cost in percent (target: at most 5).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +48,7 @@
 #include <unistd.h>
 
 #include "bench.h"
+#include "shard/shard.h"
 
 #define ZIPF_S 1.1
 #define POOL_KEYS (4u << 20)
@@ -354,10 +363,89 @@ static void print_row(const char *sys, const char *op, unsigned dim, size_t batc
   fflush(stdout);
 }
 
+/* ---- --once-cost: the engine alone */
+
+static void *oc_alloc(void *arg, size_t n) {
+  (void)arg;
+  return malloc(n ? n : 1);
+}
+static void oc_release(void *arg, void *buf, size_t n) {
+  (void)arg, (void)n;
+  free(buf);
+}
+
+/* Pushes per second of batch-key pushes to table id for g_seconds, with an identity
+ * (inc 1, the next sequence) or without one. */
+static double oc_run(ps__shard *sh, uint32_t id, const uint8_t *keys, const float *vals, size_t batch, unsigned dim,
+                     int ident, uint32_t *seq) {
+  ps__push p = {.table = id, .sender = 1, .batch = 1, .lr = -1.0f, .keys = keys, .nkeys = (uint32_t)batch,
+                .vals = vals, .nvals = (uint64_t)batch * dim, .inc = ident ? 1 : 0};
+  ps__verdict v;
+  size_t n = 0;
+  double t0 = bench_now(), t;
+  do {
+    p.seq = ident ? ++*seq : 0;
+    if (ps__shard_push(sh, &p, NULL, &v) != PS__APPLIED) {
+      fprintf(stderr, "bench_sparse: engine push failed: %s\n", v.msg);
+      exit(1);
+    }
+    n++;
+  } while ((t = bench_now() - t0) < g_seconds);
+  return (double)n / t;
+}
+
+static int once_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t *batches, int nb) {
+  ps__shard_hooks hooks = {.alloc = oc_alloc, .release = oc_release};
+  ps__shard *sh = ps__shard_new(&hooks);
+  if (!sh) return 1;
+  ps__shard_member(sh, 1, 1);
+  ps__shard_set_started(sh, 1);
+  bench_zipf z;
+  bench_zipf_init(&z, nrows, ZIPF_S, 42);
+  printf("exactly-once bookkeeping on the shard engine (one thread, async sgd, Zipf(%.1f) keys over %llu rows), "
+         "median of %d rounds of %.2f s each\n", ZIPF_S, (unsigned long long)nrows, rounds, g_seconds);
+  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", "plain push/s", "plain rows/s", "once push/s",
+         "once rows/s", "cost %");
+  uint32_t seq = 0;
+  for (int di = 0; di < nd; di++) {
+    ps__declare d = {.id = (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]};
+    snprintf(d.name, sizeof d.name, "once%u", dims[di]);
+    snprintf(d.options, sizeof d.options, "opt=sgd lr=0.001 mode=async");
+    ps__verdict v;
+    if (ps__shard_create(sh, &d, &v) != PS__APPLIED) {
+      fprintf(stderr, "bench_sparse: %s\n", v.msg);
+      return 1;
+    }
+    for (int bi = 0; bi < nb; bi++) {
+      size_t batch = batches[bi];
+      uint8_t *keys = malloc(batch * 8);
+      float *vals = malloc(batch * dims[di] * sizeof(float));
+      if (!keys || !vals) return 1;
+      for (size_t i = 0; i < batch; i++) ps__put_u64(keys + 8 * i, bench_zipf_next(&z));
+      for (size_t i = 0; i < batch * dims[di]; i++) vals[i] = 0.001f * (float)(i % 7);
+      double plain[ROUNDS_MAX], once[ROUNDS_MAX];
+      oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq); /* warm: rows created */
+      for (int r = 0; r < rounds; r++) {
+        plain[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
+        once[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 1, &seq);
+      }
+      double mp = bench_median(plain, (size_t)rounds), mo = bench_median(once, (size_t)rounds);
+      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, mp, mp * (double)batch, mo,
+             mo * (double)batch, 100.0 * (mp - mo) / mp);
+      fflush(stdout);
+      free(keys);
+      free(vals);
+    }
+  }
+  printf("duplicates seen: %llu (expected 0)\n", (unsigned long long)sh->once.dups);
+  ps__shard_free(sh);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   uint64_t nrows = 10000000;
   const char *dims_s = "1,8,32,128", *batches_s = "1000,10000,100000", *transport = "tcp";
-  int use_redis = 1, big_only = 0;
+  int use_redis = 1, big_only = 0, once_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--dims") && i + 1 < argc) dims_s = argv[++i];
@@ -367,9 +455,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-redis")) use_redis = 0;
     else if (!strcmp(argv[i], "--big-only")) big_only = 1;
+    else if (!strcmp(argv[i], "--once-cost")) once_only = 1;
     else {
       fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
-                      "[--no-redis] [--seconds S] [--rounds R] [--big-only]\n");
+                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--once-cost]\n");
       return 2;
     }
   }
@@ -386,6 +475,7 @@ int main(int argc, char **argv) {
   for (char *s = strtok(buf, ","); s && nd < 8; s = strtok(NULL, ",")) dims[nd++] = (unsigned)atoi(s);
   snprintf(buf, sizeof buf, "%s", batches_s);
   for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
+  if (once_only) return once_cost(nrows, dims, nd, batches, nb);
   if (big_only) {
     dims[0] = 1;
     nd = 1;

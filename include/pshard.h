@@ -109,6 +109,11 @@ typedef struct ps_config ps_config;
  *                      workers; later pushes are dropped and counted), ssp:S (bounded
  *                      staleness S), async                    [PSHARD_MODE]
  *   timeout_ms         default request deadline (30000)       [PSHARD_TIMEOUT_MS]
+ *   retry_ms           a push not answered this long after it was written is sent
+ *                      again (the wait doubles per attempt, up to 8x), and pushes and
+ *                      pulls whose connection failed are sent again on a new one, all
+ *                      within their deadline; a server applies a push once however
+ *                      often it arrives. 0: never sent again (1000) [PSHARD_RETRY_MS]
  *   connect_timeout_ms deadline to join the job (60000)       [PSHARD_CONNECT_TIMEOUT_MS]
  *   heartbeat_ms       heartbeat period (200)                 [PSHARD_HEARTBEAT_MS]
  *   heartbeat_timeout_ms  a node silent this long is dead (3000)

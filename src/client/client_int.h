@@ -58,6 +58,15 @@ struct part {
   size_t recv_len;
   uint64_t deadline_ms;
   int queued, sent, write_done, reply_done, finished;
+  /* Re-sending (link.c): a push or pull whose connection failed is sent again when the
+   * link is back, and a push whose reply did not come by attempt_ms again on the same
+   * connection, both with the same req_id (and a push with the same seq), until the
+   * deadline. */
+  unsigned wpend;          /* writes of this part not completed (one per attempt) */
+  unsigned attempts;       /* times sent */
+  uint64_t attempt_ms;     /* a push: re-send if unanswered at this time (0: not armed) */
+  int resend;              /* its connection failed: queue it again once wpend is 0 */
+  int again;               /* direct.c: to be sent again through the loop */
   ps__vx_part vx;          /* how a dense part's values travel (net/xport.h); zero: inline */
   int held;                /* on ctx->held until its deadline (ps__part_finish) */
   int status;
@@ -122,6 +131,10 @@ struct peer {
   int pm;                  /* peer-memory frames may go to this server: its pid (atomic), or 0 */
   uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
   size_t doff, dlen;
+  uint32_t push_seq;       /* the last push sequence sent to this server (loop, or the
+                            * caller holding the lent link) */
+  int lost;                /* a connection was lost: tell the server the clock again */
+  uint64_t reconnect_ms;   /* a failed connect: the next try (sweep), 0 = none due */
 };
 
 typedef struct table_info {
@@ -197,6 +210,10 @@ struct ps_ctx {
   uint64_t examples;       /* sum over finished clocks of clock_batch */
   unsigned hb_count;
   uint64_t next_req_id;
+  uint64_t incarnation;    /* this process's pushes (shard/once.h): microseconds at open */
+  uint32_t retry_ms;       /* a push's attempt timeout; 0: nothing is sent again */
+  uint64_t resent;         /* parts sent again (atomic) */
+  int64_t clock_sent;      /* the largest CLOCK handed to the links (atomic) */
 
   /* what runs beside the worker in this process (embedded mode, a colocated server) */
   ps__ctx_embed emb;
@@ -272,6 +289,13 @@ uint64_t ps__deadline_for(ps_ctx *ctx, int timeout_ms);
 peer *ps__link_find(ps_ctx *ctx, uint32_t id);
 void ps__link_dequeue(peer *l, part *p);
 void ps__link_fail_all(peer *l, int status, const char *why);
+/* Loop: l's connection is gone (or is being closed): queue again the parts that may be
+ * sent again (ps__part_may_resend), fail the others with status, and reconnect. */
+void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why);
+/* May p be sent again after its connection failed or its attempt timed out? */
+int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now);
+/* Loop timer: pushes whose attempt timed out sent again; links due to reconnect. */
+void ps__link_sweep(ps_ctx *ctx, uint64_t now);
 void ps__part_send(ps_ctx *ctx, peer *l, part *p);
 void ps__part_submit(ps_ctx *ctx, part *p);
 /* A lent link no caller is using (lend_mu held). */
@@ -280,6 +304,11 @@ int ps__link_idle_lent(const peer *l);
 void ps__post_lend(ps_ctx *ctx);
 /* Loop mail handler: take back lent links the loop wants, broken or dead ones. */
 void ps__mail_reclaim(void *arg);
+/* A CLOCK of clock c went to the servers (any thread). */
+static inline void ps__clock_sent(ps_ctx *ctx, int64_t c) {
+  int64_t cur = __atomic_load_n(&ctx->clock_sent, __ATOMIC_RELAXED);
+  while (c > cur && !__atomic_compare_exchange_n(&ctx->clock_sent, &cur, c, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
+}
 /* Loop mail handler: a fire-and-forget frame (struct fire, freed). */
 void ps__mail_fire(void *arg);
 /* A decoded membership: links of new servers, dead ones failed, the ring replaced. */

@@ -20,7 +20,7 @@
 void ps__ctx_fail(ps_ctx *ctx, int err, const char *msg) {
   pthread_mutex_lock(&ctx->mu);
   if (!ctx->failed) {
-    ctx->failed = 1;
+    __atomic_store_n(&ctx->failed, 1, __ATOMIC_RELAXED); /* read unlocked by link.c */
     ctx->fail_err = err;
     snprintf(ctx->fail_msg, sizeof ctx->fail_msg, "%s", msg);
   }
@@ -219,6 +219,12 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   ctx->use_unix = wo.use_unix;
   snprintf(ctx->mode, sizeof ctx->mode, "%s", ps__config_str(cfg, "mode", ""));
   ctx->opened_ns = ps__now_ns();
+  /* Pushes of this process (shard/once.h): a restarted worker's are newer. */
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  ctx->incarnation = (uint64_t)now.tv_sec * 1000000u + (uint64_t)now.tv_nsec / 1000u;
+  if (!ctx->incarnation) ctx->incarnation = 1;
+  ctx->retry_ms = (uint32_t)ps__config_uint(cfg, "retry_ms", 1000);
   ctx->spin_ns = sysconf(_SC_NPROCESSORS_ONLN) > 1 ? 50000 : 0;
   /* Armed fault rules see every frame only if the I/O goes through the loop's connections. */
   ctx->direct = ps__config_uint(cfg, "direct", 1) && !ps__fault_on();

@@ -331,6 +331,7 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
 static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, int spin) {
   struct pollfd pf[64];
   uint64_t t0 = ps__now_ns(), moved = 0, sending = 0;
+  unsigned pushes = 0;
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
     unsigned niov = 0;
@@ -346,6 +347,12 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
       p->hdr.sender = ctx->id;
       p->hdr.payload_len = total;
+      if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
+        p->hdr.inc = ctx->incarnation;
+        p->hdr.seq = ++d->l->push_seq;
+      }
+      if (ps__frame_is_push_req(p->hdr.type)) pushes++;
+      p->attempts++;
       sending += total;
       p->sent = 1;
       ps__frame_encode(&p->hdr, d->hdrs[k]);
@@ -360,6 +367,9 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
     }
   }
   uint64_t window = ctx->spin_ns + ps__poll_extra_ns(sending);
+  /* A push unanswered retry_ms after every frame was written: the unanswered parts go
+   * to the loop, which sends them again (ps__direct_run). */
+  uint64_t attempt_end = UINT64_MAX;
   for (;;) {
     unsigned busy = 0, np = 0;
     for (unsigned j = 0; j < n; j++) {
@@ -371,8 +381,15 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
         d->failed = rc;
         char msg[320];
         snprintf(msg, sizeof msg, "%s", ps_errmsg()[0] ? ps_errmsg() : ps_strerror(rc));
-        for (unsigned k = 0; k < d->nparts; k++)
-          if (!d->parts[k]->reply_done) ps__req_set_error(d->parts[k]->req, PS_ERR_UNAVAILABLE, msg);
+        uint64_t now = ps__now_ms();
+        for (unsigned k = 0; k < d->nparts; k++) {
+          part *p = d->parts[k];
+          if (p->reply_done) continue;
+          if (ps__part_may_resend(ctx, p, now))
+            p->again = 1; /* on a new connection, through the loop */
+          else
+            ps__req_set_error(p->req, PS_ERR_UNAVAILABLE, msg);
+        }
         continue;
       }
       if (d->iov_at < d->niov || d->pending) {
@@ -386,6 +403,11 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       }
     }
     if (!busy) break;
+    if (pushes && ctx->retry_ms && attempt_end == UINT64_MAX) {
+      int written = 1;
+      for (unsigned j = 0; j < n; j++) written &= !dl[j].iov || dl[j].failed || dl[j].iov_at == dl[j].niov;
+      if (written) attempt_end = ps__now_ms() + ctx->retry_ms;
+    }
     uint64_t total = 0;
     for (unsigned j = 0; j < n; j++) total += dl[j].moved;
     if (total != moved) {
@@ -393,6 +415,25 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       t0 = ps__now_ns();
     }
     uint64_t now = ps__now_ms();
+    if (now >= attempt_end && now < deadline_ms) {
+      /* Only when every part still unanswered may be sent again; else all wait here. */
+      int all = 1;
+      for (unsigned j = 0; j < n; j++)
+        for (unsigned k = 0; k < dl[j].nparts && dl[j].iov && !dl[j].failed; k++)
+          if (!dl[j].parts[k]->reply_done && !ps__part_may_resend(ctx, dl[j].parts[k], now)) all = 0;
+      attempt_end = UINT64_MAX - 1; /* decided once */
+      if (all) {
+        for (unsigned j = 0; j < n; j++) {
+          dlink *d = &dl[j];
+          if (!d->iov || d->failed || !d->pending) continue;
+          /* A reply half read leaves the stream unusable: the loop opens a new one. */
+          if (d->in_body || d->l->dlen - d->l->doff >= PS_FRAME_HDR_SIZE) d->failed = PS_ERR_TIMEOUT;
+          for (unsigned k = 0; k < d->nparts; k++)
+            if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
+        }
+        break;
+      }
+    }
     if (now >= deadline_ms) {
       for (unsigned j = 0; j < n; j++) {
         dlink *d = &dl[j];
@@ -413,7 +454,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
 #endif
       continue;
     }
-    uint64_t wait = deadline_ms - now;
+    uint64_t wait = (attempt_end < deadline_ms ? attempt_end : deadline_ms) - now;
     poll(pf, np, wait > 1000 ? 1000 : (int)wait);
   }
   for (unsigned j = 0; j < n; j++) {
@@ -425,8 +466,33 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
 
 #define PM_NOSPIN_BYTES (512u << 10)
 
+/* Parts of r left unanswered to be sent again (p->again): make r a request of those
+ * alone, as if just built, for the loop (answered parts count as finished). Returns
+ * the number of such parts. */
+static unsigned direct_again(ps_req *r) {
+  unsigned left = 0;
+  for (unsigned i = 0; i < r->nparts; i++)
+    if (r->parts[i].again && !r->parts[i].reply_done) left++;
+  if (!left) return 0;
+  for (unsigned i = 0; i < r->nparts; i++) {
+    part *p = &r->parts[i];
+    if (p->again && !p->reply_done) {
+      p->again = 0;
+      p->sent = p->write_done = p->queued = 0;
+      p->wpend = 0;
+      p->lk = NULL;
+      p->prev = p->next = NULL;
+    } else {
+      p->finished = 1;
+    }
+  }
+  r->remaining = left;
+  return left;
+}
+
 /* Run requests on lent links if they can be claimed. Returns 1 when done here (the
- * requests' statuses say how it went), 0 when they must go through the loop. */
+ * requests' statuses say how it went; a request left with done 0 has parts to be sent
+ * again through the loop), 0 when they must go through the loop. */
 int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
   dlink dl[16];
   if (!ctx->direct || !ctx->thread_started) return 0;
@@ -451,6 +517,7 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
   }
   for (unsigned q = 0; q < nreqs; q++) {
     ps_req *r = reqs[q];
+    if (r->status == 0 && direct_again(r)) continue; /* not done: the loop sends the rest again */
     if (r->status == 0) ps__req_rows_done(r);
     r->done = 1;
   }
@@ -505,6 +572,7 @@ int ps__direct_fire(ps_ctx *ctx, const ps__frame_hdr *h0) {
     d->iov = NULL;
   }
   direct_release(ctx, dl, n);
+  if (h0->type == PS_MSG_CLOCK) ps__clock_sent(ctx, h0->clock);
   __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);
   return 1;
 }

@@ -7,6 +7,17 @@
  * fail what they hold. Lending: an idle link may be lent to a caller thread for the
  * fast path (direct.c); the loop takes it back before it sends on it. Membership from
  * the scheduler is applied here: new links, dead servers, the ring.
+ *
+ * Re-sending. Each push gets its identity when first sent (the context's incarnation,
+ * the link's next sequence number; shard/once.h) and keeps it. A push or pull whose
+ * connection fails goes back to the head of its link's queue, in the order the parts
+ * were made, and is sent again on a new connection; a push unanswered retry_ms after
+ * its write (doubling per attempt, up to 8 times) is sent again on the same
+ * connection. Both end at the request's deadline. The server answers a push it has
+ * applied already as applied; a reply to any attempt completes the part (same req_id),
+ * and later ones are discarded. After a lost connection the link tells the server the
+ * last clock it sent again, once the re-sent parts are written: a CLOCK on the old
+ * connection may have been lost with it.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -34,6 +45,97 @@ void ps__link_dequeue(peer *l, part *p) {
   p->queued = 0;
 }
 
+/* How long a push waits for its reply before it is sent again: retry_ms, doubled for
+ * each attempt after the first, at most 8 times as long. */
+static uint64_t attempt_wait(const ps_ctx *ctx, const part *p) {
+  unsigned k = p->attempts > 4 ? 3 : p->attempts ? p->attempts - 1 : 0;
+  return (uint64_t)ctx->retry_ms << k;
+}
+
+int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now) {
+  uint8_t t = p->hdr.type;
+  /* Not once the context failed (the scheduler refused it): calls fail from then on. */
+  return ctx->retry_ms && !__atomic_load_n(&ctx->failed, __ATOMIC_RELAXED) && !p->finished && !p->reply_done &&
+         now < p->deadline_ms &&
+         p->vx.xport == PS_XPORT_INLINE &&
+         (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE);
+}
+
+#define RECONNECT_MS 200 /* a failed connect of a link with parts to send again: next try */
+
+static int by_req_id(const void *a, const void *b) {
+  uint64_t x = (*(part *const *)a)->hdr.req_id, y = (*(part *const *)b)->hdr.req_id;
+  return x < y ? -1 : x > y;
+}
+
+static void queue_front(peer *l, part *p) {
+  p->queued = 1;
+  p->prev = NULL;
+  p->next = l->queue_head;
+  if (l->queue_head)
+    l->queue_head->prev = p;
+  else
+    l->queue_tail = p;
+  l->queue_head = p;
+}
+
+static void link_connect(ps_ctx *ctx, peer *l);
+
+void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why) {
+  if (l->id == SCHED_LINK || !l->alive || ctx->closing) {
+    ps__link_fail_all(l, status, why);
+    return;
+  }
+  uint64_t now = ps__now_ms();
+  size_t n = 0, k = 0;
+  for (part *p = l->inflight; p; p = p->next) n++;
+  part **again = n ? ps__malloc(n * sizeof *again) : NULL;
+  while (l->inflight) {
+    part *p = l->inflight;
+    part_list_remove(&l->inflight, p);
+    p->lk = NULL;
+    if (!again || !ps__part_may_resend(ctx, p, now)) {
+      ps__part_fail(p, status, why);
+    } else if (p->wpend) {
+      p->resend = 1; /* once its write callback ran (on_write_done) */
+    } else {
+      p->sent = 0;
+      again[k++] = p;
+    }
+  }
+  l->reading = NULL;
+  /* Back at the head of the queue, in the order they were made: the server sees a
+   * worker's pushes in their order, and a CLOCK queued after them stays after them. */
+  if (k) qsort(again, k, sizeof *again, by_req_id);
+  for (size_t i = k; i-- > 0;) queue_front(l, again[i]);
+  free(again);
+  l->lost = 1;
+  if (k) ps__log(PS_LOG_WARN, "%s; sending %zu request%s to server %u again", why, k, k == 1 ? "" : "s", l->id);
+  if (l->queue_head && !l->conn && !l->connecting) link_connect(ctx, l);
+}
+
+void ps__link_sweep(ps_ctx *ctx, uint64_t now) {
+  for (peer *l = ctx->links; l; l = l->next) {
+    if (l->id == SCHED_LINK) continue;
+    if (l->reconnect_ms && now >= l->reconnect_ms) {
+      l->reconnect_ms = 0;
+      if (__atomic_load_n(&ctx->failed, __ATOMIC_RELAXED))
+        ps__link_fail_all(l, PS_ERR_UNAVAILABLE, "the worker left the job");
+      else if (l->alive && l->queue_head && !l->conn && !l->connecting)
+        link_connect(ctx, l);
+    }
+    if (!l->conn || !ctx->retry_ms) continue;
+    for (part *p = l->inflight; p; p = p->next) {
+      if (!p->attempt_ms || now < p->attempt_ms || !p->write_done || l->reading == p || !ps__part_may_resend(ctx, p, now))
+        continue;
+      ps__log(PS_LOG_INFO, "no answer from server %u to push %u within %llu ms; sending it again", l->id, p->hdr.seq,
+              (unsigned long long)attempt_wait(ctx, p));
+      ps__part_send(ctx, l, p); /* stays where it is in the list */
+      if (!l->conn) break;
+    }
+  }
+}
+
 void ps__link_fail_all(peer *l, int status, const char *why) {
   while (l->queue_head) {
     part *p = l->queue_head;
@@ -51,8 +153,23 @@ void ps__link_fail_all(peer *l, int status, const char *why) {
 
 static void on_write_done(void *arg, int status) {
   part *p = arg;
-  p->write_done = 1;
+  ps_ctx *ctx = p->req->ctx;
+  p->wpend--;
+  p->write_done = p->wpend == 0;
+  if (p->resend) { /* its connection went while this was being written */
+    if (!p->write_done || p->finished) return;
+    p->resend = 0;
+    if (ps__part_may_resend(ctx, p, ps__now_ms())) {
+      p->sent = 0;
+      ps__part_submit(ctx, p);
+    } else {
+      ps__part_fail(p, PS_ERR_UNAVAILABLE, "the connection to the server was lost");
+    }
+    return;
+  }
   if (status != 0 && !p->finished) {
+    /* The connection closes: link_lost sends the part again or fails it. */
+    if (p->lk && (p->wpend || ps__part_may_resend(ctx, p, ps__now_ms()))) return;
     char msg[128];
     snprintf(msg, sizeof msg, "sending to node %u failed: %s", p->target, ps_strerror(status));
     if (p->lk) part_list_remove(&p->lk->inflight, p);
@@ -60,24 +177,40 @@ static void on_write_done(void *arg, int status) {
     ps__part_fail(p, (status == PS_ERR_CANCELED || status == PS_ERR_CLOSED) ? PS_ERR_UNAVAILABLE : status, msg);
     return;
   }
-  if (p->reply_done) ps__part_finish(p);
-}
-
-void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
-  (void)ctx;
-  p->hdr.sender = ctx->id;
-  p->lk = l;
-  part_list_push(&l->inflight, p);
-  p->sent = 1;
-  if (ps__conn_send(l->conn, &p->hdr, p->send, p->nsend, on_write_done, p) != 0) {
-    part_list_remove(&l->inflight, p);
-    p->lk = NULL;
-    p->write_done = 1; /* nothing in flight: the callback will not run */
-    ps__part_fail(p, PS_ERR_UNAVAILABLE, ps_errmsg());
+  if (!p->write_done) return;
+  if (p->reply_done) {
+    ps__part_finish(p);
+  } else if (status == 0 && ctx->retry_ms && ps__frame_is_push_req(p->hdr.type)) {
+    p->attempt_ms = ps__now_ms() + attempt_wait(ctx, p);
   }
 }
 
-static void link_connect(ps_ctx *ctx, peer *l);
+void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
+  p->hdr.sender = ctx->id;
+  if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, kept when sent again */
+    p->hdr.inc = ctx->incarnation;
+    p->hdr.seq = ++l->push_seq;
+  }
+  if (p->lk != l) { /* a push sent again on its connection is on the list already */
+    p->lk = l;
+    part_list_push(&l->inflight, p);
+  }
+  if (p->attempts++) __atomic_add_fetch(&ctx->resent, 1, __ATOMIC_RELAXED);
+  p->sent = 1;
+  p->write_done = 0;
+  p->attempt_ms = 0;
+  p->wpend++;
+  int rc = ps__conn_send(l->conn, &p->hdr, p->send, p->nsend, on_write_done, p);
+  if (rc != 0) {
+    p->wpend--; /* nothing more in flight: the callback will not run */
+    p->write_done = p->wpend == 0;
+    /* A connection being closed: link_lost sends it again or fails it. */
+    if (rc == PS_ERR_CLOSED && ps__part_may_resend(ctx, p, ps__now_ms())) return;
+    part_list_remove(&l->inflight, p);
+    p->lk = NULL;
+    ps__part_fail(p, PS_ERR_UNAVAILABLE, ps_errmsg());
+  }
+}
 
 /* ---- lent links
  *
@@ -124,6 +257,7 @@ static void link_resume(peer *l) {
     l->conn->udata = NULL;
     ps__conn_close(l->conn, PS_ERR_UNAVAILABLE);
     l->conn = NULL;
+    l->lost = 1; /* a clock written by a caller may be lost with it */
   }
 }
 
@@ -237,7 +371,17 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
     char msg[160];
     snprintf(msg, sizeof msg, "cannot connect to server %u at %s:%u: %s", l->id, l->m.host, l->m.port,
              ps_strerror(status));
-    ps__link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
+    /* What may be sent again waits for another try (the sweep), until its deadline. */
+    uint64_t now = ps__now_ms();
+    for (part *p = l->queue_head; p;) {
+      part *next = p->next;
+      if (!l->alive || !ps__part_may_resend(ctx, p, now)) {
+        ps__link_dequeue(l, p);
+        ps__part_fail(p, PS_ERR_UNAVAILABLE, msg);
+      }
+      p = next;
+    }
+    if (l->queue_head) l->reconnect_ms = now + RECONNECT_MS;
     return;
   }
   if (!l->alive || ctx->closing) {
@@ -250,6 +394,14 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
   /* Peer memory where this worker allows it and the connection and the server do. */
   __atomic_store_n(&l->pm, ctx->peer_mem ? ps__vx_link_peer(c, l->m.caps) : 0, __ATOMIC_RELAXED);
   link_flush(ctx, l);
+  int64_t clk = __atomic_load_n(&ctx->clock_sent, __ATOMIC_RELAXED);
+  if (l->lost && clk > 0 && l->conn) {
+    /* After what is sent again: a CLOCK lost with the old connection would hold a sync
+     * round forever; a repeated one changes nothing (the server keeps the larger). */
+    ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = clk, .sender = ctx->id};
+    ps__conn_send_ctrl(l->conn, &h, NULL, 0);
+  }
+  l->lost = 0;
 }
 
 static void link_connect(ps_ctx *ctx, peer *l) {
@@ -467,8 +619,8 @@ void ps__sched_on_frame(void *arg, const ps__frame_hdr *h, ps__body *b) {
   link_frame(ctx, ctx->sched, h, b);
 }
 
-/* Link l's connection is gone: fail what it holds. */
-static void link_closed(peer *l, int status) {
+/* Link l's connection is gone: send again or fail what it holds. */
+static void link_closed(ps_ctx *ctx, peer *l, int status) {
   /* The server closed the connection (or died): it no longer serves any frame of it,
    * so its peer-memory parts need not be held (ps__part_finish). */
   if (status == PS_ERR_CLOSED)
@@ -478,12 +630,12 @@ static void link_closed(peer *l, int status) {
   char msg[160];
   snprintf(msg, sizeof msg, "connection to %s %u closed: %s", l->id == SCHED_LINK ? "scheduler" : "server", l->id,
            ps_strerror(status));
-  ps__link_fail_all(l, status ? PS_ERR_UNAVAILABLE : PS_ERR_CANCELED, msg);
+  ps__link_lost(ctx, l, status ? PS_ERR_UNAVAILABLE : PS_ERR_CANCELED, msg);
 }
 
 static void link_on_close(ps__conn *c, int status) {
   peer *l = c->udata;
-  if (l) link_closed(l, status);
+  if (l) link_closed(c->loop->data, l, status);
 }
 
 /* The node agent's scheduler connection came up (c) or went away (NULL): the
@@ -493,7 +645,7 @@ void ps__sched_on_link(void *arg, ps__conn *c, int status) {
   if (c)
     ctx->sched->conn = c;
   else if (ctx->sched->conn)
-    link_closed(ctx->sched, status);
+    link_closed(ctx, ctx->sched, status);
 }
 
 /* Fire-and-forget frames (clock, metric). Ordered after earlier parts on each link:
@@ -501,6 +653,7 @@ void ps__sched_on_link(void *arg, ps__conn *c, int status) {
 void ps__mail_fire(void *arg) {
   fire *f = arg;
   ps_ctx *ctx = f->ctx;
+  if (f->h.type == PS_MSG_CLOCK) ps__clock_sent(ctx, f->h.clock);
   for (peer *l = ctx->links; l; l = l->next) {
     if (f->target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
     ps__frame_hdr h = f->h;

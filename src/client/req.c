@@ -137,9 +137,10 @@ void ps__sweep_tick(uv_timer_t *t) {
       ps__conn_close(l->conn, PS_ERR_TIMEOUT);
       l->conn = NULL;
       l->reading = NULL;
-      ps__link_fail_all(l, PS_ERR_UNAVAILABLE, "connection reset after a deadline");
+      ps__link_lost(ctx, l, PS_ERR_UNAVAILABLE, "connection reset after a deadline");
     }
   }
+  ps__link_sweep(ctx, now);
 }
 
 /* ---- mail handlers (run on the loop) */
@@ -151,7 +152,8 @@ void ps__mail_submit(void *arg) {
     req_complete(r);
     return;
   }
-  for (unsigned i = 0; i < r->nparts; i++) ps__part_submit(ctx, &r->parts[i]);
+  for (unsigned i = 0; i < r->nparts; i++)
+    if (!r->parts[i].finished) ps__part_submit(ctx, &r->parts[i]); /* finished: answered on a lent link */
 }
 
 void ps__mail_cancel(void *arg) {
@@ -361,8 +363,9 @@ void ps_req_free(ps_req *r) {
 
 
 /* Blocking calls: on lent links when possible, else through the loop. reqs[] are
- * sent in order (a push then a pull of ps_push_pull). On timeout a request running on
- * the loop is canceled. */
+ * sent in order (a push then a pull of ps_push_pull). Parts left unanswered on lent
+ * links that may be sent again go through the loop (reqs[] is reordered for that).
+ * On timeout a request running on the loop is canceled. */
 int ps__req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms) {
   uint64_t tmo = timeout_ms < 0 ? ctx->timeout_ms : (uint64_t)timeout_ms;
   uint64_t t0 = ps__now_ns();
@@ -370,17 +373,27 @@ int ps__req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms) {
   char msg[256] = "";
   if (ps__direct_run(ctx, reqs, nreqs, ps__now_ms() + tmo)) {
     uint64_t dt = ps__now_ns() - t0;
+    unsigned left = 0;
     for (unsigned q = 0; q < nreqs; q++) {
       __atomic_add_fetch(&ctx->wait_ns[reqs[q]->kind], dt / nreqs, __ATOMIC_RELAXED);
+      if (!reqs[q]->done) { /* parts to send again: through the loop, below, in order */
+        reqs[left++] = reqs[q];
+        continue;
+      }
       if (reqs[q]->status && !rc) {
         rc = reqs[q]->status;
         snprintf(msg, sizeof msg, "%s", reqs[q]->msg);
       }
       ps__req_destroy(reqs[q]);
     }
-    if (rc) ps__fail(rc, "%s", msg);
-    return rc;
+    if (!left) {
+      if (rc) ps__fail(rc, "%s", msg);
+      return rc;
+    }
+    nreqs = left;
   }
+  int direct_rc = rc;
+  rc = 0;
   unsigned posted = 0;
   for (; posted < nreqs; posted++)
     if ((rc = ps__req_post(ctx, reqs[posted]))) break;
@@ -394,6 +407,11 @@ int ps__req_run_n(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, int timeout_ms) {
       snprintf(msg, sizeof msg, "%s", ps_errmsg());
     }
     ps_req_free(reqs[q]);
+  }
+  if (!rc && direct_rc) { /* a request answered on a lent link failed */
+    rc = direct_rc;
+    ps__fail(rc, "%s", msg);
+    return rc;
   }
   if (rc) ps__fail(rc, "%s", msg[0] ? msg : ps_strerror(rc));
   return rc;

@@ -19,7 +19,7 @@ static const struct {
     {"workers", K_UINT, 4096},     {"embedded", K_UINT, 256},    {"mode", K_MODE, 0},
     {"timeout_ms", K_UINT, 86400000}, {"connect_timeout_ms", K_UINT, 86400000},
     {"heartbeat_ms", K_UINT, 600000}, {"heartbeat_timeout_ms", K_UINT, 86400000},
-    {"rejoin_ms", K_UINT, 86400000},
+    {"rejoin_ms", K_UINT, 86400000}, {"retry_ms", K_UINT, 86400000},
     {"transport", K_TRANSPORT, 0}, {"host", K_STR, 0},           {"vnodes", K_UINT, 4096},
     {"max_frame_mb", K_UINT, 1u << 20}, {"port", K_UINT, 65535},
     {"direct", K_UINT, 1},         {"peer_mem", K_UINT, 1},      {"dedup", K_UINT, 1},

@@ -38,13 +38,14 @@ void ps__frame_encode(const ps__frame_hdr *h, uint8_t *o) {
   o[5] = h->type;
   o[6] = (uint8_t)((h->flags & PS_FLAG_MASK) | ((h->xport << PS_XPORT_SHIFT) & PS_XPORT_MASK));
   o[7] = h->codec;
-  ps__put_u32(o + 8, (uint32_t)h->status);
+  int push = ps__frame_is_push_req(h->type);
+  ps__put_u32(o + 8, push ? h->seq : (uint32_t)h->status);
   ps__put_u32(o + 12, h->sender);
   ps__put_u64(o + 16, h->req_id);
   ps__put_u32(o + 24, h->table);
   ps__put_u32(o + 28, h->batch);
   ps__put_u64(o + 32, (uint64_t)h->clock);
-  ps__put_u64(o + 40, h->epoch);
+  ps__put_u64(o + 40, push ? h->inc : h->epoch);
   ps__put_u32(o + 48, h->nkeys);
   ps__put_u32(o + 52, lr_bits);
   ps__put_u64(o + 56, h->payload_len);
@@ -59,13 +60,19 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
   h->flags = in[6] & PS_FLAG_MASK;
   h->xport = (uint8_t)((in[6] & PS_XPORT_MASK) >> PS_XPORT_SHIFT);
   h->codec = in[7];
-  h->status = (int32_t)ps__get_u32(in + 8);
+  if (ps__frame_is_push_req(h->type))
+    h->seq = ps__get_u32(in + 8); /* a push request's identity; its status is 0 */
+  else
+    h->status = (int32_t)ps__get_u32(in + 8);
   h->sender = ps__get_u32(in + 12);
   h->req_id = ps__get_u64(in + 16);
   h->table = ps__get_u32(in + 24);
   h->batch = ps__get_u32(in + 28);
   h->clock = (int64_t)ps__get_u64(in + 32);
-  h->epoch = ps__get_u64(in + 40);
+  if (ps__frame_is_push_req(h->type))
+    h->inc = ps__get_u64(in + 40);
+  else
+    h->epoch = ps__get_u64(in + 40);
   h->nkeys = ps__get_u32(in + 48);
   lr_bits = ps__get_u32(in + 52);
   memcpy(&h->lr, &lr_bits, 4);

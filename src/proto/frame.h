@@ -4,6 +4,9 @@
  * No I/O. Every frame is a fixed 64-byte little-endian header followed by
  * `payload_len` bytes: for data frames the key array (nkeys x u64) then the values
  * (f32); for control frames a body written with the ps__wbuf/ps__rbuf helpers.
+ * A push request (PUSH, PUSH_DENSE) carries its identity where other frames carry
+ * their status and epoch: the push's sequence number in bytes 8-11 and the worker's
+ * incarnation in bytes 40-47 (ps__frame_is_push_req; shard/once.h says what for).
  * docs/protocol.md is the normative description; keep the two in step.
  */
 #ifndef PS_FRAME_H
@@ -14,7 +17,7 @@
 #include <string.h>
 
 #define PS_FRAME_MAGIC 0x44485350u /* "PSHD" little-endian */
-#define PS_FRAME_VERSION 2
+#define PS_FRAME_VERSION 3
 #define PS_FRAME_HDR_SIZE 64
 #define PS_FRAME_REPLY 0x80       /* type bit: this frame answers a request */
 #define PS_CTRL_MAX_BODY (1u << 20) /* control bodies are small */
@@ -77,12 +80,14 @@ typedef struct ps__frame_hdr {
   uint8_t xport;     /* value transport: PS_XPORT_* (2 bits, in the flags byte) */
   uint8_t codec;     /* value encoding: PS_CODEC_* */
   int32_t status;    /* ps_err code in replies, 0 in requests */
+  uint32_t seq;      /* push requests, in status's place: the push's sequence number */
+  uint64_t inc;      /* push requests, in epoch's place: the worker's incarnation (0: none) */
   uint32_t sender;   /* node id of the sender (0 before registration) */
   uint64_t req_id;   /* matches a reply to its request; 0 = no reply wanted */
   uint32_t table;
   uint32_t batch;    /* examples behind a push */
   int64_t clock;     /* worker clock of a push/pull/clock */
-  uint64_t epoch;    /* membership epoch the sender routed with */
+  uint64_t epoch;    /* membership epoch (0 in push requests, which carry inc there) */
   uint32_t nkeys;    /* u64 entries in the key array */
   float lr;          /* push learning rate; negative = table's schedule */
   uint64_t payload_len; /* bytes after the header */
@@ -97,6 +102,8 @@ void ps__frame_encode(const ps__frame_hdr *h, uint8_t *out);
 int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h);
 /* Does this type carry keys and float values? */
 int ps__frame_is_data(uint8_t type);
+/* Is this a push request (PUSH or PUSH_DENSE, not a reply): seq and inc in the header? */
+static inline int ps__frame_is_push_req(uint8_t type) { return type == PS_MSG_PUSH || type == PS_MSG_PUSH_DENSE; }
 const char *ps__frame_type_name(uint8_t type);
 
 /* Little-endian put/get. */

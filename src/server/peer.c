@@ -315,7 +315,10 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   ps__verdict v;
   ps__rowmap *acc = ps__shard_push_acc(s->sh, &p, &v);
   if (!acc) {
-    ps__srv_reply_verdict(c, h, &v);
+    if (v.dup)
+      ps__srv_reply_ok(c, h, 0); /* applied before: a re-sent push */
+    else
+      ps__srv_reply_verdict(c, h, &v);
     return 0;
   }
   pm_acc_arg a = {s, acc, t->spec.update == PS__UPDATE_MEAN ? (float)h->batch : 1.0f, t->spec.width, x};
@@ -327,6 +330,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
     return 0;
   }
   t->pushes++;
+  ps__shard_push_done(s->sh, &p);
   ps__srv_reply_ok(c, h, 0);
   return 0;
 }

@@ -3,9 +3,10 @@
  *
  * A push frame is validated here (its table and kind, its keys or segments against
  * its values, ownership under the current ring: else PS_ERR_MOVED), handed to the
- * shard engine as a ps__push, and answered with the engine's verdict. A dense push the
- * engine applies after its acknowledgement keeps the frame's body; the loop's idle
- * handler (server.c) steps it along.
+ * shard engine as a ps__push with its identity (worker, incarnation, sequence: a push
+ * the engine applied before is answered as applied), and answered with the engine's
+ * verdict. A dense push the engine applies after its acknowledgement keeps the
+ * frame's body; the loop's idle handler (server.c) steps it along.
  */
 #include <string.h>
 
@@ -96,7 +97,8 @@ int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__t
 ps__push ps__srv_push_of(const ps__frame_hdr *h, const void *body, uint64_t nvals) {
   ps__push p = {.table = h->table, .sender = h->sender, .batch = h->batch, .clock = h->clock,
                 .lr = h->lr >= 0 ? h->lr : -1.0f, .keys = body, .nkeys = h->nkeys,
-                .vals = (const float *)((const uint8_t *)body + 8u * h->nkeys), .nvals = nvals};
+                .vals = (const float *)((const uint8_t *)body + 8u * h->nkeys), .nvals = nvals,
+                .inc = h->inc, .seq = h->seq};
   return p;
 }
 

@@ -53,6 +53,9 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                    s->id, s->rank, (unsigned long long)s->epoch, (long long)minc, (long long)maxc, rows, bytes,
                    payload, (unsigned long long)sh->rejected_clock, (unsigned long long)dropped);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  m = snprintf(line, sizeof line, "duplicate_pushes %llu\nrefused_pushes %llu\n", (unsigned long long)sh->once.dups,
+               (unsigned long long)sh->once.stale);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);
   ps__wbuf_bytes(&w, line, (size_t)m);

@@ -7,6 +7,11 @@
  * until the membership lists it, so a stray or forged sender id (a process that never
  * registered, a worker of an earlier job) never holds a round. A dead worker leaves the
  * live set, so no round waits on it; what it pushed before dying stays in its round.
+ *
+ * Pushes. A push that carries an identity (worker, incarnation, sequence) is checked
+ * against its worker's window (once.c) before anything else: one applied before is
+ * answered as applied and changes nothing, so a re-sent push counts once in a round's
+ * sum, its batch and its pushers. It is recorded once its mode applied or buffered it.
  */
 #include "shard/shard.h"
 
@@ -43,6 +48,7 @@ void ps__shard_free(ps__shard *sh) {
   for (size_t i = 0; i < sh->ntables; i++) table_free(sh, sh->tables[i]);
   free(sh->tables);
   free(sh->workers);
+  ps__once_set_clear(&sh->once);
   free(sh);
 }
 
@@ -229,15 +235,48 @@ void ps__shard_advance(ps__shard *sh) {
 
 /* ---------------------------------------------------------------- requests */
 
-/* The checks every push passes before it changes anything: the batch of a mean-mode
- * table, the sender, and the clock against the table's mode. */
+/* A push with an identity against its sender's window (once.h): the window (created
+ * when missing) to record it in once applied, or NULL with v set: a duplicate, answered
+ * as applied before any other check (its first copy passed them, and a round may have
+ * moved on since), or a push refused. */
+static ps__once *push_window(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v) {
+  ps__once *o = ps__once_get(&sh->once, p->sender);
+  if (!o) {
+    ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+    return NULL;
+  }
+  switch (ps__once_check(o, p->inc, p->seq)) {
+  case PS__ONCE_NEW: return o;
+  case PS__ONCE_DUP:
+    sh->once.dups++;
+    v->dup = 1;
+    return NULL;
+  case PS__ONCE_STALE:
+    sh->once.stale++;
+    ps__shard_reject(sh, t, v, PS_ERR_CONFLICT,
+                     "push from an earlier process of worker %u refused (incarnation %llu; this server has seen %llu)",
+                     p->sender, (unsigned long long)p->inc, (unsigned long long)o->inc);
+    return NULL;
+  default:
+    sh->once.stale++;
+    ps__shard_reject(sh, t, v, PS_ERR_CONFLICT,
+                     "push %u of worker %u refused: more than %u pushes older than its latest (%u), it may have been applied",
+                     p->seq, p->sender, PS__ONCE_WINDOW, o->high);
+    return NULL;
+  }
+}
+
+/* The checks every push passes before it changes anything: its identity, the batch of
+ * a mean-mode table, the sender, and the clock against the table's mode. */
 static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
   ps__table *t = ps__shard_table(sh, p->table);
   v->status = PS__APPLIED;
+  v->later = v->dup = 0;
   if (!t) {
     ps__shard_reject(sh, NULL, v, PS_ERR_NO_TABLE, "unknown table %u", p->table);
     return NULL;
   }
+  if (p->inc && !push_window(sh, t, p, v)) return NULL;
   ps__shard_flush(t); /* an earlier push is in before this one */
   if (t->spec.update == PS__UPDATE_MEAN && p->batch == 0 && p->nkeys > 0) {
     ps__shard_reject(sh, t, v, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
@@ -276,7 +315,15 @@ static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
 int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v) {
   ps__table *t = push_admit(sh, p, v);
   if (!t) return v->status;
-  return ps__shard_mode(t)->push(sh, t, p, body, v);
+  int st = ps__shard_mode(t)->push(sh, t, p, body, v);
+  /* A dropped push is not recorded: a copy of it is as late, and dropped again. */
+  if (st == PS__APPLIED) ps__shard_push_done(sh, p);
+  return st;
+}
+
+void ps__shard_push_done(ps__shard *sh, const ps__push *p) {
+  ps__once *o = p->inc ? ps__once_find(&sh->once, p->sender) : NULL; /* made by push_window */
+  if (o) ps__once_mark(o, p->inc, p->seq);
 }
 
 ps__rowmap *ps__shard_push_acc(ps__shard *sh, const ps__push *p, ps__verdict *v) {

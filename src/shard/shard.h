@@ -27,6 +27,7 @@
 #include "common/config.h"
 #include "common/par.h"
 #include "proto/msg.h"
+#include "shard/once.h"
 #include "store/store.h"
 
 #define PS__ROUND_WINDOW 8    /* rounds a sync push may run ahead of the applied version */
@@ -51,6 +52,8 @@ typedef struct ps__push {
   uint32_t nkeys;
   const float *vals;    /* nvals floats: nkeys * dim (sparse) or the segments' total (dense) */
   uint64_t nvals;
+  uint64_t inc;         /* identity (once.h): the sender's incarnation, 0 = none (not tracked) */
+  uint32_t seq;         /* and the push's sequence number */
 } ps__push;
 
 /* A pooled buffer the engine may take from its caller (a push body applied after the
@@ -67,6 +70,7 @@ enum { PS__APPLIED = 0, PS__DROPPED = 1, PS__REJECTED = 2, PS__WAIT = 3 };
 typedef struct ps__verdict {
   int status;
   int later;    /* APPLIED, and the owner calls ps__shard_pending_first after its reply */
+  int dup;      /* APPLIED before (once.h): answered as applied, nothing changed */
   int err;
   char msg[256];
 } ps__verdict;
@@ -199,6 +203,7 @@ struct ps__shard {
    * (pull clock - slowest live worker's clock), async and ssp tables */
   uint64_t push_stale[PS__STALE_BUCKETS], pull_stale[PS__STALE_BUCKETS];
   int64_t push_stale_max, pull_stale_max;
+  ps__once_set once;    /* per worker: the pushes applied (once.h) */
 };
 
 /* ---------------------------------------------------------------- engine and tables */
@@ -241,8 +246,11 @@ void ps__shard_advance(ps__shard *sh);
 int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v);
 /* Admit a sync push and return its round's accumulator, for an owner that fills it
  * itself (a push read from the worker's memory as it goes) and then counts it in
- * t->pushes; NULL with v set when it is dropped or rejected. */
+ * t->pushes and calls ps__shard_push_done; NULL with v set when it is dropped,
+ * rejected or a duplicate (v->dup, status APPLIED: answer it as applied). */
 ps__rowmap *ps__shard_push_acc(ps__shard *sh, const ps__push *p, ps__verdict *v);
+/* The push of a ps__shard_push_acc is in its round: record its identity (once.h). */
+void ps__shard_push_done(ps__shard *sh, const ps__push *p);
 /* A validated pull of table `table` at clock c: PS__APPLIED (answer it now), PS__WAIT
  * (it waits for a round, or for the slowest worker; ask again after a clock or
  * membership change), or PS__REJECTED (NO_TABLE). */

@@ -193,7 +193,8 @@ int main(int argc, char **argv) {
   h.table = 1;
   h.batch = 32;
   h.nkeys = 3;
-  h.epoch = 4;
+  h.inc = 0x0123456789abcdefull; /* the push's identity: the worker's incarnation, */
+  h.seq = 41;                     /* and its sequence to this server */
   one("push.bin", h, buf, 24 + 24, &session);
   h = hdr(PS_MSG_PUSH, 6);
   h.sender = 3;
@@ -227,6 +228,8 @@ int main(int argc, char **argv) {
   h.table = 2;
   h.batch = 16;
   h.nkeys = 4;
+  h.inc = 0x0123456789abcdefull;
+  h.seq = 42;
   one("push-dense.bin", h, buf, 32 + 20, &session);
   h = hdr(PS_MSG_PULL_DENSE, 9);
   h.sender = 3;

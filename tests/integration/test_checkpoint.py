@@ -132,7 +132,7 @@ def test_checkpoint_request_without_a_checkpoint_dir_fails_clearly(tmp):
             time.sleep(0.02)
         host, port = open(addr_file).read().strip().rsplit(":", 1)
         # The 64-byte frame header (src/proto/frame.h, docs/protocol.md).
-        hdr = struct.pack("<IBBBBiIQIIqqIfQ", 0x44485350, 2, 20, 0, 0, 0, 0, 9, 0, 0, -1, 0, 0, 0.0, 0)
+        hdr = struct.pack("<IBBBBiIQIIqqIfQ", 0x44485350, 3, 20, 0, 0, 0, 0, 9, 0, 0, -1, 0, 0, 0.0, 0)
         assert len(hdr) == 64
         with socket.create_connection((host, int(port)), timeout=10 * SLOW) as s:
             s.sendall(hdr)

@@ -104,7 +104,7 @@ def alive(p):
 # ---- the wire format (src/proto/frame.c): a 64-byte little-endian header
 
 MAGIC = 0x44485350
-VERSION = 2
+VERSION = 3
 HDR = struct.Struct("<IBBBBiIQIIqQIfQ")
 assert HDR.size == 64
 T_HELLO, T_DECLARE, T_METRIC = 1, 4, 7

@@ -4,8 +4,9 @@ the end), driven by fault_worker (a scripted worker that prints what each call r
 
 Each kind of rule is used at least once, each test asserts what a user would see:
 1. A bad spec stops the scheduler, a server or a worker at startup with a clear error.
-2. drop: a dropped PUSH fails at its deadline with PS_ERR_TIMEOUT; the server keeps
-   serving, and only the pushes it received are applied.
+2. drop: a dropped PUSH is sent again after retry_ms and applied once; with re-sending
+   off it fails at its deadline with PS_ERR_TIMEOUT, the server keeps serving, and only
+   the pushes it received are applied.
 3. delay: a delayed PULL reply arrives late and holds the right values.
 4. dup: a duplicated CLOCK leaves sync training exactly as without it.
 5. alloc: a failed allocation on the server answers that push with PS_ERR_NOMEM, and
@@ -63,8 +64,20 @@ def test_bad_spec_is_an_error_at_startup():
         assert r[1][3] == [-1.0] * 4
 
 
+def test_dropped_push_is_sent_again_and_applied_once():
+    env = {"PSHARD_FAULT": "drop:type=push:n=2:node=server.0", "PSHARD_RETRY_MS": "200"}
+    with Cluster(1, 1, extra_env=env) as c:
+        r = results(run_worker(c, ["push", "push", "push", "pull"]))
+        assert [x[:2] for x in r] == [("push", "PS_OK")] * 3 + [("pull", "PS_OK")], r
+        assert r[1][2] >= 190, r             # the second one waited for its attempt
+        assert r[3][3] == [-3.0] * 4, r      # and all three were applied, once each
+        lines = fault_lines(c.log("server0"))
+        assert len(lines) == 1 and "dropped received push frame #2 on server.0" in lines[0], lines
+
+
 def test_dropped_push_fails_at_its_deadline_and_the_server_keeps_serving():
-    env = {"PSHARD_FAULT": "drop:type=push:n=2:node=server.0", "PSHARD_TIMEOUT_MS": "1000"}
+    # With re-sending off (retry_ms=0) a lost push is lost.
+    env = {"PSHARD_FAULT": "drop:type=push:n=2:node=server.0", "PSHARD_TIMEOUT_MS": "1000", "PSHARD_RETRY_MS": "0"}
     with Cluster(1, 1, extra_env=env) as c:
         r = results(run_worker(c, ["push", "push", "push", "pull"]))
         assert [x[:2] for x in r] == [("push", "PS_OK"), ("push", "PS_ERR_TIMEOUT"), ("push", "PS_OK"),

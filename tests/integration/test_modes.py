@@ -500,7 +500,7 @@ def test_push_far_in_the_past_is_rejected():
 
 # ---- raw frames (the wire format of src/proto/frame.c; see test_core.py)
 
-MAGIC, VERSION = 0x44485350, 2
+MAGIC, VERSION = 0x44485350, 3
 HDR = struct.Struct("<IBBBBiIQIIqQIfQ")
 T_PUSH_DENSE, T_CLOCK, T_STATS = 11, 13, 15
 PS_FLAG_DROPPED = 1  # src/proto/frame.h: push reply, acknowledged but not applied

@@ -61,6 +61,8 @@ static void assert_same_hdr(const ps__frame_hdr *a, const ps__frame_hdr *b) {
   cr_assert(eq(u32, a->batch, b->batch));
   cr_assert(eq(i64, a->clock, b->clock));
   cr_assert(eq(u64, a->epoch, b->epoch));
+  cr_assert(eq(u32, a->seq, b->seq));
+  cr_assert(eq(u64, a->inc, b->inc));
   cr_assert(eq(u32, a->nkeys, b->nkeys));
   cr_assert(eq(u32, f32_bits(a->lr), f32_bits(b->lr)), "lr bits %08x, want %08x", f32_bits(a->lr),
             f32_bits(b->lr));
@@ -103,20 +105,21 @@ Test(frame, byte_layout_is_pinned) {
   h.table = 0x24232221u;
   h.batch = 0x28272625u;
   h.clock = (int64_t)0x3837363534333231ll;
-  h.epoch = 0x4847464544434241ull;
+  h.inc = 0x4847464544434241ull;  /* a push request: the incarnation in the epoch's place */
+  h.seq = 0x0c0b0a09u;            /* and its sequence in the status's */
   h.nkeys = 2;
   h.lr = f32_of(0x3f800000u); /* 1.0f */
   h.payload_len = 16 + 8;
   static const uint8_t want[PS_FRAME_HDR_SIZE] = {
       0x50, 0x53, 0x48, 0x44,                         /* 0  magic "PSHD" */
-      0x02, 0x09, 0x0a, 0x00,                         /* 4  version, type, flags, codec */
-      0x00, 0x00, 0x00, 0x00,                         /* 8  status */
+      0x03, 0x09, 0x0a, 0x00,                         /* 4  version, type, flags, codec */
+      0x09, 0x0a, 0x0b, 0x0c,                         /* 8  seq (status in other frames) */
       0x01, 0x02, 0x03, 0x04,                         /* 12 sender */
       0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, /* 16 req_id */
       0x21, 0x22, 0x23, 0x24,                         /* 24 table */
       0x25, 0x26, 0x27, 0x28,                         /* 28 batch */
       0x31, 0x32, 0x33, 0x34, 0x35, 0x36, 0x37, 0x38, /* 32 clock */
-      0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48, /* 40 epoch */
+      0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48, /* 40 inc (epoch in other frames) */
       0x02, 0x00, 0x00, 0x00,                         /* 48 nkeys */
       0x00, 0x00, 0x80, 0x3f,                         /* 52 lr (f32 bits) */
       0x18, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, /* 56 payload_len */
@@ -129,6 +132,34 @@ Test(frame, byte_layout_is_pinned) {
   ps__frame_hdr out;
   cr_assert(eq(int, ps__frame_decode(want, BIG_LIMIT, &out), 0), "%s", ps_errmsg());
   assert_same_hdr(&out, &h);
+  /* Any other frame has its status and epoch there (a pull reply: status 0). */
+  h.type = PS_MSG_PULL | PS_FRAME_REPLY;
+  h.nkeys = 0;
+  h.epoch = 0x4847464544434241ull;
+  h.inc = 0, h.seq = 0;
+  ps__frame_encode(&h, got);
+  for (size_t i = 0; i < sizeof got; i++)
+    if (i != 5 && i != 48) cr_assert(eq(u8, got[i], i >= 8 && i < 12 ? 0 : want[i]), "byte %zu", i);
+  cr_assert(eq(int, ps__frame_decode(got, BIG_LIMIT, &out), 0), "%s", ps_errmsg());
+  assert_same_hdr(&out, &h);
+}
+
+Test(frame, a_push_request_carries_its_identity) {
+  /* Every sequence is valid (it is not a status), and the incarnation is not an epoch. */
+  uint32_t seqs[] = {0, 1, 0x7fffffffu, 0x80000000u, UINT32_MAX};
+  for (size_t i = 0; i < sizeof seqs / sizeof seqs[0]; i++) {
+    ps__frame_hdr h = hdr_of(i % 2 ? PS_MSG_PUSH : PS_MSG_PUSH_DENSE);
+    h.seq = seqs[i];
+    h.inc = UINT64_MAX - i;
+    expect_accept(&h, BIG_LIMIT);
+  }
+  /* A reply to a push has a status again. */
+  ps__frame_hdr h = hdr_of(PS_MSG_PUSH | PS_FRAME_REPLY);
+  h.status = PS_ERR_CLOCK;
+  h.payload_len = 5;
+  expect_accept(&h, BIG_LIMIT);
+  h.status = -3;
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "bad status");
 }
 
 Test(frame, little_endian_helpers) {
@@ -160,7 +191,8 @@ Test(frame, round_trip_every_field_at_max) {
   h.table = UINT32_MAX;
   h.batch = UINT32_MAX;
   h.clock = INT64_MAX;
-  h.epoch = UINT64_MAX;
+  h.inc = UINT64_MAX;
+  h.seq = UINT32_MAX;
   h.nkeys = UINT32_MAX;
   h.lr = INFINITY;
   h.payload_len = UINT64_MAX - 3; /* keys fit and the rest is whole floats */
@@ -284,7 +316,7 @@ Test(frame, rejects_bad_magic) {
 
 Test(frame, rejects_bad_version) {
   ps__frame_hdr h = hdr_of(PS_MSG_HELLO), out;
-  uint8_t versions[] = {0, 1, 3, 0x81, 0xff};
+  uint8_t versions[] = {0, 1, 2, 4, 0x81, 0xff};
   for (size_t i = 0; i < sizeof versions; i++) {
     int rc = decode_patched(&h, 4, versions[i], &out);
     cr_assert(eq(int, rc, PS_ERR_PROTO), "version %u: %s", versions[i], ps_err_name(rc));
@@ -374,11 +406,12 @@ Test(frame, rejects_bad_status) {
 }
 
 Test(frame, rejects_status_in_requests) {
-  /* A push with a status would pass as a control frame: 3 bytes of "values". */
-  ps__frame_hdr h = hdr_of(PS_MSG_PUSH_DENSE);
+  /* A pull with a status would pass as a control frame: 3 bytes of "values". (A push
+   * request has its sequence there instead.) */
+  ps__frame_hdr h = hdr_of(PS_MSG_PULL_DENSE);
   h.status = PS_ERR_INVALID;
   h.payload_len = 3;
-  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "status 1 in a push-dense request");
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "status 1 in a pull-dense request");
   h = hdr_of(PS_MSG_HELLO);
   h.status = PS_ERR_IO;
   expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "request");
@@ -500,7 +533,7 @@ Test(frame, rejection_order_is_magic_version_type_status_codec_size) {
   h.codec = 9;
   h.payload_len = UINT64_MAX;
   expect_reject(&h, 0, PS_ERR_PROTO, "unknown frame type");
-  h.type = PS_MSG_PUSH;
+  h.type = PS_MSG_PULL;
   expect_reject(&h, 0, PS_ERR_PROTO, "bad status");
   h.status = 0;
   expect_reject(&h, 0, PS_ERR_PROTO, "codec");

@@ -753,3 +753,104 @@ Test(shard, a_writer_thread_racing_the_loop_reads_every_row_as_it_was_at_the_cut
   free(r.out);
   ps__shard_snap_release(SH, &s);
 }
+
+/* ---------------------------------------------------------------- pushes with an identity (once.h) */
+
+/* push1 with an identity: the sender's incarnation and the push's sequence. */
+static int push1_id(uint32_t table, uint32_t sender, int64_t clock, uint32_t batch, uint64_t key, float g,
+                    uint64_t inc, uint32_t seq, ps__verdict *v) {
+  uint8_t kb[8];
+  put_keys(kb, &key, 1);
+  ps__push p = {.table = table, .sender = sender, .batch = batch, .clock = clock, .lr = -1.0f, .keys = kb,
+                .nkeys = 1, .vals = &g, .nvals = 1, .inc = inc, .seq = seq};
+  return ps__shard_push(SH, &p, NULL, v);
+}
+
+Test(shard, a_duplicated_sync_push_counts_once_in_its_round) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=sync");
+  start(2);
+  ps__verdict v;
+  cr_assert(eq(int, push1_id(1, 1, 0, 10, 7, 1.0f, 100, 1, &v), PS__APPLIED));
+  cr_assert(eq(int, v.dup, 0));
+  /* the same push again (a re-sent one, or a duplicated frame): applied, not counted */
+  cr_assert(eq(int, push1_id(1, 1, 0, 10, 7, 1.0f, 100, 1, &v), PS__APPLIED));
+  cr_assert(eq(int, v.dup, 1));
+  cr_assert(eq(int, push1_id(1, 2, 0, 30, 7, 3.0f, 200, 1, &v), PS__APPLIED));
+  cr_assert(eq(int, v.dup, 0));
+  ps__round *r = &t->rounds[0];
+  cr_assert(eq(i64, r->round, 0));
+  cr_assert(eq(sz, r->npushers, 2));
+  cr_assert(ieee_ulp_eq(dbl, r->batch_sum, 40.0, 4), "batch sum %g", r->batch_sum);
+  cr_assert(eq(u64, t->pushes, 2));
+  cr_assert(eq(u64, SH->once.dups, 1));
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  cr_assert(eq(i64, t->version, 1));
+  /* (10*1 + 30*3) / 40: the duplicate is neither in the sum nor in the batch */
+  cr_assert(ieee_ulp_eq(flt, row1(t, 7), -2.5f, 4), "row 7 = %g", row1(t, 7));
+  /* A copy arriving after its round was applied is still answered as applied (a plain
+   * push for that clock would be rejected as late), and changes nothing. */
+  cr_assert(eq(int, push1_id(1, 2, 0, 30, 7, 3.0f, 200, 1, &v), PS__APPLIED), "%s", v.msg);
+  cr_assert(eq(int, v.dup, 1));
+  cr_assert(eq(int, push1_id(1, 2, 0, 30, 7, 3.0f, 200, 2, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_CLOCK));
+  cr_assert(ieee_ulp_eq(flt, row1(t, 7), -2.5f, 4));
+}
+
+Test(shard, a_duplicated_async_push_is_applied_once) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async update=sum");
+  start(1);
+  ps__verdict v;
+  for (uint32_t seq = 1; seq <= 3; seq++)
+    for (int copy = 0; copy < 2; copy++) {
+      cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 9, seq, &v), PS__APPLIED));
+      cr_assert(eq(int, v.dup, copy));
+    }
+  /* out of order: 5 before 4, each once */
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 9, 5, &v), PS__APPLIED));
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 9, 4, &v), PS__APPLIED));
+  cr_assert(eq(int, v.dup, 0));
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 9, 5, &v), PS__APPLIED));
+  cr_assert(eq(int, v.dup, 1));
+  cr_assert(eq(flt, row1(t, 4), -5.0f));
+  cr_assert(eq(u64, t->pushes, 5));
+  /* pushes without an identity are not tracked: each one is applied */
+  push1_ok(1, 1, 0, 1, 4, 1.0f);
+  push1_ok(1, 1, 0, 1, 4, 1.0f);
+  cr_assert(eq(flt, row1(t, 4), -7.0f));
+}
+
+Test(shard, a_push_from_an_earlier_incarnation_is_refused) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async update=sum");
+  start(1);
+  ps__verdict v;
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 50, 1, &v), PS__APPLIED));
+  /* the worker restarted: its new process counts from 1 again, and is applied */
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 60, 1, &v), PS__APPLIED));
+  cr_assert(eq(int, v.dup, 0));
+  /* a late push of the old process changes nothing */
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 50, 2, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_CONFLICT));
+  cr_assert(strstr(v.msg, "earlier process of worker 1") != NULL, "%s", v.msg);
+  cr_assert(eq(flt, row1(t, 4), -2.0f));
+  cr_assert(eq(u64, SH->once.stale, 1));
+  /* one fallen out of the window cannot be told from a new one: refused too */
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 60, 2 + PS__ONCE_WINDOW, &v), PS__APPLIED));
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 4, 1.0f, 60, 1, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_CONFLICT));
+  cr_assert(strstr(v.msg, "may have been applied") != NULL, "%s", v.msg);
+  cr_assert(eq(flt, row1(t, 4), -3.0f));
+}
+
+Test(shard, a_dropped_push_is_not_recorded_and_its_copy_is_dropped_again) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=sync:1");
+  start(2);
+  ps__verdict v;
+  cr_assert(eq(int, push1_id(1, 1, 0, 1, 5, 2.0f, 1, 1, &v), PS__APPLIED));
+  ps__shard_clock(SH, 1, 1); /* the first one of two closes the round */
+  cr_assert(eq(i64, t->version, 1));
+  cr_assert(eq(int, push1_id(1, 2, 0, 1, 5, 4.0f, 1, 1, &v), PS__DROPPED));
+  cr_assert(eq(int, push1_id(1, 2, 0, 1, 5, 4.0f, 1, 1, &v), PS__DROPPED));
+  cr_assert(eq(u64, t->dropped, 2));
+  cr_assert(eq(flt, row1(t, 5), -2.0f));
+}

@@ -1,0 +1,101 @@
+/*
+ * once_worker.c - a worker that counts: every push adds exactly 1 to every key of a
+ * counter table, so the table's values say how many pushes the servers applied. For
+ * the exactly-once tests (test_once.py).
+ *
+ * One sparse table "count" (dim 1, sgd with lr 1, update=sum, zero init, the mode of
+ * --mode) and keys 1..--keys (spread over the servers by the ring). Each push sends
+ * the gradient -1 for every key. In sync mode each push is followed by ps_clock and a
+ * pull (which waits for the round). After
+ * --pushes pushes (rc printed for each that failed), a barrier, then a pull of every
+ * key. Output, one line each:
+ *   push N rc=NAME ms=ELAPSED msg=...      for a push that did not return PS_OK
+ *   acked N                                pushes that returned PS_OK
+ *   values a,b,c,...                       the keys' values after the barrier
+ * Exit status: 0 when the script ran, 1 when the context, the table or the final pull
+ * failed, 2 bad usage. Connection settings come from the environment (PSHARD_*).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pshard.h"
+
+#define MAX_KEYS 64
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int main(int argc, char **argv) {
+  const char *mode = "async";
+  int pushes = 10, nkeys = 8, sleep_ms = 0;
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc) {
+      fprintf(stderr, "once_worker: %s needs a value\n", argv[i]);
+      return 2;
+    }
+    if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
+    else if (!strcmp(argv[i], "--pushes")) pushes = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--keys")) nkeys = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
+    else {
+      fprintf(stderr, "once_worker: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (nkeys < 1 || nkeys > MAX_KEYS || pushes < 0) {
+    fprintf(stderr, "once_worker: --keys 1..%d, --pushes >= 0\n", MAX_KEYS);
+    return 2;
+  }
+  int sync = !strncmp(mode, "sync", 4);
+  ps_ctx *ctx;
+  int rc = ps_ctx_open_env(&ctx);
+  if (rc) {
+    fprintf(stderr, "once_worker: ps_ctx_open_env: %s: %s\n", ps_err_name(rc), ps_errmsg());
+    return 1;
+  }
+  char opts[128];
+  uint32_t t;
+  snprintf(opts, sizeof opts, "opt=sgd lr=1 init=zero update=sum mode=%s", mode);
+  if ((rc = ps_table_declare(ctx, "count", PS_SPARSE, 1, opts, &t))) {
+    fprintf(stderr, "once_worker: ps_table_declare: %s: %s\n", ps_err_name(rc), ps_errmsg());
+    ps_ctx_close(ctx);
+    return 1;
+  }
+  uint64_t keys[MAX_KEYS];
+  float grads[MAX_KEYS], vals[MAX_KEYS];
+  for (int k = 0; k < nkeys; k++) keys[k] = (uint64_t)k + 1, grads[k] = -1.0f;
+  int acked = 0;
+  for (int i = 0; i < pushes; i++) {
+    double t0 = now_ms();
+    rc = ps_push(ctx, t, keys, (size_t)nkeys, grads, 1, PS_LR_SCHEDULE, -1);
+    if (rc == 0) acked++;
+    else printf("push %d rc=%s ms=%.0f msg=%s\n", i, ps_err_name(rc), now_ms() - t0, ps_errmsg());
+    /* BSP: the pull of the next clock waits for this round, so no worker runs ahead of
+     * the rounds the servers hold (8). */
+    if (sync && (rc = ps_clock(ctx))) printf("clock %d rc=%s msg=%s\n", i, ps_err_name(rc), ps_errmsg());
+    if (sync && !rc && (rc = ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1)))
+      printf("pull %d rc=%s msg=%s\n", i, ps_err_name(rc), ps_errmsg());
+    if (sleep_ms) {
+      struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    fflush(stdout);
+  }
+  printf("acked %d\n", acked);
+  fflush(stdout);
+  if ((rc = ps_barrier(ctx, -1)) || (rc = ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1))) {
+    fprintf(stderr, "once_worker: final barrier or pull: %s: %s\n", ps_err_name(rc), ps_errmsg());
+    ps_ctx_close(ctx);
+    return 1;
+  }
+  printf("values");
+  for (int k = 0; k < nkeys; k++) printf("%c%g", k ? ',' : ' ', vals[k]);
+  printf("\n");
+  ps_ctx_close(ctx);
+  return 0;
+}
