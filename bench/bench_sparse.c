@@ -21,7 +21,7 @@
  *
  * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
  *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--rounds R] [--big-only]
- *                     [--once-cost]
+ *                     [--once-cost] [--track-cost]
  *
  * --big-only: only the 10M-key calls at dim 1 (populate, then three pull/push pairs;
  * no batch sweep, no Redis), each run printed with the server's and this process's
@@ -33,6 +33,10 @@
  * (nothing checked or recorded) and with one (each push checked against its worker's
  * window and recorded), in alternating rounds of --seconds each; medians of pushes/s
  * and rows/s of both, and the cost in percent (target: at most 5).
+ *
+ * --track-cost: what keeping the changed-row sets of incremental checkpoints
+ * (--checkpoint-full-every > 1) costs the same pushes: tracking off and on (as a
+ * checkpoint's cut leaves a table) in alternating rounds; the cost in percent.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -442,10 +446,74 @@ static int once_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t 
   return 0;
 }
 
+/* ---- --track-cost: the changed-row sets of incremental checkpoints, the engine alone */
+
+/* Tracking of table t on or off, as a checkpoint's cut leaves it. */
+static void tc_track(ps__shard *sh, ps__table *t, int on) {
+  ps__snap_table s;
+  if (ps__shard_snap(t, &s, on)) {
+    fprintf(stderr, "bench_sparse: cut failed: %s\n", ps_errmsg());
+    exit(1);
+  }
+  ps__shard_snap_release(sh, &s);
+}
+
+static int track_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t *batches, int nb) {
+  ps__shard_hooks hooks = {.alloc = oc_alloc, .release = oc_release};
+  ps__shard *sh = ps__shard_new(&hooks);
+  if (!sh) return 1;
+  ps__shard_member(sh, 1, 1);
+  ps__shard_set_started(sh, 1);
+  bench_zipf z;
+  bench_zipf_init(&z, nrows, ZIPF_S, 42);
+  printf("changed-row tracking (incremental checkpoints) on the shard engine (one thread, async sgd, Zipf(%.1f) "
+         "keys over %llu rows), median of %d rounds of %.2f s each\n", ZIPF_S, (unsigned long long)nrows, rounds,
+         g_seconds);
+  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", "plain push/s", "plain rows/s", "track push/s",
+         "track rows/s", "cost %");
+  uint32_t seq = 0;
+  for (int di = 0; di < nd; di++) {
+    ps__declare d = {.id = (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]};
+    snprintf(d.name, sizeof d.name, "track%u", dims[di]);
+    snprintf(d.options, sizeof d.options, "opt=sgd lr=0.001 mode=async");
+    ps__verdict v;
+    if (ps__shard_create(sh, &d, &v) != PS__APPLIED) {
+      fprintf(stderr, "bench_sparse: %s\n", v.msg);
+      return 1;
+    }
+    ps__table *t = ps__shard_table(sh, d.id);
+    for (int bi = 0; bi < nb; bi++) {
+      size_t batch = batches[bi];
+      uint8_t *keys = malloc(batch * 8);
+      float *vals = malloc(batch * dims[di] * sizeof(float));
+      if (!keys || !vals) return 1;
+      for (size_t i = 0; i < batch; i++) ps__put_u64(keys + 8 * i, bench_zipf_next(&z));
+      for (size_t i = 0; i < batch * dims[di]; i++) vals[i] = 0.001f * (float)(i % 7);
+      double plain[ROUNDS_MAX], tracked[ROUNDS_MAX];
+      oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq); /* warm: rows created */
+      for (int r = 0; r < rounds; r++) {
+        tc_track(sh, t, 0);
+        plain[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
+        tc_track(sh, t, 1);
+        tracked[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
+      }
+      tc_track(sh, t, 0);
+      double mp = bench_median(plain, (size_t)rounds), mt = bench_median(tracked, (size_t)rounds);
+      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, mp, mp * (double)batch, mt,
+             mt * (double)batch, 100.0 * (mp - mt) / mp);
+      fflush(stdout);
+      free(keys);
+      free(vals);
+    }
+  }
+  ps__shard_free(sh);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   uint64_t nrows = 10000000;
   const char *dims_s = "1,8,32,128", *batches_s = "1000,10000,100000", *transport = "tcp";
-  int use_redis = 1, big_only = 0, once_only = 0;
+  int use_redis = 1, big_only = 0, once_only = 0, track_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--dims") && i + 1 < argc) dims_s = argv[++i];
@@ -456,9 +524,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--no-redis")) use_redis = 0;
     else if (!strcmp(argv[i], "--big-only")) big_only = 1;
     else if (!strcmp(argv[i], "--once-cost")) once_only = 1;
+    else if (!strcmp(argv[i], "--track-cost")) track_only = 1;
     else {
       fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
-                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--once-cost]\n");
+                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--once-cost] [--track-cost]\n");
       return 2;
     }
   }
@@ -476,6 +545,7 @@ int main(int argc, char **argv) {
   snprintf(buf, sizeof buf, "%s", batches_s);
   for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
   if (once_only) return once_cost(nrows, dims, nd, batches, nb);
+  if (track_only) return track_cost(nrows, dims, nd, batches, nb);
   if (big_only) {
     dims[0] = 1;
     nd = 1;
