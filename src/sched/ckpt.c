@@ -3,21 +3,27 @@
  * CHECKPOINT request, and resuming a job from one at create.
  *
  * Taking: at most one checkpoint at a time. A request gets a new id (1 + the largest
- * ckpt-<id> in the checkpoint directory) and its directory. With clock -1 the
+ * ckpt-<id> in the checkpoint directory, or in the directory the request named) and
+ * its directory. With clock -1 the
  * scheduler first probes every live server (CKPT with id 0) for the smallest clock it
  * can still cut at and takes the largest, plus a margin, so that workers running ahead
  * while the requests travel do not overtake it. Then every server gets CKPT {id, clock}
  * and writes its shard in the background; the scheduler collects the answers (a
  * deadline, a server's death or error fails the whole checkpoint, and the requester
- * gets that error with the server named). Once every server answered, the scheduler
- * writes the MANIFEST (the registry's TABLE blocks, one FILE block per server, its own
- * STATE block): only then does the checkpoint exist. Older ones are pruned, then the
- * requester is answered. The manifest is small, so it is written on the loop thread.
+ * gets that error with the server named). The task state goes into the checkpoint as
+ * it is when the cut is sent: a partition finished later may have pushes the servers'
+ * cut does not hold, so it counts as not done. Once every server answered, the
+ * scheduler writes the MANIFEST (the registry's TABLE blocks, one FILE block per
+ * server, that STATE block): only then does the checkpoint exist. Older ones in the
+ * job's checkpoint directory are pruned (a directory a request named is left as it
+ * is), then the requester is answered. The manifest is small, so it is written on the
+ * loop thread.
  *
  * Restoring: the newest complete checkpoint of the restore directory (or the
  * checkpoint the directory is) gives the table registry (ids kept), the clock the job
  * resumes at (the HELLO reply's clock) and the task state, applied at the first
- * TASK_INIT with the same counts.
+ * TASK_INIT with the same counts when some epoch was left (a finished schedule, or
+ * other counts, start the tasks afresh).
  *
  * Threads: the scheduler's loop thread only.
  */
@@ -136,6 +142,9 @@ static void reset(ps__sched *s) {
   uv_timer_stop(&k->deadline);
   free(k->parts);
   k->parts = NULL;
+  free(k->state);
+  k->state = NULL;
+  k->state_len = 0;
   k->nparts = k->nanswered = 0;
   k->requester = NULL;
   k->requester_req = 0;
@@ -185,6 +194,22 @@ static int send_all(ps__sched *s, uint64_t id) {
     ps__wbuf_free(&w);
     fail(s, PS_ERR_NOMEM, "scheduler out of memory");
     return -1;
+  }
+  if (id) {
+    /* The task state of the cut: what is done now has its pushes acknowledged before
+     * the servers get the request. */
+    ps__wbuf sb;
+    ps__wbuf_init(&sb);
+    ps__sched_state_encode(&sb, k->clock, &s->tk);
+    if (sb.oom) {
+      ps__wbuf_free(&w);
+      ps__wbuf_free(&sb);
+      fail(s, PS_ERR_NOMEM, "scheduler out of memory");
+      return -1;
+    }
+    free(k->state);
+    k->state = sb.data; /* taken from the buffer: freed by reset */
+    k->state_len = sb.len;
   }
   k->nanswered = 0;
   for (uint32_t i = 0; i < k->nparts; i++) {
@@ -246,13 +271,7 @@ static void finish(ps__sched *s) {
     rows += d->rows;
     rc = ps__ckpt_write_file(w, &f);
   }
-  if (!rc) {
-    ps__wbuf sb;
-    ps__wbuf_init(&sb);
-    ps__sched_state_encode(&sb, k->clock, &s->tk);
-    rc = sb.oom ? ps__fail(PS_ERR_NOMEM, "out of memory") : ps__ckpt_write_state(w, sb.data, sb.len);
-    ps__wbuf_free(&sb);
-  }
+  if (!rc) rc = ps__ckpt_write_state(w, k->state, k->state_len);
   ps__ckpt_summary sum = {0};
   char err[512] = "";
   if (rc) snprintf(err, sizeof err, "%s", ps_errmsg());
@@ -271,7 +290,7 @@ static void finish(ps__sched *s) {
           (unsigned long long)k->id, (long long)k->clock, k->nparts, (unsigned long long)rows,
           (unsigned long long)bytes, (unsigned long long)ms, k->dir);
   k->taken++;
-  if (ps__ckpt_prune(k->root, s->o.checkpoint_keep))
+  if (!strcmp(k->into, k->root) && ps__ckpt_prune(k->root, s->o.checkpoint_keep))
     ps__log(PS_LOG_WARN, "checkpoint %llu: cannot prune old checkpoints: %s", (unsigned long long)k->id, ps_errmsg());
   if (k->requester && k->requester_req) {
     ps__ckpt_info info;
@@ -290,10 +309,44 @@ static void finish(ps__sched *s) {
 
 /* ------------------------------------------------------------ requests and replies */
 
-void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
+/* The directory a request named (its body `str dir`), made if missing (one level),
+ * made absolute into out. 0, or an error code with the message in msg. */
+static int named_dir(const ps__body *b, char *out, size_t cap, char *msg, size_t mcap) {
+  char d[PS_CKPT_DIR_MAX], abs[PATH_MAX];
+  ps__rbuf rb;
+  ps__rbuf_init(&rb, b->buf, b->len);
+  ps__rbuf_str(&rb, d, sizeof d);
+  if (rb.err || rb.off != rb.len || !d[0]) {
+    snprintf(msg, mcap, "a checkpoint request's body is one directory name (1..%d bytes)", PS_CKPT_DIR_MAX - 1);
+    return PS_ERR_INVALID;
+  }
+  if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+    snprintf(msg, mcap, "cannot create checkpoint directory %s: %s", d, strerror(errno));
+    return PS_ERR_IO;
+  }
+  struct stat st;
+  if (!realpath(d, abs) || stat(abs, &st) != 0) {
+    snprintf(msg, mcap, "checkpoint directory %s: %s", d, strerror(errno));
+    return PS_ERR_IO;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    snprintf(msg, mcap, "checkpoint directory %s is not a directory", d);
+    return PS_ERR_IO;
+  }
+  /* The request to a server carries DIR/ckpt-<id>: leave room for the suffix. */
+  if (strlen(abs) + 32 >= cap) {
+    snprintf(msg, mcap, "checkpoint directory path too long: %.900s", abs);
+    return PS_ERR_INVALID;
+  }
+  snprintf(out, cap, "%s", abs);
+  return 0;
+}
+
+void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
   ps__sched_ckpt *k = &s->ck;
-  char msg[PS_CKPT_DIR_MAX + 256];
-  if (!k->root[0]) {
+  char msg[PS_CKPT_DIR_MAX + 256], into[PS_CKPT_DIR_MAX];
+  int named = b && b->buf && b->len > 0;
+  if (!named && !k->root[0]) {
     answer_error(c, h->req_id, h->clock, PS_ERR_CONFIG,
                  "the job has no checkpoint directory (start the scheduler with --checkpoint-dir DIR)");
     return;
@@ -325,13 +378,22 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     answer_error(c, h->req_id, h->clock, PS_ERR_UNAVAILABLE, msg);
     return;
   }
+  if (named) {
+    int rc = named_dir(b, into, sizeof into, msg, sizeof msg);
+    if (rc) {
+      answer_error(c, h->req_id, h->clock, rc, msg);
+      return;
+    }
+  } else {
+    snprintf(into, sizeof into, "%s", k->root);
+  }
   uint64_t id;
-  if (ps__sched_ckpt_next_id(k->root, &id)) {
+  if (ps__sched_ckpt_next_id(into, &id)) {
     answer_error(c, h->req_id, h->clock, PS_ERR_IO, ps_errmsg());
     return;
   }
   char dir[PS_CKPT_DIR_MAX];
-  ps__ckpt_dir_of(k->root, id, dir, sizeof dir);
+  ps__ckpt_dir_of(into, id, dir, sizeof dir);
   if (mkdir(dir, 0755) != 0) {
     snprintf(msg, sizeof msg, "cannot create %s: %s", dir, strerror(errno));
     answer_error(c, h->req_id, h->clock, PS_ERR_IO, msg);
@@ -352,6 +414,7 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     k->nparts++;
   }
   k->id = id;
+  snprintf(k->into, sizeof k->into, "%s", into);
   snprintf(k->dir, sizeof k->dir, "%s", dir);
   k->requester = c;
   k->requester_req = h->req_id;
@@ -419,7 +482,11 @@ void ps__sched_ckpt_tasks_restore(ps__sched *s) {
   ps__sched_task_restore *r = &s->tk_restore;
   ps__sched_tasks *t = &s->tk;
   if (!r->have) return;
-  if (r->parts == t->parts && r->epochs == t->epochs) {
+  if (r->epoch >= r->epochs) {
+    /* Every epoch had ended: nothing to resume. The job trains the restored tables
+     * again over the partitions it declares (a saved model trained further). */
+    ps__log(PS_LOG_INFO, "the checkpoint's tasks had finished (%u epochs): starting the tasks afresh", r->epochs);
+  } else if (r->parts == t->parts && r->epochs == t->epochs) {
     t->epoch = r->epoch;
     t->ndone = 0;
     for (uint32_t p = 0; p < t->parts; p++) {
