@@ -82,21 +82,23 @@ def test_restored_job_hands_out_only_what_was_not_done(tmp):
             assert time.time() < deadline, "no checkpoint within 60 s:\n" + open(log1).read()
             time.sleep(0.05)
         # Every process of the job, SIGKILLed: the processes it started, then itself.
+        # The launcher is stopped first, so that it neither reacts nor reaps: a killed
+        # child stays a zombie, its pid not reused, until the launcher is gone.
+        os.kill(p.pid, signal.SIGSTOP)
         pids = children(p.pid)
         assert len(pids) >= 4, f"scheduler, 2 servers and a worker expected, found {pids}"
-        for q in pids + [p.pid]:
+        for q in pids:
             os.kill(q, signal.SIGKILL)
+        os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
         deadline = time.time() + 10
         while any(alive(q) for q in pids):
             assert time.time() < deadline, [q for q in pids if alive(q)]
             time.sleep(0.05)
     finally:
-        for q in pids + [p.pid]:
-            try:
-                os.kill(q, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        # The launcher's children die with it (they ask for SIGKILL when it goes).
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
 
     first = records(rec1)
