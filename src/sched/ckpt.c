@@ -10,7 +10,9 @@
  * while the requests travel do not overtake it. Then every server gets CKPT {id, clock}
  * and writes its shard in the background; the scheduler collects the answers (a
  * deadline, a server's death or error fails the whole checkpoint, and the requester
- * gets that error with the server named). The task state goes into the checkpoint as
+ * gets that error with the server named). Then the scheduler reads the TABLE blocks
+ * of the servers' files back for the rows of each sparse table (the manifest carries
+ * their totals). The task state goes into the checkpoint as
  * it is when the cut is sent: a partition finished later may have pushes the servers'
  * cut does not hold, so it counts as not done. Once every server answered, the
  * scheduler writes the MANIFEST (the registry's TABLE blocks, one FILE block per
@@ -235,10 +237,53 @@ static uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static int skip_rows(void *arg, uint32_t table, uint64_t lo, uint64_t hi) {
+  (void)arg, (void)table, (void)lo, (void)hi;
+  return 0;
+}
+
+/* The rows of each sparse table over the servers' files, into nrows (one per registry
+ * table): a server's answer counts only its file's rows in all, and the manifest's
+ * TABLE block carries the table's total. Reads the files' TABLE blocks, skipping the
+ * ROWS blocks by their descriptors (a few bytes a block). 0, or an error with a
+ * message naming the file. */
+static int sparse_rows(ps__sched *s, uint64_t *nrows) {
+  ps__sched_ckpt *k = &s->ck;
+  for (uint32_t i = 0; i < k->nparts; i++) {
+    char path[PS_CKPT_DIR_MAX + 80];
+    snprintf(path, sizeof path, "%s/%s", k->dir, k->parts[i].done.name);
+    ps__ckpt_reader *r = NULL;
+    ps__ckpt_header hd;
+    int rc = ps__ckpt_reader_open(&r, path, &hd);
+    while (!rc) {
+      ps__ckpt_block b;
+      if ((rc = ps__ckpt_next(r, &b, skip_rows, NULL)) != 0 || b.kind == PS_CKPT_B_END) break;
+      if (b.kind != PS_CKPT_B_TABLE || b.table.decl.kind != PS_SPARSE) continue;
+      for (size_t t = 0; t < s->ntables; t++)
+        if (s->tables[t].d.id == b.table.decl.id) nrows[t] += b.table.nrows;
+    }
+    ps__ckpt_reader_close(r);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 /* Every server answered: write the manifest, prune, answer. */
 static void finish(ps__sched *s) {
   ps__sched_ckpt *k = &s->ck;
   char path[PS_CKPT_DIR_MAX + 16];
+  uint64_t *nrows = ps__calloc(s->ntables + 1, sizeof *nrows);
+  if (!nrows) {
+    fail(s, PS_ERR_NOMEM, "scheduler out of memory");
+    return;
+  }
+  if (sparse_rows(s, nrows)) {
+    char err[512];
+    snprintf(err, sizeof err, "%s", ps_errmsg());
+    free(nrows);
+    fail(s, PS_ERR_IO, "cannot read the servers' files back: %s", err);
+    return;
+  }
   snprintf(path, sizeof path, "%s/MANIFEST", k->dir);
   ps__ckpt_header hd = {.what = PS_CKPT_MANIFEST, .id = k->id, .clock = k->clock, .rank = 0,
                         .nservers = k->nparts, .created_ms = wall_ms()};
@@ -251,12 +296,12 @@ static void finish(ps__sched *s) {
     const ps__table_spec *sp = &s->tables[i].spec;
     t.width = sp->width;
     t.row_floats = (uint32_t)ps__spec_row_floats(sp);
-    /* A dense table is written whole: its slices, over all files. Step, version and a
-     * sparse table's row count are the servers' (in their files); the manifest carries
-     * the declarations. */
-    if (sp->kind == PS_DENSE) t.nrows = sp->nrows;
+    /* A dense table is written whole: its slices, over all files; a sparse table has
+     * the rows its servers wrote. Step and version are the servers' (in their files). */
+    t.nrows = sp->kind == PS_DENSE ? sp->nrows : nrows[i];
     rc = ps__ckpt_write_table(w, &t);
   }
+  free(nrows);
   uint64_t bytes = 0, rows = 0;
   for (uint32_t i = 0; !rc && i < k->nparts; i++) {
     const ps__ckpt_done *d = &k->parts[i].done;
