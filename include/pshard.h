@@ -351,6 +351,18 @@ PS_API int ps_clock(ps_ctx *ctx);
  * PS_ERR_IO (a file could not be written; the message names it), PS_ERR_TIMEOUT,
  * PS_ERR_CLOSED. */
 PS_API int ps_checkpoint(ps_ctx *ctx, uint64_t *id, int timeout_ms);
+/* As ps_checkpoint, into the directory dir instead of the job's checkpoint directory
+ * (which the job then need not have): the checkpoint is dir/ckpt-<id>, id one past the
+ * largest ckpt-<id> already in dir, and dir is made if missing (one level). Nothing in
+ * dir is pruned (`checkpoint_keep` applies to the job's directory only). The scheduler
+ * makes the directory and every server writes its file there, so dir must be a path
+ * they all see; a relative dir is taken from the caller's working directory. dir is
+ * borrowed for the call; NULL is ps_checkpoint. `pshard run --restore dir` (or
+ * `pshard.load_checkpoint(dir)`) reads it back. Thread-safe.
+ * Errors: those of ps_checkpoint, PS_ERR_CONFIG aside, and PS_ERR_INVALID (an empty or
+ * too long dir: at most 991 bytes once made absolute), PS_ERR_IO (dir cannot be made
+ * or is not a directory, on the scheduler's side; the message names it). */
+PS_API int ps_checkpoint_to(ps_ctx *ctx, const char *dir, uint64_t *id, int timeout_ms);
 /* Wait until every active worker reached the barrier. A call after a failed one enters
  * the same barrier again. Errors: PS_ERR_INVALID (NULL ctx), PS_ERR_TIMEOUT,
  * PS_ERR_UNAVAILABLE (the scheduler is gone), PS_ERR_NOMEM, PS_ERR_CLOSED. */

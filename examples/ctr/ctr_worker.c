@@ -9,6 +9,14 @@
  * epoch rank 0 evaluates test log-loss and AUC and prints them beside the planted
  * model's (from DIR/meta.txt when the data came from ctr_gen).
  *
+ * Saving and loading the model: with --save DIR, once training ends rank 0 asks for a
+ * checkpoint of the whole job into DIR (ps_checkpoint_to: DIR/ckpt-<id>, the weights
+ * and the optimiser's state on every server). --load DIR goes with `pshard run
+ * --restore DIR`, which is what puts the saved tables on the servers (onto any number
+ * of them); the worker checks that its job did start from DIR's newest checkpoint, and
+ * rank 0 evaluates the loaded model before anything else. --epochs N then trains N
+ * more epochs; --epochs 0 only evaluates.
+ *
  * In sync mode a round waits for every worker; a worker that has no partition to work
  * on (its epoch's partitions are all taken) takes empty steps - a pull that waits for
  * the round, then a clock - so that the others never wait on it.
@@ -23,6 +31,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 
 #include "ctr_data.h"
 #include "pshard.h"
@@ -39,6 +49,7 @@ typedef struct opts {
   size_t eval_rows;     /* rows of the test set used by --eval-every (all) */
   double lr, l1, l2, beta;
   const char *pred_out;
+  const char *save, *load; /* --save DIR, --load DIR */
 } opts;
 
 static double now_s(void) {
@@ -300,12 +311,68 @@ static int meta_value(const char *dir, const char *key, double *out) {
   return rc;
 }
 
+/* ------------------------------------------------------------------ a saved model */
+
+static uint64_t le64(const unsigned char *p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; i--) v = v << 8 | p[i];
+  return v;
+}
+
+static uint32_t le32(const unsigned char *p) {
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The manifest of DIR's newest complete checkpoint (DIR itself when it is one) into
+ * path. 0, or -1 when there is none. */
+static int newest_manifest(const char *dir, char *path, size_t cap) {
+  snprintf(path, cap, "%s/MANIFEST", dir);
+  if (!access(path, R_OK)) return 0;
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  unsigned long long best = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char *end, m[4096];
+    if (strncmp(e->d_name, "ckpt-", 5) || e->d_name[5] < '1' || e->d_name[5] > '9') continue;
+    unsigned long long id = strtoull(e->d_name + 5, &end, 10);
+    snprintf(m, sizeof m, "%s/%s/MANIFEST", dir, e->d_name);
+    if (!*end && id > best && !access(m, R_OK)) best = id;
+  }
+  closedir(d);
+  if (!best) return -1;
+  snprintf(path, cap, "%s/ckpt-%llu/MANIFEST", dir, best);
+  return 0;
+}
+
+/* The clock of DIR's newest checkpoint, from its manifest's HEADER block
+ * (docs/checkpoint.md, 3 and 4.1): -1 when its job had no sync table. 0, or 1 with the
+ * reason on stderr. */
+static int saved_clock(const char *dir, int64_t *clock) {
+  char path[4200];
+  unsigned char b[72]; /* block framing 16, HEADER payload 48, checksum 8 */
+  if (newest_manifest(dir, path, sizeof path)) {
+    fprintf(stderr, "ctr_worker: --load %s: no complete checkpoint there (save one with --save %s)\n", dir, dir);
+    return 1;
+  }
+  FILE *f = fopen(path, "rb");
+  size_t n = f ? fread(b, 1, sizeof b, f) : 0;
+  if (f) fclose(f);
+  if (n != sizeof b || le32(b) != 0x42435350u || (b[4] | b[5] << 8) != 1 || le64(b + 8) != 48 ||
+      XXH64(b, 64, 0) != le64(b + 64) || le32(b + 16) != 0x4b435350u || le32(b + 24) != 2) {
+    fprintf(stderr, "ctr_worker: --load %s: %s is not a readable checkpoint manifest\n", dir, path);
+    return 1;
+  }
+  *clock = (int64_t)le64(b + 48);
+  return 0;
+}
+
 static void usage(FILE *f) {
   fprintf(f,
           "usage: ctr_worker --data DIR [options]   (run under `pshard run`)\n"
           "  --data DIR      training partitions DIR/train*.txt|.bin (libsvm text or ctr binary)\n"
           "  --test FILE     test set (default DIR/test.txt or DIR/test.bin)\n"
-          "  --epochs N      passes over the data (1)\n"
+          "  --epochs N      passes over the data (1); with --load, more passes (0: only evaluate)\n"
           "  --batch N       examples per mini-batch (1000)\n"
           "  --opt ftrl|adagrad  server-side optimiser (ftrl)\n"
           "  --table-opts S  more options of the weight table, e.g. 'agg_n=4 agg_ms=20' (see pshard.h)\n"
@@ -316,7 +383,12 @@ static void usage(FILE *f) {
           "  --slow-worker I --slow-factor F   worker index I (PSHARD_WORKER_INDEX) takes F times\n"
           "                  as long per step (it sleeps (F-1) x its step time), to study stragglers\n"
           "  --eval-every N  rank 0 prints 'eval t=SECONDS examples=N logloss=X auc=Y' every N of\n"
-          "                  its steps, on the first --eval-rows test rows (10000)\n");
+          "                  its steps, on the first --eval-rows test rows (10000)\n"
+          "  --save DIR      when training ends, checkpoint the whole job's tables into DIR/ckpt-<id>\n"
+          "                  (DIR on a file system every server sees; made if missing)\n"
+          "  --load DIR      start from the model saved in DIR: run the job as\n"
+          "                  `pshard run --restore DIR ...` (any number of servers); rank 0 first\n"
+          "                  prints 'loaded model: test logloss X  auc Y ...'\n");
 }
 
 int main(int argc, char **argv) {
@@ -353,6 +425,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--slow-factor")) o.slow_factor = strtod(v, &end);
     else if (!strcmp(a, "--eval-every")) o.eval_every = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--eval-rows")) o.eval_rows = (size_t)strtoull(v, &end, 10);
+    else if (!strcmp(a, "--save")) o.save = v;
+    else if (!strcmp(a, "--load")) o.load = v;
     else {
       fprintf(stderr, "ctr_worker: unknown option %s\n", a);
       usage(stderr);
@@ -363,10 +437,18 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
-  if (!o.data || o.epochs < 1 || o.batch < 1 || (strcmp(o.opt, "ftrl") && strcmp(o.opt, "adagrad")) ||
+  if (!o.data || o.epochs < 0 || o.batch < 1 || (strcmp(o.opt, "ftrl") && strcmp(o.opt, "adagrad")) ||
       o.slow_factor < 1 || o.eval_every < 0) {
-    fprintf(stderr, "ctr_worker: need --data, epochs >= 1, batch >= 1, --opt ftrl or adagrad\n");
+    fprintf(stderr, "ctr_worker: need --data, epochs >= 0, batch >= 1, --opt ftrl or adagrad\n");
     usage(stderr);
+    return 2;
+  }
+  if (o.epochs == 0 && !o.load) {
+    fprintf(stderr, "ctr_worker: --epochs 0 only evaluates a loaded model: it needs --load DIR\n");
+    return 2;
+  }
+  if ((o.save && !*o.save) || (o.load && !*o.load)) {
+    fprintf(stderr, "ctr_worker: --save and --load need a directory\n");
     return 2;
   }
   if (o.lr < 0) o.lr = 0.1;
@@ -398,17 +480,38 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (o.load) {
+    /* The servers hold the saved tables only if the job was restored from DIR. */
+    int64_t want, have = ps_ctx_clock(m.ctx);
+    if (saved_clock(o.load, &want)) return 1;
+    if (want >= 0 ? have != want : have <= 0) {
+      fprintf(stderr,
+              "ctr_worker: --load %s: this job did not start from that checkpoint (its clock is %lld, the job's "
+              "%lld): run it as `pshard run --restore %s ...`\n",
+              o.load, (long long)want, (long long)have, o.load);
+      return 1;
+    }
+  }
   PS_CHECK("declare table", ps_table_declare(m.ctx, "ctr_weights", PS_SPARSE, 1, topts, &m.table));
-  PS_CHECK("declare tasks", ps_tasks_init(m.ctx, (uint32_t)nparts, (uint32_t)o.epochs));
+  double t0 = now_s();
+  if (o.load && rank == 0) {
+    double ll, auc, acc;
+    size_t n;
+    if (evaluate(&m, o.test, 10000, 0, &ll, &auc, &acc, &n)) return 1;
+    printf("loaded model: test logloss %.4f  auc %.4f  accuracy %.4f  (%zu examples, %.1f s)\n", ll, auc, acc, n,
+           now_s() - t0);
+    fflush(stdout);
+  }
+  if (o.epochs > 0) PS_CHECK("declare tasks", ps_tasks_init(m.ctx, (uint32_t)nparts, (uint32_t)o.epochs));
 
   ctr_batch b;
   ctr_batch_init(&b);
   float *pbuf = NULL;
   size_t pcap = 0;
-  double t0 = now_s(), last_report = t0, loss_acc = 0;
+  double last_report = t0, loss_acc = 0;
   uint64_t examples = 0, ex_since = 0, loss_n = 0;
   int cur_epoch = 0;
-  for (;;) {
+  while (o.epochs > 0) {
     ps_task task;
     int rc = ps_task_next(m.ctx, &task, 0);
     if (rc == PS_ERR_TIMEOUT) {
@@ -417,6 +520,10 @@ int main(int argc, char **argv) {
     }
     int finished_epoch = rc == PS_ERR_DONE ? o.epochs : (int)task.epoch;
     if (rc && rc != PS_ERR_DONE) die_ps("next task", rc);
+    /* The last evaluation (and a --save) must see every worker's last round: in sync
+     * mode the pulls of a worker at clock c see the rounds before c, and another worker
+     * may have pushed in round c. One more step waits for that round. */
+    if (rc == PS_ERR_DONE && rank == 0) empty_step(&m);
     while (cur_epoch < finished_epoch) {
       /* Every partition of cur_epoch is done: rank 0 evaluates. */
       if (rank == 0) {
@@ -471,10 +578,18 @@ int main(int argc, char **argv) {
     PS_CHECK("task done", ps_task_done(m.ctx, &task));
   }
   double dt = now_s() - t0;
-  if (!o.quiet || rank == 0)
+  if (o.epochs > 0 && (!o.quiet || rank == 0))
     printf("trained on %llu examples in %.1f s (%.0f examples/s)\n", (unsigned long long)examples, dt,
            (double)examples / dt);
-  if (rank == 0) {
+  if (o.save && rank == 0) {
+    /* The whole job's tables, cut at this clock: every worker's pushes are in it. */
+    uint64_t id;
+    PS_CHECK("save", ps_checkpoint_to(m.ctx, o.save, &id, 130000));
+    printf("saved the model: checkpoint %llu in %s (clock %lld)\n", (unsigned long long)id, o.save,
+           (long long)ps_ctx_clock(m.ctx));
+    fflush(stdout);
+  }
+  if (rank == 0 && o.epochs > 0) {
     double pll, pauc;
     if (!meta_value(o.data, "planted_test_logloss", &pll) && !meta_value(o.data, "planted_test_auc", &pauc))
       printf("planted model (the best achievable): test logloss %.4f  auc %.4f\n", pll, pauc);

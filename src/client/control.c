@@ -7,8 +7,10 @@
  * checkpoint_every) that goes on lent links when they are idle and through the loop
  * otherwise.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "client/client_int.h"
 
@@ -163,12 +165,34 @@ int ps_clock(ps_ctx *ctx) {
 }
 
 /* A CHECKPOINT to the scheduler, cut at this worker's clock; the scheduler answers once
- * the checkpoint's manifest is written, with its id and directory. */
-int ps_checkpoint(ps_ctx *ctx, uint64_t *id, int timeout_ms) {
+ * the checkpoint's manifest is written, with its id and directory. A named directory
+ * travels as the body, made absolute here: the scheduler's working directory need not
+ * be the caller's. */
+int ps_checkpoint_to(ps_ctx *ctx, const char *dir, uint64_t *id, int timeout_ms) {
   int rc = ps__ctx_check(ctx);
   if (rc || (rc = ps__ctx_state_err(ctx))) return rc;
+  char path[PS_CKPT_DIR_MAX];
+  ps__wbuf req;
+  ps__wbuf_init(&req);
+  if (dir) {
+    size_t n = strlen(dir);
+    char cwd[PS_CKPT_DIR_MAX] = "";
+    if (n == 0) return ps__fail(PS_ERR_INVALID, "checkpoint directory is empty");
+    if (dir[0] != '/' && !getcwd(cwd, sizeof cwd))
+      return ps__fail(PS_ERR_INVALID, "checkpoint directory %s: cannot get the working directory: %s", dir,
+                      strerror(errno));
+    /* The scheduler appends /ckpt-<id>: leave room for it. */
+    if ((size_t)snprintf(path, sizeof path, "%s%s%s", cwd, cwd[0] ? "/" : "", dir) + 32 >= sizeof path)
+      return ps__fail(PS_ERR_INVALID, "checkpoint directory path too long (at most %d bytes)", PS_CKPT_DIR_MAX - 33);
+    ps__wbuf_str(&req, path);
+    if (req.oom) {
+      ps__wbuf_free(&req);
+      return ps__fail(PS_ERR_NOMEM, "out of memory");
+    }
+  }
   char body[sizeof(ps__ckpt_info) + 64];
-  ps_req *r = ps__ctrl_req(ctx, SCHED_LINK, PS_MSG_CHECKPOINT, NULL, 0, ps__deadline_for(ctx, timeout_ms));
+  ps_req *r = ps__ctrl_req(ctx, SCHED_LINK, PS_MSG_CHECKPOINT, req.data, req.len, ps__deadline_for(ctx, timeout_ms));
+  ps__wbuf_free(&req);
   if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   r->parts[0].hdr.clock = clock;
@@ -191,6 +215,8 @@ int ps_checkpoint(ps_ctx *ctx, uint64_t *id, int timeout_ms) {
   if (id) *id = info.id;
   return 0;
 }
+
+int ps_checkpoint(ps_ctx *ctx, uint64_t *id, int timeout_ms) { return ps_checkpoint_to(ctx, NULL, id, timeout_ms); }
 
 int ps_barrier(ps_ctx *ctx, int timeout_ms) {
   int rc = ps__ctx_check(ctx);

@@ -3,21 +3,29 @@
  * CHECKPOINT request, and resuming a job from one at create.
  *
  * Taking: at most one checkpoint at a time. A request gets a new id (1 + the largest
- * ckpt-<id> in the checkpoint directory) and its directory. With clock -1 the
+ * ckpt-<id> in the checkpoint directory, or in the directory the request named) and
+ * its directory. With clock -1 the
  * scheduler first probes every live server (CKPT with id 0) for the smallest clock it
  * can still cut at and takes the largest, plus a margin, so that workers running ahead
  * while the requests travel do not overtake it. Then every server gets CKPT {id, clock}
  * and writes its shard in the background; the scheduler collects the answers (a
  * deadline, a server's death or error fails the whole checkpoint, and the requester
- * gets that error with the server named). Once every server answered, the scheduler
- * writes the MANIFEST (the registry's TABLE blocks, one FILE block per server, its own
- * STATE block): only then does the checkpoint exist. Older ones are pruned, then the
- * requester is answered. The manifest is small, so it is written on the loop thread.
+ * gets that error with the server named). Then the scheduler reads the TABLE blocks
+ * of the servers' files back for the rows of each sparse table (the manifest carries
+ * their totals). The task state goes into the checkpoint as
+ * it is when the cut is sent: a partition finished later may have pushes the servers'
+ * cut does not hold, so it counts as not done. Once every server answered, the
+ * scheduler writes the MANIFEST (the registry's TABLE blocks, one FILE block per
+ * server, that STATE block): only then does the checkpoint exist. Older ones in the
+ * job's checkpoint directory are pruned (a directory a request named is left as it
+ * is), then the requester is answered. The manifest is small, so it is written on the
+ * loop thread.
  *
  * Restoring: the newest complete checkpoint of the restore directory (or the
  * checkpoint the directory is) gives the table registry (ids kept), the clock the job
  * resumes at (the HELLO reply's clock) and the task state, applied at the first
- * TASK_INIT with the same counts.
+ * TASK_INIT with the same counts when some epoch was left (a finished schedule, or
+ * other counts, start the tasks afresh).
  *
  * Threads: the scheduler's loop thread only.
  */
@@ -136,6 +144,9 @@ static void reset(ps__sched *s) {
   uv_timer_stop(&k->deadline);
   free(k->parts);
   k->parts = NULL;
+  free(k->state);
+  k->state = NULL;
+  k->state_len = 0;
   k->nparts = k->nanswered = 0;
   k->requester = NULL;
   k->requester_req = 0;
@@ -188,6 +199,22 @@ static int send_all(ps__sched *s, uint64_t id) {
     fail(s, PS_ERR_NOMEM, "scheduler out of memory");
     return -1;
   }
+  if (id) {
+    /* The task state of the cut: what is done now has its pushes acknowledged before
+     * the servers get the request. */
+    ps__wbuf sb;
+    ps__wbuf_init(&sb);
+    ps__sched_state_encode(&sb, k->clock, &s->tk);
+    if (sb.oom) {
+      ps__wbuf_free(&w);
+      ps__wbuf_free(&sb);
+      fail(s, PS_ERR_NOMEM, "scheduler out of memory");
+      return -1;
+    }
+    free(k->state);
+    k->state = sb.data; /* taken from the buffer: freed by reset */
+    k->state_len = sb.len;
+  }
   k->nanswered = 0;
   for (uint32_t i = 0; i < k->nparts; i++) {
     ps__ckpt_part *p = &k->parts[i];
@@ -212,10 +239,53 @@ static uint64_t wall_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+static int skip_rows(void *arg, uint32_t table, uint64_t lo, uint64_t hi) {
+  (void)arg, (void)table, (void)lo, (void)hi;
+  return 0;
+}
+
+/* The rows of each sparse table over the servers' files, into nrows (one per registry
+ * table): a server's answer counts only its file's rows in all, and the manifest's
+ * TABLE block carries the table's total. Reads the files' TABLE blocks, skipping the
+ * ROWS blocks by their descriptors (a few bytes a block). 0, or an error with a
+ * message naming the file. */
+static int sparse_rows(ps__sched *s, uint64_t *nrows) {
+  ps__sched_ckpt *k = &s->ck;
+  for (uint32_t i = 0; i < k->nparts; i++) {
+    char path[PS_CKPT_DIR_MAX + 80];
+    snprintf(path, sizeof path, "%s/%s", k->dir, k->parts[i].done.name);
+    ps__ckpt_reader *r = NULL;
+    ps__ckpt_header hd;
+    int rc = ps__ckpt_reader_open(&r, path, &hd);
+    while (!rc) {
+      ps__ckpt_block b;
+      if ((rc = ps__ckpt_next(r, &b, skip_rows, NULL)) != 0 || b.kind == PS_CKPT_B_END) break;
+      if (b.kind != PS_CKPT_B_TABLE || b.table.decl.kind != PS_SPARSE) continue;
+      for (size_t t = 0; t < s->ntables; t++)
+        if (s->tables[t].d.id == b.table.decl.id) nrows[t] += b.table.nrows;
+    }
+    ps__ckpt_reader_close(r);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 /* Every server answered: write the manifest, prune, answer. */
 static void finish(ps__sched *s) {
   ps__sched_ckpt *k = &s->ck;
   char path[PS_CKPT_DIR_MAX + 16];
+  uint64_t *nrows = ps__calloc(s->ntables + 1, sizeof *nrows);
+  if (!nrows) {
+    fail(s, PS_ERR_NOMEM, "scheduler out of memory");
+    return;
+  }
+  if (sparse_rows(s, nrows)) {
+    char err[512];
+    snprintf(err, sizeof err, "%s", ps_errmsg());
+    free(nrows);
+    fail(s, PS_ERR_IO, "cannot read the servers' files back: %s", err);
+    return;
+  }
   snprintf(path, sizeof path, "%s/MANIFEST", k->dir);
   /* An increment unless every server wrote its whole shard (it could not build on the
    * base: restarted since, or its last write failed). */
@@ -233,12 +303,12 @@ static void finish(ps__sched *s) {
     const ps__table_spec *sp = &s->tables[i].spec;
     t.width = sp->width;
     t.row_floats = (uint32_t)ps__spec_row_floats(sp);
-    /* A dense table is written whole: its slices, over all files. Step, version and a
-     * sparse table's row count are the servers' (in their files); the manifest carries
-     * the declarations. */
-    if (sp->kind == PS_DENSE) t.nrows = sp->nrows;
+    /* A dense table is written whole: its slices, over all files; a sparse table has
+     * the rows its servers wrote. Step and version are the servers' (in their files). */
+    t.nrows = sp->kind == PS_DENSE ? sp->nrows : nrows[i];
     rc = ps__ckpt_write_table(w, &t);
   }
+  free(nrows);
   uint64_t bytes = 0, rows = 0;
   for (uint32_t i = 0; !rc && i < k->nparts; i++) {
     const ps__ckpt_done *d = &k->parts[i].done;
@@ -253,13 +323,7 @@ static void finish(ps__sched *s) {
     rows += d->rows;
     rc = ps__ckpt_write_file(w, &f);
   }
-  if (!rc) {
-    ps__wbuf sb;
-    ps__wbuf_init(&sb);
-    ps__sched_state_encode(&sb, k->clock, &s->tk);
-    rc = sb.oom ? ps__fail(PS_ERR_NOMEM, "out of memory") : ps__ckpt_write_state(w, sb.data, sb.len);
-    ps__wbuf_free(&sb);
-  }
+  if (!rc) rc = ps__ckpt_write_state(w, k->state, k->state_len);
   ps__ckpt_summary sum = {0};
   char err[512] = "";
   if (rc) snprintf(err, sizeof err, "%s", ps_errmsg());
@@ -278,9 +342,12 @@ static void finish(ps__sched *s) {
           (unsigned long long)k->id, base ? " (an increment)" : "", (long long)k->clock, k->nparts,
           (unsigned long long)rows, (unsigned long long)bytes, (unsigned long long)ms, k->dir);
   k->taken++;
-  k->last_id = k->id;
-  k->since_full = base ? k->since_full + 1 : 0;
-  if (ps__ckpt_prune(k->root, s->o.checkpoint_keep))
+  int in_root = !strcmp(k->into, k->root);
+  if (in_root) { /* increments chain within the job's directory only */
+    k->last_id = k->id;
+    k->since_full = base ? k->since_full + 1 : 0;
+  }
+  if (in_root && ps__ckpt_prune(k->root, s->o.checkpoint_keep))
     ps__log(PS_LOG_WARN, "checkpoint %llu: cannot prune old checkpoints: %s", (unsigned long long)k->id, ps_errmsg());
   if (k->requester && k->requester_req) {
     ps__ckpt_info info;
@@ -299,10 +366,44 @@ static void finish(ps__sched *s) {
 
 /* ------------------------------------------------------------ requests and replies */
 
-void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
+/* The directory a request named (its body `str dir`), made if missing (one level),
+ * made absolute into out. 0, or an error code with the message in msg. */
+static int named_dir(const ps__body *b, char *out, size_t cap, char *msg, size_t mcap) {
+  char d[PS_CKPT_DIR_MAX], abs[PATH_MAX];
+  ps__rbuf rb;
+  ps__rbuf_init(&rb, b->buf, b->len);
+  ps__rbuf_str(&rb, d, sizeof d);
+  if (rb.err || rb.off != rb.len || !d[0]) {
+    snprintf(msg, mcap, "a checkpoint request's body is one directory name (1..%d bytes)", PS_CKPT_DIR_MAX - 1);
+    return PS_ERR_INVALID;
+  }
+  if (mkdir(d, 0755) != 0 && errno != EEXIST) {
+    snprintf(msg, mcap, "cannot create checkpoint directory %s: %s", d, strerror(errno));
+    return PS_ERR_IO;
+  }
+  struct stat st;
+  if (!realpath(d, abs) || stat(abs, &st) != 0) {
+    snprintf(msg, mcap, "checkpoint directory %s: %s", d, strerror(errno));
+    return PS_ERR_IO;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    snprintf(msg, mcap, "checkpoint directory %s is not a directory", d);
+    return PS_ERR_IO;
+  }
+  /* The request to a server carries DIR/ckpt-<id>: leave room for the suffix. */
+  if (strlen(abs) + 32 >= cap) {
+    snprintf(msg, mcap, "checkpoint directory path too long: %.900s", abs);
+    return PS_ERR_INVALID;
+  }
+  snprintf(out, cap, "%s", abs);
+  return 0;
+}
+
+void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
   ps__sched_ckpt *k = &s->ck;
-  char msg[PS_CKPT_DIR_MAX + 256];
-  if (!k->root[0]) {
+  char msg[PS_CKPT_DIR_MAX + 256], into[PS_CKPT_DIR_MAX];
+  int named = b && b->buf && b->len > 0;
+  if (!named && !k->root[0]) {
     answer_error(c, h->req_id, h->clock, PS_ERR_CONFIG,
                  "the job has no checkpoint directory (start the scheduler with --checkpoint-dir DIR)");
     return;
@@ -334,13 +435,22 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     answer_error(c, h->req_id, h->clock, PS_ERR_UNAVAILABLE, msg);
     return;
   }
+  if (named) {
+    int rc = named_dir(b, into, sizeof into, msg, sizeof msg);
+    if (rc) {
+      answer_error(c, h->req_id, h->clock, rc, msg);
+      return;
+    }
+  } else {
+    snprintf(into, sizeof into, "%s", k->root);
+  }
   uint64_t id;
-  if (ps__sched_ckpt_next_id(k->root, &id)) {
+  if (ps__sched_ckpt_next_id(into, &id)) {
     answer_error(c, h->req_id, h->clock, PS_ERR_IO, ps_errmsg());
     return;
   }
   char dir[PS_CKPT_DIR_MAX];
-  ps__ckpt_dir_of(k->root, id, dir, sizeof dir);
+  ps__ckpt_dir_of(into, id, dir, sizeof dir);
   if (mkdir(dir, 0755) != 0) {
     snprintf(msg, sizeof msg, "cannot create %s: %s", dir, strerror(errno));
     answer_error(c, h->req_id, h->clock, PS_ERR_IO, msg);
@@ -361,8 +471,11 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     k->nparts++;
   }
   k->id = id;
-  /* Whole every checkpoint_full_every, else an increment on the last one taken. */
-  k->base = s->o.checkpoint_full_every > 1 && k->last_id && k->since_full + 1 < s->o.checkpoint_full_every
+  snprintf(k->into, sizeof k->into, "%s", into);
+  /* Whole every checkpoint_full_every, else an increment on the last one taken in the
+   * job's directory (a checkpoint into a directory of the caller's is always whole). */
+  k->base = s->o.checkpoint_full_every > 1 && k->last_id && k->since_full + 1 < s->o.checkpoint_full_every &&
+                    !strcmp(k->into, k->root)
                 ? k->last_id : 0;
   snprintf(k->dir, sizeof k->dir, "%s", dir);
   k->requester = c;
@@ -436,7 +549,11 @@ void ps__sched_ckpt_tasks_restore(ps__sched *s) {
   ps__sched_task_restore *r = &s->tk_restore;
   ps__sched_tasks *t = &s->tk;
   if (!r->have) return;
-  if (r->parts == t->parts && r->epochs == t->epochs) {
+  if (r->epoch >= r->epochs) {
+    /* Every epoch had ended: nothing to resume. The job trains the restored tables
+     * again over the partitions it declares (a saved model trained further). */
+    ps__log(PS_LOG_INFO, "the checkpoint's tasks had finished (%u epochs): starting the tasks afresh", r->epochs);
+  } else if (r->parts == t->parts && r->epochs == t->epochs) {
     t->epoch = r->epoch;
     t->ndone = 0;
     for (uint32_t p = 0; p < t->parts; p++) {

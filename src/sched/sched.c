@@ -512,7 +512,7 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   }
   if (h->type == PS_MSG_CHECKPOINT) { /* from a worker or from a tool such as the CLI */
     if (n) n->last_seen_ms = ps__now_ms();
-    ps__sched_ckpt_request(s, c, h);
+    ps__sched_ckpt_request(s, c, h, b);
     return;
   }
   if (!n) {

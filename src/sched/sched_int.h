@@ -83,6 +83,9 @@ enum { PS__CKPT_IDLE = 0, PS__CKPT_PROBING = 1, PS__CKPT_CUTTING = 2 };
 typedef struct ps__sched_ckpt {
   char root[PS_CKPT_DIR_MAX]; /* the checkpoint directory, absolute ("" = none) */
   int phase;              /* PS__CKPT_* */
+  char into[PS_CKPT_DIR_MAX]; /* where this one goes: root, or the directory its request named */
+  uint8_t *state;         /* its STATE block, encoded when the cut is sent */
+  size_t state_len;
   uint64_t id;
   int64_t clock;          /* the cut clock (-1 while probing for one) */
   char dir[PS_CKPT_DIR_MAX]; /* DIR/ckpt-<id> */
@@ -152,8 +155,9 @@ int ps__sched_ckpt_init(ps__sched *s);
 /* Free what ps__sched_ckpt_init and a restore allocated (the timer is closed by the
  * loop walk). */
 void ps__sched_ckpt_free(ps__sched *s);
-/* A CHECKPOINT request from c (a registered node or not). */
-void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h);
+/* A CHECKPOINT request from c (a registered node or not); b its body: empty for the
+ * job's checkpoint directory, or `str dir` naming another one. */
+void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b);
 /* A CKPT reply (or error frame) from server n. */
 void ps__sched_ckpt_reply(ps__sched *s, ps__sched_node *n, const ps__frame_hdr *h, const ps__body *b);
 /* Server n died (why says how): fails the checkpoint in progress if n takes part. */

@@ -228,6 +228,34 @@ static void job_stop(job *j) {
   ps__sched_destroy(j->s);
 }
 
+/* The data file a server writes into the checkpoint directory cdir (the scheduler
+ * reads its TABLE blocks back): with table id `sparse` > 0, one row of that sparse
+ * table of dim 2 (opt=sgd). */
+static void fake_file(const char *cdir, uint64_t id, uint32_t sparse) {
+  char path[1300];
+  snprintf(path, sizeof path, "%s/server-0.psck", cdir);
+  ps__ckpt_header hd = {.what = PS_CKPT_DATA, .id = id, .clock = -1, .rank = 0, .nservers = 1};
+  ps__ckpt_writer *w;
+  cr_assert_eq(ps__ckpt_writer_open(&w, path, &hd), 0, "%s", ps_errmsg());
+  if (sparse) {
+    ps__ckpt_table t;
+    memset(&t, 0, sizeof t);
+    t.decl.id = sparse;
+    t.decl.kind = PS_SPARSE;
+    t.decl.size = 2;
+    snprintf(t.decl.name, sizeof t.decl.name, "emb");
+    snprintf(t.decl.options, sizeof t.decl.options, "opt=sgd");
+    t.width = 2;
+    t.row_floats = 2;
+    t.nrows = 1;
+    uint64_t key = 42;
+    float row[2] = {1, 2};
+    cr_assert_eq(ps__ckpt_write_table(w, &t), 0, "%s", ps_errmsg());
+    cr_assert_eq(ps__ckpt_write_rows(w, sparse, 2, &key, row, 1, 0, UINT64_MAX), 0, "%s", ps_errmsg());
+  }
+  cr_assert_eq(ps__ckpt_writer_close(w, 1, NULL), 0, "%s", ps_errmsg());
+}
+
 Test(sched_ckpt, take_then_restore) {
   char *d = tmpdir();
   char body[8192];
@@ -270,6 +298,7 @@ Test(sched_ckpt, take_then_restore) {
   cr_assert_eq(busy.req_id, 78);
   cr_assert_eq(busy.status, PS_ERR_UNAVAILABLE);
   cr_assert(strstr(body, "a checkpoint is being taken"), "%s", body);
+  fake_file(want, 1, 0);
   ps__ckpt_done dn = {.rank = 0, .bytes = 1000, .checksum = 0xabc, .rows = 12};
   snprintf(dn.name, sizeof dn.name, "server-0.psck");
   ps__wbuf wb;
@@ -418,6 +447,154 @@ Test(sched_ckpt, a_bad_restore_fails_create) {
   int rc = ps__sched_create(&o, &s);
   cr_assert_neq(rc, 0, "a bad manifest fails the create");
   cr_assert(strstr(ps_errmsg(), "MANIFEST"), "the message names the file: %s", ps_errmsg());
+  rm_rf(d);
+  free(d);
+}
+
+/* The STATE block of checkpoint id in dir (the manifest of dir/ckpt-<id>). */
+static ps__sched_task_restore read_state(const char *dir, uint64_t id, uint64_t *sparse_rows) {
+  char cdir[1200], mpath[1300];
+  ps__ckpt_dir_of(dir, id, cdir, sizeof cdir);
+  snprintf(mpath, sizeof mpath, "%s/MANIFEST", cdir);
+  ps__ckpt_reader *r;
+  ps__ckpt_header hd;
+  cr_assert_eq(ps__ckpt_reader_open(&r, mpath, &hd), 0, "%s", ps_errmsg());
+  ps__sched_task_restore tr;
+  memset(&tr, 0, sizeof tr);
+  for (;;) {
+    ps__ckpt_block b;
+    cr_assert_eq(ps__ckpt_next(r, &b, NULL, NULL), 0, "%s", ps_errmsg());
+    if (b.kind == PS_CKPT_B_END) break;
+    int64_t c;
+    if (b.kind == PS_CKPT_B_STATE) cr_assert_eq(ps__sched_state_decode(b.state, b.state_len, &c, &tr), 0);
+    if (b.kind == PS_CKPT_B_TABLE && b.table.decl.kind == PS_SPARSE) *sparse_rows = b.table.nrows;
+  }
+  ps__ckpt_reader_close(r);
+  return tr;
+}
+
+/* The server's side of a checkpoint: the CKPT it gets (its req_id into *req_id). */
+static ps__ckpt_req server_cut(int srv, char *body, size_t cap, uint64_t *req_id) {
+  ps__frame_hdr q = expect(srv, PS_MSG_CKPT, body, cap);
+  ps__ckpt_req req;
+  cr_assert_eq(ps__ckpt_req_decode(body, q.payload_len, &req), 0, "%s", ps_errmsg());
+  *req_id = q.req_id;
+  return req;
+}
+
+static void server_done(int srv, uint64_t req_id, const ps__ckpt_req *req, uint32_t sparse) {
+  fake_file(req->dir, req->id, sparse);
+  ps__ckpt_done dn = {.rank = 0, .bytes = 10, .checksum = 1, .rows = 0};
+  snprintf(dn.name, sizeof dn.name, "server-0.psck");
+  ps__wbuf wb;
+  ps__wbuf_init(&wb);
+  ps__ckpt_done_encode(&wb, &dn);
+  send_frame(srv, (ps__frame_hdr){.type = PS_MSG_CKPT | PS_FRAME_REPLY, .req_id = req_id}, wb.data, wb.len);
+  ps__wbuf_free(&wb);
+}
+
+static uint32_t task_next(int wk, uint64_t req_id, uint32_t *epoch) {
+  char body[256];
+  send_frame(wk, (ps__frame_hdr){.type = PS_MSG_TASK_NEXT, .req_id = req_id}, NULL, 0);
+  ps__frame_hdr t = expect(wk, PS_MSG_TASK_NEXT | PS_FRAME_REPLY, body, sizeof body);
+  cr_assert_eq(t.status, 0, "task_next: status %d", t.status);
+  if (epoch) *epoch = (uint32_t)t.clock;
+  return t.table;
+}
+
+static void task_done(int wk, uint64_t req_id, uint32_t part, uint32_t epoch) {
+  char body[256];
+  send_frame(wk, (ps__frame_hdr){.type = PS_MSG_TASK_DONE, .req_id = req_id, .table = part, .clock = epoch}, NULL, 0);
+  cr_assert_eq(expect(wk, PS_MSG_TASK_DONE | PS_FRAME_REPLY, body, sizeof body).status, 0);
+}
+
+Test(sched_ckpt, task_state_of_the_cut_and_a_named_directory) {
+  /* A scheduler without a checkpoint directory takes one into the directory a request
+   * names; the task state is the one of the moment the cut was sent. */
+  char *d = tmpdir();
+  char named[1200], body[8192];
+  snprintf(named, sizeof named, "%s/saved", d);
+  job j;
+  job_start(&j, NULL, NULL);
+  int srv = dial(j.port), wk = dial(j.port);
+  hello(srv, PS_ROLE_SERVER);
+  hello(wk, PS_ROLE_WORKER);
+  uint32_t emb = declare(wk, "emb", PS_SPARSE, 2, "opt=sgd").table;
+  send_frame(wk, (ps__frame_hdr){.type = PS_MSG_TASK_INIT, .req_id = 3, .table = 3, .batch = 1}, NULL, 0);
+  expect(wk, PS_MSG_TASK_INIT | PS_FRAME_REPLY, body, sizeof body);
+  uint32_t a = task_next(wk, 4, NULL), b = task_next(wk, 5, NULL);
+  task_done(wk, 6, a, 0);
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__wbuf_str(&w, named);
+  send_frame(wk, (ps__frame_hdr){.type = PS_MSG_CHECKPOINT, .req_id = 7, .clock = 3}, w.data, w.len);
+  ps__wbuf_free(&w);
+  uint64_t rid;
+  ps__ckpt_req req = server_cut(srv, body, sizeof body, &rid);
+  char want[1300];
+  ps__ckpt_dir_of(named, 1, want, sizeof want);
+  cr_assert_str_eq(req.dir, want, "the cut goes into the named directory");
+  /* b is finished while the servers write: its pushes may be past the cut. */
+  task_done(wk, 8, b, 0);
+  server_done(srv, rid, &req, emb);
+  ps__frame_hdr rep = expect(wk, PS_MSG_CHECKPOINT | PS_FRAME_REPLY, body, sizeof body);
+  cr_assert_eq(rep.status, 0, "%s", body);
+  uint64_t srows = 0;
+  ps__sched_task_restore tr = read_state(named, 1, &srows);
+  cr_assert_eq(srows, 1, "the manifest has the sparse table's rows over the files: %llu", (unsigned long long)srows);
+  cr_assert(tr.have && tr.parts == 3 && tr.epoch == 0);
+  for (uint32_t p = 0; p < 3; p++) cr_assert_eq(tr.done[p], p == a, "partition %u done: %u", p, tr.done[p]);
+  free(tr.done);
+  /* A bad body is refused with a message. */
+  send_frame(wk, (ps__frame_hdr){.type = PS_MSG_CHECKPOINT, .req_id = 9, .clock = 3}, "xy", 2);
+  rep = expect(wk, PS_MSG_CHECKPOINT | PS_FRAME_REPLY, body, sizeof body);
+  cr_assert_eq(rep.status, PS_ERR_INVALID);
+  cr_assert(strstr(body, "directory"), "%s", body);
+
+  /* Finish every epoch, save again: a restore of a finished schedule starts afresh. */
+  uint32_t c = task_next(wk, 10, NULL);
+  task_done(wk, 11, c, 0);
+  ps__wbuf_init(&w);
+  ps__wbuf_str(&w, named);
+  send_frame(wk, (ps__frame_hdr){.type = PS_MSG_CHECKPOINT, .req_id = 12, .clock = 4}, w.data, w.len);
+  ps__wbuf_free(&w);
+  req = server_cut(srv, body, sizeof body, &rid);
+  ps__ckpt_dir_of(named, 2, want, sizeof want);
+  cr_assert_str_eq(req.dir, want);
+  server_done(srv, rid, &req, emb);
+  cr_assert_eq(expect(wk, PS_MSG_CHECKPOINT | PS_FRAME_REPLY, body, sizeof body).status, 0, "%s", body);
+  close(srv);
+  close(wk);
+  job_stop(&j);
+
+  /* Restoring checkpoint 1 resumes epoch 0 without a; checkpoint 2 starts afresh. */
+  char one[1300];
+  ps__ckpt_dir_of(named, 1, one, sizeof one);
+  for (int round = 0; round < 2; round++) {
+    job_start(&j, NULL, round == 0 ? one : named);
+    srv = dial(j.port);
+    wk = dial(j.port);
+    hello(srv, PS_ROLE_SERVER);
+    cr_assert_eq(hello(wk, PS_ROLE_WORKER).clock, round == 0 ? 3 : 4);
+    send_frame(wk, (ps__frame_hdr){.type = PS_MSG_TASK_INIT, .req_id = 3, .table = 3, .batch = 1}, NULL, 0);
+    expect(wk, PS_MSG_TASK_INIT | PS_FRAME_REPLY, body, sizeof body);
+    int seen[3] = {0};
+    int n = round == 0 ? 2 : 3;
+    for (int i = 0; i < n; i++) {
+      uint32_t e, p = task_next(wk, 20 + (uint64_t)i, &e);
+      cr_assert_eq(e, 0);
+      cr_assert_lt(p, 3);
+      seen[p]++;
+    }
+    if (round == 0) cr_assert(!seen[a] && seen[b] && seen[c], "only the partitions not done at the cut");
+    else cr_assert(seen[0] && seen[1] && seen[2], "a finished schedule starts afresh");
+    close(srv);
+    close(wk);
+    job_stop(&j);
+  }
+  /* Checkpoints a request named are never pruned. */
+  struct stat st;
+  cr_assert_eq(stat(one, &st), 0);
   rm_rf(d);
   free(d);
 }
