@@ -192,14 +192,16 @@ static int parse_rule(const char *s, size_t n, ps__fault_rule *r, perr *e) {
       if (name_eq(t, kn, "drop") && !eq) r->kind = PS__FAULT_DROP;
       else if (name_eq(t, kn, "dup") && !eq) r->kind = PS__FAULT_DUP;
       else if (name_eq(t, kn, "alloc") && !eq) r->kind = PS__FAULT_ALLOC;
-      else if (name_eq(t, kn, "delay")) {
-        r->kind = PS__FAULT_DELAY;
-        if (!eq) return fail_at(e, "delay needs a duration: delay=200ms");
+      else if (name_eq(t, kn, "delay") || name_eq(t, kn, "slowdisk")) {
+        r->kind = name_eq(t, kn, "delay") ? PS__FAULT_DELAY : PS__FAULT_SLOWDISK;
+        if (!eq) return fail_at(e, "%s needs a duration: %s=200ms", r->kind == PS__FAULT_DELAY ? "delay" : "slowdisk",
+                                r->kind == PS__FAULT_DELAY ? "delay" : "slowdisk");
         if (parse_duration(v, vn, &r->delay_ms))
           return fail_at(e, "bad delay '%.*s' (1ms to %us: 200, 200ms or 2s)", (int)vn, v,
                          PS_FAULT_DELAY_MAX_MS / 1000);
       } else {
-        return fail_at(e, "unknown kind '%.*s' (drop, delay=DURATION, dup or alloc)", (int)(kn > 32 ? 32 : kn), t);
+        return fail_at(e, "unknown kind '%.*s' (drop, delay=DURATION, dup, alloc or slowdisk=DURATION)",
+                       (int)(kn > 32 ? 32 : kn), t);
       }
       continue;
     }
@@ -235,9 +237,10 @@ static int parse_rule(const char *s, size_t n, ps__fault_rule *r, perr *e) {
     if (have & bit) return fail_at(e, "'%.*s' given twice", (int)kn, t);
     have |= bit;
   }
-  if (r->kind != PS__FAULT_ALLOC && !(have & HAVE_TYPE))
-    return fail_at(e, "a frame rule needs type=TYPE (type=any for every frame)");
-  if (r->kind == PS__FAULT_ALLOC && (have & HAVE_DIR)) return fail_at(e, "dir= is for frame rules, not alloc");
+  int frame = r->kind != PS__FAULT_ALLOC && r->kind != PS__FAULT_SLOWDISK;
+  if (frame && !(have & HAVE_TYPE)) return fail_at(e, "a frame rule needs type=TYPE (type=any for every frame)");
+  if (!frame && (have & HAVE_DIR)) return fail_at(e, "dir= is for frame rules, not alloc or slowdisk");
+  if (r->kind == PS__FAULT_SLOWDISK && (have & HAVE_TYPE)) return fail_at(e, "type= is not for slowdisk");
   if (from_on && (have & HAVE_EVERY)) return fail_at(e, "n=N+ and every=K together (use n=N:every=1)");
   if ((have & HAVE_EVERY) && !(have & HAVE_N)) n_first = every;
   r->n = n_first;
@@ -429,7 +432,7 @@ int ps__fault_frame(unsigned dir, uint8_t type, ps__fault_act *act) {
   for (unsigned k = 0; k < armed.n; k++) {
     ps__fault_rule *r = &armed.r[k];
     uint64_t nth;
-    if (r->kind == PS__FAULT_ALLOC || r->dir != dir) continue;
+    if (r->kind == PS__FAULT_ALLOC || r->kind == PS__FAULT_SLOWDISK || r->dir != dir) continue;
     if (r->type != PS__FAULT_ANY && r->type != type) continue;
     if (!node_match(r, &me, &loaded) || !count_fires(r, &nth)) continue;
     any = 1;
@@ -484,6 +487,28 @@ int ps__fault_alloc(void) {
             tn ? " while handling a received " : "", tn ? tn : "", k + 1, r->text);
   }
   return fail;
+}
+
+uint32_t ps__fault_disk(void) {
+  ident me;
+  int loaded = 0;
+  uint32_t ms = 0;
+  for (unsigned k = 0; k < armed.n; k++) {
+    ps__fault_rule *r = &armed.r[k];
+    uint64_t nth;
+    if (r->kind != PS__FAULT_SLOWDISK) continue;
+    if (!node_match(r, &me, &loaded) || !count_fires(r, &nth)) continue;
+    if (r->delay_ms > ms) ms = r->delay_ms;
+    char who[48];
+    if (!loaded) {
+      me = self_now();
+      loaded = 1;
+    }
+    name_of(&me, who, sizeof who);
+    ps__log(PS_LOG_WARN, "fault: checkpoint write #%llu on %s waits %u ms (rule %u: %s)", (unsigned long long)nth, who,
+            r->delay_ms, k + 1, r->text);
+  }
+  return ms;
 }
 
 int ps__fault_scope_begin(uint8_t type) {

@@ -37,7 +37,13 @@
 #define PS_FAULT_SPEC_MAX 1024
 #define PS_FAULT_DELAY_MAX_MS 600000u
 
-typedef enum { PS__FAULT_DROP = 1, PS__FAULT_DELAY = 2, PS__FAULT_DUP = 3, PS__FAULT_ALLOC = 4 } ps__fault_kind;
+typedef enum {
+  PS__FAULT_DROP = 1,
+  PS__FAULT_DELAY = 2,
+  PS__FAULT_DUP = 3,
+  PS__FAULT_ALLOC = 4,
+  PS__FAULT_SLOWDISK = 5 /* a checkpoint data file's write waits delay_ms */
+} ps__fault_kind;
 
 /* Directions of a frame as seen by the node: received or sent. */
 enum { PS__FAULT_IN = 1, PS__FAULT_OUT = 2 };
@@ -98,6 +104,9 @@ typedef struct ps__fault_act {
 int ps__fault_frame(unsigned dir, uint8_t type, ps__fault_act *act);
 /* Count an allocation; nonzero: it must fail. */
 int ps__fault_alloc(void);
+/* Count a write of a checkpoint data file (one buffer of it); the ms it must wait first
+ * (0: none). */
+uint32_t ps__fault_disk(void);
 
 /* The calling thread handles a received frame of this type (for alloc rules with a
  * type) until ps__fault_scope_end(previous value). */

@@ -18,6 +18,8 @@
  */
 #include "store/ckpt_int.h"
 
+#include "common/fault.h"
+
 /* ---------------------------------------------------------------- shared */
 
 const char *ps__ckpt_kind_name(int kind) {
@@ -110,6 +112,12 @@ static int write_all(ps__ckpt_writer *w, const uint8_t *b, size_t n) {
 }
 
 static int flush_out(ps__ckpt_writer *w) {
+  if (ps__fault_on()) {
+    uint32_t ms = ps__fault_disk(); /* a slow disk, for the tests that kill a writer */
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (ms && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
   int rc = write_all(w, w->out, w->out_len);
   w->out_len = 0;
   return rc;

@@ -60,11 +60,11 @@ class Job:
     """A `pshard run` in the background: output into a file, every process killed at
     close (the launcher's group and each child's)."""
 
-    def __init__(self, tmp, name, argv):
+    def __init__(self, tmp, name, argv, env=None):
         self.log_path = os.path.join(tmp, name + ".log")
         self.log_file = open(self.log_path, "w")
         self.p = subprocess.Popen(argv, stdout=self.log_file, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
+                                  start_new_session=True, env=dict(os.environ, **(env or {})))
         self.seen = set()
 
     def log(self):
@@ -260,9 +260,12 @@ def kill_during_second_write(tmp, whole_job, full_every=None):
     whole_job, every process of the job) as soon as it has the file's temporary open.
     Returns (ck dir, checkpoint 1's file digests)."""
     ck = os.path.join(tmp, "ck")
-    c2 = C1 + 8 if full_every else C2  # an increment as large as a whole file: time to catch it
-    j = Job(tmp, "killed", run_argv(2, 2, ["--steps", "40", "--ckpt-at", f"{C1},{c2}",
-                                           "--step-ms", "20"] + FILL, ckpt_dir=ck, full_every=full_every))
+    # The servers' disks are slow from the second checkpoint's writes on (each 8 MiB
+    # waits 150 ms), so that the write lasts long enough to be caught and killed.
+    slow = "slowdisk=150ms:n=1+:node=server"
+    j = Job(tmp, "killed", run_argv(2, 2, ["--steps", "40", "--ckpt-at", f"{C1},{C2}",
+                                           "--step-ms", "20"] + FILL, ckpt_dir=ck, full_every=full_every),
+            env={"PSHARD_FAULT": slow})
     try:
         j.wait_for(f"checkpoint 1 at clock {C1}", 60)
         before = snapshot(os.path.join(ck, "ckpt-1"))

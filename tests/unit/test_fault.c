@@ -157,6 +157,9 @@ Test(fault_parse, errors_say_what_is_wrong) {
       {"delay=ms:type=push", "bad delay"},
       {"drop=3:type=push", "unknown kind"},
       {"alloc:n=1:dir=out", "not alloc"},
+      {"slowdisk", "needs a duration"},
+      {"slowdisk=5ms:type=push", "not for slowdisk"},
+      {"slowdisk=5ms:dir=in", "not alloc or slowdisk"},
       {"drop:type=push;", "empty rule"},
       {";drop:type=push", "empty rule"},
       {"drop:type=push;;alloc", "empty rule"},
@@ -283,6 +286,16 @@ Test(fault_decide, nth_from_nth_on_every_kth, .fini = disarm) {
   char rep[256];
   ps__fault_report(rep, sizeof rep);
   cr_expect(strstr(rep, "fault_fired 19\n") && strstr(rep, "fault_rule_2_fired 11\n"), "%s", rep);
+}
+
+Test(fault_decide, slow_disk_rules_count_checkpoint_writes, .fini = disarm) {
+  OK(ps__fault_arm("slowdisk=40ms:n=2;slowdisk=70ms:n=3+;drop:type=push"));
+  cr_expect(eq(u32, ps__fault_disk(), 0));
+  cr_expect(eq(u32, ps__fault_disk(), 40));
+  cr_expect(eq(u32, ps__fault_disk(), 70), "the longer wait of two rules");
+  cr_expect(eq(u32, ps__fault_disk(), 70));
+  cr_expect(not(fires(PS__FAULT_IN, PS_MSG_PULL)), "frame rules do not see disk writes");
+  cr_expect(eq(u64, ps__fault_fired_total(), 3));
 }
 
 Test(fault_decide, direction_and_type_filter_what_is_counted, .fini = disarm) {
