@@ -46,7 +46,8 @@ static float apply_begin(ps__table *t, float lr, double global_batch, uint64_t *
 
 int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr, uint64_t step) {
   if (d <= 0) return 0;
-  float *w = ps__shard_row(t, key);
+  uint32_t ix = PS__ROW_ANY;
+  float *w = ps__shard_row_at(t, key, &ix);
   if (!w) {
     ps__log(PS_LOG_ERROR, "out of memory applying table '%s'", t->decl.name);
     return PS_ERR_NOMEM;
@@ -54,11 +55,11 @@ int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr
   uint32_t len = ps__spec_row_len(&t->spec, key);
   if (d != 1.0 && t->spec.opt.kind == PS__OPT_SGD) {
     /* sgd is linear in the gradient: scale the step, not the gradient (one pass less) */
-    ps__shard_write(t, key, w, 0, g, len, (float)(lr / d), step);
+    ps__shard_write(t, key, ix, w, 0, g, len, (float)(lr / d), step);
     return 0;
   }
   if (d != 1.0) ps__vscale(g, (float)(1.0 / d), len);
-  ps__shard_write(t, key, w, 0, g, len, lr, step);
+  ps__shard_write(t, key, ix, w, 0, g, len, lr, step);
   return 0;
 }
 
@@ -160,7 +161,7 @@ void ps__shard_pending_step(ps__table *t, uint64_t budget) {
     if (n > budget) n = budget;
     float *row = ps__rowmap_get(t->params, o / width);
     PS_ASSERT(row != NULL); /* created before the push was acknowledged */
-    ps__shard_write(t, o / width, row, (uint32_t)within, p->vals + p->done, n, p->lr, p->step);
+    ps__shard_write(t, o / width, PS__ROW_ANY, row, (uint32_t)within, p->vals + p->done, n, p->lr, p->step);
     p->done += n;
     budget -= n;
     p->seg_off += n;
@@ -305,6 +306,7 @@ static void push_unit(huge_job *a, uint32_t c) {
   uint32_t pos[FIND_BLOCK];
   uint64_t k64[FIND_BLOCK];
   float *rows[FIND_BLOCK];
+  uint32_t ix[FIND_BLOCK];
   int stop = atomic_load_explicit(&a->mostly_new, memory_order_relaxed);
   while (!stop && i < n) {
     /* The next FIND_BLOCK keys of the class (no branch on the class: it is random). */
@@ -315,10 +317,11 @@ static void push_unit(huge_job *a, uint32_t c) {
       k64[nb] = k;
       nb += key_class(k) == c;
     }
-    ps__rowmap_find_many(m, k64, nb, rows);
+    ps__rowmap_find_many_at(m, k64, NULL, nb, rows, t->watch ? ix : NULL);
     for (uint32_t q = 0; q < nb; q++) {
       if (rows[q]) {
-        ps__shard_write(t, k64[q], rows[q], 0, a->vals + (size_t)pos[q] * width, width, a->lr, a->step);
+        ps__shard_write(t, k64[q], t->watch ? ix[q] : PS__ROW_ANY, rows[q], 0, a->vals + (size_t)pos[q] * width, width,
+                        a->lr, a->step);
         continue;
       }
       a->left[pos[q]] = 1;
@@ -345,19 +348,24 @@ static int push_huge(ps__par *par, ps__table *t, const ps__push *p, float lr, ui
   uint32_t *pos = sh->hooks.alloc(sh->hooks.arg, plen);
   uint8_t *left = NULL;
   int rc = PS_ERR_NOMEM;
-  if (!pos || !(left = huge_run(sh, par, &a))) goto out;
+  int inl = t->dirty_inline; /* two writer threads: the bits are set atomically meanwhile */
+  t->dirty_inline = 0;
+  left = pos ? huge_run(sh, par, &a) : NULL;
+  t->dirty_inline = inl;
+  if (!left) goto out;
   rc = 0;
   uint32_t nleft = left_positions(left, p->nkeys, pos);
   for (uint32_t j = 0; j < nleft; j++) {
     prefetch_ahead_at(t->params, p->keys, pos, nleft, j);
     size_t i = pos[j];
     uint64_t key = ps__get_u64(p->keys + 8 * i);
-    float *row = ps__shard_row(t, key);
+    uint32_t ix = PS__ROW_ANY;
+    float *row = ps__shard_row_at(t, key, &ix);
     if (!row) {
       rc = PS_ERR_NOMEM;
       break;
     }
-    ps__shard_write(t, key, row, 0, p->vals + i * width, width, lr, step);
+    ps__shard_write(t, key, ix, row, 0, p->vals + i * width, width, lr, step);
   }
 out:
   if (left) sh->hooks.release(sh->hooks.arg, left, p->nkeys);
@@ -479,16 +487,18 @@ int ps__shard_apply_direct(ps__shard *sh, ps__table *t, const ps__push *p, ps__o
     if (push_huge(par, t, p, lr, step)) goto oom;
   } else {
     float *rows[FIND_BLOCK];
+    uint32_t ix[FIND_BLOCK];
     for (uint32_t b = 0; b < p->nkeys; b += FIND_BLOCK) {
       uint32_t n = p->nkeys - b < FIND_BLOCK ? p->nkeys - b : FIND_BLOCK;
       int added = 0; /* after an insert, the block's rows may have moved (store.h) */
-      ps__rowmap_find_many_le(t->params, p->keys + 8 * (size_t)b, n, rows);
+      ps__rowmap_find_many_at(t->params, NULL, p->keys + 8 * (size_t)b, n, rows, t->watch ? ix : NULL);
       for (uint32_t i = 0; i < n; i++) {
         uint64_t key = ps__get_u64(p->keys + 8 * (size_t)(b + i));
         added |= !rows[i];
-        float *row = rows[i] && !added ? rows[i] : ps__shard_row(t, key);
+        uint32_t x = t->watch && !added ? ix[i] : PS__ROW_ANY;
+        float *row = rows[i] && !added ? rows[i] : ps__shard_row_at(t, key, &x);
         if (!row) goto oom;
-        ps__shard_write(t, key, row, 0, p->vals + (size_t)(b + i) * width, width, lr, step);
+        ps__shard_write(t, key, x, row, 0, p->vals + (size_t)(b + i) * width, width, lr, step);
       }
     }
   }

@@ -143,9 +143,11 @@ void ps__shard_drop(ps__shard *sh, uint32_t id) {
   sh->tables[id] = NULL;
 }
 
-float *ps__shard_row(ps__table *t, uint64_t key) {
+float *ps__shard_row(ps__table *t, uint64_t key) { return ps__shard_row_at(t, key, NULL); }
+
+float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx) {
   int created = 0;
-  float *row = ps__rowmap_upsert(t->params, key, &created);
+  float *row = ps__rowmap_upsert_at(t->params, key, &created, idx);
   if (row && created) {
     ps__row_init(&t->spec, key, row);
     if (t->track) ps__shard_created(t, key);

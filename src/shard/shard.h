@@ -137,6 +137,7 @@ struct ps__table {
   size_t dirty_words;
   int track;
   int watch;            /* cut || track: ps__shard_write tells ps__shard_watch first */
+  int dirty_inline;     /* track, no cut, one writer thread: ps__shard_write sets the bit */
   /* owner's cache: the dense slices [mine_lo, mine_hi) owned under ring generation mine_gen */
   uint64_t mine_gen, mine_lo, mine_hi;
   void *owner;          /* the owner's per-table state (an aggregation timer) */
@@ -343,7 +344,7 @@ void ps__shard_snap_release(ps__shard *sh, ps__snap_table *s);
 void ps__snap_table_free(ps__snap_table *s);
 /* Called by ps__shard_write before row `key` changes, when t->watch is set: marks it
  * dirty and, under a cut, saves its old value first if the reader has not read it. */
-void ps__shard_watch(ps__table *t, uint64_t key);
+void ps__shard_watch(ps__table *t, uint64_t key, uint32_t idx);
 /* Row `key` was just created (tracked as changed); a table being freed under a cut
  * leaves its map to the cut. */
 void ps__shard_created(ps__table *t, uint64_t key);
@@ -355,6 +356,9 @@ void ps__shard_cut_orphan(ps__table *t);
  * of memory. Sparse rows of one float live in the index (store.h): a pointer is valid
  * until the next row of the table is created. */
 float *ps__shard_row(ps__table *t, uint64_t key);
+/* The same, with the row's number (its place in the row map) into *idx. */
+float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx);
+#define PS__ROW_ANY UINT32_MAX /* a row number not known: ps__shard_watch looks it up */
 
 /* A whole row (parameters and optimiser state, row_floats floats) set from a
  * checkpoint or another server: the one way a row changes other than by an optimiser
@@ -363,12 +367,17 @@ int ps__shard_import(ps__table *t, uint64_t key, const float *row);
 
 /* The one place where parameters and optimiser state change by a step: one optimiser step with
  * rate lr and step number `step` on parameters [within, within + n) of row `row`
- * (the row of `key`), gradient g (combined already: the mean or the sum). Called on the
- * owner's thread, or on its helper thread for the rows of a huge push that the helper
- * owns (each row then has one writer). */
-static inline void ps__shard_write(ps__table *t, uint64_t key, float *row, uint32_t within, const float *g,
-                                   size_t n, float lr, uint64_t step) {
-  if (__builtin_expect(t->watch, 0)) ps__shard_watch(t, key);
+ * (the row of `key`, number idx in the row map, or PS__ROW_ANY), gradient g (combined
+ * already: the mean or the sum). Called on the owner's thread, or on its helper thread
+ * for the rows of a huge push that the helper owns (each row then has one writer). The
+ * row number spares a watched table (a cut being read, changed rows tracked) a second
+ * lookup of the key; callers that have it cheaply pass it when t->watch is set. */
+static inline void ps__shard_write(ps__table *t, uint64_t key, uint32_t idx, float *row, uint32_t within,
+                                   const float *g, size_t n, float lr, uint64_t step) {
+  if (__builtin_expect(t->watch, 0)) {
+    if (idx != PS__ROW_ANY && t->dirty_inline) t->dirty[idx >> 6] |= (uint64_t)1 << (idx & 63);
+    else ps__shard_watch(t, key, idx);
+  }
   unsigned width = t->spec.width;
   if (t->spec.opt.kind == PS__OPT_SGD && n <= 8) {
     /* sgd on a short run (sparse rows of small dim): the step inlined, no call. */

@@ -196,14 +196,15 @@ void ps__shard_created(ps__table *t, uint64_t key) {
     t->dirty_words = 0;
     t->track = 0;
     t->watch = t->cut != NULL;
+    t->dirty_inline = 0;
     return;
   }
   size_t i = ps__rowmap_index(t->params, key);
   if (i != SIZE_MAX) dirty_set(t, i);
 }
 
-void ps__shard_watch(ps__table *t, uint64_t key) {
-  size_t i = ps__rowmap_index(t->params, key);
+void ps__shard_watch(ps__table *t, uint64_t key, uint32_t idx) {
+  size_t i = idx != PS__ROW_ANY ? idx : ps__rowmap_index(t->params, key);
   if (i == SIZE_MAX) return;
   if (t->track && i < t->dirty_words * 64) dirty_set(t, i);
   if (t->cut) cut_before_write(t->cut, i);
@@ -243,6 +244,7 @@ int ps__shard_snap(ps__table *t, ps__snap_table *out, int track) {
   t->track = track && !dirty_fit(t);
   t->cut = out->cut;
   t->watch = t->track || t->cut;
+  t->dirty_inline = t->track && !t->cut;
   return 0;
 }
 
@@ -269,6 +271,7 @@ void ps__shard_snap_release(ps__shard *sh, ps__snap_table *s) {
   if (t && s->cut && t->cut == s->cut) {
     t->cut = NULL;
     t->watch = t->track;
+    t->dirty_inline = t->track;
   }
   ps__snap_table_free(s);
 }
@@ -299,7 +302,7 @@ int ps__shard_import(ps__table *t, uint64_t key, const float *row) {
   int created = 0;
   float *w = ps__rowmap_upsert(t->params, key, &created);
   if (!w) return PS_ERR_NOMEM;
-  if (!created && t->watch) ps__shard_watch(t, key);
+  if (!created && t->watch) ps__shard_watch(t, key, PS__ROW_ANY);
   memcpy(w, row, ps__spec_row_floats(&t->spec) * sizeof *w);
   if (created) ps__shard_created(t, key);
   return 0;

@@ -239,7 +239,7 @@ static inline void prefetch_row_lines(const ps__rowmap *m, const char *r) {
 /* For rows in the index: the probe finds the row, so two stages, the probe
  * SLOT_AHEAD keys after the prefetch. */
 static inline void find_many_in_index(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n,
-                                      float **rows) {
+                                      float **rows, uint32_t *idx) {
   size_t sring[FM_RING];
   const size_t mask = m->icap - 1;
   for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
@@ -252,30 +252,35 @@ static inline void find_many_in_index(const ps__rowmap *m, const uint64_t *k64, 
       size_t b = t - FM_SLOT_AHEAD;
       uint64_t key = k64 ? k64[b] : key_le(kle + 8 * b);
       float *r = NULL;
+      uint32_t x = EMPTY;
       for (size_t s = sring[b & (FM_RING - 1)];; s = (s + 1) & mask) {
         unsigned char *p = m->idx + s * SLOT1;
         if (slot_row(p) == EMPTY) break;
         if (slot_key(p) == key) {
           r = slot_val(p);
+          x = slot_row(p);
           break;
         }
       }
       rows[b] = r;
+      if (idx) idx[b] = x;
     }
   }
 }
 
 /* Stage 1 at key t, stage 2 (probe) at t - (SLOT_AHEAD - ROW_AHEAD), emit at
  * t - SLOT_AHEAD; slot and row numbers wait in small rings between stages. */
-static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows) {
+static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows,
+                             uint32_t *idx) {
   size_t sring[FM_RING];
   uint32_t rring[FM_RING];
   if (m->count == 0) {
     for (size_t i = 0; i < n; i++) rows[i] = NULL;
+    for (size_t i = 0; idx && i < n; i++) idx[i] = EMPTY;
     return;
   }
   if (m->in_index) {
-    find_many_in_index(m, k64, kle, n, rows);
+    find_many_in_index(m, k64, kle, n, rows, idx);
     return;
   }
   const size_t mask = m->icap - 1;
@@ -306,16 +311,23 @@ static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uin
       size_t c = t - FM_SLOT_AHEAD;
       uint32_t r = rring[c & (FM_RING - 1)];
       rows[c] = r == EMPTY ? NULL : row_ptr(m, r);
+      if (idx) idx[c] = r;
     }
   }
 }
 
 void ps__rowmap_find_many(const ps__rowmap *m, const uint64_t *keys64, size_t n, float **rows) {
-  find_many(m, keys64, NULL, n, rows);
+  find_many(m, keys64, NULL, n, rows, NULL);
 }
 
 void ps__rowmap_find_many_le(const ps__rowmap *m, const uint8_t *keys_le, size_t n, float **rows) {
-  find_many(m, NULL, keys_le, n, rows);
+  find_many(m, NULL, keys_le, n, rows, NULL);
+}
+
+void ps__rowmap_find_many_at(const ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n,
+                             float **rows, uint32_t *idx) {
+  if (keys64) find_many(m, keys64, NULL, n, rows, idx);
+  else find_many(m, NULL, keys_le, n, rows, idx);
 }
 
 void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
@@ -408,7 +420,7 @@ static int rehash(ps__rowmap *m, size_t ncap) {
   return 0;
 }
 
-static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero) {
+static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32_t *idx) {
   size_t mask, s = 0, off, c;
   float *row;
 
@@ -419,7 +431,10 @@ static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero) {
       unsigned char *p = slot_at(m, s);
       uint32_t r = slot_row(p);
       if (r == EMPTY) break;
-      if (slot_key(p) == key) return m->in_index ? slot_val(p) : row_ptr(m, r);
+      if (slot_key(p) == key) {
+        if (idx) *idx = r;
+        return m->in_index ? slot_val(p) : row_ptr(m, r);
+      }
     }
   }
   /* A new row: make room first, so that a failure leaves the map as it was. */
@@ -441,14 +456,19 @@ static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero) {
     row = m->chunks[c].rows + off * m->row_floats;
   }
   if (zero) memset(row, 0, m->row_bytes);
+  if (idx) *idx = (uint32_t)m->count;
   m->count++;
   if (created) *created = 1;
   return row;
 }
 
-float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 1); }
+float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 1, NULL); }
 
-float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 0); }
+float *ps__rowmap_upsert_at(ps__rowmap *m, uint64_t key, int *created, uint32_t *idx) {
+  return upsert(m, key, created, 1, idx);
+}
+
+float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 0, NULL); }
 
 size_t ps__rowmap_count(const ps__rowmap *m) { return m->count; }
 

@@ -91,6 +91,12 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i);
 void ps__rowmap_clear(ps__rowmap *m);
 /* Bytes held: row chunks + index. */
 size_t ps__rowmap_bytes(const ps__rowmap *m);
+/* The same, with each row's number (its place in insertion order; UINT32_MAX where a key
+ * is absent) into idx[]: keys64 or, when it is NULL, keys_le. */
+void ps__rowmap_find_many_at(const ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n,
+                             float **rows, uint32_t *idx);
+/* ps__rowmap_upsert, with the row's number into *idx. */
+float *ps__rowmap_upsert_at(ps__rowmap *m, uint64_t key, int *created, uint32_t *idx);
 /* The row number of key (its place in insertion order), or SIZE_MAX if absent. */
 size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key);
 
