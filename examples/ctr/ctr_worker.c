@@ -350,7 +350,7 @@ static int newest_manifest(const char *dir, char *path, size_t cap) {
  * reason on stderr. */
 static int saved_clock(const char *dir, int64_t *clock) {
   char path[4200];
-  unsigned char b[72]; /* block framing 16, HEADER payload 48, checksum 8 */
+  unsigned char b[80]; /* block framing 16, HEADER payload 48 (format 1) or 56 (2), checksum 8 */
   if (newest_manifest(dir, path, sizeof path)) {
     fprintf(stderr, "ctr_worker: --load %s: no complete checkpoint there (save one with --save %s)\n", dir, dir);
     return 1;
@@ -358,8 +358,10 @@ static int saved_clock(const char *dir, int64_t *clock) {
   FILE *f = fopen(path, "rb");
   size_t n = f ? fread(b, 1, sizeof b, f) : 0;
   if (f) fclose(f);
-  if (n != sizeof b || le32(b) != 0x42435350u || (b[4] | b[5] << 8) != 1 || le64(b + 8) != 48 ||
-      XXH64(b, 64, 0) != le64(b + 64) || le32(b + 16) != 0x4b435350u || le32(b + 24) != 2) {
+  uint64_t len = n >= 16 ? le64(b + 8) : 0;
+  uint32_t format = n >= 24 ? le32(b + 20) : 0;
+  if (n < 16 + len + 8 || le32(b) != 0x42435350u || (b[4] | b[5] << 8) != 1 || len != (format == 1 ? 48u : 56u) ||
+      XXH64(b, 16 + len, 0) != le64(b + 16 + len) || le32(b + 16) != 0x4b435350u || le32(b + 24) != 2) {
     fprintf(stderr, "ctr_worker: --load %s: %s is not a readable checkpoint manifest\n", dir, path);
     return 1;
   }
