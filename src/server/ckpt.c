@@ -22,10 +22,16 @@
  * created, it reads every data file's blocks of that table and keeps the rows it owns
  * under the current ring, whatever the number of servers that wrote them.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define PS__CKPT_WRITER_NICE 10
 
 #include "common/common.h"
 #include "server/server_int.h"
@@ -193,6 +199,11 @@ static int write_table(srv_ckpt *k, ps__ckpt_writer *w, ps__snap_table *t) {
 
 static void *writer_main(void *arg) {
   srv_ckpt *k = arg;
+  /* Below the loop thread: when the cores are busy, requests go first and the write
+   * takes the time left (Linux nice values are per thread; the file's I/O thread,
+   * started from this one, inherits it). */
+  if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), PS__CKPT_WRITER_NICE) != 0)
+    ps__log(PS_LOG_INFO, "checkpoint writer: cannot lower its priority: %s", strerror(errno));
   char path[PS_CKPT_DIR_MAX + 64];
   snprintf(path, sizeof path, "%s/server-%u.psck", k->q.dir, k->s->rank);
   ps__ckpt_header h = {.what = PS_CKPT_DATA, .id = k->q.id, .clock = k->q.clock, .rank = k->s->rank,

@@ -54,16 +54,19 @@ int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock) {
 /* ---------------------------------------------------------------- cuts */
 
 /* A cut: the table's rows [0, n) as they were, read by the owner's writer thread while
- * the owner goes on writing. Each row has a state word:
- *   0        not read yet: still the cut's value, in place;
- *   1        being copied (by the reader out of the live row, or by the owner into the
- *            save area): the other side waits, a row's copy long;
- *   2        read by the reader: the owner may write it freely;
- *   3 + s    saved by the owner in save slot s before it wrote the row.
- * Whoever moves a row from 0 to 1 copies it. The owner calls ps__shard_watch before any
- * change to a row (ps__shard_write), so a row is never written between the cut and its
- * read. Memory: 4 bytes a row, and a saved copy of each row written before it was read
- * (the rows written during the write, not the table). */
+ * the owner goes on writing. Each row has a 2-bit state, 32 to a word:
+ *   FREE   not read yet: still the cut's value, in place;
+ *   BUSY   being copied (by the reader out of the live row, or by the owner into the
+ *          save area): the other side waits, a row's copy long;
+ *   READ   read by the reader: the owner may write it freely;
+ *   SAVED  saved by the owner before it wrote the row (its save slot in slot[i]).
+ * Whoever moves a row from FREE to BUSY copies it. The owner calls ps__shard_watch
+ * before any change to a row (ps__shard_write), so a row is never written between the
+ * cut and its read. The owner's check of a row already read costs one load from a
+ * bitmap of n / 4 bytes (2 MB for 8M rows, which stays in cache), not a miss. Memory:
+ * that bitmap, a save slot number for each saved row (pages of a lazily zeroed array),
+ * and a copy of each row written before it was read (the rows written during the
+ * write, not the table). */
 #define SAVE_ROWS 4096u /* rows per save chunk */
 #define ST_FREE 0u
 #define ST_BUSY 1u
@@ -72,7 +75,8 @@ int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock) {
 
 struct ps__cut {
   ps__rowmap_view view;
-  _Atomic uint32_t *state;
+  _Atomic uint64_t *state; /* 2 bits a row */
+  uint32_t *slot;          /* row -> save slot, for SAVED rows */
   size_t row_floats;
   pthread_mutex_t mu;   /* the save area (the owner's threads: loop and helper) */
   float **save;         /* ceil(n / SAVE_ROWS) chunks, made as needed */
@@ -87,6 +91,7 @@ static void cut_free(ps__cut *c) {
   for (size_t i = 0; c->save && i < nch; i++) free(c->save[i]);
   free(c->save);
   free((void *)c->state);
+  free(c->slot);
   ps__rowmap_view_free(&c->view);
   ps__rowmap_free(c->orphan);
   pthread_mutex_destroy(&c->mu);
@@ -104,63 +109,76 @@ static ps__cut *cut_new(const ps__rowmap *m, size_t row_floats) {
   }
   size_t n = c->view.n, nch = (n + SAVE_ROWS - 1) / SAVE_ROWS;
   c->row_floats = row_floats;
-  c->state = ps__calloc(n ? n : 1, sizeof *c->state); /* zero pages: no pass over them */
+  c->state = ps__calloc((n + 31) / 32 + 1, sizeof *c->state);
+  c->slot = ps__calloc(n ? n : 1, sizeof *c->slot); /* zero pages: touched where rows are saved */
   c->save = ps__calloc(nch ? nch : 1, sizeof *c->save);
-  if (!c->state || !c->save || n >= UINT32_MAX - ST_SAVED) {
+  if (!c->state || !c->slot || !c->save) {
     cut_free(c);
     return NULL;
   }
   return c;
 }
 
+static inline unsigned st_of(uint64_t word, size_t i) { return (unsigned)(word >> (2 * (i & 31))) & 3u; }
+
+/* Move row i from FREE to BUSY; its state when that was not possible (ST_BUSY never:
+ * a BUSY row is waited for). */
+static unsigned claim(ps__cut *c, size_t i) {
+  _Atomic uint64_t *w = &c->state[i >> 5];
+  unsigned sh = 2 * (unsigned)(i & 31);
+  uint64_t word = atomic_load_explicit(w, memory_order_acquire);
+  for (;;) {
+    unsigned st = st_of(word, i);
+    if (st == ST_BUSY) { /* the other side copies it now */
+      word = atomic_load_explicit(w, memory_order_acquire);
+      continue;
+    }
+    if (st != ST_FREE) return st;
+    if (atomic_compare_exchange_weak_explicit(w, &word, word | ((uint64_t)ST_BUSY << sh), memory_order_acquire,
+                                              memory_order_acquire))
+      return ST_FREE;
+  }
+}
+
+/* BUSY -> READ (xor 11) or BUSY -> SAVED (or 10), after the copy. */
+static void settle(ps__cut *c, size_t i, unsigned to) {
+  unsigned sh = 2 * (unsigned)(i & 31);
+  if (to == ST_READ) atomic_fetch_xor_explicit(&c->state[i >> 5], (uint64_t)3 << sh, memory_order_release);
+  else atomic_fetch_or_explicit(&c->state[i >> 5], (uint64_t)2 << sh, memory_order_release);
+}
+
 /* The owner, before row i changes. */
 static void cut_before_write(ps__cut *c, size_t i) {
   if (i >= c->view.n) return; /* created after the cut */
-  uint32_t st = atomic_load_explicit(&c->state[i], memory_order_acquire);
-  for (;;) {
-    if (st == ST_BUSY) { /* the reader copies it now */
-      st = atomic_load_explicit(&c->state[i], memory_order_acquire);
-      continue;
-    }
-    if (st != ST_FREE) return;
-    if (atomic_compare_exchange_weak_explicit(&c->state[i], &st, ST_BUSY, memory_order_acquire,
-                                              memory_order_acquire))
-      break;
-  }
+  if (st_of(atomic_load_explicit(&c->state[i >> 5], memory_order_acquire), i) >= ST_READ) return; /* the common case */
+  if (claim(c, i) != ST_FREE) return;
   pthread_mutex_lock(&c->mu);
   size_t slot = c->nsaved, ch = slot / SAVE_ROWS;
   float *dst = NULL;
-  if (!c->save[ch]) c->save[ch] = ps__malloc((size_t)SAVE_ROWS * c->row_floats * sizeof(float));
-  if (c->save[ch]) {
+  if (slot < UINT32_MAX && !c->save[ch]) c->save[ch] = ps__malloc((size_t)SAVE_ROWS * c->row_floats * sizeof(float));
+  if (slot < UINT32_MAX && c->save[ch]) {
     dst = c->save[ch] + (slot % SAVE_ROWS) * c->row_floats;
     memcpy(dst, ps__rowmap_view_row(&c->view, i), c->row_floats * sizeof *dst);
+    c->slot[i] = (uint32_t)slot;
     c->nsaved++;
   }
   pthread_mutex_unlock(&c->mu);
   if (!dst) atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
-  atomic_store_explicit(&c->state[i], dst ? ST_SAVED + (uint32_t)slot : ST_READ, memory_order_release);
+  settle(c, i, dst ? ST_SAVED : ST_READ);
 }
 
 /* The reader: row i into dst. */
 static int cut_read(ps__cut *c, size_t i, float *dst) {
   size_t bytes = c->row_floats * sizeof *dst;
-  uint32_t st = atomic_load_explicit(&c->state[i], memory_order_acquire);
-  for (;;) {
-    if (st == ST_BUSY) { /* the owner saves it now */
-      st = atomic_load_explicit(&c->state[i], memory_order_acquire);
-      continue;
-    }
-    if (st != ST_FREE) break;
-    if (atomic_compare_exchange_weak_explicit(&c->state[i], &st, ST_BUSY, memory_order_acquire,
-                                              memory_order_acquire)) {
-      memcpy(dst, ps__rowmap_view_row(&c->view, i), bytes);
-      atomic_store_explicit(&c->state[i], ST_READ, memory_order_release);
-      return 0;
-    }
+  unsigned st = claim(c, i);
+  if (st == ST_FREE) {
+    memcpy(dst, ps__rowmap_view_row(&c->view, i), bytes);
+    settle(c, i, ST_READ);
+    return 0;
   }
   if (st == ST_READ) /* read twice, or lost by the owner */
     return atomic_load_explicit(&c->failed, memory_order_relaxed) ? PS_ERR_NOMEM : PS_ERR_INVALID;
-  size_t slot = st - ST_SAVED;
+  size_t slot = c->slot[i]; /* written before SAVED was released */
   memcpy(dst, c->save[slot / SAVE_ROWS] + (slot % SAVE_ROWS) * c->row_floats, bytes);
   return 0;
 }
@@ -257,7 +275,7 @@ void ps__snap_prefetch(const ps__snap_table *s, uint64_t i) {
   const char *row = (const char *)ps__rowmap_view_row(&s->cut->view, i);
   __builtin_prefetch(row);
   if (s->row_floats > 16) __builtin_prefetch(row + 64);
-  __builtin_prefetch((const void *)&s->cut->state[i], 1);
+  __builtin_prefetch((const void *)&s->cut->state[i >> 5], 1);
 }
 
 int ps__snap_read(ps__snap_table *s, uint64_t i, float *dst) {

@@ -18,6 +18,8 @@
  */
 #include "store/ckpt_int.h"
 
+#include <pthread.h>
+
 #include "common/fault.h"
 
 /* ---------------------------------------------------------------- shared */
@@ -62,6 +64,15 @@ struct ps__ckpt_writer {
   uint8_t *out;
   size_t out_len;
   int direct;
+  /* ... and a thread of their own writes each full buffer while the next one fills, so
+   * the disk's time and the caller's (gathering rows) overlap */
+  uint8_t *spare;             /* the other buffer */
+  pthread_t io;
+  int io_started, io_stop, io_errno;
+  uint8_t *io_buf;            /* the buffer being written */
+  size_t io_len;              /* its length; 0: the thread is idle */
+  pthread_mutex_t io_mu;
+  pthread_cond_t io_cv;
   char path[PATH_MAX];
   char tmp[PATH_MAX];
 };
@@ -111,6 +122,68 @@ static int write_all(ps__ckpt_writer *w, const uint8_t *b, size_t n) {
   return w->err;
 }
 
+/* The I/O thread's write of n bytes: 0 or an errno. It alone touches the file while it
+ * writes (the caller waits for it before the tail, the fsync and the close). */
+static int io_write(ps__ckpt_writer *w, const uint8_t *b, size_t n) {
+  while (n > 0) {
+    ssize_t k = write(w->fd, b, n);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0 && errno == EINVAL && w->direct) {
+      int fl = fcntl(w->fd, F_GETFL);
+      if (fl < 0 || fcntl(w->fd, F_SETFL, fl & ~O_DIRECT) < 0) return errno;
+      w->direct = 0;
+      continue;
+    }
+    if (k <= 0) return k < 0 ? errno : EIO;
+    b += k;
+    n -= (size_t)k;
+  }
+  return 0;
+}
+
+static void *io_main(void *arg) {
+  ps__ckpt_writer *w = arg;
+  pthread_mutex_lock(&w->io_mu);
+  for (;;) {
+    while (!w->io_len && !w->io_stop) pthread_cond_wait(&w->io_cv, &w->io_mu);
+    if (!w->io_len) break;
+    const uint8_t *b = w->io_buf;
+    size_t n = w->io_len;
+    pthread_mutex_unlock(&w->io_mu);
+    int e = io_write(w, b, n);
+    pthread_mutex_lock(&w->io_mu);
+    if (e && !w->io_errno) w->io_errno = e;
+    w->io_len = 0;
+    pthread_cond_broadcast(&w->io_cv);
+  }
+  pthread_mutex_unlock(&w->io_mu);
+  return NULL;
+}
+
+/* Wait until the I/O thread is idle; its error, if any, becomes the file's. */
+static int io_wait(ps__ckpt_writer *w) {
+  if (!w->io_started) return w->err;
+  pthread_mutex_lock(&w->io_mu);
+  while (w->io_len) pthread_cond_wait(&w->io_cv, &w->io_mu);
+  int e = w->io_errno;
+  pthread_mutex_unlock(&w->io_mu);
+  if (e) return wfail(w, PS_ERR_IO, "cannot write %s: %s", w->tmp, strerror(e));
+  return w->err;
+}
+
+static void io_stop(ps__ckpt_writer *w) {
+  if (!w->io_started) return;
+  pthread_mutex_lock(&w->io_mu);
+  w->io_stop = 1;
+  pthread_cond_broadcast(&w->io_cv);
+  pthread_mutex_unlock(&w->io_mu);
+  pthread_join(w->io, NULL);
+  w->io_started = 0;
+  pthread_cond_destroy(&w->io_cv);
+  pthread_mutex_destroy(&w->io_mu);
+}
+
+/* The full buffer goes to the I/O thread (or out at once without one). */
 static int flush_out(ps__ckpt_writer *w) {
   if (ps__fault_on()) {
     uint32_t ms = ps__fault_disk(); /* a slow disk, for the tests that kill a writer */
@@ -118,9 +191,22 @@ static int flush_out(ps__ckpt_writer *w) {
     while (ms && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
   }
-  int rc = write_all(w, w->out, w->out_len);
+  if (!w->io_started) {
+    int rc = write_all(w, w->out, w->out_len);
+    w->out_len = 0;
+    return rc;
+  }
+  if (io_wait(w)) return w->err;
+  uint8_t *full = w->out;
+  pthread_mutex_lock(&w->io_mu);
+  w->io_buf = full;
+  w->io_len = w->out_len;
+  pthread_cond_broadcast(&w->io_cv);
+  pthread_mutex_unlock(&w->io_mu);
+  w->out = w->spare;
+  w->spare = full;
   w->out_len = 0;
-  return rc;
+  return 0;
 }
 
 static int put_bytes(ps__ckpt_writer *w, const void *p, size_t n) {
@@ -215,6 +301,15 @@ int ps__ckpt_writer_open(ps__ckpt_writer **out, const char *path, const ps__ckpt
   if (h->what == PS_CKPT_DATA && (w->out = aligned_alloc(OUT_ALIGN, OUT_BYTES))) {
     w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0644);
     w->direct = w->fd >= 0;
+    if (w->direct && (w->spare = aligned_alloc(OUT_ALIGN, OUT_BYTES))) {
+      pthread_mutex_init(&w->io_mu, NULL);
+      pthread_cond_init(&w->io_cv, NULL);
+      w->io_started = pthread_create(&w->io, NULL, io_main, w) == 0;
+      if (!w->io_started) {
+        pthread_cond_destroy(&w->io_cv);
+        pthread_mutex_destroy(&w->io_mu);
+      }
+    }
   }
   if (w->fd < 0) w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd < 0) {
@@ -438,6 +533,8 @@ static int finish(ps__ckpt_writer *w, ps__ckpt_summary *sum) {
   ps__put_u64(p, w->index);
   ps__put_u64(p + 8, chain);
   if (block_whole(w, PS_CKPT_B_END, p, sizeof p)) return w->err;
+  if (w->out && io_wait(w)) return w->err;
+  io_stop(w); /* the tail below, the fsync and the close are this thread's */
   if (w->out && w->out_len) {
     if (w->out_len % OUT_ALIGN && direct_off(w)) return w->err;
     if (flush_out(w)) return w->err;
@@ -461,6 +558,7 @@ static int finish(ps__ckpt_writer *w, ps__ckpt_summary *sum) {
 int ps__ckpt_writer_close(ps__ckpt_writer *w, int commit, ps__ckpt_summary *sum) {
   if (!w) return 0;
   if (commit && !w->err) finish(w, sum);
+  io_stop(w);
   if (w->fd >= 0) close(w->fd);
   /* Not committed: the temporary goes. Failed after the rename (the directory's fsync):
    * the file is whole but not known to be durable, and a failed file never stays. */
@@ -469,6 +567,7 @@ int ps__ckpt_writer_close(ps__ckpt_writer *w, int commit, ps__ckpt_summary *sum)
   int rc = w->err;
   ps__wbuf_free(&w->buf);
   free(w->out);
+  free(w->spare);
   free(w->ranks);
   free(w);
   return rc;
