@@ -7,10 +7,13 @@
  * with adagrad (each row: 16 parameters and 16 accumulators, 128 bytes) is filled with
  * --gb GB (1e9 bytes) of state by pushes of 100k distinct keys. Then, --rounds times:
  * pushes of 1000 keys drawn uniformly from the table's keys, back to back, each timed,
- * for 2 s; a second thread calls ps_checkpoint on the same context (the server copies
- * the table on its loop thread, a writer thread sorts and writes it, fsync, rename,
- * then the scheduler writes the manifest); the pushes go on until ps_checkpoint has
- * returned, and for 2 s more. A push is "during" a checkpoint if its interval overlaps
+ * for 2 s; a second thread calls ps_checkpoint on the same context (the server cuts
+ * the table, which copies nothing; a writer thread sorts the rows and reads them while
+ * the loop saves each row it is about to change before the writer has read it; the
+ * file goes out through O_DIRECT and its own I/O thread, fsync, rename, then the
+ * scheduler writes the manifest); the pushes go on until ps_checkpoint has returned,
+ * and for 2 s more. With BENCH_LOG=FILE the cluster's log is kept there, with the
+ * server's line saying where the write's time went (cut, sort, rows, fsync). A push is "during" a checkpoint if its interval overlaps
  * [request, manifest durable], "outside" otherwise. One more checkpoint follows with
  * no pushes meanwhile: the writer's time without the push stream competing for the cores.
  *

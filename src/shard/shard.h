@@ -290,11 +290,11 @@ void ps__shard_pending_idle(ps__shard *sh, uint64_t budget);
 
 /* One table as it was at its cut, and the state a restore needs. Its n rows (key,
  * parameters and optimiser state), numbered in the order of the table's row map, are
- * read with ps__snap_key and ps__snap_read, from any one thread: through the cut (the
- * live rows, each saved first by the owner if it is written before the reader has
- * read it) or, for a map whose rows move (one-float rows in the index), from a copy
- * taken at the cut. dirty: the rows changed since the cut before (a bit per row
- * number; rows created since are set), or NULL when they were not tracked. */
+ * read with ps__snap_key and ps__snap_read, from any one thread, through the cut: the
+ * live rows, each saved first by the owner if it is written before the reader has read
+ * it (and, in a map of one-float rows kept in its index, every unread row saved before
+ * the index grows and moves them). dirty: the rows changed since the cut before (a bit
+ * per row number; rows created since are set), or NULL when they were not tracked. */
 typedef struct ps__snap_table {
   ps__declare decl;
   uint32_t width, row_floats;
@@ -302,8 +302,6 @@ typedef struct ps__snap_table {
   int64_t version;
   uint64_t n;
   ps__cut *cut;
-  uint64_t *keys;       /* the copy, when cut is NULL */
-  float *rows;          /* n * row_floats */
   uint64_t *dirty;
 } ps__snap_table;
 
@@ -321,7 +319,7 @@ int ps__shard_cut_too_late(const ps__table *t, int64_t clock);
 int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock);
 /* Cut table t as it is now into *out (finishing a pending apply and flushing an
  * aggregation buffer first, so every acknowledged push is in): O(chunks), not a copy of
- * the rows, except for maps of one-float rows (copied). The dirty rows since the cut
+ * the rows. The dirty rows since the cut
  * before go with it; from now on the table tracks its changed rows when track is set
  * (and forgets them when not). One cut of a table at a time. 0 or PS_ERR_NOMEM. */
 int ps__shard_snap(ps__table *t, ps__snap_table *out, int track);

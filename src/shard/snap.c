@@ -83,10 +83,14 @@ struct ps__cut {
   size_t nsaved;
   atomic_int failed;    /* a row could not be saved: the snapshot is lost */
   ps__rowmap *orphan;   /* the table's map, when the table was dropped during the cut */
+  ps__rowmap *hooked;   /* a map with rows in the index, told to call save_all first */
 };
+
+static void save_all(void *arg);
 
 static void cut_free(ps__cut *c) {
   if (!c) return;
+  if (c->hooked) ps__rowmap_before_rehash(c->hooked, NULL, NULL);
   size_t nch = (c->view.n + SAVE_ROWS - 1) / SAVE_ROWS;
   for (size_t i = 0; c->save && i < nch; i++) free(c->save[i]);
   free(c->save);
@@ -98,7 +102,7 @@ static void cut_free(ps__cut *c) {
   free(c);
 }
 
-/* A cut of map m, or NULL (out of memory, or a map whose rows live in the index). */
+/* A cut of map m, or NULL (out of memory). */
 static ps__cut *cut_new(const ps__rowmap *m, size_t row_floats) {
   ps__cut *c = ps__calloc(1, sizeof *c);
   if (!c) return NULL;
@@ -115,6 +119,10 @@ static ps__cut *cut_new(const ps__rowmap *m, size_t row_floats) {
   if (!c->state || !c->slot || !c->save) {
     cut_free(c);
     return NULL;
+  }
+  if (c->view.idx) { /* rows in the index: saved before they move */
+    c->hooked = (ps__rowmap *)m;
+    ps__rowmap_before_rehash(c->hooked, save_all, c);
   }
   return c;
 }
@@ -147,11 +155,8 @@ static void settle(ps__cut *c, size_t i, unsigned to) {
   else atomic_fetch_or_explicit(&c->state[i >> 5], (uint64_t)2 << sh, memory_order_release);
 }
 
-/* The owner, before row i changes. */
-static void cut_before_write(ps__cut *c, size_t i) {
-  if (i >= c->view.n) return; /* created after the cut */
-  if (st_of(atomic_load_explicit(&c->state[i >> 5], memory_order_acquire), i) >= ST_READ) return; /* the common case */
-  if (claim(c, i) != ST_FREE) return;
+/* Row i, claimed (BUSY), into the save area. */
+static void save_row(ps__cut *c, size_t i) {
   pthread_mutex_lock(&c->mu);
   size_t slot = c->nsaved, ch = slot / SAVE_ROWS;
   float *dst = NULL;
@@ -165,6 +170,25 @@ static void cut_before_write(ps__cut *c, size_t i) {
   pthread_mutex_unlock(&c->mu);
   if (!dst) atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
   settle(c, i, dst ? ST_SAVED : ST_READ);
+}
+
+/* The owner, before row i changes. */
+static void cut_before_write(ps__cut *c, size_t i) {
+  if (i >= c->view.n) return; /* created after the cut */
+  if (st_of(atomic_load_explicit(&c->state[i >> 5], memory_order_acquire), i) >= ST_READ) return; /* the common case */
+  if (claim(c, i) == ST_FREE) save_row(c, i);
+}
+
+/* A map with rows in the index is about to move them (its index grows): every row the
+ * reader has not read yet is saved now, a pause of a copy of those rows, once; the
+ * reader then never looks at the old places again. */
+static void save_all(void *arg) {
+  ps__cut *c = arg;
+  for (size_t i = 0; i < c->view.n; i++)
+    if (st_of(atomic_load_explicit(&c->state[i >> 5], memory_order_acquire), i) < ST_READ && claim(c, i) == ST_FREE)
+      save_row(c, i);
+  ps__rowmap_before_rehash(c->hooked, NULL, NULL);
+  c->hooked = NULL;
 }
 
 /* The reader: row i into dst. */
@@ -243,18 +267,7 @@ int ps__shard_snap(ps__table *t, ps__snap_table *out, int track) {
   out->n = n;
   if (t->cut) return ps__fail(PS_ERR_UNAVAILABLE, "table '%s' is being written by a checkpoint", t->decl.name);
   out->cut = cut_new(t->params, rf);
-  if (!out->cut) { /* one-float rows move: a copy */
-    out->keys = ps__malloc((n ? n : 1) * sizeof *out->keys);
-    out->rows = ps__malloc((n ? n : 1) * rf * sizeof *out->rows);
-    if (!out->keys || !out->rows) {
-      ps__snap_table_free(out);
-      return ps__fail(PS_ERR_NOMEM, "out of memory cutting table '%s' for a checkpoint", t->decl.name);
-    }
-    for (size_t i = 0; i < n; i++) {
-      out->keys[i] = ps__rowmap_key_at(t->params, i);
-      memcpy(out->rows + i * rf, ps__rowmap_row_at(t->params, i), rf * sizeof *out->rows);
-    }
-  }
+  if (!out->cut) return ps__fail(PS_ERR_NOMEM, "out of memory cutting table '%s' for a checkpoint", t->decl.name);
   /* The rows changed since the cut before go with the snapshot; a fresh set starts. */
   out->dirty = t->track ? t->dirty : NULL;
   t->dirty = NULL;
@@ -266,23 +279,16 @@ int ps__shard_snap(ps__table *t, ps__snap_table *out, int track) {
   return 0;
 }
 
-uint64_t ps__snap_key(const ps__snap_table *s, uint64_t i) {
-  return s->cut ? ps__rowmap_view_key(&s->cut->view, i) : s->keys[i];
-}
+uint64_t ps__snap_key(const ps__snap_table *s, uint64_t i) { return ps__rowmap_view_key(&s->cut->view, i); }
 
 void ps__snap_prefetch(const ps__snap_table *s, uint64_t i) {
-  if (!s->cut) return;
   const char *row = (const char *)ps__rowmap_view_row(&s->cut->view, i);
   __builtin_prefetch(row);
   if (s->row_floats > 16) __builtin_prefetch(row + 64);
   __builtin_prefetch((const void *)&s->cut->state[i >> 5], 1);
 }
 
-int ps__snap_read(ps__snap_table *s, uint64_t i, float *dst) {
-  if (s->cut) return cut_read(s->cut, i, dst);
-  memcpy(dst, s->rows + i * s->row_floats, s->row_floats * sizeof *dst);
-  return 0;
-}
+int ps__snap_read(ps__snap_table *s, uint64_t i, float *dst) { return cut_read(s->cut, i, dst); }
 
 void ps__shard_snap_release(ps__shard *sh, ps__snap_table *s) {
   ps__table *t = ps__shard_table(sh, s->decl.id);
@@ -298,7 +304,7 @@ void ps__shard_snap_release(ps__shard *sh, ps__snap_table *s) {
  * to the cut, which frees it. */
 void ps__shard_cut_orphan(ps__table *t) {
   if (!t->cut) return;
-  t->cut->orphan = t->params;
+  t->cut->orphan = t->params; /* no row is added to it again: nothing moves */
   t->params = NULL;
   t->cut = NULL;
 }
@@ -306,12 +312,8 @@ void ps__shard_cut_orphan(ps__table *t) {
 void ps__snap_table_free(ps__snap_table *s) {
   if (!s) return;
   cut_free(s->cut);
-  free(s->keys);
-  free(s->rows);
   free(s->dirty);
   s->cut = NULL;
-  s->keys = NULL;
-  s->rows = NULL;
   s->dirty = NULL;
   s->n = 0;
 }

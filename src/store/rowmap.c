@@ -82,6 +82,8 @@ struct ps__rowmap {
   arena *arenas;      /* for large chunks; the last one is being filled */
   size_t narenas;
   size_t icap;        /* slots, a power of two, or 0 before the first insert */
+  void (*before_rehash)(void *arg); /* told before rows in the index move */
+  void *before_rehash_arg;
 };
 
 /* Rows held by chunk c. */
@@ -388,6 +390,7 @@ static int rehash(ps__rowmap *m, size_t ncap) {
   size_t mask = ncap - 1, sb = m->slot_bytes;
 
   if (ncap > SIZE_MAX / sb) return -1;
+  if (m->in_index && m->before_rehash) m->before_rehash(m->before_rehash_arg);
   size_t bytes = ncap * sb, mapped = 0;
   if (bytes >= HUGE_PAGE) {
     mapped = round_huge(bytes);
@@ -526,10 +529,15 @@ size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key) {
 
 /* ---------------------------------------------------------------- views */
 
+void ps__rowmap_before_rehash(ps__rowmap *m, void (*fn)(void *arg), void *arg) {
+  m->before_rehash = fn;
+  m->before_rehash_arg = arg;
+}
+
 int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v) {
   memset(v, 0, sizeof *v);
-  if (m->in_index) return -1;
   size_t off, nc = m->count ? locate(m, m->count - 1, &off) + 1 : 0;
+  v->idx = m->in_index ? m->idx : NULL;
   v->n = m->count;
   v->row_floats = m->row_floats;
   v->shift = m->shift;
@@ -541,7 +549,8 @@ int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v) {
     return PS_ERR_NOMEM;
   }
   for (size_t c = 0; c < nc; c++) {
-    v->rows[c] = m->chunks[c].rows;
+    /* rows in the index: the chunk's slot numbers stand in for its rows */
+    v->rows[c] = m->in_index ? (float *)(void *)m->chunks[c].slots : m->chunks[c].rows;
     v->keys[c] = m->chunks[c].keys;
   }
   return 0;
@@ -555,6 +564,7 @@ void ps__rowmap_view_free(ps__rowmap_view *v) {
 
 float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i) {
   size_t off, c = locate_in(v->shift, i, &off);
+  if (v->idx) return slot_val(v->idx + (size_t)((const uint32_t *)(const void *)v->rows[c])[off] * SLOT1);
   return v->rows[c] + off * v->row_floats;
 }
 

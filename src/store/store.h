@@ -102,19 +102,24 @@ size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key);
 
 /* The rows [0, n) of a map as they are placed now, readable from another thread while
  * the map's owner goes on inserting (chunks never move, and a row's key never changes):
- * a copy of the chunk pointers, nothing else. Not for maps whose rows live in the index
- * (ps__rowmap_new_in_index with one-float rows: they move on a rebuild), and valid only
- * until the map is cleared or freed. The rows' contents are the owner's: a reader that
- * races with writes needs its own protocol (shard/snap.c). */
+ * a copy of the chunk pointers, nothing else. Valid until the map is cleared or freed;
+ * for a map whose rows live in the index (ps__rowmap_new_in_index, one-float rows), only
+ * until its index is rebuilt, which moves them: the owner learns of a rebuild before it
+ * happens through ps__rowmap_before_rehash. The rows' contents are the owner's: a reader
+ * that races with writes needs its own protocol (shard/snap.c). */
 typedef struct ps__rowmap_view {
   size_t n, row_floats;
   unsigned shift;
   size_t nchunks;
-  float **rows;    /* per chunk */
-  uint64_t **keys; /* per chunk */
+  float **rows;        /* per chunk (rows in the index: the chunk's slot numbers) */
+  uint64_t **keys;     /* per chunk */
+  unsigned char *idx;  /* rows in the index: the index */
 } ps__rowmap_view;
-/* 0, -1 when the map keeps its rows in the index, PS_ERR_NOMEM. */
+/* 0 or PS_ERR_NOMEM. */
 int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v);
+/* fn(arg) is called on the owner's thread before the index of a map with rows in the
+ * index is rebuilt (while the rows are still where a view says); NULL: nothing. */
+void ps__rowmap_before_rehash(ps__rowmap *m, void (*fn)(void *arg), void *arg);
 void ps__rowmap_view_free(ps__rowmap_view *v);
 float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i);
 uint64_t ps__rowmap_view_key(const ps__rowmap_view *v, size_t i);

@@ -854,3 +854,27 @@ Test(shard, a_dropped_push_is_not_recorded_and_its_copy_is_dropped_again) {
   cr_assert(eq(u64, t->dropped, 2));
   cr_assert(eq(flt, row1(t, 5), -2.0f));
 }
+
+Test(shard, a_cut_of_one_float_rows_kept_in_the_index_survives_the_index_growing) {
+  ps__table *t = create(1, PS_SPARSE, 1, SPARSE1 " mode=async");
+  start(1);
+  for (uint64_t k = 0; k < 1000; k++) push1_ok(1, 1, 0, 1, k, (float)k);
+  ps__snap_table s;
+  cr_assert(eq(int, ps__shard_snap(t, &s, 0), 0));
+  cr_assert(eq(u64, s.n, 1000));
+  float row;
+  for (uint64_t i = 0; i < 300; i++) { /* the writer reads some */
+    cr_assert(eq(int, ps__snap_read(&s, i, &row), 0));
+    cr_assert(eq(flt, row, -(float)ps__snap_key(&s, i)));
+  }
+  for (uint64_t k = 0; k < 500; k++) push1_ok(1, 1, 0, 1, k, 1000.0f); /* some change: saved first */
+  for (uint64_t k = 1000; k < 50000; k++) push1_ok(1, 1, 0, 1, k, 1.0f); /* the index grows: rows move */
+  for (uint64_t i = 300; i < s.n; i++) {
+    cr_assert(eq(int, ps__snap_read(&s, i, &row), 0));
+    cr_assert(eq(flt, row, -(float)ps__snap_key(&s, i)), "row %llu", (unsigned long long)i);
+  }
+  cr_assert(eq(flt, row1(t, 7), -1007.0f), "the table moved on");
+  ps__shard_snap_release(SH, &s);
+  for (uint64_t k = 50000; k < 120000; k++) push1_ok(1, 1, 0, 1, k, 1.0f); /* no hook left behind */
+  cr_assert(eq(flt, row1(t, 100000), -1.0f));
+}
