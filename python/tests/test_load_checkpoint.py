@@ -188,6 +188,8 @@ def test_the_c_corpus_reads(hashing):
         what = ckmod.MANIFEST if name.startswith("manifest") else ckmod.DATA
         header, blocks = ckmod._read_file(os.path.join(CORPUS, name), what)
         assert header["what"] == what and blocks is not None
+        assert header["base"] == (2 if "increment" in name else 0), name
+    assert {"data-increment.psck", "manifest-increment.psck", "manifest-v1.psck"} <= set(names)
 
 
 def test_files_that_do_not_match_the_manifest(tmp_path):
