@@ -5,17 +5,23 @@
     keys, rows = ck["emb"]                      # sparse: uint64 keys, float32 [n, dim]
     ck.optimizer["w"]["exp_avg"]                # the optimiser state, shaped like the table
     ck.id, ck.clock, ck.tables["emb"].opt
+    ck.chain, ck.base                           # [1, 2, 3], 2: an increment on 2, read with 1 and 2
 
 The format is docs/checkpoint.md; this module reads it without the C library. Every
 checksum is verified before a byte is used: with the `xxhash` module when it is
 installed, else with the pure-Python xxh64 below (about 10-20 MB/s; numpy turns the
-bytes into words). The checkpoint is read whole and checked whole: each data file
-against the manifest's entry for it (size, checksum, rows, id, rank), its tables
-against the manifest's declarations, the rows of every table against the totals,
-dense tables for every slice exactly once and sparse tables for repeated keys. A file
-that fails any check raises pshard.CorruptError naming the file and the block; a file
-that cannot be read raises the OSError of the operating system; a directory without a
-complete checkpoint raises FileNotFoundError. Nothing is returned half-loaded.
+bytes into words). A checkpoint that is an increment (its manifest names a base) is read
+with its chain: DIR/ckpt-<base>, its base, ... down to a whole one, oldest first, every
+later checkpoint's rows replacing the earlier ones (by key or slice); the tables, clock
+and scheduler state are the newest manifest's, a table's step and version the newest
+data files' that hold it (ck.chain lists the ids read). Every checkpoint of the chain is
+read whole and checked whole: each data file against the manifest's entry for it (size,
+checksum, rows, id, rank, base), its tables against the manifest's declarations, the
+rows of every table against the totals, no slice or key twice within a checkpoint, and
+the merged dense tables for every slice. A file that fails any check raises
+pshard.CorruptError naming the file and the block; a file that cannot be read raises
+the OSError of the operating system; a directory without a complete checkpoint, or a
+chain whose base is missing, raises FileNotFoundError. Nothing is returned half-loaded.
 """
 import os
 import re
@@ -39,6 +45,7 @@ FORMAT = 2  # written by this version; format 1 (no base) is read too
 MAX_BLOCK = 64 << 20
 ROWS_PER_BLOCK = 65536
 MAX_MEMBERS = 4096
+MAX_CHAIN = 4096  # checkpoints in a chain, at most (PS_CKPT_MAX_CHAIN)
 B_HEADER, B_TABLE, B_ROWS, B_FILE, B_STATE, B_END = 1, 2, 3, 4, 5, 6
 KIND_NAMES = {1: "HEADER", 2: "TABLE", 3: "ROWS", 4: "FILE", 5: "STATE", 6: "END"}
 DATA, MANIFEST = 1, 2
@@ -143,7 +150,8 @@ class Checkpoint(dict):
     (keys uint64 [n], rows float32 [n, dim]) pair sorted by key for a sparse one.
 
     Attributes: id, clock (the clock every shard was cut at; -1 outside sync modes),
-    nservers (of the job that wrote it), created_ms, path (the checkpoint's directory),
+    base (the checkpoint it is an increment on; 0: whole), chain (the ids read, oldest
+    first, ending with id), nservers (of the job that wrote it), created_ms, path (the checkpoint's directory),
     state (the scheduler's opaque bytes), tables (name -> TableInfo) and optimizer
     (name -> {state name: array shaped like the parameters}, e.g. "exp_avg")."""
 
@@ -151,6 +159,8 @@ class Checkpoint(dict):
         super().__init__()
         self.id = None
         self.clock = None
+        self.base = 0
+        self.chain = []
         self.nservers = None
         self.created_ms = None
         self.path = None
@@ -425,20 +435,21 @@ def _same_decl(a, b):
     return all(a[k] == b[k] for k in ("kind", "size", "name", "options", "width", "row_floats"))
 
 
-def load_checkpoint(path):
-    """Load the checkpoint in directory `path` (one with a MANIFEST), or the newest
-    complete one among the ckpt-<id> directories in `path`. Returns a Checkpoint (a dict
-    of table name -> parameters, with id, clock, tables, optimizer, state); raises
-    pshard.CorruptError for anything that fails a check (the message names the file and
-    the block), OSError when a file cannot be read, FileNotFoundError when there is no
-    complete checkpoint."""
-    cdir = _checkpoint_dir(os.fspath(path))
+def _slices(t):
+    return -(-t["size"] // t["width"])
+
+
+def _read_checkpoint(cdir):
+    """One checkpoint of a chain, every file verified against its manifest: a dict with
+    its manifest header, tables (id -> declaration), state, and per table the rows of
+    its data files (id -> [(keys, rows)]) and their TABLE blocks; bytes and rows of its
+    files, the manifest included."""
     mpath = os.path.join(cdir, "MANIFEST")
     mh, mblocks = _read_file(mpath, MANIFEST)
     tables = {}   # id -> declaration
     names = set()
     files = []
-    ck = Checkpoint()
+    state = b""
     for kind, b in mblocks:
         if kind == B_TABLE:
             if b["id"] in tables or b["name"] in names:
@@ -448,15 +459,20 @@ def load_checkpoint(path):
         elif kind == B_FILE:
             files.append(b)
         elif kind == B_STATE:
-            ck.state = b
-
+            state = b
     parts = {tid: [] for tid in tables}   # id -> [(keys, rows)]
+    heads = {tid: [] for tid in tables}   # id -> the data files' TABLE blocks of it
+    nbytes, nrows_all = mh["bytes"], 0
     for f in sorted(files, key=lambda f: f["rank"]):
         fpath = os.path.join(cdir, f["name"])
         h, blocks = _read_file(fpath, DATA)
         for field, want in (("id", mh["id"]), ("rank", f["rank"]), ("nservers", mh["nservers"]), ("clock", mh["clock"])):
             if h[field] != want:
                 raise _corrupt(fpath, "%s %d, the manifest says %d" % (field, h[field], want))
+        # A whole file may stand in an increment (its server could not build on the
+        # base), never an increment in a whole checkpoint or on another base.
+        if h["base"] not in (0, mh["base"]):
+            raise _corrupt(fpath, "an increment on checkpoint %d, the manifest's base is %d" % (h["base"], mh["base"]))
         if h["bytes"] != f["bytes"] or h["end_checksum"] != f["checksum"]:
             raise _corrupt(fpath, "not the file the manifest describes (%d bytes, checksum %016x; the manifest says "
                            "%d bytes, %016x)" % (h["bytes"], h["end_checksum"], f["bytes"], f["checksum"]))
@@ -466,19 +482,126 @@ def load_checkpoint(path):
                 t = tables.get(b["id"])
                 if t is None or not _same_decl(t, b):
                     raise _corrupt(fpath, "table %d '%s' is not the manifest's" % (b["id"], b["name"]))
+                heads[b["id"]].append(b)
             elif kind == B_ROWS:
                 parts[b["table"]].append((b["keys"], b["rows"]))
                 nrows += len(b["keys"])
         if nrows != f["rows"]:
             raise _corrupt(fpath, "%d rows, the manifest says %d" % (nrows, f["rows"]))
+        nbytes += h["bytes"]
+        nrows_all += nrows
 
+    data = {}
     for tid, t in tables.items():
         keys = np.concatenate([k for k, _ in parts[tid]]) if parts[tid] else np.zeros(0, np.uint64)
         rows = (np.concatenate([r for _, r in parts[tid]]) if parts[tid]
                 else np.zeros((0, t["row_floats"]), np.float32))
-        if len(keys) != t["nrows"]:
+        # The manifest's count: a dense table's slices (the whole table, which an
+        # increment's files hold part of); a sparse table's rows over the data files,
+        # or 0 when the writer did not count them.
+        if t["kind"] == DENSE:
+            bad = len(keys) != t["nrows"] if not mh["base"] else len(keys) > t["nrows"]
+        else:
+            bad = t["nrows"] != 0 and len(keys) != t["nrows"]
+        if bad:
             raise _corrupt(mpath, "table '%s': %d rows in the data files, the manifest says %d"
                            % (t["name"], len(keys), t["nrows"]))
+        if t["kind"] == DENSE:
+            seen = np.bincount(keys.astype(np.int64), minlength=_slices(t)) if len(keys) else np.zeros(0, np.int64)
+            if (seen > 1).any():
+                raise _corrupt(cdir, "dense table '%s': slice %d is repeated" % (t["name"], int(np.argmax(seen > 1))))
+        else:
+            skeys = np.sort(keys)
+            if len(skeys) > 1 and (skeys[1:] == skeys[:-1]).any():
+                dup = int(skeys[1:][skeys[1:] == skeys[:-1]][0])
+                raise _corrupt(cdir, "sparse table '%s': key %d is in more than one row" % (t["name"], dup))
+        data[tid] = (keys, rows)
+    return dict(header=mh, path=cdir, tables=tables, state=state, data=data, heads=heads, bytes=nbytes,
+                rows=nrows_all)
+
+
+def _chain(cdir):
+    """The checkpoint in cdir and the ones it is an increment on, each read and verified
+    (_read_checkpoint), oldest (a whole checkpoint) first. Its bases are found beside
+    it, as DIR/ckpt-<base>."""
+    root = os.path.dirname(os.path.normpath(cdir))
+    links = [_read_checkpoint(cdir)]
+    while links[-1]["header"]["base"]:
+        child = links[-1]
+        base = child["header"]["base"]
+        if len(links) == MAX_CHAIN:
+            raise _corrupt(cdir, "a chain of increments longer than %d" % MAX_CHAIN)
+        bdir = os.path.join(root, "ckpt-%d" % base)
+        if not os.path.isfile(os.path.join(bdir, "MANIFEST")):
+            raise FileNotFoundError("checkpoint %s is an increment on checkpoint %d, and %s is not a complete "
+                                    "checkpoint" % (child["path"], base, bdir))
+        link = _read_checkpoint(bdir)
+        if link["header"]["id"] != base:
+            raise _corrupt(os.path.join(bdir, "MANIFEST"), "checkpoint %d, where checkpoint %d belongs"
+                           % (link["header"]["id"], base))
+        links.append(link)
+    links.reverse()
+    return links
+
+
+def _merge_table(t, links):
+    """Table t (a declaration of the newest manifest) over the chain, oldest first: (keys,
+    rows) with every later checkpoint's rows replacing earlier ones, and the TABLE blocks
+    of the newest checkpoint whose data files hold it. A dense table comes back as
+    (slice indices 0 .. n-1, rows), with every slice required."""
+    tid = t["id"]
+    ks, rs, heads = [], [], []
+    for link in links:
+        old = link["tables"].get(tid)
+        if old is None:
+            continue
+        if not _same_decl(old, t):
+            raise _corrupt(os.path.join(link["path"], "MANIFEST"), "table %d '%s' is not the one checkpoint %d "
+                           "declares" % (tid, old["name"], links[-1]["header"]["id"]))
+        keys, rows = link["data"][tid]
+        ks.append(keys)
+        rs.append(rows)
+        if link["heads"][tid]:
+            heads = link["heads"][tid]
+    keys = np.concatenate(ks) if ks else np.zeros(0, np.uint64)
+    rows = np.concatenate(rs) if rs else np.zeros((0, t["row_floats"]), np.float32)
+    if t["kind"] == DENSE:
+        nslices = _slices(t)
+        full = np.empty((nslices, t["row_floats"]), dtype=np.float32)
+        seen = np.zeros(nslices, dtype=bool)
+        idx = keys.astype(np.int64)
+        full[idx] = rows           # in chain order: the last write of a slice wins
+        seen[idx] = True
+        if not seen.all():
+            raise _corrupt(links[-1]["path"], "dense table '%s': slice %d is missing"
+                           % (t["name"], int(np.argmin(seen))))
+        return np.arange(nslices, dtype=np.uint64), full, heads
+    # Stable: among equal keys the chain's order stays, and the last one is kept.
+    order = np.argsort(keys, kind="stable")
+    skeys = keys[order].astype(np.uint64)
+    last = np.ones(len(skeys), dtype=bool)
+    if len(skeys) > 1:
+        last[:-1] = skeys[1:] != skeys[:-1]
+    return skeys[last], rows[order[last]], heads
+
+
+def load_checkpoint(path):
+    """Load the checkpoint in directory `path` (one with a MANIFEST), or the newest
+    complete one among the ckpt-<id> directories in `path`. An increment is read with
+    the chain it builds on, oldest first, each later checkpoint's rows replacing the
+    earlier ones. Returns a Checkpoint (a dict of table name -> parameters, with id,
+    clock, base, chain, tables, optimizer, state); raises pshard.CorruptError for
+    anything that fails a check (the message names the file and the block), OSError
+    when a file cannot be read, FileNotFoundError when there is no complete checkpoint,
+    a data file is missing or a base of the chain is."""
+    cdir = _checkpoint_dir(os.fspath(path))
+    links = _chain(cdir)
+    newest = links[-1]
+    mh = newest["header"]
+    ck = Checkpoint()
+    ck.state = newest["state"]
+    for t in newest["tables"].values():
+        keys, rows, heads = _merge_table(t, links)
         opt = _opt_of(t["options"])
         nstate = t["row_floats"] // t["width"] - 1
         state_names = OPT_STATE.get(opt, ())
@@ -487,35 +610,24 @@ def load_checkpoint(path):
         w = t["width"]
         blocks = [rows[:, i * w:(i + 1) * w] for i in range(1 + nstate)]
         if t["kind"] == DENSE:
-            nslices = -(-t["size"] // w)
-            seen = np.zeros(nslices, dtype=np.int64)
-            np.add.at(seen, keys.astype(np.int64), 1)
-            if (seen != 1).any():
-                bad = np.flatnonzero(seen != 1)
-                raise _corrupt(cdir, "dense table '%s': slice %d is %s" % (
-                    t["name"], int(bad[0]), "repeated" if seen[bad[0]] > 1 else "missing"))
-            out = []
-            for blk in blocks:
-                full = np.empty((nslices, w), dtype=np.float32)
-                full[keys.astype(np.int64)] = blk
-                out.append(full.reshape(-1)[:t["size"]].copy())
+            out = [blk.reshape(-1)[:t["size"]].copy() for blk in (np.ascontiguousarray(b) for b in blocks)]
             ck[t["name"]] = out[0]
-            ck.optimizer[t["name"]] = dict(zip(state_names, out[1:]))
         else:
-            order = np.argsort(keys, kind="stable")
-            skeys = keys[order].astype(np.uint64)
-            if len(skeys) > 1 and (skeys[1:] == skeys[:-1]).any():
-                dup = int(skeys[1:][skeys[1:] == skeys[:-1]][0])
-                raise _corrupt(cdir, "sparse table '%s': key %d is in more than one row" % (t["name"], dup))
-            out = [np.ascontiguousarray(blk[order]) for blk in blocks]
-            ck[t["name"]] = (skeys, out[0])
-            ck.optimizer[t["name"]] = dict(zip(state_names, out[1:]))
+            out = [np.ascontiguousarray(blk) for blk in blocks]
+            ck[t["name"]] = (keys, out[0])
+        ck.optimizer[t["name"]] = dict(zip(state_names, out[1:]))
+        # Steps and versions are the servers': the largest of the newest files that
+        # hold the table (a manifest may leave them 0).
+        step = max([t["step"]] + [h["step"] for h in heads])
+        version = max([t["version"]] + [h["version"] for h in heads])
         ck.tables[t["name"]] = TableInfo(
             id=t["id"], kind="dense" if t["kind"] == DENSE else "sparse", size=t["size"], width=w,
-            row_floats=t["row_floats"], opt=opt, state_names=state_names, step=t["step"],
-            version=t["version"], rows=t["nrows"], options=t["options"])
+            row_floats=t["row_floats"], opt=opt, state_names=state_names, step=step,
+            version=version, rows=len(keys), options=t["options"])
     ck.id = mh["id"]
     ck.clock = mh["clock"]
+    ck.base = mh["base"]
+    ck.chain = [link["header"]["id"] for link in links]
     ck.nservers = mh["nservers"]
     ck.created_ms = mh["created_ms"]
     ck.path = cdir

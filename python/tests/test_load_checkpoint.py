@@ -188,6 +188,8 @@ def test_the_c_corpus_reads(hashing):
         what = ckmod.MANIFEST if name.startswith("manifest") else ckmod.DATA
         header, blocks = ckmod._read_file(os.path.join(CORPUS, name), what)
         assert header["what"] == what and blocks is not None
+        assert header["base"] == (2 if "increment" in name else 0), name
+    assert {"data-increment.psck", "manifest-increment.psck", "manifest-v1.psck"} <= set(names)
 
 
 def test_files_that_do_not_match_the_manifest(tmp_path):
@@ -260,3 +262,186 @@ def test_inspect_usage(tmp_path):
     assert out.returncode == 1 and "not a directory" in out.stderr
     top = subprocess.run([pshard.find_command(), "--help"], capture_output=True, text=True, timeout=30)
     assert "checkpoint" in top.stdout
+
+
+# ------------------------------------------------------------------------- chains of increments
+
+import sys  # noqa: E402
+
+sys.path.insert(0, HERE)
+from ckpt_files import Table, write_checkpoint  # noqa: E402
+
+WORKER = os.path.join(BUILD, "ckpt_worker")
+
+
+def run_job(ckdir, ckpt_at, full_every=None, servers=2):
+    """A real job (pshard run, ckpt_worker in sync mode) writing checkpoints at the clocks
+    ckpt_at into ckdir; the worker's final parameters as text."""
+    out = ckdir + ".params"
+    argv = [pshard.find_command(), "run", "-s", str(servers), "-w", "2", "--mode", "sync", "--progress-ms", "0",
+            "--checkpoint-dir", ckdir, "--checkpoint-keep", "8"]
+    if full_every:
+        argv += ["--checkpoint-full-every", str(full_every)]
+    argv += ["--", WORKER, "--steps", str(ckpt_at[-1]), "--out", out, "--keyspace", "4096", "--dense", "40",
+             "--ckpt-at", ",".join(map(str, ckpt_at))]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with open(out) as f:
+        return f.read()
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory):
+    """The same job twice: checkpoints at clocks 2, 4, 6, 8 (1 whole, 2-4 increments)
+    and one whole checkpoint at clock 8."""
+    if not os.access(WORKER, os.X_OK):
+        pytest.skip("ckpt_worker is not built")
+    top = tmp_path_factory.mktemp("chains")
+    chain, whole = str(top / "chain"), str(top / "whole")
+    a = run_job(chain, [2, 4, 6, 8], full_every=4)
+    b = run_job(whole, [8])
+    assert a == b
+    return chain, whole
+
+
+def assert_same(a, b):
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a.tables[name] == b.tables[name], name
+        if a.tables[name].kind == "dense":
+            assert np.array_equal(a[name], b[name]), name
+        else:
+            assert np.array_equal(a[name][0], b[name][0]) and np.array_equal(a[name][1], b[name][1]), name
+        assert sorted(a.optimizer[name]) == sorted(b.optimizer[name])
+        for s in a.optimizer[name]:
+            assert np.array_equal(a.optimizer[name][s], b.optimizer[name][s]), (name, s)
+
+
+def test_a_real_chain_loads_equal_to_a_whole_checkpoint(jobs, hashing):
+    chain, whole = jobs
+    ck = pshard.load_checkpoint(chain)           # the parent: the newest, ckpt-4
+    full = pshard.load_checkpoint(whole)
+    assert (ck.id, ck.base, ck.chain, ck.clock) == (4, 3, [1, 2, 3, 4], 8)
+    assert (full.id, full.base, full.chain, full.clock) == (1, 0, [1], 8)
+    assert ck.path == os.path.join(chain, "ckpt-4")
+    assert_same(ck, full)
+    assert ck.state == full.state
+    assert ck.tables["sa"].step == 8 and ck.tables["da"].version == 8
+    # The increment alone holds fewer sparse rows than the merged table: the older
+    # checkpoints' rows were needed.
+    alone = ckmod._read_checkpoint(os.path.join(chain, "ckpt-4"))
+    assert 0 < len(alone["data"][ck.tables["sa"].id][0]) < ck.tables["sa"].rows
+    # A checkpoint in the middle of the chain reads its own, shorter chain.
+    mid = pshard.load_checkpoint(os.path.join(chain, "ckpt-2"))
+    assert (mid.id, mid.base, mid.chain, mid.clock) == (2, 1, [1, 2], 4)
+
+
+def test_a_damaged_byte_in_an_increment_is_refused(jobs, tmp_path):
+    chain, _ = jobs
+    for victim in ("ckpt-3", "ckpt-1"):   # an increment of the chain, and its whole base
+        copy = str(tmp_path / victim)
+        shutil.copytree(chain, copy)
+        path = os.path.join(copy, victim, "server-1.psck")
+        flip(path, os.path.getsize(path) // 2)
+        with pytest.raises(pshard.CorruptError) as e:
+            pshard.load_checkpoint(os.path.join(copy, "ckpt-4"))
+        assert os.path.join(victim, "server-1.psck") in str(e.value), str(e.value)
+
+
+def test_a_missing_or_incomplete_base_is_refused_by_name(jobs, tmp_path):
+    chain, _ = jobs
+    copy = str(tmp_path / "c")
+    shutil.copytree(chain, copy)
+    os.unlink(os.path.join(copy, "ckpt-2", "MANIFEST"))     # incomplete
+    with pytest.raises(FileNotFoundError) as e:
+        pshard.load_checkpoint(copy)
+    msg = str(e.value)
+    assert "ckpt-3 is an increment on checkpoint 2" in msg and os.path.join(copy, "ckpt-2") in msg, msg
+    shutil.rmtree(os.path.join(copy, "ckpt-2"))             # gone
+    with pytest.raises(FileNotFoundError, match="an increment on checkpoint 2"):
+        pshard.load_checkpoint(copy)
+    # ckpt-1 (whole) still loads on its own.
+    assert pshard.load_checkpoint(os.path.join(copy, "ckpt-1")).chain == [1]
+
+
+# Synthetic chains: rows exactly as a test wants them.
+W = Table(1, "w", ckmod.DENSE, 10, 4, 8, "opt=adagrad slice=4", step=2, version=2)
+E = Table(2, "emb", ckmod.SPARSE, 2, 2, 2, "opt=sgd", step=2)
+
+
+def dense_rows(slices, v):
+    return slices, [[v + s] * 4 + [-v - s] * 4 for s in slices]
+
+
+def sparse_rows(keys, v):
+    return keys, [[v + k, v - k] for k in keys]
+
+
+def test_a_synthetic_chain_merges_slices_and_keys(tmp_path):
+    """Base: every slice and keys 1-4 on two servers; increment 2 changes slice 1 and
+    keys 2, 9; increment 3 has a whole file (rank 0, base 0 in its header) and an
+    increment (rank 1) that holds no rows."""
+    write_checkpoint(tmp_path, 5, [W, E], [{W: dense_rows([0, 1], 0), E: sparse_rows([1, 3], 0)},
+                                           {W: dense_rows([2], 0), E: sparse_rows([2, 4], 0)}], clock=2)
+    w2 = Table(1, "w", ckmod.DENSE, 10, 4, 8, "opt=adagrad slice=4", step=4, version=4)
+    write_checkpoint(tmp_path, 6, [w2, E], [{w2: dense_rows([1], 100)}, {E: sparse_rows([2, 9], 100)}],
+                     base=5, clock=4, sparse_counted=False)
+    w3 = Table(1, "w", ckmod.DENSE, 10, 4, 8, "opt=adagrad slice=4", step=6, version=6)
+    d = write_checkpoint(tmp_path, 7, [w3, E], [{w3: dense_rows([0, 1], 200), E: sparse_rows([1, 3, 9], 200)},
+                                                {}], base=6, clock=6, file_base=[0, 6], state=b"newest")
+    ck = pshard.load_checkpoint(d)
+    assert (ck.id, ck.base, ck.chain, ck.clock, ck.state) == (7, 6, [5, 6, 7], 6, b"newest")
+    slice_of = [200, 200, 0]   # the value each slice was last written with
+    want = np.concatenate([np.full(4, v + s, np.float32) for s, v in enumerate(slice_of)])[:10]
+    assert np.array_equal(ck["w"], want)
+    assert np.array_equal(ck.optimizer["w"]["sum"], -want)
+    assert (ck.tables["w"].step, ck.tables["w"].version, ck.tables["w"].rows) == (6, 6, 3)
+    keys, rows = ck["emb"]
+    assert keys.tolist() == [1, 2, 3, 4, 9]
+    last = {1: 200, 2: 100, 3: 200, 4: 0, 9: 200}
+    assert rows.tolist() == [[last[k] + k, last[k] - k] for k in keys.tolist()]
+    assert ck.tables["emb"].rows == 5
+
+
+def test_synthetic_chains_that_are_refused(tmp_path):
+    base = [{W: dense_rows([0, 1, 2], 0), E: sparse_rows([1, 2], 0)}]
+    # a slice twice in one increment (two servers wrote it)
+    write_checkpoint(tmp_path / "a", 1, [W, E], base)
+    d = write_checkpoint(tmp_path / "a", 2, [W, E], [{W: dense_rows([1], 1)}, {W: dense_rows([1], 2)}], base=1)
+    with pytest.raises(pshard.CorruptError, match="dense table 'w': slice 1 is repeated"):
+        pshard.load_checkpoint(d)
+    # a key twice in one increment
+    d = write_checkpoint(tmp_path / "a", 3, [W, E], [{E: sparse_rows([5], 1)}, {E: sparse_rows([5], 2)}], base=1)
+    with pytest.raises(pshard.CorruptError, match="sparse table 'emb': key 5 is in more than one row"):
+        pshard.load_checkpoint(d)
+    # a dense table whose base lacks a slice: a whole checkpoint's count is every slice
+    write_checkpoint(tmp_path / "b", 1, [W], [{W: dense_rows([0, 2], 0)}])
+    d = write_checkpoint(tmp_path / "b", 2, [W], [{W: dense_rows([0], 1)}], base=1)
+    with pytest.raises(pshard.CorruptError, match="ckpt-1/MANIFEST: table 'w': 2 rows in the data files"):
+        pshard.load_checkpoint(d)
+    # a table first declared in an increment must come whole there
+    write_checkpoint(tmp_path / "c", 1, [E], [{E: sparse_rows([1], 0)}])
+    d = write_checkpoint(tmp_path / "c", 2, [W, E], [{W: dense_rows([0, 1], 1)}], base=1)
+    with pytest.raises(pshard.CorruptError, match="dense table 'w': slice 2 is missing"):
+        pshard.load_checkpoint(d)
+    # the base's directory holds another checkpoint
+    write_checkpoint(tmp_path / "d", 1, [W, E], base)
+    os.rename(tmp_path / "d" / "ckpt-1", tmp_path / "d" / "ckpt-2")
+    d = write_checkpoint(tmp_path / "d", 3, [W, E], [{E: sparse_rows([5], 1)}], base=2)
+    with pytest.raises(pshard.CorruptError, match="ckpt-2/MANIFEST: checkpoint 1, where checkpoint 2 belongs"):
+        pshard.load_checkpoint(d)
+    # a data file that is an increment on another base, or an increment in a whole checkpoint
+    write_checkpoint(tmp_path / "e", 2, [W, E], [{E: sparse_rows([5], 1)}], base=1, file_base=0)
+    write_checkpoint(tmp_path / "e", 1, [W, E], base)
+    d = write_checkpoint(tmp_path / "e", 3, [W, E], [{E: sparse_rows([5], 1)}], base=2, file_base=1)
+    with pytest.raises(pshard.CorruptError, match="an increment on checkpoint 1, the manifest's base is 2"):
+        pshard.load_checkpoint(d)
+    d = write_checkpoint(tmp_path / "e", 4, [W, E], base, base=0, file_base=3)
+    with pytest.raises(pshard.CorruptError, match="an increment on checkpoint 3, the manifest's base is 0"):
+        pshard.load_checkpoint(d)
+    # the same table id declared otherwise in the base
+    w_other = Table(1, "w", ckmod.DENSE, 10, 4, 8, "opt=adagrad slice=4 lr=0.5")
+    write_checkpoint(tmp_path / "f", 1, [w_other, E], [{w_other: dense_rows([0, 1, 2], 0)}])
+    d = write_checkpoint(tmp_path / "f", 2, [W, E], [{E: sparse_rows([5], 1)}], base=1)
+    with pytest.raises(pshard.CorruptError, match="table 1 'w' is not the one checkpoint 2 declares"):
+        pshard.load_checkpoint(d)

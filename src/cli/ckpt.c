@@ -5,10 +5,13 @@
  * inspect reads every block of the manifest and of every data file it lists with the
  * checkpoint reader (store/ckpt.h), so every checksum is verified, and checks what
  * only the whole checkpoint shows: each data file is the one the manifest describes
- * (size, END checksum, rows, id, rank), its tables are the manifest's, the rows of each
- * table add up, and every table's options still parse to the row layout stored. It
- * prints the tables, the files and each block with its status, and exits 0 when all of
- * it verifies, 1 otherwise (2 for a usage error).
+ * (size, END checksum, rows, id, rank, base), its tables are the manifest's, the rows of
+ * each table add up, and every table's options still parse to the row layout stored.
+ * A checkpoint that is an increment is inspected with its chain (ps__ckpt_chain): every
+ * checkpoint it builds on is verified the same way, newest first, their declarations
+ * must be the newest's, and a last section gives each checkpoint's bytes and rows and
+ * the chain's total. It prints the tables, the files and each block with its status,
+ * and exits 0 when all of it verifies, 1 otherwise (2 for a usage error).
  */
 #include <dirent.h>
 #include <inttypes.h>
@@ -31,8 +34,9 @@ static void usage(FILE *f) {
           "inspect: verify every checksum of a checkpoint and describe it (tables, kinds,\n"
           "shapes, rows, optimiser, clock, id, files and blocks). DIR is a checkpoint\n"
           "directory (with a MANIFEST) or a directory of checkpoints (the newest complete\n"
-          "one is inspected). Exit status 0 when everything verifies, 1 otherwise.\n"
-          "  --summary   leave out the line per block\n\n"
+          "one is inspected). An increment is verified with the checkpoints it builds on\n"
+          "(its chain). Exit status 0 when everything verifies, 1 otherwise.\n"
+          "  --summary   leave out the line per block; the chain on one line\n\n"
           "HOST:PORT: ask the scheduler of a running job to write a checkpoint.\n");
 }
 
@@ -57,6 +61,7 @@ typedef struct inspect {
   size_t state_len;
   char merr[512];       /* why the manifest failed */
   int unread;           /* data files not read to their END: row totals unknown */
+  uint64_t bytes, rows; /* of its files (the manifest included) and its data files */
 } inspect;
 
 /* Block 0, read when the file was opened. */
@@ -191,6 +196,9 @@ static void read_data(inspect *in, const ps__ckpt_file *f) {
   if (h.rank != f->rank) problem(in, "rank %u, the manifest says %u", h.rank, f->rank);
   if (h.nservers != in->h.nservers) problem(in, "written by %u servers, the manifest says %u", h.nservers, in->h.nservers);
   if (h.clock != in->h.clock) problem(in, "clock %" PRId64 ", the manifest's is %" PRId64, h.clock, in->h.clock);
+  /* A whole file may stand in an increment (its server could not build on the base). */
+  if (h.base && h.base != in->h.base)
+    problem(in, "an increment on checkpoint %" PRIu64 ", the manifest's base is %" PRIu64, h.base, in->h.base);
   uint64_t rows = 0;
   for (;;) {
     if (ps__ckpt_next(r, &b, NULL, NULL)) {
@@ -214,6 +222,8 @@ static void read_data(inspect *in, const ps__ckpt_file *f) {
       if (b.end_checksum != f->checksum)
         problem(in, "checksum %016" PRIx64 ", the manifest says %016" PRIx64, b.end_checksum, f->checksum);
       if (rows != f->rows) problem(in, "%" PRIu64 " rows, the manifest says %" PRIu64, rows, f->rows);
+      in->bytes += b.end_bytes;
+      in->rows += rows;
       if (in->failures == before) printf("    verified\n");
       break;
     }
@@ -268,11 +278,84 @@ static int cmp_file(const void *a, const void *b) {
   return (int)((const ps__ckpt_file *)a)->rank - (int)((const ps__ckpt_file *)b)->rank;
 }
 
-static int inspect_dir(const char *arg, int summary) {
-  inspect in;
-  memset(&in, 0, sizeof in);
-  in.summary = summary;
+/* The manifest's count of a table against the rows found: a dense table's is its
+ * slices, all in the files of a whole checkpoint, some in an increment's; a sparse
+ * table's is the rows over the files, or 0 when the writer did not count them (pshard's
+ * scheduler does not: its servers report rows per file). */
+static int rows_match(const inspect *in, const tinfo *t) {
+  if (t->t.decl.kind == PS_DENSE) return in->h.base ? t->rows <= t->t.nrows : t->rows == t->t.nrows;
+  return t->t.nrows == 0 || t->rows == t->t.nrows;
+}
+
+/* One checkpoint of the chain: its manifest and data files. newest is NULL for the
+ * checkpoint asked about (its tables and chain, n links oldest first, are printed),
+ * else that checkpoint, whose declarations an older one must share. */
+static void inspect_one(inspect *in, const inspect *newest, const ps__ckpt_link *chain, size_t n) {
   char manifest[4200];
+  snprintf(manifest, sizeof manifest, "%s/MANIFEST", in->dir);
+  if (read_manifest(in, manifest, 1) != 0) {
+    header_line(NULL, in->dir, in->merr);
+    in->failures++;
+    return;
+  }
+  struct stat st;
+  if (stat(manifest, &st) == 0) in->bytes = (uint64_t)st.st_size;
+  header_line(&in->h, in->dir, NULL);
+  if (newest) printf("  in the chain of checkpoint %" PRIu64 "\n", newest->h.id);
+  if (in->h.base) {
+    printf("  an increment on checkpoint %" PRIu64, in->h.base);
+    if (!newest && n > 1) {
+      printf("; chain:");
+      for (size_t j = 0; j < n; j++) printf(" %" PRIu64, chain[j].id);
+    }
+    printf("\n");
+  }
+  if (!newest) print_tables(in);
+  printf("files:\n");
+  read_manifest(in, manifest, 0);
+  qsort(in->files, in->nfiles, sizeof *in->files, cmp_file);
+  for (size_t i = 0; i < in->nfiles; i++) read_data(in, &in->files[i]);
+  extra_files(in);
+  for (size_t i = 0; i < in->ntables && !in->unread; i++)
+    if (!rows_match(in, &in->tables[i])) {
+      printf("  table '%s':\n", in->tables[i].t.decl.name);
+      problem(in, "%" PRIu64 " rows in the data files, the manifest says %" PRIu64 "%s", in->tables[i].rows,
+              in->tables[i].t.nrows, in->h.base && in->tables[i].t.decl.kind == PS_DENSE ? " in all" : "");
+    }
+  for (size_t i = 0; newest && i < in->ntables; i++) {
+    const ps__ckpt_table *t = &in->tables[i].t;
+    for (size_t j = 0; j < newest->ntables; j++)
+      if (newest->tables[j].t.decl.id == t->decl.id && !same_table(&newest->tables[j].t, t)) {
+        printf("  table '%s':\n", t->decl.name);
+        problem(in, "table %u '%s' is not the one checkpoint %" PRIu64 " declares", t->decl.id, t->decl.name,
+                newest->h.id);
+      }
+  }
+}
+
+/* Each checkpoint of the chain (oldest first) with its bytes and rows, and the total:
+ * a line each, or one line with --summary. */
+static void chain_report(const inspect *v, size_t n, int summary) {
+  uint64_t bytes = 0, rows = 0;
+  printf(summary ? "chain:" : "chain (oldest first):\n");
+  for (size_t i = n; i-- > 0;) {
+    const inspect *c = &v[i];
+    const char *what = c->h.base ? "increment" : "whole";
+    if (summary)
+      printf(" %" PRIu64 " (%s, %" PRIu64 " bytes, %" PRIu64 " rows)%s", c->h.id, what, c->bytes, c->rows,
+             i ? "," : ";");
+    else
+      printf("  checkpoint %-8" PRIu64 " %-9s clock %-8" PRId64 " %" PRIu64 " bytes, %" PRIu64 " rows\n", c->h.id,
+             what, c->h.clock, c->bytes, c->rows);
+    bytes += c->bytes;
+    rows += c->rows;
+  }
+  if (summary) printf(" total %zu checkpoints, %" PRIu64 " bytes, %" PRIu64 " rows\n", n, bytes, rows);
+  else printf("  total: %zu checkpoints, %" PRIu64 " bytes, %" PRIu64 " rows\n", n, bytes, rows);
+}
+
+static int inspect_dir(const char *arg, int summary) {
+  char dir[4096], manifest[4200];
   struct stat st;
   snprintf(manifest, sizeof manifest, "%s/MANIFEST", arg);
   if (stat(arg, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -280,38 +363,55 @@ static int inspect_dir(const char *arg, int summary) {
     return 1;
   }
   if (stat(manifest, &st) == 0) {
-    snprintf(in.dir, sizeof in.dir, "%s", arg);
+    snprintf(dir, sizeof dir, "%s", arg);
   } else {
     uint64_t id;
-    if (ps__ckpt_latest(arg, &id, in.dir, sizeof in.dir)) {
+    if (ps__ckpt_latest(arg, &id, dir, sizeof dir)) {
       fprintf(stderr, "pshard: %s has no MANIFEST, and %s\n", arg, ps_errmsg());
       return 1;
     }
-    snprintf(manifest, sizeof manifest, "%s/MANIFEST", in.dir);
   }
-  if (read_manifest(&in, manifest, 1) != 0) {
-    header_line(NULL, in.dir, in.merr);
-    in.failures++;
-  } else {
-    header_line(&in.h, in.dir, NULL);
-    print_tables(&in);
-    printf("files:\n");
-    read_manifest(&in, manifest, 0);
-    qsort(in.files, in.nfiles, sizeof *in.files, cmp_file);
-    for (size_t i = 0; i < in.nfiles; i++) read_data(&in, &in.files[i]);
-    extra_files(&in);
-    for (size_t i = 0; i < in.ntables && !in.unread; i++)
-      if (in.tables[i].rows != in.tables[i].t.nrows) {
-        printf("  table '%s':\n", in.tables[i].t.decl.name);
-        problem(&in, "%" PRIu64 " rows in the data files, the manifest says %" PRIu64, in.tables[i].rows,
-                in.tables[i].t.nrows);
-      }
+  /* The chain, newest first: the checkpoint asked about, then its bases. A chain that
+   * cannot be followed is a failure; the checkpoint itself is still inspected. */
+  size_t dlen = strlen(dir);
+  while (dlen > 1 && dir[dlen - 1] == '/') dir[--dlen] = '\0'; /* its bases are beside it */
+  ps__ckpt_link *links = NULL;
+  size_t n = 0;
+  char cerr[600] = "";
+  if (ps__ckpt_chain(dir, &links, &n)) {
+    snprintf(cerr, sizeof cerr, "%s", ps_errmsg());
+    n = 0;
   }
-  if (in.failures) printf("result: FAILED (%d problem%s)\n", in.failures, in.failures == 1 ? "" : "s");
+  size_t count = n ? n : 1;
+  inspect *v = calloc(count, sizeof *v);
+  if (!v) {
+    free(links);
+    fprintf(stderr, "pshard: out of memory\n");
+    return 1;
+  }
+  int failures = 0;
+  for (size_t i = 0; i < count; i++) {
+    inspect *in = &v[i];
+    in->summary = summary;
+    snprintf(in->dir, sizeof in->dir, "%s", n ? links[n - 1 - i].dir : dir);
+    inspect_one(in, i ? &v[0] : NULL, links, n);
+    failures += in->failures;
+  }
+  if (cerr[0]) {
+    printf("chain:\n    FAILED: %s\n", cerr);
+    failures++;
+  } else if (n > 1) {
+    chain_report(v, n, summary);
+  }
+  if (failures) printf("result: FAILED (%d problem%s)\n", failures, failures == 1 ? "" : "s");
   else printf("result: verified\n");
-  free(in.tables);
-  free(in.files);
-  return in.failures ? 1 : 0;
+  for (size_t i = 0; i < count; i++) {
+    free(v[i].tables);
+    free(v[i].files);
+  }
+  free(v);
+  free(links);
+  return failures ? 1 : 0;
 }
 
 static int ps_cli_checkpoint_inspect(int argc, char **argv) {

@@ -744,6 +744,7 @@ int ps__ckpt_chain(const char *ckdir, ps__ckpt_link **out, size_t *n) {
   *n = 0;
   char root[PATH_MAX];
   snprintf(root, sizeof root, "%s", ckdir);
+  for (size_t l = strlen(root); l > 1 && root[l - 1] == '/';) root[--l] = '\0'; /* "DIR/ckpt-4/" */
   char *slash = strrchr(root, '/');
   if (!slash) snprintf(root, sizeof root, ".");
   else if (slash == root) root[1] = '\0';

@@ -4,7 +4,9 @@
  * the limits refused with PS_ERR_CORRUPT and a message naming the file and the block;
  * ROWS blocks skipped by range without their payload; the writer's rules; a writer
  * that dies before its rename leaves no visible file; the newest complete checkpoint
- * of a directory and the pruning of the others.
+ * of a directory and the pruning of the others; chains of increments (ps__ckpt_chain:
+ * oldest first, a missing or mismatched base refused by name) and what pruning keeps
+ * of them.
  *
  * Files go to a fresh directory under $TMPDIR (or /tmp), removed by each test.
  */
@@ -797,4 +799,146 @@ Test(ckpt, latest_and_prune, .init = make_tmpdir, .fini = remove_tmpdir) {
   cr_assert(eq(int, unlink(other), 0));
   OK(ps__ckpt_prune(tmpdir, 1));
   cr_assert(has_checkpoint(10) && has_checkpoint(11));
+}
+
+/* ---------------------------------------------------------------- chains of increments */
+
+/* DIR/ckpt-<dirid>/MANIFEST for checkpoint id (normally dirid) on base (0: whole),
+ * with one data file entry; complete = 0 leaves only a data file. */
+static void make_manifest(uint64_t dirid, uint64_t id, uint64_t base, int complete) {
+  char d[600], f[700];
+  ps__ckpt_dir_of(tmpdir, dirid, d, sizeof d);
+  cr_assert(eq(int, mkdir(d, 0755), 0));
+  snprintf(f, sizeof f, "%s/server-0.psck", d);
+  spit(f, (const uint8_t *)"x", 1);
+  if (!complete) return;
+  snprintf(f, sizeof f, "%s/MANIFEST", d);
+  ps__ckpt_header h = {.what = PS_CKPT_MANIFEST, .id = id, .clock = (int64_t)(2 * id), .nservers = 1,
+                       .created_ms = 1, .base = base};
+  ps__ckpt_writer *w;
+  OK(ps__ckpt_writer_open(&w, f, &h));
+  ps__ckpt_file file = {.name = "server-0.psck", .rank = 0, .bytes = 1, .checksum = 7, .rows = 0};
+  OK(ps__ckpt_write_file(w, &file));
+  OK(ps__ckpt_writer_close(w, 1, NULL));
+}
+
+static void make_link(uint64_t id, uint64_t base) { make_manifest(id, id, base, 1); }
+
+/* ps__ckpt_chain of DIR/ckpt-<id>: its return code, the links into *v (freed by the
+ * caller) and their count into *n. */
+static int chain_of(uint64_t id, ps__ckpt_link **v, size_t *n) {
+  char d[600];
+  ps__ckpt_dir_of(tmpdir, id, d, sizeof d);
+  return ps__ckpt_chain(d, v, n);
+}
+
+Test(ckpt, chain_oldest_first, .init = make_tmpdir, .fini = remove_tmpdir) {
+  make_link(1, 0);
+  make_link(2, 1);
+  make_link(4, 2); /* ids need not be consecutive: the base is named */
+  make_link(5, 0); /* whole, not in 4's chain */
+  ps__ckpt_link *v;
+  size_t n;
+  OK(chain_of(4, &v, &n));
+  cr_assert(eq(sz, n, 3));
+  const uint64_t ids[] = {1, 2, 4}, bases[] = {0, 1, 2};
+  for (size_t i = 0; i < n; i++) {
+    char want[600];
+    ps__ckpt_dir_of(tmpdir, ids[i], want, sizeof want);
+    cr_assert(eq(u64, v[i].id, ids[i]));
+    cr_assert(eq(u64, v[i].base, bases[i]));
+    cr_assert(eq(i64, v[i].clock, (int64_t)(2 * ids[i])));
+    cr_assert(eq(u32, v[i].nservers, 1));
+    cr_assert(eq(str, v[i].dir, want));
+  }
+  free(v);
+  OK(chain_of(5, &v, &n));
+  cr_assert(all(eq(sz, n, 1), eq(u64, v[0].id, 5), eq(u64, v[0].base, 0)), "a whole checkpoint is its own chain");
+  free(v);
+  OK(chain_of(2, &v, &n));
+  cr_assert(all(eq(sz, n, 2), eq(u64, v[0].id, 1), eq(u64, v[1].id, 2)));
+  free(v);
+  /* Named with a trailing slash (as a shell completes it), its bases are still beside it. */
+  char d[700];
+  ps__ckpt_dir_of(tmpdir, 4, d, sizeof d);
+  strcat(d, "//");
+  OK(ps__ckpt_chain(d, &v, &n));
+  cr_assert(all(eq(sz, n, 3), eq(u64, v[0].id, 1), eq(u64, v[1].id, 2)));
+  free(v);
+}
+
+Test(ckpt, chain_missing_base, .init = make_tmpdir, .fini = remove_tmpdir) {
+  make_link(1, 0);
+  make_manifest(2, 2, 1, 0); /* being written (or removed halfway): no MANIFEST */
+  make_link(3, 2);
+  make_link(5, 4);           /* ckpt-4 does not exist */
+  ps__ckpt_link *v = (ps__ckpt_link *)&v;
+  size_t n = 9;
+  char want[1400], d3[600], d2[600];
+  ps__ckpt_dir_of(tmpdir, 3, d3, sizeof d3);
+  ps__ckpt_dir_of(tmpdir, 2, d2, sizeof d2);
+  cr_assert(eq(int, chain_of(3, &v, &n), PS_ERR_CORRUPT));
+  cr_assert(all(eq(ptr, v, NULL), eq(sz, n, 0)), "nothing is handed out on an error");
+  snprintf(want, sizeof want, "%s is an increment on checkpoint 2, and %s is not a complete checkpoint", d3, d2);
+  cr_assert(eq(str, (char *)ps_errmsg(), want));
+  cr_assert(eq(int, chain_of(5, &v, &n), PS_ERR_CORRUPT));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "is an increment on checkpoint 4, and"), NULL)), "%s", ps_errmsg());
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "ckpt-4 is not a complete checkpoint"), NULL)), "%s", ps_errmsg());
+  cr_assert(eq(int, chain_of(6, &v, &n), PS_ERR_IO), "no checkpoint at all: its manifest cannot be read");
+}
+
+Test(ckpt, chain_refuses_a_base_of_another_id, .init = make_tmpdir, .fini = remove_tmpdir) {
+  make_manifest(2, 7, 0, 1); /* ckpt-2 holds checkpoint 7's manifest */
+  make_link(8, 2);
+  ps__ckpt_link *v;
+  size_t n;
+  cr_assert(eq(int, chain_of(8, &v, &n), PS_ERR_CORRUPT));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "ckpt-2/MANIFEST: checkpoint 7, where checkpoint 2 belongs"), NULL)), "%s",
+            ps_errmsg());
+  /* A damaged manifest in the chain is refused too. */
+  make_link(9, 0);
+  make_link(10, 9);
+  char f[700];
+  ps__ckpt_dir_of(tmpdir, 9, f, sizeof f);
+  strcat(f, "/MANIFEST");
+  size_t len;
+  uint8_t *p = slurp(f, &len);
+  p[30] ^= 1;
+  spit(f, p, len);
+  free(p);
+  cr_assert(eq(int, chain_of(10, &v, &n), PS_ERR_CORRUPT));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "ckpt-9/MANIFEST"), NULL)), "%s", ps_errmsg());
+}
+
+Test(ckpt, prune_keeps_the_chains_it_must, .init = make_tmpdir, .fini = remove_tmpdir) {
+  make_link(1, 0);
+  make_manifest(2, 2, 0, 0); /* incomplete, older than the newest complete one */
+  make_link(3, 1);
+  make_link(4, 3);
+  OK(ps__ckpt_prune(tmpdir, 1));
+  cr_assert(has_checkpoint(1) && has_checkpoint(3) && has_checkpoint(4), "keep=1 keeps the newest's whole chain");
+  cr_assert(absent_checkpoint(2), "incomplete and older than the newest complete one");
+
+  make_link(5, 0);           /* a newer whole checkpoint frees the older chain */
+  make_link(6, 5);
+  make_manifest(7, 7, 6, 0); /* newer than the newest complete one: maybe being written */
+  OK(ps__ckpt_prune(tmpdir, 1));
+  cr_assert(absent_checkpoint(1) && absent_checkpoint(3) && absent_checkpoint(4));
+  cr_assert(has_checkpoint(5) && has_checkpoint(6) && has_checkpoint(7));
+
+  /* keep=3: the newest three (10, 9, 8) and what they read (6, 5); then keep=2. */
+  make_link(8, 6);
+  make_link(9, 0);
+  make_link(10, 9);
+  OK(ps__ckpt_prune(tmpdir, 3));
+  cr_assert(has_checkpoint(5) && has_checkpoint(6) && has_checkpoint(8) && has_checkpoint(9) && has_checkpoint(10));
+  cr_assert(absent_checkpoint(7), "incomplete, now older than the newest complete one");
+  OK(ps__ckpt_prune(tmpdir, 2));
+  cr_assert(has_checkpoint(9) && has_checkpoint(10));
+  cr_assert(absent_checkpoint(5) && absent_checkpoint(6) && absent_checkpoint(8), "neither kept nor read by one kept");
+  ps__ckpt_link *v;
+  size_t n;
+  OK(chain_of(10, &v, &n));
+  cr_assert(eq(sz, n, 2));
+  free(v);
 }
