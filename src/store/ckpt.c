@@ -284,6 +284,9 @@ int ps__ckpt_writer_open(ps__ckpt_writer **out, const char *path, const ps__ckpt
     return ps__fail(PS_ERR_INVALID, "checkpoint %s: %u servers (1 to %u)", path, h->nservers, PS_MAX_MEMBERS);
   if (h->what == PS_CKPT_DATA ? h->rank >= h->nservers : h->rank != 0)
     return ps__fail(PS_ERR_INVALID, "checkpoint %s: rank %u of %u servers", path, h->rank, h->nservers);
+  if (h->base && h->base >= h->id)
+    return ps__fail(PS_ERR_INVALID, "checkpoint %s: an increment on checkpoint %" PRIu64 ", not older than %" PRIu64,
+                    path, h->base, h->id);
   ps__ckpt_writer *w = ps__calloc(1, sizeof *w);
   if (!w) return ps__fail(PS_ERR_NOMEM, "out of memory");
   w->fd = -1;

@@ -619,6 +619,12 @@ Test(ckpt, the_writer_refuses_what_a_reader_would, .init = make_tmpdir, .fini = 
   cr_assert(eq(int, ps__ckpt_writer_close(w, 1, NULL), PS_ERR_INVALID));
   cr_assert(absent(path) && absent(tmp));
 
+  /* an increment on a checkpoint that is not older */
+  ps__ckpt_header hinc = h;
+  hinc.base = hinc.id;
+  cr_assert(eq(int, ps__ckpt_writer_open(&w, path, &hinc), PS_ERR_INVALID));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "not older than"), NULL)), "%s", ps_errmsg());
+  cr_assert(absent(path) && absent(tmp));
   /* out of order, outside the range given, of another table, of another width */
   struct {
     uint32_t table, rf, n;
