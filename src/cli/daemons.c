@@ -87,6 +87,8 @@ static void sched_usage(FILE *f) {
           "  --checkpoint-full-every N one checkpoint in N whole, the others increments (1)\n"
           "                            [PSHARD_CHECKPOINT_FULL_EVERY]\n"
           "  --restore DIR             resume the checkpoint DIR, or the newest one in DIR [PSHARD_RESTORE]\n"
+          "  --replicas R              copies of every key range, 1 to 3, at most S (1) [PSHARD_REPLICAS]\n"
+          "  --vnodes N                ring points per server, as the servers' (128) [PSHARD_VNODES]\n"
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
           "  --verbose                 log registrations and membership changes\n"
@@ -108,9 +110,11 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"checkpoint-dir", required_argument, 0, 'C'}, {"checkpoint-keep", required_argument, 0, 'K'},
       {"checkpoint-full-every", required_argument, 0, 'F'},
       {"restore", required_argument, 0, 'R'}, {"state-dir", required_argument, 0, 'D'},
+      {"replicas", required_argument, 0, 'r'}, {"vnodes", required_argument, 0, 'n'},
       {0, 0, 0, 0}};
   int exit_when_done = 0;
-  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1;
+  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 1,
+           vnodes = 128;
   const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
   const char *state_dir = getenv("PSHARD_STATE_DIR");
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
@@ -122,6 +126,8 @@ int ps_cli_scheduler(int argc, char **argv) {
   env_uint("PSHARD_HEARTBEAT_TIMEOUT_MS", &hbt);
   env_uint("PSHARD_CHECKPOINT_KEEP", &keep);
   env_uint("PSHARD_CHECKPOINT_FULL_EVERY", &full_every);
+  env_uint("PSHARD_REPLICAS", &replicas);
+  env_uint("PSHARD_VNODES", &vnodes);
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -150,6 +156,13 @@ int ps_cli_scheduler(int argc, char **argv) {
       break;
     case 'R': restore = optarg; break;
     case 'D': state_dir = optarg; break;
+    case 'r':
+      if (parse_uint_flag("--replicas", optarg, 3, &replicas) || !replicas) {
+        fprintf(stderr, "pshard scheduler: --replicas must be 1 to 3\n");
+        return 2;
+      }
+      break;
+    case 'n': if (parse_uint_flag("--vnodes", optarg, 4096, &vnodes) || !vnodes) return 2; break;
     case 'v': verbose = 1; break;
     case 'h': sched_usage(stdout); return 0;
     default:
@@ -168,6 +181,11 @@ int ps_cli_scheduler(int argc, char **argv) {
     sched_usage(stderr);
     return 2;
   }
+  if (replicas < 1 || replicas > 3 || replicas > servers) {
+    fprintf(stderr, "pshard scheduler: --replicas %llu needs 1 to 3 copies and at least that many servers (--servers %llu)\n",
+            (unsigned long long)replicas, (unsigned long long)servers);
+    return 2;
+  }
   ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
@@ -178,7 +196,8 @@ int ps_cli_scheduler(int argc, char **argv) {
                       .checkpoint_keep = (unsigned)keep,
                       .checkpoint_full_every = (unsigned)(full_every ? full_every : 1),
                       .restore_dir = restore && *restore ? restore : NULL,
-                      .state_dir = state_dir && *state_dir ? state_dir : NULL};
+                      .state_dir = state_dir && *state_dir ? state_dir : NULL,
+                      .replicas = (unsigned)replicas, .vnodes = (unsigned)vnodes};
   ps__sched *s;
   if (ps__sched_create(&o, &s)) {
     fprintf(stderr, "pshard scheduler: %s\n", ps_errmsg());

@@ -267,6 +267,8 @@ static void run_usage(FILE *f) {
           "      --colocate                every worker runs one of the servers as a thread\n"
           "                                (PSHARD_COLOCATE=1) instead of S server processes;\n"
           "                                S is then K (-s, if given, must equal -w)\n"
+          "      --replicas R              copies of every key range, 1 to 3 and at most S (1);\n"
+          "                                with R >= 2 the job goes on when a server dies\n"
           "      --heartbeat-timeout-ms N  a silent node is dead after N ms (3000)\n"
           "      --progress-ms N           progress line period, 0 = none (1000)\n"
           "      --mode M                  consistency model for the job's tables: sync, sync:M,\n"
@@ -291,6 +293,7 @@ static const char *self_exe(void) {
 /* What `pshard run` was asked to do. */
 typedef struct run_opts {
   uint64_t S, K, hbt, prog, grace;
+  uint64_t R;            /* replicas (1) */
   const char *mode;      /* NULL: sync */
   const char *transport;
   const char *stats_out; /* NULL: none */
@@ -307,7 +310,8 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
       {"transport", required_argument, 0, 'T'}, {"grace-ms", required_argument, 0, 'g'},
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
       {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
-      {"colocate", no_argument, 0, 'C'},      CKPT_LONG_OPTS, {0, 0, 0, 0}};
+      {"colocate", no_argument, 0, 'C'},      {"replicas", required_argument, 0, 'r'},
+      CKPT_LONG_OPTS, {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 0;
@@ -323,6 +327,7 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
     case 's': dst = &o->S; max = 256; o->s_given = 1; break;
     case 'C': o->colocate = 1; break;
     case 'w': dst = &o->K; max = 512; break;
+    case 'r': dst = &o->R; max = 3; break;
     case 't': dst = &o->hbt; max = 86400000; break;
     case 'P': dst = &o->prog; max = 3600000; break;
     case 'g': dst = &o->grace; max = 600000; break;
@@ -366,6 +371,11 @@ static int run_check(int argc, char **argv, run_opts *o) {
       return 2;
     }
     o->S = o->K;
+  }
+  if (o->R == 0 || o->R > o->S) {
+    fprintf(stderr, "pshard run: --replicas %llu needs at least that many servers (-s %llu), and 1 to 3 copies\n",
+            (unsigned long long)o->R, (unsigned long long)o->S);
+    return 2;
   }
   if (o->S == 0 || o->K == 0 || o->hbt == 0) {
     fprintf(stderr, "pshard run: servers, workers and the heartbeat timeout must be at least 1\n");
@@ -417,7 +427,8 @@ static int run_prepare(void) {
 /* Start the scheduler (procs[0]) and wait up to 10 s for its address in addr_file.
  * -1 with the address in addr, or the exit status (everything stopped). */
 static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, char *addr, size_t cap, uint64_t t0) {
-  static char s_s[16], s_k[16], s_hbt[24]; /* static: sched_argv_saved points at them */
+  static char s_s[16], s_k[16], s_hbt[24], s_r[8]; /* static: sched_argv_saved points at them */
+  snprintf(s_r, sizeof s_r, "%llu", (unsigned long long)o->R);
   snprintf(s_s, sizeof s_s, "%llu", (unsigned long long)o->S);
   snprintf(s_k, sizeof s_k, "%llu", (unsigned long long)o->K);
   snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)o->hbt);
@@ -428,6 +439,8 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
   char *sched_argv[24] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
                           "--heartbeat-timeout-ms", s_hbt, "--state-dir", state_dir};
   int n = 12;
+  sched_argv[n++] = "--replicas";
+  sched_argv[n++] = s_r;
   ps__cli_ckpt_sched_args(&o->ck, sched_argv, &n);
   if (o->verbose) sched_argv[n++] = "--verbose";
   sched_argv[n] = NULL;
@@ -629,6 +642,15 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
       proc *p = &procs[i];
       if (p->is_worker && !p->exited) workers_left++;
       if (!p->exited || failed || p->replaced) continue;
+      if (o->R >= 2 && !p->is_worker && i != sched && !strncmp(p->name, "server", 6)) {
+        /* Its keys have other copies: the job goes on (a worker fails if a range lost
+         * every copy, and that stops it). */
+        if (tty && o->prog) fprintf(stderr, "\n");
+        fprintf(stderr, "[pshard] %s exited with status %d; its keys are served by their other copies (replicas %llu)\n",
+                p->name, p->status, (unsigned long long)o->R);
+        p->replaced = 1;
+        continue;
+      }
       if (p->status != 0 || !p->is_worker) {
         failed = p->name;
         status = p->status ? p->status : 1;
@@ -652,7 +674,7 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
 }
 
 int ps_cli_run(int argc, char **argv) {
-  run_opts o = {.S = 1, .K = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
+  run_opts o = {.S = 1, .K = 1, .R = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;
   if ((rc = ps__cli_ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0) return rc;
@@ -724,7 +746,8 @@ static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
       {"servers", required_argument, 0, 's'}, {"scheduler", required_argument, 0, 'S'},
       {"addr-file", required_argument, 0, 'a'}, {"host", required_argument, 0, 'H'},
       {"wait-ms", required_argument, 0, 'W'}, {"help", no_argument, 0, 'h'},
-      {"colocate", no_argument, 0, 'C'},      CKPT_LONG_OPTS, {0, 0, 0, 0}};
+      {"colocate", no_argument, 0, 'C'},      {"replicas", required_argument, 0, 'r'},
+      CKPT_LONG_OPTS, {0, 0, 0, 0}};
   int c;
   optind = 1;
   opterr = 0;

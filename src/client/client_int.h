@@ -70,6 +70,12 @@ struct part {
   ps__vx_part vx;          /* how a dense part's values travel (net/xport.h); zero: inline */
   int held;                /* on ctx->held until its deadline (ps__part_finish) */
   int status;
+  /* Replication: the chain of the part's keys (head first); the part goes to its first
+   * live member, and is sent again to the next one when that server dies or answers
+   * that it is not the head (yet, or any more). nchain 0: not replicated. */
+  uint32_t chain[PS_MAX_REPLICAS];
+  unsigned nchain;
+  uint64_t retry_at_ms;    /* on ctx->delayed: send again at this time */
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
   int64_t reply_clock;     /* hdr.clock of the reply */
   char *stats_buf;         /* control reply body destination (STATS text, CHECKPOINT info),
@@ -131,8 +137,6 @@ struct peer {
   int pm;                  /* peer-memory frames may go to this server: its pid (atomic), or 0 */
   uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
   size_t doff, dlen;
-  uint32_t push_seq;       /* the last push sequence sent to this server (loop, or the
-                            * caller holding the lent link) */
   int lost;                /* a connection was lost: tell the server the clock again */
   uint64_t reconnect_ms;   /* a failed connect: the next try (sweep), 0 = none due */
 };
@@ -166,6 +170,10 @@ struct ps_ctx {
   peer *links;             /* scheduler link first */
   peer *sched;
   part *held;              /* peer-memory parts held until their deadline (loop) */
+  part *delayed;           /* replicated parts waiting to be sent again (loop; queued == 2) */
+  uint32_t push_seq;       /* the last push sequence number given (atomic): one counter per
+                            * worker, so a part sent again to another server keeps its identity */
+  unsigned replicas;       /* R of the job (membership; atomic) */
 
   /* shared state under mu */
   pthread_mutex_t mu;
@@ -294,6 +302,10 @@ void ps__link_fail_all(peer *l, int status, const char *why);
 void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why);
 /* May p be sent again after its connection failed or its attempt timed out? */
 int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now);
+/* Loop: a replicated part answered MOVED or UNAVAILABLE, or whose server died: send it
+ * again to its chain's head (at once, or after a short wait). 1 if it will be, 0 if not
+ * (the caller fails it). */
+int ps__part_reroute(ps_ctx *ctx, part *p, int later);
 /* Loop timer: pushes whose attempt timed out sent again; links due to reconnect. */
 void ps__link_sweep(ps_ctx *ctx, uint64_t now);
 void ps__part_send(ps_ctx *ctx, peer *l, part *p);

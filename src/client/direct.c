@@ -349,7 +349,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       p->hdr.payload_len = total;
       if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
         p->hdr.inc = ctx->incarnation;
-        p->hdr.seq = ++d->l->push_seq;
+        p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
       }
       if (ps__frame_is_push_req(p->hdr.type)) pushes++;
       p->attempts++;
@@ -495,7 +495,8 @@ static unsigned direct_again(ps_req *r) {
  * again through the loop), 0 when they must go through the loop. */
 int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
   dlink dl[16];
-  if (!ctx->direct || !ctx->thread_started) return 0;
+  /* Replicated jobs go through the loop: it sends parts again to their chain's new head. */
+  if (!ctx->direct || !ctx->thread_started || __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) return 0;
   unsigned n = direct_claim(ctx, reqs, nreqs, dl, 16);
   if (n == 0) return 0;
   __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);

@@ -80,6 +80,7 @@ static void queue_front(peer *l, part *p) {
 }
 
 static void link_connect(ps_ctx *ctx, peer *l);
+static void delayed_sweep(ps_ctx *ctx, uint64_t now);
 
 void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why) {
   if (l->id == SCHED_LINK || !l->alive || ctx->closing) {
@@ -115,6 +116,7 @@ void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why) {
 }
 
 void ps__link_sweep(ps_ctx *ctx, uint64_t now) {
+  delayed_sweep(ctx, now);
   for (peer *l = ctx->links; l; l = l->next) {
     if (l->id == SCHED_LINK) continue;
     if (l->reconnect_ms && now >= l->reconnect_ms) {
@@ -161,6 +163,7 @@ static void on_write_done(void *arg, int status) {
     p->resend = 0;
     if (ps__part_may_resend(ctx, p, ps__now_ms())) {
       p->sent = 0;
+      if (p->nchain > 1 && ps__part_reroute(ctx, p, 1)) return;
       ps__part_submit(ctx, p);
     } else {
       ps__part_fail(p, PS_ERR_UNAVAILABLE, "the connection to the server was lost");
@@ -189,7 +192,7 @@ void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
   p->hdr.sender = ctx->id;
   if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, kept when sent again */
     p->hdr.inc = ctx->incarnation;
-    p->hdr.seq = ++l->push_seq;
+    p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
   }
   if (p->lk != l) { /* a push sent again on its connection is on the list already */
     p->lk = l;
@@ -323,9 +326,67 @@ void ps__mail_reclaim(void *arg) {
   }
 }
 
+/* The first live member of a replicated part's chain (0: none). */
+static uint32_t chain_head(ps_ctx *ctx, const part *p) {
+  for (unsigned k = 0; k < p->nchain; k++) {
+    peer *l = ps__link_find(ctx, p->chain[k]);
+    if (l && l->alive) return p->chain[k];
+  }
+  return 0;
+}
+
+#define REROUTE_WAIT_MS 50 /* a part refused by its chain's member waits this long */
+
+int ps__part_reroute(ps_ctx *ctx, part *p, int later) {
+  uint64_t now = ps__now_ms();
+  if (p->nchain < 2 || !ps__part_may_resend(ctx, p, now)) return 0;
+  p->sent = 0;
+  p->reply_done = 0;
+  if (p->wpend) {
+    p->resend = 1; /* on_write_done sends it again, after the wait */
+    return 1;
+  }
+  if (!later) {
+    ps__part_submit(ctx, p);
+    return 1;
+  }
+  p->retry_at_ms = now + REROUTE_WAIT_MS;
+  p->queued = 2;
+  p->prev = NULL;
+  p->next = ctx->delayed;
+  if (ctx->delayed) ctx->delayed->prev = p;
+  ctx->delayed = p;
+  return 1;
+}
+
+/* Loop: the delayed parts due now go to their chain's head; late ones fail. */
+static void delayed_sweep(ps_ctx *ctx, uint64_t now) {
+  for (part *p = ctx->delayed, *next; p; p = next) {
+    next = p->next;
+    if (now < p->retry_at_ms && now < p->deadline_ms) continue;
+    part_list_remove(&ctx->delayed, p);
+    p->queued = 0;
+    if (now >= p->deadline_ms)
+      ps__part_fail(p, PS_ERR_TIMEOUT, "no copy of these keys answered before the deadline");
+    else
+      ps__part_submit(ctx, p);
+  }
+}
+
 void ps__part_submit(ps_ctx *ctx, part *p) {
+  if (p->nchain > 1) {
+    uint32_t head = chain_head(ctx, p);
+    if (head) p->target = head;
+  }
   peer *l = ps__link_find(ctx, p->target);
   if (!l || !l->alive) {
+    if (p->nchain > 1) {
+      char msg[160];
+      snprintf(msg, sizeof msg, "every server holding a copy of these keys has left the job (their chain's head was server %u)",
+               p->chain[0]);
+      ps__part_fail(p, PS_ERR_UNAVAILABLE, msg);
+      return;
+    }
     char msg[160];
     snprintf(msg, sizeof msg, "server %u, which holds these keys, has left the job; without replicas its shard is lost",
              p->target);
@@ -434,6 +495,52 @@ static part *inflight_find(peer *l, uint64_t req_id) {
 
 /* Membership from the scheduler (through the node agent): links for new servers,
  * dead servers' links failed and closed, counts and the ring of a newer epoch. */
+/* Server l left the job: its replicated parts go to their chains' next live member at
+ * once (the windows of shard/once.h apply a push there once, should l have forwarded
+ * it already); the others fail. */
+static void link_fail_over(ps_ctx *ctx, peer *l, const char *why) {
+  part *moved = NULL;
+  while (l->queue_head) {
+    part *p = l->queue_head;
+    ps__link_dequeue(l, p);
+    if (p->nchain > 1) {
+      p->next = moved;
+      moved = p;
+    } else {
+      ps__part_fail(p, PS_ERR_UNAVAILABLE, why);
+    }
+  }
+  while (l->inflight) {
+    part *p = l->inflight;
+    part_list_remove(&l->inflight, p);
+    p->lk = NULL;
+    if (p->nchain > 1 && p->wpend) {
+      p->resend = 1; /* on_write_done submits it, to the new head */
+    } else if (p->nchain > 1) {
+      p->next = moved;
+      moved = p;
+    } else {
+      ps__part_fail(p, PS_ERR_UNAVAILABLE, why);
+    }
+  }
+  l->reading = NULL;
+  size_t n = 0;
+  for (part *p = moved; p; p = p->next) n++;
+  part **v = n ? ps__malloc(n * sizeof *v) : NULL;
+  size_t k = 0;
+  for (part *p = moved, *next; p; p = next) {
+    next = p->next;
+    p->next = p->prev = NULL;
+    if (v) v[k++] = p;
+    else ps__part_fail(p, PS_ERR_NOMEM, "out of memory");
+  }
+  if (k) qsort(v, k, sizeof *v, by_req_id); /* in the order they were made */
+  for (size_t i = 0; i < k; i++)
+    if (!ps__part_reroute(ctx, v[i], 0)) ps__part_fail(v[i], PS_ERR_UNAVAILABLE, why);
+  if (k) ps__log(PS_LOG_WARN, "%s; sending %zu request%s to the next copy", why, k, k == 1 ? "" : "s");
+  free(v);
+}
+
 void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
   const ps__membership m = *mp;
   uint32_t *ids = ps__calloc(m.n ? m.n : 1, sizeof *ids);
@@ -473,7 +580,7 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
       if (in_use) continue;
       char msg[96];
       snprintf(msg, sizeof msg, "server %u left the job", x->id);
-      ps__link_fail_all(l, PS_ERR_UNAVAILABLE, msg);
+      link_fail_over(ctx, l, msg);
       if (l->conn) {
         l->conn->udata = NULL;
         ps__conn_close(l->conn, 0);
@@ -483,9 +590,14 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
   }
   ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, ctx->vnodes, m.epoch) : NULL;
   free(ids);
+  if (ring && ps__ring_set_replicas(ring, m.replicas)) {
+    ps__ring_free(ring);
+    ring = NULL;
+  }
   pthread_mutex_lock(&ctx->mu);
   if (m.epoch >= ctx->epoch) {
     ctx->epoch = m.epoch;
+    __atomic_store_n(&ctx->replicas, m.replicas ? m.replicas : 1, __ATOMIC_RELAXED);
     ctx->started = m.started;
     ctx->nworkers = nwork;
     ctx->nservers = (int)nalive;
@@ -594,6 +706,10 @@ static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
   if (h->status) {
     char msg[300];
     snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
+    /* A member of a chain that is not its head (yet: its membership is behind ours; or
+     * any more), or one that could not reach the next copy: after a short wait, the
+     * chain's head under the membership then. */
+    if ((h->status == PS_ERR_MOVED || h->status == PS_ERR_UNAVAILABLE) && ps__part_reroute(ctx, p, 1)) return;
     ps__part_fail(p, h->status, msg[0] ? msg : ps_strerror(h->status));
     return;
   }

@@ -162,7 +162,10 @@ void ps__mail_cancel(void *arg) {
     part *p = &r->parts[i];
     if (p->finished) continue;
     peer *l = p->lk;
-    if (p->queued) {
+    if (p->queued == 2) { /* waiting to go to its chain's head (link.c) */
+      part_list_remove(&r->ctx->delayed, p);
+      p->queued = 0;
+    } else if (p->queued) {
       l = ps__link_find(r->ctx, p->target);
       if (l) {
         ps__link_dequeue(l, p);

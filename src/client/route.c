@@ -55,7 +55,10 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
   if (nkeys > UINT32_MAX) return ps__fail(PS_ERR_TOO_LARGE, "%zu keys in one call (at most %u)", nkeys, UINT32_MAX);
   if (is_push && ti.update == PS__UPDATE_MEAN && batch == 0 && nkeys)
     return ps__fail(PS_ERR_INVALID, "push with batch size 0 to a mean-mode table");
-  size_t S = ps__ring_size(ring);
+  /* Keys go by route: with replicas R >= 2 a route is a chain of R servers (its keys
+   * travel together and go to its head), else a server. */
+  size_t S = ps__ring_nroutes(ring);
+  int repl = ps__ring_replicas(ring) > 1;
   size_t w = ti.width;
   uint64_t bytes = (uint64_t)nkeys * (8 + 4 * w);
   if (bytes > ctx->max_payload) return ps__fail(PS_ERR_TOO_LARGE, "request of %llu bytes exceeds max_frame_mb", (unsigned long long)bytes);
@@ -76,16 +79,17 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
       return ps__fail(PS_ERR_NOMEM, "out of memory");
     }
     for (size_t i = 0; i < nkeys; i++) {
-      owner[i] = (uint32_t)ps__ring_owner_index(ring, table, keys[i]);
+      owner[i] = (uint32_t)ps__ring_route_index(ring, table, keys[i]);
       count[owner[i]]++;
     }
     for (size_t s = 0; s < S; s++)
       if (count[s] == nkeys) single = s;
   }
   /* Pushes go to every server (empty where no keys): each server must count this
-   * worker's batch in the round's denominator. Pulls go only where keys are. */
+   * worker's batch in the round's denominator. Pulls go only where keys are; so do
+   * replicated pushes (their tables have no rounds). */
   unsigned nparts = 0;
-  for (size_t s = 0; s < S; s++) nparts += (is_push || count[s]) ? 1 : 0;
+  for (size_t s = 0; s < S; s++) nparts += ((is_push && !repl) || count[s]) ? 1 : 0;
   ps_req *r = ps__req_new(ctx, nparts, 2 * nparts);
   if (!r) {
     ps__ubuf_put(ctx, owner, nkeys * sizeof *owner);
@@ -143,9 +147,15 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
   unsigned pi = 0;
   for (size_t s = 0; s < S; s++) {
     size_t n = (single == SIZE_MAX) ? count[s] : (s == single ? nkeys : 0);
-    if (!is_push && n == 0) continue;
-    ps__part_init(ctx, r, pi, ps__ring_server_at(ring, s), is_push ? PS_MSG_PUSH : PS_MSG_PULL, table, deadline);
+    if ((!is_push || repl) && n == 0) continue;
+    uint32_t chain[PS_MAX_REPLICAS];
+    size_t nch = ps__ring_route(ring, s, chain);
+    ps__part_init(ctx, r, pi, chain[0], is_push ? PS_MSG_PUSH : PS_MSG_PULL, table, deadline);
     part *p = &r->parts[pi];
+    if (repl) {
+      memcpy(p->chain, chain, nch * sizeof *chain);
+      p->nchain = (unsigned)nch;
+    }
     p->hdr.nkeys = (uint32_t)n;
     p->hdr.clock = clock;
     p->send = &r->bufs[2 * pi];
@@ -273,7 +283,8 @@ typedef struct link_ask {
 static int link_takes_pm(void *arg) {
   const link_ask *a = arg;
   ps_ctx *ctx = a->ctx;
-  if (!ctx->peer_mem) return 0;
+  /* Replicated pushes are forwarded inline, and parts are sent again: no peer memory. */
+  if (!ctx->peer_mem || __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
   peer *l = ps__link_find(ctx, a->target);
   int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;
@@ -326,16 +337,16 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       nseg++;
     }
   }
-  free(order);
+  int repl = ps__ring_replicas(ring) > 1;
   unsigned nparts = 0;
-  for (size_t s = 0; s < S; s++) nparts += (is_push || nseg_of[s]) ? 1 : 0;
+  for (size_t s = 0; s < S; s++) nparts += ((is_push && !repl) || nseg_of[s]) ? 1 : 0;
   /* Per part: 1 buffer for its segment list, 1 for its peer-memory tail, plus one
    * region per segment. segbuf: the segment lists, then room for the tails (expiry and
    * hint, then one (address, length) pair per segment). */
   ps_req *r = ps__req_new(ctx, nparts, 2 * nparts + (unsigned)nseg);
   uint64_t *segbuf = ps__malloc(((nseg ? nseg : 1) * 4 + 2 * (size_t)nparts) * 8);
   if (!r || !segbuf) {
-    free(segs); free(segown); free(nseg_of); free(segbuf);
+    free(segs); free(segown); free(nseg_of); free(segbuf); free(order);
     if (r) ps__req_destroy(r);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
@@ -352,10 +363,15 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   uint64_t *tails = segbuf + 2 * nseg; /* per part: room for its peer-memory tail */
   uint64_t now = ps__now_ms();
   for (size_t s = 0; s < S; s++) {
-    if (!is_push && !nseg_of[s]) continue;
+    if ((!is_push || repl) && !nseg_of[s]) continue;
     uint32_t target = ps__ring_server_at(ring, s);
     ps__part_init(ctx, r, pi, target, is_push ? PS_MSG_PUSH_DENSE : PS_MSG_PULL_DENSE, table, deadline);
     part *p = &r->parts[pi];
+    if (repl) { /* server s holds one run, j: the run's chain */
+      size_t j = 0;
+      while (order[j] != s) j++;
+      p->nchain = (unsigned)ps__ring_dense_chain(ring, order, j, p->chain);
+    }
     p->hdr.clock = clock;
     p->hdr.nkeys = (uint32_t)(2 * nseg_of[s]);
     /* regs: segment list, peer-memory tail, then the values' regions. */
@@ -406,6 +422,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     }
     pi++;
   }
+  free(order);
   free(segs);
   free(segown);
   free(nseg_of);

@@ -43,6 +43,12 @@ struct ps__ring {
    * them: routing and ownership checks run once per key of every request. */
   uint32_t *lut;
   unsigned lut_bits;
+  /* Replication (ps__ring_set_replicas): replicas >= 2 gives each point a route, one of
+   * nroutes distinct chains of server indices (routes[i * replicas ...]). */
+  unsigned replicas;
+  size_t nroutes;
+  uint32_t *route_of; /* per point */
+  uint32_t *routes;
 };
 
 static void put_le32(unsigned char *p, uint32_t v) {
@@ -92,6 +98,7 @@ ps__ring *ps__ring_new(const uint32_t *server_ids, size_t n, unsigned vnodes, ui
   if (!r) goto nomem;
   r->epoch = epoch;
   r->nservers = n;
+  r->replicas = 1;
   r->ids = ps__malloc(n * sizeof *r->ids);
   if (!r->ids) goto nomem;
   memcpy(r->ids, server_ids, n * sizeof *r->ids);
@@ -135,6 +142,8 @@ void ps__ring_free(ps__ring *r) {
   free(r->ids);
   free(r->points);
   free(r->lut);
+  free(r->route_of);
+  free(r->routes);
   free(r);
 }
 
@@ -209,4 +218,85 @@ size_t ps__ring_dense_order(const ps__ring *r, uint32_t table, uint32_t *order) 
   walk_distinct(r, ps__ring_key_hash(table, 0), order, S, seen);
   if (seen != &one) free(seen);
   return S;
+}
+
+/* The distinct servers clockwise from point pos, want of them (server indices). */
+static void walk_from(const ps__ring *r, size_t pos, uint32_t *idx, size_t want) {
+  size_t got = 0;
+  for (size_t step = 0; step < r->npoints && got < want; step++) {
+    uint32_t i = r->points[pos].server;
+    size_t j = 0;
+    while (j < got && idx[j] != i) j++;
+    if (j == got) idx[got++] = i;
+    if (++pos == r->npoints) pos = 0;
+  }
+  PS_ASSERT(got == want);
+}
+
+int ps__ring_set_replicas(ps__ring *r, unsigned replicas) {
+  if (replicas > r->nservers) replicas = (unsigned)r->nservers;
+  if (replicas > PS_MAX_REPLICAS) replicas = PS_MAX_REPLICAS;
+  free(r->route_of);
+  free(r->routes);
+  r->route_of = r->routes = NULL;
+  r->nroutes = 0;
+  r->replicas = 1;
+  if (replicas <= 1) return 0;
+  /* Distinct chains by an open-addressing table over their packed indices. */
+  size_t cap = 16;
+  while (cap < 2 * r->npoints) cap *= 2;
+  uint64_t *slot_key = ps__calloc(cap, sizeof *slot_key);
+  uint32_t *slot_val = ps__malloc(cap * sizeof *slot_val);
+  r->route_of = ps__malloc(r->npoints * sizeof *r->route_of);
+  r->routes = ps__malloc(r->npoints * replicas * sizeof *r->routes);
+  if (!slot_key || !slot_val || !r->route_of || !r->routes) {
+    free(slot_key);
+    free(slot_val);
+    free(r->route_of);
+    free(r->routes);
+    r->route_of = r->routes = NULL;
+    return ps__fail(PS_ERR_NOMEM, "ring: out of memory for replica chains");
+  }
+  for (size_t p = 0; p < r->npoints; p++) {
+    uint32_t c[PS_MAX_REPLICAS];
+    walk_from(r, p, c, replicas);
+    uint64_t key = 1; /* never 0: 0 marks an empty slot */
+    for (unsigned k = 0; k < replicas; k++) key = key << 21 | c[k];
+    size_t h = (size_t)(key * 0x9E3779B97F4A7C15ull >> 20) & (cap - 1);
+    while (slot_key[h] && slot_key[h] != key) h = (h + 1) & (cap - 1);
+    if (!slot_key[h]) {
+      slot_key[h] = key;
+      slot_val[h] = (uint32_t)r->nroutes;
+      memcpy(r->routes + r->nroutes * replicas, c, replicas * sizeof *c);
+      r->nroutes++;
+    }
+    r->route_of[p] = slot_val[h];
+  }
+  free(slot_key);
+  free(slot_val);
+  r->replicas = replicas;
+  return 0;
+}
+
+unsigned ps__ring_replicas(const ps__ring *r) { return r->replicas; }
+
+size_t ps__ring_nroutes(const ps__ring *r) { return r->replicas > 1 ? r->nroutes : r->nservers; }
+
+size_t ps__ring_route_index(const ps__ring *r, uint32_t table, uint64_t key) {
+  size_t p = first_point_at_or_after(r, ps__ring_key_hash(table, key));
+  return r->replicas > 1 ? r->route_of[p] : r->points[p].server;
+}
+
+size_t ps__ring_route(const ps__ring *r, size_t i, uint32_t *out) {
+  if (r->replicas <= 1) {
+    out[0] = r->ids[i];
+    return 1;
+  }
+  for (unsigned k = 0; k < r->replicas; k++) out[k] = r->ids[r->routes[i * r->replicas + k]];
+  return r->replicas;
+}
+
+size_t ps__ring_dense_chain(const ps__ring *r, const uint32_t *order, size_t j, uint32_t *out) {
+  for (unsigned k = 0; k < r->replicas; k++) out[k] = r->ids[order[(j + k) % r->nservers]];
+  return r->replicas;
 }

@@ -4,7 +4,8 @@
  * Each server contributes `vnodes` points (xxh64 of (server id, replica index)); a key
  * belongs to the first point clockwise from the key's hash. Adding or removing a server
  * moves only the keys whose owner changes. The ring is a value type built from a list of
- * server ids and versioned by the membership epoch; it has no I/O and no threads.
+ * server ids and versioned by the membership epoch; it has no I/O and no threads. With
+ * replicas R >= 2 (ps__ring_set_replicas) every key also has a chain of R servers.
  */
 #ifndef PS_RING_H
 #define PS_RING_H
@@ -44,6 +45,24 @@ static inline size_t ps__dense_run(uint64_t slice, uint64_t nslices, size_t S) {
 static inline uint64_t ps__dense_run_start(size_t j, uint64_t nslices, size_t S) {
   return (uint64_t)(((unsigned __int128)j * nslices + S - 1) / S);
 }
+/* Replication. ps__ring_set_replicas(r, R) (before the ring is shared; R is capped at
+ * the number of servers) gives every point its chain: the point's server then the next
+ * R-1 distinct servers clockwise, the ps__ring_chain of any key that lands on it. A
+ * route is one distinct chain; the keys of one route travel together (one part of a
+ * request per route: the head applies them and forwards them along the chain). With
+ * R = 1 the routes are the servers: route i is server index i. 0 or PS_ERR_NOMEM. */
+int ps__ring_set_replicas(ps__ring *r, unsigned replicas);
+unsigned ps__ring_replicas(const ps__ring *r);
+size_t ps__ring_nroutes(const ps__ring *r);
+/* The route of (table, key), in 0 .. nroutes-1. */
+size_t ps__ring_route_index(const ps__ring *r, uint32_t table, uint64_t key);
+/* The server ids of route i, head first, into out[0 .. replicas); returns the count. */
+size_t ps__ring_route(const ps__ring *r, size_t i, uint32_t *out);
+/* A dense table's run j (ps__ring_dense_order's order[j]) and the next R-1 runs'
+ * servers: the run's chain, as server ids into out; returns the count. */
+size_t ps__ring_dense_chain(const ps__ring *r, const uint32_t *order, size_t j, uint32_t *out);
+#define PS_MAX_REPLICAS 3
+
 /* The hash of a key as used for placement (exposed for tests). */
 uint64_t ps__ring_key_hash(uint32_t table, uint64_t key);
 

@@ -18,6 +18,7 @@ static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_STATS] = "stats",     [PS_MSG_TASK_INIT] = "task-init",
     [PS_MSG_TASK_NEXT] = "task-next", [PS_MSG_TASK_DONE] = "task-done",
     [PS_MSG_CKPT] = "ckpt",       [PS_MSG_CHECKPOINT] = "checkpoint",
+    [PS_MSG_FORWARD] = "forward", [PS_MSG_FORWARD_DENSE] = "forward-dense",
 };
 
 const char *ps__frame_type_name(uint8_t type) {
@@ -27,7 +28,8 @@ const char *ps__frame_type_name(uint8_t type) {
 
 int ps__frame_is_data(uint8_t type) {
   uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
-  return t == PS_MSG_PUSH || t == PS_MSG_PULL || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE;
+  return t == PS_MSG_PUSH || t == PS_MSG_PULL || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE ||
+         t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE;
 }
 
 void ps__frame_encode(const ps__frame_hdr *h, uint8_t *o) {
@@ -94,8 +96,10 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
                     ps__frame_type_name(h->type), (unsigned long long)h->payload_len,
                     (unsigned long long)max_payload);
   if (ps__frame_is_data(h->type) && h->status == 0) {
-    uint64_t kbytes = (uint64_t)h->nkeys * 8u;
     int reply = (h->type & PS_FRAME_REPLY) != 0;
+    /* A forward's keys follow its prefix (ps__fwd); the prefix counts as keys here. */
+    uint64_t pre = ps__frame_is_forward(h->type) && !reply ? PS_FWD_PREFIX : 0;
+    uint64_t kbytes = (uint64_t)h->nkeys * 8u + pre;
     if (reply && h->nkeys != 0) return ps__fail(PS_ERR_PROTO, "keys in a %s reply", ps__frame_type_name(h->type));
     if (kbytes > h->payload_len)
       return ps__fail(PS_ERR_PROTO, "%u keys do not fit a payload of %llu bytes", h->nkeys,
@@ -103,7 +107,9 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
     if ((h->payload_len - kbytes) % 4u)
       return ps__fail(PS_ERR_PROTO, "values of %llu bytes are not whole floats",
                       (unsigned long long)(h->payload_len - kbytes));
-    if ((t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE) && !reply && (h->nkeys % 2u))
+    if (ps__frame_is_forward(h->type) && h->xport != PS_XPORT_INLINE)
+      return ps__fail(PS_ERR_PROTO, "value transport %u on a %s frame", h->xport, ps__frame_type_name(h->type));
+    if ((t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE || t == PS_MSG_FORWARD_DENSE) && !reply && (h->nkeys % 2u))
       return ps__fail(PS_ERR_PROTO, "dense segment list has an odd length %u", h->nkeys);
     if (h->xport == PS_XPORT_PEER_MEM) {
       if (t != PS_MSG_PULL_DENSE && (t != PS_MSG_PUSH_DENSE || reply))

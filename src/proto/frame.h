@@ -44,7 +44,9 @@ enum {
   PS_MSG_TASK_DONE = 18, /* worker -> scheduler: partition (table), epoch (clock) */
   PS_MSG_CKPT = 19,      /* scheduler -> server: cut and write checkpoint (ps__ckpt_req); reply: ps__ckpt_done */
   PS_MSG_CHECKPOINT = 20,/* anyone -> scheduler: take a checkpoint at a clock; reply when it is complete */
-  PS_MSG__MAX = 21
+  PS_MSG_FORWARD = 21,   /* server -> next server of a chain: a sparse push applied by the sender (ps__fwd) */
+  PS_MSG_FORWARD_DENSE = 22, /* the same for a dense push */
+  PS_MSG__MAX = 23
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,
@@ -102,8 +104,30 @@ void ps__frame_encode(const ps__frame_hdr *h, uint8_t *out);
 int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h);
 /* Does this type carry keys and float values? */
 int ps__frame_is_data(uint8_t type);
-/* Is this a push request (PUSH or PUSH_DENSE, not a reply): seq and inc in the header? */
-static inline int ps__frame_is_push_req(uint8_t type) { return type == PS_MSG_PUSH || type == PS_MSG_PUSH_DENSE; }
+/* Is this a push request (PUSH, PUSH_DENSE or a FORWARD of one, not a reply): seq and
+ * inc in the header? */
+static inline int ps__frame_is_push_req(uint8_t type) {
+  return type == PS_MSG_PUSH || type == PS_MSG_PUSH_DENSE || type == PS_MSG_FORWARD || type == PS_MSG_FORWARD_DENSE;
+}
+static inline int ps__frame_is_forward(uint8_t type) {
+  uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
+  return t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE;
+}
+
+/* A FORWARD request's body starts with this prefix, then the push's keys and values:
+ * the ring epoch the sender forwarded under (a receiver at another epoch refuses it),
+ * the worker that pushed (the header's sender is the forwarding server), and the
+ * optimiser step the sender applied it with (0: none, the receiver takes its own). The
+ * header carries the push's table, batch, clock, nkeys, identity (seq, inc) and the
+ * learning rate the sender applied. */
+#define PS_FWD_PREFIX 24u
+typedef struct ps__fwd {
+  uint64_t epoch;
+  uint32_t worker;
+  uint64_t step;
+} ps__fwd;
+static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f);
+static inline void ps__fwd_get(const uint8_t *p, ps__fwd *f);
 const char *ps__frame_type_name(uint8_t type);
 
 /* Little-endian put/get. */
@@ -132,6 +156,18 @@ static inline uint64_t ps__get_u64(const uint8_t *p) {
   v = __builtin_bswap64(v);
 #endif
   return v;
+}
+
+static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f) {
+  ps__put_u64(p, f->epoch);
+  ps__put_u32(p + 8, f->worker);
+  ps__put_u32(p + 12, 0);
+  ps__put_u64(p + 16, f->step);
+}
+static inline void ps__fwd_get(const uint8_t *p, ps__fwd *f) {
+  f->epoch = ps__get_u64(p);
+  f->worker = ps__get_u32(p + 8);
+  f->step = ps__get_u64(p + 16);
 }
 
 /* A growable write buffer for control bodies. */

@@ -56,6 +56,7 @@ void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
     ps__wbuf_str(w, x->hostid);
     ps__wbuf_u8(w, x->caps);
   }
+  if (m->replicas > 1) ps__wbuf_u8(w, m->replicas); /* optional: absent means 1 */
 }
 
 void ps__membership_clear(ps__membership *m) {
@@ -92,6 +93,11 @@ int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
     ps__rbuf_str(&r, x->hostid, sizeof x->hostid);
     x->caps = ps__rbuf_u8(&r);
     if (port > 65535) r.err = 1;
+  }
+  m->replicas = 1;
+  if (!r.err && r.off + 1 == n) {
+    m->replicas = ps__rbuf_u8(&r);
+    if (m->replicas < 2 || m->replicas > 3) r.err = 1;
   }
   if (r.err || r.off != n) {
     ps__membership_clear(m);

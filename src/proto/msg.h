@@ -49,6 +49,7 @@ typedef struct ps__membership {
   uint64_t epoch;
   uint32_t servers_expected, workers_expected;
   uint8_t started;
+  uint8_t replicas;      /* R: copies of every key range (1..3); absent on the wire: 1 */
   uint32_t n;
   ps__member *m; /* n entries, owned (free with ps__membership_clear) */
 } ps__membership;

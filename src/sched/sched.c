@@ -13,6 +13,7 @@
 
 #include <string.h>
 
+#include "common/ring.h"
 #include "sched/sched_int.h"
 
 /* Short local names for the shared state (sched_int.h). */
@@ -29,6 +30,12 @@ static node *node_by_conn(ps__sched *s, ps__conn *c) {
   return NULL;
 }
 
+int ps__sched_server_alive(const ps__sched *s, uint32_t id) {
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].m.id == id) return s->nodes[i].m.alive && s->nodes[i].m.role == PS_ROLE_SERVER;
+  return 0;
+}
+
 size_t ps__sched_count_alive(ps__sched *s, uint8_t role) {
   size_t n = 0;
   for (size_t i = 0; i < s->nnodes; i++) n += s->nodes[i].m.alive && s->nodes[i].m.role == role;
@@ -43,6 +50,7 @@ static void broadcast_membership(ps__sched *s) {
   m.servers_expected = s->o.servers;
   m.workers_expected = s->o.workers;
   m.started = (uint8_t)s->started;
+  m.replicas = (uint8_t)s->o.replicas;
   m.n = (uint32_t)s->nnodes;
   m.m = ps__calloc(s->nnodes ? s->nnodes : 1, sizeof *m.m);
   if (!m.m) return;
@@ -246,6 +254,36 @@ static void task_requeue(ps__sched *s, uint32_t node_id) {
 }
 
 static void do_stop(void *arg);
+
+/* Would removing server n leave a chain (the R servers that hold a key range) with no
+ * live member? With R = 1 every server is the last copy of its keys, but a dead one is
+ * removed anyway (its keys fail loudly); this guards replicated jobs only. */
+static int last_copy(ps__sched *s, const node *n) {
+  if (s->o.replicas < 2) return 0;
+  uint32_t *ids = ps__calloc(s->nnodes ? s->nnodes : 1, sizeof *ids);
+  size_t k = 0;
+  if (!ids) return 1;
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].m.role == PS_ROLE_SERVER) ids[k++] = s->nodes[i].m.id;
+  ps__ring *r = k ? ps__ring_new(ids, k, s->o.vnodes, s->epoch) : NULL;
+  free(ids);
+  int lost = 0;
+  if (!r || ps__ring_set_replicas(r, s->o.replicas)) {
+    ps__ring_free(r);
+    return 1;
+  }
+  for (size_t i = 0; i < ps__ring_nroutes(r) && !lost; i++) {
+    uint32_t c[PS_MAX_REPLICAS];
+    size_t m = ps__ring_route(r, i, c), live = 0, has = 0;
+    for (size_t j = 0; j < m; j++) {
+      if (c[j] == n->m.id) has = 1;
+      else live += ps__sched_server_alive(s, c[j]);
+    }
+    lost = has && !live;
+  }
+  ps__ring_free(r);
+  return lost;
+}
 
 static void finish_tick(uv_timer_t *t) { do_stop(t->data); }
 
@@ -619,7 +657,17 @@ static void hb_tick(uv_timer_t *t) {
   s->hb_last_ms = now;
   for (size_t i = 0; i < s->nnodes; i++) {
     node *n = &s->nodes[i];
-    if (n->m.alive && now - n->last_seen_ms > s->o.heartbeat_timeout_ms) mark_dead(s, n, "missed heartbeats");
+    if (!n->m.alive || now - n->last_seen_ms <= s->o.heartbeat_timeout_ms) continue;
+    if (n->m.role == PS_ROLE_SERVER && last_copy(s, n)) {
+      /* Removing a silent server that holds the last live copy of some keys would lose
+       * them for good; it may only be paused. Its clients wait (and time out). */
+      if (!n->last_copy_warned)
+        ps__log(PS_LOG_WARN, "server %u (rank %u) is silent, but it holds the last live copy of some keys: not removed",
+                n->m.id, n->m.rank);
+      n->last_copy_warned = 1;
+      continue;
+    }
+    mark_dead(s, n, "missed heartbeats");
   }
   task_drop_waiters(s, NULL, 1);
 }
@@ -634,6 +682,14 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
   if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
   if (!s->o.checkpoint_full_every) s->o.checkpoint_full_every = 1;
+  if (!s->o.replicas) s->o.replicas = 1;
+  if (!s->o.vnodes) s->o.vnodes = 128;
+  if (s->o.replicas > PS_MAX_REPLICAS || s->o.replicas > s->o.servers) {
+    unsigned r = s->o.replicas, n = s->o.servers;
+    free(s);
+    if (r > PS_MAX_REPLICAS) return ps__fail(PS_ERR_CONFIG, "replicas %u: at most %d copies are supported", r, PS_MAX_REPLICAS);
+    return ps__fail(PS_ERR_CONFIG, "replicas %u needs at least %u servers (the job has %u)", r, r, n);
+  }
   s->next_id = 1;
   s->epoch = 1;
   uv_loop_init(&s->loop);

@@ -28,9 +28,15 @@ typedef struct ps__sched_opts {
   unsigned checkpoint_full_every; /* a whole checkpoint every N, increments between (0, 1: all whole) */
   const char *restore_dir;    /* a checkpoint (or a directory of them, the newest is used)
                                * to resume: the table registry, the clock, the tasks */
+  /* Replication: copies of every key range (1..3, 0 = 1; at most `servers`), told to
+   * every node in MEMBERSHIP; vnodes: the ring's points per server (0 = 128), which the
+   * scheduler needs to know which chains a server's removal would empty. */
+  unsigned replicas;
+  unsigned vnodes;
 } ps__sched_opts;
 
-/* Bind and set up; with o->restore_dir, read the checkpoint first. The strings of o
+/* Bind and set up (replicas beyond PS_MAX_REPLICAS or the expected servers is
+ * PS_ERR_CONFIG); with o->restore_dir, read the checkpoint first. The strings of o
  * are borrowed until ps__sched_destroy. 0, or an error with a message (a bad address,
  * an unreadable or bad checkpoint: the reader's PS_ERR_IO or PS_ERR_CORRUPT). */
 int ps__sched_create(const ps__sched_opts *o, ps__sched **out);

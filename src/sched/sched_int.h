@@ -20,6 +20,7 @@ typedef struct ps__sched_node {
   ps__member m;
   ps__conn *conn;
   uint64_t last_seen_ms;
+  int last_copy_warned; /* silent, kept: it holds the last live copy of some keys */
   int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
   int64_t barrier_done; /* last barrier this worker passed (0 none) */
   uint64_t barrier_req;
@@ -135,6 +136,7 @@ struct ps__sched {
 /* ------------------------------------------------------------ sched.c for ckpt.c */
 
 size_t ps__sched_count_alive(ps__sched *s, uint8_t role);
+int ps__sched_server_alive(const ps__sched *s, uint32_t id);
 
 /* ------------------------------------------------------------ state.c */
 

@@ -56,8 +56,10 @@ int ps__srv_dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi) 
 }
 
 int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys) {
-  uint64_t total = 0, lo = 0, hi = 0;
-  if (h->nkeys && ps__srv_dense_mine(s, t, &lo, &hi)) {
+  uint64_t total = 0, lo = 0, hi = UINT64_MAX;
+  int repl = s->replicas > 1 && s->ring && ps__ring_size(s->ring) > 1;
+  s->next_hop = 0;
+  if (!repl && h->nkeys && ps__srv_dense_mine(s, t, &lo, &hi)) {
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "out of memory");
     return -1;
   }
@@ -77,12 +79,15 @@ int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *
     }
     total += cnt;
   }
+  if (repl && ps__srv_route_segments(s, c, h, t, keys, &s->next_hop)) return -1;
   return (int64_t)total;
 }
 
 int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys) {
   /* A server alone in its ring owns every key, so the keys are not read then. */
+  s->next_hop = 0;
   if (!s->ring || ps__ring_size(s->ring) <= 1) return 0;
+  if (s->replicas > 1) return ps__srv_route_keys(s, c, h, t, keys, &s->next_hop);
   for (uint32_t i = 0; i < h->nkeys; i++) {
     uint64_t key = ps__get_u64(keys + 8 * (size_t)i);
     if (ps__ring_owner(s->ring, h->table, key) != s->id) {
@@ -125,11 +130,22 @@ void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__
   ps__table *t = ps__srv_table_of(s, c, h, dense ? PS_DENSE : PS_SPARSE);
   if (!t || ps__srv_push_shape(s, c, h, t, p, dense)) return;
   ps__verdict v;
+  uint32_t next = s->next_hop;
   if (ps__shard_push(s->sh, p, body, &v) != PS__APPLIED) {
     ps__srv_reply_verdict(c, h, &v);
     return;
   }
-  ps__srv_reply_ok(c, h, 0);
+  if (next) {
+    /* Replicated: the next member applies it too, and the answer comes back from the
+     * tail. A push applied here before (sent again) is forwarded again: the tail may
+     * not have it yet. The rate and step go with it (none for a duplicate or an empty
+     * push: the member then takes its own). */
+    int stepped = !v.dup && p->nkeys > 0;
+    if (ps__srv_forward(s, c, h, p, next, stepped ? t->last_lr : p->lr, stepped ? t->step : 0))
+      ps__srv_reply_err(c, h, PS_ERR_NOMEM, "%s", ps_errmsg());
+  } else {
+    ps__srv_reply_ok(c, h, 0);
+  }
   if (v.later) {
     /* acknowledged first: the worker's next request travels while this applies */
     ps__shard_pending_first(t);

@@ -8,7 +8,8 @@
  * the file of its family: push.c, pull.c, peer.c (values in the worker's memory) and
  * stats.c. Every key a request names must be owned by this server under the current
  * ring (else PS_ERR_MOVED); the ring comes with the scheduler's membership, which also
- * tells the engine which workers are live.
+ * tells the engine which workers are live. With replicas R >= 2 a request must come to
+ * the head of its keys' chain, and applied pushes go down the chain (repl.c).
  */
 #include "server/server.h"
 
@@ -144,6 +145,18 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     ps__srv_reply_verdict(c, h, &v);
     return;
   }
+  ps__table *nt = ps__shard_table(s->sh, d.id);
+  if (!existed && s->replicas > 1 &&
+      (ps__table_is_sync(nt) || nt->spec.agg_n > 1 || nt->spec.agg_ms > 0)) {
+    /* Replication forwards each push as it is applied: a sync round, or a buffer
+     * flushed by count or time, would be combined differently on each copy. */
+    char msg[300];
+    snprintf(msg, sizeof msg, "table '%s': mode %s%s is not replicated yet (replicas=%u); use async or ssp without agg_n/agg_ms",
+             d.name, ps__table_mode_name(nt), ps__table_is_sync(nt) ? "" : " with aggregation", s->replicas);
+    ps__shard_drop(s->sh, d.id);
+    ps__srv_reply_err(c, h, PS_ERR_INVALID, "%s", msg);
+    return;
+  }
   /* A restored job: a new table's rows come from the checkpoint. A table that cannot be
    * restored is dropped again (it has no timer yet: nothing was pushed to it). */
   int rc = existed ? 0 : ps__srv_restore_table(s, ps__shard_table(s->sh, d.id));
@@ -189,11 +202,17 @@ static void on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__bod
 static void on_create_frame(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   on_create(s, c, h, b);
 }
+static void on_forward_sparse(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_forward(s, c, h, b, 0);
+}
+static void on_forward_dense(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_forward(s, c, h, b, 1);
+}
 
 static const frame_handler dispatch[PS_MSG__MAX] = {
     [PS_MSG_CREATE] = on_create_frame, [PS_MSG_PUSH] = on_push_sparse,  [PS_MSG_PUSH_DENSE] = on_push_dense,
     [PS_MSG_PULL] = on_pull_sparse,    [PS_MSG_PULL_DENSE] = on_pull_dense, [PS_MSG_CLOCK] = on_clock,
-    [PS_MSG_STATS] = on_stats,
+    [PS_MSG_STATS] = on_stats,         [PS_MSG_FORWARD] = on_forward_sparse, [PS_MSG_FORWARD_DENSE] = on_forward_dense,
 };
 
 static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
@@ -206,6 +225,10 @@ static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__server *s = c->loop->data;
   if (s->stopping) return;
   s->frames++;
+  if (ps__frame_is_data(h->type) && ps__srv_fenced(s)) {
+    ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u stood still and may have been replaced; send again", s->id);
+    return;
+  }
   uint64_t out0 = c->bytes_out + c->write_queue_bytes;
   dispatch[h->type](s, c, h, b); /* on_header let only these types through */
   s->poll_extra_ns = ps__poll_extra_ns(h->payload_len + (c->bytes_out + c->write_queue_bytes - out0));
@@ -215,6 +238,7 @@ static void data_on_close(ps__conn *c, int status) {
   ps__server *s = c->loop->data;
   (void)status;
   ps__srv_drop_pulls_of(s, c);
+  ps__srv_repl_conn_closed(s, c);
   ps__shm_forget(s->shm, c);
 }
 
@@ -253,7 +277,14 @@ static void agent_membership(void *arg, const ps__membership *m) {
     live_workers += x->alive ? 1 : 0;
     ps__shard_member(s->sh, x->id, x->alive);
   }
+  if (ps__srv_repl_membership(s, m))
+    ps__log(PS_LOG_ERROR, "out of memory applying the membership of epoch %llu", (unsigned long long)m->epoch);
   ps__ring *ring = nsrv ? ps__ring_new(ids, nsrv, s->o.vnodes, m->epoch) : NULL;
+  if (ring && ps__ring_set_replicas(ring, s->replicas)) {
+    ps__log(PS_LOG_ERROR, "out of memory for the replica chains of epoch %llu", (unsigned long long)m->epoch);
+    ps__ring_free(ring);
+    ring = NULL;
+  }
   if (ring) {
     ps__ring_free(s->ring);
     s->ring = ring;
@@ -289,8 +320,11 @@ static void agent_detached(void *arg, const char *msg) {
   ps__log(PS_LOG_WARN, "%s; serving on, waiting up to %u ms for it to come back", msg, s->o.rejoin_ms);
 }
 
-/* Each heartbeat: unmap the workers' shared buffers they freed. */
-static void agent_tick(void *arg) { ps__shm_sweep(((ps__server *)arg)->shm); }
+/* Each heartbeat: unmap the workers' shared buffers they freed; the replication fence. */
+static void agent_tick(void *arg) {
+  ps__shm_sweep(((ps__server *)arg)->shm);
+  ps__srv_repl_tick(arg);
+}
 
 /* Frames of the scheduler's beyond what the agent handles: a checkpoint's requests. */
 static int agent_on_header(void *arg, const ps__frame_hdr *h, ps__body *b) {
@@ -430,6 +464,7 @@ void ps__server_destroy(ps__server *s) {
   uv_run(&s->loop, UV_RUN_DEFAULT);
   uv_loop_close(&s->loop);
   ps__srv_free_pulls(s);
+  ps__srv_repl_free(s);
   ps__srv_ckpt_stop(s);
   ps__srv_restore_free(s);
   for (size_t i = 0; s->sh && i < s->sh->ntables; i++)

@@ -22,6 +22,8 @@
 
 typedef struct srv_ckpt srv_ckpt;       /* a checkpoint being written (ckpt.c) */
 typedef struct srv_restore srv_restore; /* the checkpoint restored from (ckpt.c) */
+typedef struct srv_fwd srv_fwd;         /* a push forwarded down its chain (repl.c) */
+typedef struct srv_peer srv_peer;       /* another server, as a forward's destination (repl.c) */
 
 /* A pull waiting for its table to reach its clock, holding its request body. */
 typedef struct pending_pull {
@@ -72,6 +74,17 @@ struct ps__server {
   srv_restore *restore;  /* the checkpoint this server restores tables from, or NULL */
   ps__par *par;   /* helper thread for huge requests, started on the first one */
   int par_failed; /* it could not be started: stay serial */
+  /* replication (repl.c) */
+  unsigned replicas;     /* R of the job (membership): 1 = none */
+  srv_peer **peers;      /* the other servers */
+  size_t npeers;
+  srv_fwd *fwds;         /* forwards awaiting their answer */
+  uint64_t fwd_seq;      /* req_id of the last forward */
+  uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
+  uint64_t last_tick_ms; /* the last heartbeat tick (uv_now) */
+  uint32_t next_hop;     /* set by the ring checks of the request being served (R >= 2) */
+  int fenced;            /* stood still: serves no data request for now */
+  uint64_t fenced_at;
 };
 
 /* ---- replies (server.c) */
@@ -95,7 +108,8 @@ ps__table *ps__srv_table_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
 int ps__srv_dense_mine(ps__server *s, ps__table *t, uint64_t *lo, uint64_t *hi);
 /* Check a dense segment list: in range, owned. Returns total elements or -1 (answered). */
 int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys);
-/* Check that every sparse key is owned here: 0, or -1 (answered with MOVED). */
+/* Check that every sparse key is owned here: 0, or -1 (answered with MOVED). Under
+ * R >= 2, its chain's member to forward to goes to s->next_hop. */
 int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys);
 /* The checks of a push's keys or segments against its values; 0 or -1 (answered). */
 int ps__srv_push_shape(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p, int dense);
@@ -139,6 +153,28 @@ int ps__srv_restore_open(ps__server *s, const char *dir);
  * 0, or an error with a message (the table is then unusable: answer its CREATE so). */
 int ps__srv_restore_table(ps__server *s, ps__table *t);
 void ps__srv_restore_free(ps__server *s);
+
+/* ---- replication (repl.c) */
+/* Is server id alive in the latest membership (this server is)? */
+int ps__srv_server_alive(ps__server *s, uint32_t id);
+/* Under R >= 2: are a request's keys (sparse) or segments (dense) of one chain, headed
+ * here (a worker's request) or with this server after its head (a forward)? 0 with the
+ * member to forward to in *next (0: none), or -1 (answered with MOVED). */
+int ps__srv_route_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys,
+                       uint32_t *next);
+int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys,
+                           uint32_t *next);
+/* Forward push p, applied here with rate lr and step (0: none), to server `to`; the
+ * answer goes to request uh on up. 0 or PS_ERR_NOMEM (nothing sent). */
+int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to, float lr,
+                    uint64_t step);
+void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+/* Does this server hold back data requests (it stood still and may have been replaced)? */
+int ps__srv_fenced(ps__server *s);
+void ps__srv_repl_tick(ps__server *s);
+int ps__srv_repl_membership(ps__server *s, const ps__membership *m);
+void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c);
+void ps__srv_repl_free(ps__server *s);
 
 /* ---- statistics (stats.c) */
 void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);

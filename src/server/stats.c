@@ -56,6 +56,10 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   m = snprintf(line, sizeof line, "duplicate_pushes %llu\nrefused_pushes %llu\n", (unsigned long long)sh->once.dups,
                (unsigned long long)sh->once.stale);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforwards_refused %llu\nfenced %d\n",
+               s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forwards_refused,
+               s->fenced);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);
   ps__wbuf_bytes(&w, line, (size_t)m);

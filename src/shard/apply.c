@@ -37,6 +37,8 @@ static float apply_begin(ps__table *t, float lr, double global_batch, uint64_t *
    * schedule's position do not depend on which server holds a row (nor the result on
    * the order in which servers registered). Other modes count the updates applied. */
   *step = ps__table_is_sync(t) ? (uint64_t)t->version + 1 : t->step + 1;
+  /* A forwarded push (replication) takes the step its head applied it with. */
+  if (t->sh->replay_step && !ps__table_is_sync(t)) *step = t->sh->replay_step > t->step ? t->sh->replay_step : *step;
   t->step = *step;
   if (lr < 0) lr = ps__lr_at(&t->spec, *step, global_batch);
   t->last_lr = lr;

@@ -280,6 +280,7 @@ static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
   }
   if (p->inc && !push_window(sh, t, p, v)) return NULL;
   ps__shard_flush(t); /* an earlier push is in before this one */
+  if (p->replica) return t; /* admitted by the head of its chain (the clocks are the head's) */
   if (t->spec.update == PS__UPDATE_MEAN && p->batch == 0 && p->nkeys > 0) {
     ps__shard_reject(sh, t, v, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
     return NULL;
@@ -317,7 +318,9 @@ static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
 int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v) {
   ps__table *t = push_admit(sh, p, v);
   if (!t) return v->status;
+  sh->replay_step = p->replica ? p->step : 0;
   int st = ps__shard_mode(t)->push(sh, t, p, body, v);
+  sh->replay_step = 0;
   /* A dropped push is not recorded: a copy of it is as late, and dropped again. */
   if (st == PS__APPLIED) ps__shard_push_done(sh, p);
   return st;

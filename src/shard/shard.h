@@ -54,6 +54,12 @@ typedef struct ps__push {
   uint64_t nvals;
   uint64_t inc;         /* identity (once.h): the sender's incarnation, 0 = none (not tracked) */
   uint32_t seq;         /* and the push's sequence number */
+  /* A push forwarded by the previous server of its chain (replication): that server
+   * admitted it, so the clocks and the live set are not checked again; it is applied
+   * with the head's rate (lr) and, when step is not 0, the head's step number, so that
+   * the optimiser state stays the same on every copy. */
+  int replica;
+  uint64_t step;
 } ps__push;
 
 /* A pooled buffer the engine may take from its caller (a push body applied after the
@@ -205,6 +211,7 @@ struct ps__shard {
   uint64_t push_stale[PS__STALE_BUCKETS], pull_stale[PS__STALE_BUCKETS];
   int64_t push_stale_max, pull_stale_max;
   ps__once_set once;    /* per worker: the pushes applied (once.h) */
+  uint64_t replay_step; /* while a forwarded push is applied: the head's step (0: none) */
 };
 
 /* ---------------------------------------------------------------- engine and tables */

@@ -22,9 +22,10 @@ def binary(name):
 
 
 class Cluster:
-    def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False):
+    def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False, replicas=1):
         """colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
-        one each), so no server process is started."""
+        one each), so no server process is started. replicas: copies of every key range
+        (the scheduler's --replicas)."""
         self.dir = tempfile.mkdtemp(prefix="pshard-test-")
         self.procs = []
         self.servers = servers
@@ -34,7 +35,8 @@ class Cluster:
         addr_file = os.path.join(self.dir, "addr")
         self.scheduler = self._spawn(
             [binary("pshard"), "scheduler", "--servers", str(servers), "--workers", str(workers),
-             "--addr-file", addr_file, "--heartbeat-timeout-ms", str(heartbeat_timeout_ms)], "scheduler")
+             "--addr-file", addr_file, "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
+             "--replicas", str(replicas)], "scheduler")
         deadline = time.time() + 10
         while not os.path.exists(addr_file):
             if time.time() > deadline or self.scheduler.poll() is not None:

@@ -249,10 +249,42 @@ Test(frame, round_trip_status_and_reply_types) {
   }
   for (uint8_t t = 1; t < PS_MSG__MAX; t++) {
     ps__frame_hdr h = hdr_of(t);
-    expect_accept(&h, 0);
+    if (ps__frame_is_forward(t)) { /* a forward request carries its prefix (ps__fwd) */
+      h.payload_len = PS_FWD_PREFIX;
+      expect_accept(&h, PS_FWD_PREFIX);
+      h.payload_len = 0;
+      expect_reject(&h, 0, PS_ERR_PROTO, "do not fit");
+    } else {
+      expect_accept(&h, 0);
+    }
     h.type = (uint8_t)(t | PS_FRAME_REPLY);
+    h.payload_len = 0;
     expect_accept(&h, 0);
   }
+}
+
+Test(frame, forward_prefix_round_trips_and_bounds_the_keys) {
+  uint8_t b[PS_FWD_PREFIX];
+  ps__fwd f = {.epoch = 0x0102030405060708ull, .worker = 77, .step = 123456789012ull}, g;
+  ps__fwd_put(b, &f);
+  ps__fwd_get(b, &g);
+  cr_assert(eq(u64, g.epoch, f.epoch));
+  cr_assert(eq(u32, g.worker, f.worker));
+  cr_assert(eq(u64, g.step, f.step));
+  ps__frame_hdr h = hdr_of(PS_MSG_FORWARD);
+  h.nkeys = 2;
+  h.payload_len = PS_FWD_PREFIX + 16 + 8; /* two keys, two floats */
+  expect_accept(&h, BIG_LIMIT);
+  h.payload_len = PS_FWD_PREFIX + 8; /* the keys do not fit behind the prefix */
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "do not fit");
+  h = hdr_of(PS_MSG_FORWARD_DENSE);
+  h.nkeys = 1; /* odd segment list */
+  h.payload_len = PS_FWD_PREFIX + 8;
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "odd");
+  h.nkeys = 2;
+  h.payload_len = PS_FWD_PREFIX + 16 + 4;
+  h.xport = PS_XPORT_PEER_MEM;
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "transport");
 }
 
 Test(frame, payload_at_the_limit_is_accepted) {
@@ -293,7 +325,8 @@ Test(frame, type_names_and_data_predicate) {
   cr_assert(eq(str, (char *)ps__frame_type_name(0xff), "unknown"));
   for (unsigned t = 0; t < 256; t++) {
     unsigned b = t & 0x7fu;
-    int want = b == PS_MSG_PUSH || b == PS_MSG_PULL || b == PS_MSG_PUSH_DENSE || b == PS_MSG_PULL_DENSE;
+    int want = b == PS_MSG_PUSH || b == PS_MSG_PULL || b == PS_MSG_PUSH_DENSE || b == PS_MSG_PULL_DENSE ||
+               b == PS_MSG_FORWARD || b == PS_MSG_FORWARD_DENSE;
     cr_assert(eq(int, ps__frame_is_data((uint8_t)t), want), "type %u", t);
   }
 }

@@ -262,3 +262,38 @@ Test(ring, dense_tables_are_cut_into_one_even_run_per_server) {
     ps__ring_free(r);
   }
 }
+
+/* Routes under R >= 2: every key's route is its ps__ring_chain, and routes are distinct. */
+Test(ring, routes_are_the_keys_chains) {
+  uint32_t ids[] = {3, 7, 11, 20};
+  ps__ring *r = ps__ring_new(ids, 4, 64, 1);
+  cr_assert_not_null(r);
+  cr_assert_eq(ps__ring_nroutes(r), 4); /* R = 1: the servers */
+  cr_assert_eq(ps__ring_set_replicas(r, 2), 0);
+  cr_assert_eq(ps__ring_replicas(r), 2);
+  size_t nr = ps__ring_nroutes(r);
+  cr_assert(nr >= 4 && nr <= 12, "%zu routes", nr);
+  for (uint64_t k = 0; k < 2000; k++) {
+    uint32_t want[2], got[PS_MAX_REPLICAS];
+    ps__ring_chain(r, TABLE, k, want, 2);
+    size_t i = ps__ring_route_index(r, TABLE, k);
+    cr_assert_lt(i, nr);
+    cr_assert_eq(ps__ring_route(r, i, got), 2);
+    cr_assert(got[0] == want[0] && got[1] == want[1], "key %llu", (unsigned long long)k);
+  }
+  for (size_t i = 0; i < nr; i++)
+    for (size_t j = i + 1; j < nr; j++) {
+      uint32_t a[PS_MAX_REPLICAS], b[PS_MAX_REPLICAS];
+      ps__ring_route(r, i, a);
+      ps__ring_route(r, j, b);
+      cr_assert(a[0] != b[0] || a[1] != b[1], "routes %zu and %zu are the same chain", i, j);
+    }
+  cr_assert_eq(ps__ring_set_replicas(r, 9), 0); /* capped at the servers and PS_MAX_REPLICAS */
+  cr_assert_eq(ps__ring_replicas(r), 3);
+  uint32_t order[4], c[PS_MAX_REPLICAS];
+  cr_assert_eq(ps__ring_dense_order(r, TABLE, order), 4);
+  cr_assert_eq(ps__ring_dense_chain(r, order, 3, c), 3);
+  cr_assert(c[0] == ps__ring_server_at(r, order[3]) && c[1] == ps__ring_server_at(r, order[0]) &&
+            c[2] == ps__ring_server_at(r, order[1]));
+  ps__ring_free(r);
+}

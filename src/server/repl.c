@@ -1,0 +1,409 @@
+/*
+ * repl.c - chain replication: which requests a server takes under replicas R >= 2, the
+ * forwarding of applied pushes to the next server of their chain, and the fence of a
+ * server that may have been replaced while it stood still.
+ *
+ * Every key range has a chain: its owner on the ring, then the next R-1 distinct
+ * servers clockwise (ring.h; a dense table's run j, then runs j+1 .. j+R-1). The ring
+ * keeps dead servers, so chains never change; a chain's head is its first live member.
+ * A worker sends each request part to the head of one chain (the client routes by
+ * chain). The head applies a push through the engine, in its order, then forwards the
+ * push itself (keys, values, the worker's identity, the rate and step it applied) to
+ * the next live member as a FORWARD frame carrying the ring epoch; each member applies
+ * it and forwards it on; the tail answers, and the answers go back up the chain. The
+ * worker's push is acknowledged only when the tail has applied it. A member whose epoch
+ * differs refuses a forward (PS_ERR_MOVED), so a head that lost its place applies
+ * nothing further down. A push the head applied before (a re-sent one, after a
+ * failover) is forwarded again: the tail may not have it yet, and the members' windows
+ * (shard/once.h) apply it once.
+ *
+ * Everything here runs on the server's loop thread.
+ */
+#include <string.h>
+
+#include "common/common.h"
+#include "server/server_int.h"
+
+/* A forward waiting for its answer (or for the connection to its server). */
+struct srv_fwd {
+  srv_fwd *next;
+  uint64_t req_id;      /* on the connection to `to` */
+  uint32_t to;
+  ps__conn *up;         /* where the answer goes (a worker, or the previous server); NULL: closed */
+  ps__frame_hdr up_hdr; /* the request answered */
+  ps__frame_hdr hdr;    /* the FORWARD frame */
+  void *buf;            /* its body: prefix, keys, values (pooled) */
+  size_t len;
+  uint64_t born_ms;
+  int sent;
+};
+
+/* Another server, as a destination of forwards. */
+struct srv_peer {
+  uint32_t id;
+  int alive;
+  char host[PS_HOST_MAX];
+  uint16_t port;
+  ps__conn *conn;
+  int connecting;
+};
+
+#define FWD_ABANDON_MS 60000 /* a forward unanswered this long is forgotten (its worker re-sent it) */
+
+static srv_peer *peer_of(ps__server *s, uint32_t id) {
+  for (size_t i = 0; i < s->npeers; i++)
+    if (s->peers[i]->id == id) return s->peers[i];
+  return NULL;
+}
+
+/* A connection being opened to server id (the callback finds its peer by id). */
+typedef struct peer_dial {
+  ps__server *s;
+  uint32_t id;
+} peer_dial;
+
+int ps__srv_server_alive(ps__server *s, uint32_t id) {
+  if (id == s->id) return 1;
+  srv_peer *p = peer_of(s, id);
+  return p && p->alive;
+}
+
+/* ------------------------------------------------------------------ which requests are ours */
+
+/* The chain's first live member, and the live member after `self` (0: none). */
+static void chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
+  *head = 0, *has_self = 0, *next = 0;
+  for (size_t k = 0; k < n; k++) {
+    if (!ps__srv_server_alive(s, c[k])) continue;
+    if (!*head) *head = c[k];
+    if (*has_self && !*next) *next = c[k];
+    if (c[k] == s->id) *has_self = 1;
+  }
+}
+
+/* A request's chain: a worker's request must come to the chain's head, a forward to
+ * a member after it. 0 with *next (the member to forward to, 0: this is the tail), or
+ * -1 (answered with MOVED). */
+static int chain_ok(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint32_t *ch, size_t n,
+                    uint32_t *next, const char *what, unsigned long long which) {
+  uint32_t head;
+  int mine;
+  chain_places(s, ch, n, &head, &mine, next);
+  int fwd = ps__frame_is_forward(h->type);
+  if (mine && (fwd ? head != s->id : head == s->id)) return 0;
+  ps__srv_reply_err(c, h, PS_ERR_MOVED, "%s %llu of table '%s' is not %s on this server (epoch %llu; its head is server %u)",
+                    what, which, t->decl.name, fwd ? "replicated" : "headed", (unsigned long long)s->epoch, head);
+  return -1;
+}
+
+int ps__srv_route_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys,
+                       uint32_t *next) {
+  *next = 0;
+  if (h->nkeys == 0) return 0;
+  size_t route = ps__ring_route_index(s->ring, h->table, ps__get_u64(keys));
+  for (uint32_t i = 1; i < h->nkeys; i++) {
+    uint64_t key = ps__get_u64(keys + 8 * (size_t)i);
+    if (ps__ring_route_index(s->ring, h->table, key) != route) {
+      ps__srv_reply_err(c, h, PS_ERR_MOVED, "key %llu of table '%s' belongs to another chain than key %llu (epoch %llu)",
+                        (unsigned long long)key, t->decl.name, (unsigned long long)ps__get_u64(keys),
+                        (unsigned long long)s->epoch);
+      return -1;
+    }
+  }
+  uint32_t ch[PS_MAX_REPLICAS];
+  size_t n = ps__ring_route(s->ring, route, ch);
+  return chain_ok(s, c, h, t, ch, n, next, "key", (unsigned long long)ps__get_u64(keys));
+}
+
+int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys,
+                           uint32_t *next) {
+  *next = 0;
+  if (h->nkeys == 0) return 0;
+  size_t S = ps__ring_size(s->ring);
+  uint64_t nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
+  uint32_t *order = ps__malloc(S * sizeof *order);
+  if (!order || !ps__ring_dense_order(s->ring, t->id, order)) {
+    free(order);
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "out of memory");
+    return -1;
+  }
+  size_t run = SIZE_MAX;
+  for (uint32_t i = 0; i < h->nkeys; i += 2) {
+    uint64_t off = ps__get_u64(keys + 8 * i), cnt = ps__get_u64(keys + 8 * (i + 1));
+    size_t a = ps__dense_run(off / t->spec.width, nsl, S), b = ps__dense_run((off + cnt - 1) / t->spec.width, nsl, S);
+    if (run == SIZE_MAX) run = a;
+    if (a != run || b != run) {
+      free(order);
+      ps__srv_reply_err(c, h, PS_ERR_MOVED, "range [%llu, +%llu) of table '%s' spans several chains (epoch %llu)",
+                        (unsigned long long)off, (unsigned long long)cnt, t->decl.name, (unsigned long long)s->epoch);
+      return -1;
+    }
+  }
+  uint32_t ch[PS_MAX_REPLICAS];
+  size_t n = ps__ring_dense_chain(s->ring, order, run, ch);
+  free(order);
+  uint64_t first = ps__get_u64(keys) / t->spec.width;
+  return chain_ok(s, c, h, t, ch, n, next, "slice", (unsigned long long)first);
+}
+
+/* ------------------------------------------------------------------ the fence */
+
+/* A server whose loop stood still for fence_ms (stopped, or stalled) may have been
+ * declared dead and replaced by the next member of its chains meanwhile: it serves no
+ * data request until its scheduler link has been seen alive for a heartbeat after. */
+static uint64_t fence_ms(const ps__server *s) { return 4ull * s->o.heartbeat_ms; }
+
+int ps__srv_fenced(ps__server *s) {
+  if (s->replicas < 2) return 0;
+  uint64_t now = uv_now(&s->loop);
+  if (!s->fenced && s->last_tick_ms && now - s->last_tick_ms > fence_ms(s)) {
+    s->fenced = 1;
+    s->fenced_at = now;
+    ps__log(PS_LOG_WARN, "this server stood still for %llu ms; it serves nothing until the scheduler confirms it",
+            (unsigned long long)(now - s->last_tick_ms));
+  }
+  return s->fenced;
+}
+
+void ps__srv_repl_tick(ps__server *s) {
+  uint64_t now = uv_now(&s->loop);
+  (void)ps__srv_fenced(s);
+  s->last_tick_ms = now;
+  if (s->fenced && s->agent.conn && !s->agent.rejoining && now - s->fenced_at >= s->o.heartbeat_ms) {
+    s->fenced = 0;
+    ps__log(PS_LOG_INFO, "the scheduler still lists this server; serving again");
+  }
+  /* Forwards nobody will answer (a frame lost on the way; the worker sent its push again). */
+  for (srv_fwd **pp = &s->fwds; *pp;) {
+    srv_fwd *f = *pp;
+    if (now - f->born_ms < FWD_ABANDON_MS) {
+      pp = &f->next;
+      continue;
+    }
+    *pp = f->next;
+    ps__pool_put(s->pool, f->buf, f->len);
+    free(f);
+  }
+}
+
+/* ------------------------------------------------------------------ forwards */
+
+static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg) {
+  (void)s;
+  if (!f->up) return;
+  if (status)
+    ps__srv_reply_err(f->up, &f->up_hdr, status, "%s", msg);
+  else
+    ps__srv_reply_ok(f->up, &f->up_hdr, 0);
+}
+
+static void fwd_unlink(ps__server *s, srv_fwd *f) {
+  for (srv_fwd **pp = &s->fwds; *pp; pp = &(*pp)->next)
+    if (*pp == f) {
+      *pp = f->next;
+      return;
+    }
+}
+
+static void fwd_free(ps__server *s, srv_fwd *f) {
+  fwd_unlink(s, f);
+  ps__pool_put(s->pool, f->buf, f->len);
+  free(f);
+}
+
+/* Fail every forward to server id (gone, or its connection lost): the worker sends its
+ * push again, to the chain's new head if need be, and the windows apply it once. */
+static void fwd_fail_to(ps__server *s, uint32_t id, const char *why) {
+  char msg[200];
+  snprintf(msg, sizeof msg, "server %u, the next copy of these keys, %s; send again", id, why);
+  for (srv_fwd *f = s->fwds, *next; f; f = next) {
+    next = f->next;
+    if (f->to != id) continue;
+    fwd_answer(s, f, PS_ERR_UNAVAILABLE, msg);
+    fwd_free(s, f);
+  }
+}
+
+static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f) {
+  uv_buf_t b = uv_buf_init(f->buf, 0);
+  b.len = f->len;
+  f->sent = 1;
+  if (ps__conn_send(p->conn, &f->hdr, &b, 1, NULL, NULL) != 0) f->sent = 0; /* the close fails it */
+  (void)s;
+}
+
+static void peer_connect(ps__server *s, srv_peer *p);
+
+static int peer_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  (void)c, (void)b;
+  if (h->type == PS_MSG_ERROR || ps__frame_is_forward(h->type & (uint8_t)~PS_FRAME_REPLY)) return 0;
+  return ps__fail(PS_ERR_PROTO, "unexpected %s frame from a server", ps__frame_type_name(h->type));
+}
+
+static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__server *s = c->loop->data;
+  if (h->type == PS_MSG_ERROR || !(h->type & PS_FRAME_REPLY)) return;
+  for (srv_fwd *f = s->fwds; f; f = f->next) {
+    if (f->req_id != h->req_id) continue;
+    char msg[300];
+    snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
+    fwd_answer(s, f, h->status, msg[0] ? msg : ps_strerror(h->status));
+    fwd_free(s, f);
+    return;
+  }
+  /* an answer to a forward already answered (a duplicate) or forgotten */
+}
+
+static void peer_on_close(ps__conn *c, int status) {
+  ps__server *s = c->loop->data;
+  srv_peer *p = c->udata;
+  (void)status;
+  if (!p || s->stopping) return;
+  p->conn = NULL;
+  fwd_fail_to(s, p->id, "could not be reached");
+}
+
+static const ps__conn_ops peer_ops = {peer_on_header, peer_on_frame, peer_on_close};
+
+static void on_peer_connected(void *arg, ps__conn *c, int status) {
+  peer_dial *d = arg;
+  ps__server *s = d->s;
+  srv_peer *p = peer_of(s, d->id);
+  free(d);
+  if (s->stopping || !p || !p->alive) {
+    if (p) p->connecting = 0;
+    if (c) ps__conn_close(c, 0);
+    return;
+  }
+  p->connecting = 0;
+  if (status || !c) {
+    fwd_fail_to(s, p->id, "could not be reached");
+    return;
+  }
+  p->conn = c;
+  for (srv_fwd *f = s->fwds; f; f = f->next)
+    if (f->to == p->id && !f->sent) fwd_send(s, p, f);
+}
+
+static void peer_connect(ps__server *s, srv_peer *p) {
+  peer_dial *d = ps__malloc(sizeof *d);
+  p->connecting = 1;
+  if (d) *d = (peer_dial){s, p->id};
+  if (!d || ps__connect_tcp(&s->loop, p->host, p->port, &peer_ops, p, s->pool, s->o.max_payload, on_peer_connected, d)) {
+    free(d);
+    p->connecting = 0;
+    fwd_fail_to(s, p->id, "could not be reached");
+  }
+}
+
+int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to,
+                    float lr, uint64_t step) {
+  srv_peer *pe = peer_of(s, to);
+  size_t kb = (size_t)p->nkeys * 8u, vb = (size_t)p->nvals * 4u, len = PS_FWD_PREFIX + kb + vb;
+  srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
+  uint8_t *buf = f ? ps__pool_get(s->pool, len) : NULL;
+  if (!buf) {
+    free(f);
+    return ps__fail(PS_ERR_NOMEM, "out of memory forwarding a push to server %u", to);
+  }
+  ps__fwd fw = {.epoch = s->epoch, .worker = p->sender, .step = step};
+  ps__fwd_put(buf, &fw);
+  memcpy(buf + PS_FWD_PREFIX, p->keys, kb);
+  memcpy(buf + PS_FWD_PREFIX + kb, p->vals, vb);
+  int dense = uh->type == PS_MSG_PUSH_DENSE || uh->type == PS_MSG_FORWARD_DENSE;
+  f->req_id = ++s->fwd_seq;
+  f->to = to;
+  f->up = up;
+  f->up_hdr = *uh;
+  f->buf = buf;
+  f->len = len;
+  f->born_ms = uv_now(&s->loop);
+  f->hdr = (ps__frame_hdr){.type = dense ? PS_MSG_FORWARD_DENSE : PS_MSG_FORWARD, .sender = s->id, .req_id = f->req_id,
+                           .table = p->table, .batch = p->batch, .clock = p->clock, .nkeys = p->nkeys, .lr = lr,
+                           .inc = p->inc, .seq = p->seq};
+  f->next = s->fwds;
+  s->fwds = f;
+  s->forwards++;
+  if (pe->conn)
+    fwd_send(s, pe, f);
+  else if (!pe->connecting)
+    peer_connect(s, pe);
+  return 0;
+}
+
+void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
+  ps__fwd fw;
+  ps__fwd_get(b->buf, &fw);
+  if (fw.epoch != s->epoch) {
+    s->forwards_refused++;
+    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward of epoch %llu refused: this server is at epoch %llu",
+                      (unsigned long long)fw.epoch, (unsigned long long)s->epoch);
+    return;
+  }
+  if (!ps__srv_server_alive(s, h->sender) || h->sender == s->id) {
+    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward from server %u, which is not a live member of the job", h->sender);
+    return;
+  }
+  uint8_t *body = (uint8_t *)b->buf + PS_FWD_PREFIX;
+  uint64_t nvals = (h->payload_len - PS_FWD_PREFIX - 8u * h->nkeys) / 4u;
+  ps__push p = ps__srv_push_of(h, body, nvals);
+  p.sender = fw.worker;
+  p.replica = 1;
+  p.step = fw.step;
+  p.lr = h->lr >= 0 ? h->lr : -1.0f;
+  /* The engine may take a dense body (applied after the answer): it is the pooled
+   * frame body, of which the keys are an offset; hand it over whole. */
+  ps__owned own = {b->buf, b->len};
+  ps__srv_push(s, c, h, &p, &own, dense);
+  if (!own.buf) b->buf = NULL;
+}
+
+/* ------------------------------------------------------------------ membership */
+
+int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
+  for (uint32_t i = 0; i < m->n; i++) {
+    const ps__member *x = &m->m[i];
+    if (x->role != PS_ROLE_SERVER || x->id == s->id) continue;
+    srv_peer *p = peer_of(s, x->id);
+    if (!p) {
+      srv_peer **np = ps__realloc(s->peers, (s->npeers + 1) * sizeof *np);
+      if (!np) return PS_ERR_NOMEM;
+      s->peers = np;
+      if (!(p = ps__calloc(1, sizeof *p))) return PS_ERR_NOMEM;
+      p->id = x->id;
+      s->peers[s->npeers++] = p;
+    }
+    snprintf(p->host, sizeof p->host, "%s", x->host);
+    p->port = x->port;
+    if (p->alive && !x->alive) {
+      p->alive = 0;
+      fwd_fail_to(s, p->id, "left the job");
+      if (p->conn) {
+        p->conn->udata = NULL;
+        ps__conn_close(p->conn, 0);
+        p->conn = NULL;
+      }
+    }
+    p->alive = x->alive;
+  }
+  s->replicas = m->replicas ? m->replicas : 1;
+  return 0;
+}
+
+void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c) {
+  for (srv_fwd *f = s->fwds; f; f = f->next)
+    if (f->up == c) f->up = NULL;
+}
+
+void ps__srv_repl_free(ps__server *s) {
+  while (s->fwds) {
+    srv_fwd *f = s->fwds;
+    s->fwds = f->next;
+    ps__pool_put(s->pool, f->buf, f->len);
+    free(f);
+  }
+  for (size_t i = 0; i < s->npeers; i++) free(s->peers[i]);
+  free(s->peers);
+  s->peers = NULL;
+  s->npeers = 0;
+}

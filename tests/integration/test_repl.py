@@ -1,0 +1,100 @@
+"""Chain replication with real processes (cluster.Cluster: own process groups,
+ephemeral ports, SIGKILLed at the end), driven by once_worker: a counter table (sum
+mode, sgd, lr 1, async) where every push adds exactly 1 to every key, so after a
+barrier each key's value is the number of pushes applied, to compare with the number
+the workers saw acknowledged.
+
+1. S = 3, R = 2: a server SIGKILLed while the workers push; the job finishes, every
+   push is acknowledged and counted exactly once on the surviving copies.
+2. A head stopped (SIGSTOP) past the heartbeat timeout, then continued: the scheduler
+   removed it, its chains' next members took over, and it applies nothing afterwards
+   (it fences itself, and forwards of its old epoch are refused): counts are exact.
+3. Forwards dropped or duplicated by fault injection: nothing lost, nothing applied twice.
+4. R > S is refused with a clear error.
+Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
+"""
+import os
+import re
+import signal
+import subprocess
+import time
+
+from cluster import Cluster, binary
+from test_once import KEYS, RUN, SCALE, outcome, server_stat
+
+
+def counted(c, workers, pushes):
+    total = 0
+    values = None
+    for i in range(workers):
+        acked, vals, failed = outcome(c.log(f"w{i}"))
+        assert failed == [] and acked == pushes, c.log(f"w{i}")
+        total += acked
+        assert values is None or vals == values, (vals, values)
+        values = vals
+    assert values == [float(total)] * KEYS, (values, total)
+    return total
+
+
+def start_workers(c, workers, pushes, sleep_ms):
+    return [c.worker([binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", str(KEYS),
+                      "--sleep-ms", str(sleep_ms)], f"w{i}") for i in range(workers)]
+
+
+def test_a_server_killed_mid_run_loses_no_acknowledged_push():
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 150, 10)
+        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        assert all(p.poll() is None for p in ps), "the workers finished before the kill"
+        victim = c.server_procs[1]
+        os.killpg(victim.pid, signal.SIGKILL)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
+        counted(c, 2, 150)
+        # The survivors took the dead server's chains over and forwarded to each other.
+        assert "removed" in c.log("scheduler")
+        assert sum(server_stat(c, i, "forwards") for i in (0, 2)) > 0
+
+
+def test_a_head_stopped_past_the_heartbeat_timeout_applies_nothing_afterwards():
+    hbt = int(1000 * SCALE)
+    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=hbt, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 150, 10)
+        time.sleep(0.6)
+        victim = c.server_procs[0]
+        os.kill(victim.pid, signal.SIGSTOP)
+        try:
+            deadline = time.time() + 10 * SCALE
+            while "removed: missed heartbeats" not in c.log("scheduler"):
+                assert time.time() < deadline, c.log("scheduler")
+                time.sleep(0.05)
+            time.sleep(0.3)  # the survivors serve the stopped server's chains meanwhile
+        finally:
+            os.kill(victim.pid, signal.SIGCONT)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 150)
+        # Continued, it knew it had stood still and served nothing; the scheduler, which
+        # removed it, refuses it, and it stops.
+        assert victim.wait(timeout=15 * SCALE) != 0
+        log = c.log("server0")
+        assert "stood still" in log, log
+
+
+def test_dropped_and_duplicated_forwards_lose_nothing_and_apply_nothing_twice():
+    env = {"PSHARD_FAULT": "drop:type=forward:every=7:dir=out:node=server;dup:type=forward:every=5:node=server",
+           "PSHARD_RETRY_MS": "150"}
+    with Cluster(3, 2, replicas=2, extra_env=env) as c:
+        ps = start_workers(c, 2, 40, 0)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 40)
+        logs = "".join(c.log(f"server{i}") for i in range(3))
+        assert "dropped sent forward frame" in logs and "duplicated received forward frame" in logs, logs[-3000:]
+        assert sum(server_stat(c, i, "duplicate_pushes") for i in range(3)) > 0
+
+
+def test_more_replicas_than_servers_is_refused():
+    r = subprocess.run([binary("pshard"), "scheduler", "--servers", "2", "--workers", "1", "--replicas", "3"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "replicas 3" in r.stderr, r.stderr
+    r = subprocess.run([binary("pshard"), "run", "-s", "1", "-w", "1", "--replicas", "2", "--", "true"],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2 and "--replicas 2" in r.stderr, r.stderr
