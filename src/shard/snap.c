@@ -13,8 +13,8 @@
  */
 #include "shard/shard.h"
 
-#include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -67,7 +67,7 @@ int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock) {
  * that bitmap, a save slot number for each saved row (pages of a lazily zeroed array),
  * and a copy of each row written before it was read (the rows written during the
  * write, not the table). */
-#define SAVE_ROWS 4096u /* rows per save chunk */
+#define SAVE_BYTES ((size_t)2 << 20) /* a save chunk, at most */
 #define ST_FREE 0u
 #define ST_BUSY 1u
 #define ST_READ 2u
@@ -78,9 +78,10 @@ struct ps__cut {
   _Atomic uint64_t *state; /* 2 bits a row */
   uint32_t *slot;          /* row -> save slot, for SAVED rows */
   size_t row_floats;
-  pthread_mutex_t mu;   /* the save area (the owner's threads: loop and helper) */
-  float **save;         /* ceil(n / SAVE_ROWS) chunks, made as needed */
-  size_t nsaved;
+  size_t save_rows;     /* rows per save chunk */
+  _Atomic(float *) *save; /* ceil(n / save_rows) chunks, made as needed (by the owner's
+                         * threads: loop and helper, hence atomic) */
+  atomic_size_t nsaved;
   atomic_int failed;    /* a row could not be saved: the snapshot is lost */
   ps__rowmap *orphan;   /* the table's map, when the table was dropped during the cut */
   ps__rowmap *hooked;   /* a map with rows in the index, told to call save_all first */
@@ -91,14 +92,13 @@ static void save_all(void *arg);
 static void cut_free(ps__cut *c) {
   if (!c) return;
   if (c->hooked) ps__rowmap_before_rehash(c->hooked, NULL, NULL);
-  size_t nch = (c->view.n + SAVE_ROWS - 1) / SAVE_ROWS;
-  for (size_t i = 0; c->save && i < nch; i++) free(c->save[i]);
-  free(c->save);
+  size_t nch = c->save_rows ? (c->view.n + c->save_rows - 1) / c->save_rows : 0;
+  for (size_t i = 0; c->save && i < nch; i++) free(atomic_load_explicit(&c->save[i], memory_order_relaxed));
+  free((void *)c->save);
   free((void *)c->state);
   free(c->slot);
   ps__rowmap_view_free(&c->view);
   ps__rowmap_free(c->orphan);
-  pthread_mutex_destroy(&c->mu);
   free(c);
 }
 
@@ -106,13 +106,16 @@ static void cut_free(ps__cut *c) {
 static ps__cut *cut_new(const ps__rowmap *m, size_t row_floats) {
   ps__cut *c = ps__calloc(1, sizeof *c);
   if (!c) return NULL;
-  pthread_mutex_init(&c->mu, NULL);
   if (ps__rowmap_view_take(m, &c->view)) {
     cut_free(c);
     return NULL;
   }
-  size_t n = c->view.n, nch = (n + SAVE_ROWS - 1) / SAVE_ROWS;
   c->row_floats = row_floats;
+  size_t n = c->view.n;
+  c->save_rows = SAVE_BYTES / (row_floats * sizeof(float));
+  if (c->save_rows > n) c->save_rows = n; /* a small table: one small chunk */
+  if (c->save_rows == 0) c->save_rows = 1;
+  size_t nch = (n + c->save_rows - 1) / c->save_rows;
   c->state = ps__calloc((n + 31) / 32 + 1, sizeof *c->state);
   c->slot = ps__calloc(n ? n : 1, sizeof *c->slot); /* zero pages: touched where rows are saved */
   c->save = ps__calloc(nch ? nch : 1, sizeof *c->save);
@@ -155,20 +158,34 @@ static void settle(ps__cut *c, size_t i, unsigned to) {
   else atomic_fetch_or_explicit(&c->state[i >> 5], (uint64_t)2 << sh, memory_order_release);
 }
 
+/* A save chunk. Plain pages: advised for huge pages, a save that faults one in waits
+ * for 2 MiB to be zeroed (measured: p99 push latency during a checkpoint 6.5 ms
+ * against 1.2 ms with 4 KiB pages). */
+static float *chunk_new(size_t bytes) { return ps__malloc(bytes); }
+
+/* The save chunk ch, made if it is not there yet (the first of two racing threads wins). */
+static float *chunk_at(ps__cut *c, size_t ch) {
+  float *p = atomic_load_explicit(&c->save[ch], memory_order_acquire);
+  if (p) return p;
+  float *q = chunk_new(c->save_rows * c->row_floats * sizeof(float));
+  if (!q) return NULL;
+  if (atomic_compare_exchange_strong_explicit(&c->save[ch], &p, q, memory_order_acq_rel, memory_order_acquire))
+    return q;
+  free(q);
+  return p;
+}
+
 /* Row i, claimed (BUSY), into the save area. */
 static void save_row(ps__cut *c, size_t i) {
-  pthread_mutex_lock(&c->mu);
-  size_t slot = c->nsaved, ch = slot / SAVE_ROWS;
-  float *dst = NULL;
-  if (slot < UINT32_MAX && !c->save[ch]) c->save[ch] = ps__malloc((size_t)SAVE_ROWS * c->row_floats * sizeof(float));
-  if (slot < UINT32_MAX && c->save[ch]) {
-    dst = c->save[ch] + (slot % SAVE_ROWS) * c->row_floats;
+  size_t slot = atomic_fetch_add_explicit(&c->nsaved, 1, memory_order_relaxed);
+  float *base = slot < UINT32_MAX ? chunk_at(c, slot / c->save_rows) : NULL;
+  float *dst = base ? base + (slot % c->save_rows) * c->row_floats : NULL;
+  if (dst) {
     memcpy(dst, ps__rowmap_view_row(&c->view, i), c->row_floats * sizeof *dst);
     c->slot[i] = (uint32_t)slot;
-    c->nsaved++;
+  } else {
+    atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
   }
-  pthread_mutex_unlock(&c->mu);
-  if (!dst) atomic_store_explicit(&c->failed, 1, memory_order_relaxed);
   settle(c, i, dst ? ST_SAVED : ST_READ);
 }
 
@@ -203,7 +220,8 @@ static int cut_read(ps__cut *c, size_t i, float *dst) {
   if (st == ST_READ) /* read twice, or lost by the owner */
     return atomic_load_explicit(&c->failed, memory_order_relaxed) ? PS_ERR_NOMEM : PS_ERR_INVALID;
   size_t slot = c->slot[i]; /* written before SAVED was released */
-  memcpy(dst, c->save[slot / SAVE_ROWS] + (slot % SAVE_ROWS) * c->row_floats, bytes);
+  const float *base = atomic_load_explicit(&c->save[slot / c->save_rows], memory_order_acquire);
+  memcpy(dst, base + (slot % c->save_rows) * c->row_floats, bytes);
   return 0;
 }
 
