@@ -146,7 +146,9 @@ typedef struct ps_config ps_config;
  *                      (docs/operations.md, section "Fault injection") [PSHARD_FAULT]
  *   checkpoint_every   N > 0: the worker of rank 0 asks the scheduler for a checkpoint
  *                      (as ps_checkpoint, without waiting for it) each time its clock
- *                      reaches a multiple of N; 0 = off (0)   [PSHARD_CHECKPOINT_EVERY]
+ *                      reaches a multiple of N; or a duration ("500ms", "30s", "10m",
+ *                      "2h"): at its first clock that long after it last asked;
+ *                      0 = off (0)                            [PSHARD_CHECKPOINT_EVERY]
  *   checkpoint_dir     `pshard scheduler`: the directory checkpoints are written to
  *                      (none: the job takes no checkpoints)   [PSHARD_CHECKPOINT_DIR]
  *   checkpoint_keep    `pshard scheduler`: complete checkpoints kept, older ones are

@@ -20,10 +20,15 @@ int ps__cli_ckpt_flag(int c, const char *arg, ckpt_opts *k, const char *cmd) {
   case 'D': flag = "--checkpoint-dir"; k->dir = arg; break;
   case 'R': flag = "--restore"; k->restore = arg; break;
   case 'E':
-    if (ps__parse_u64(arg, &k->every) || k->every > 1000000000u) {
-      fprintf(stderr, "pshard %s: bad value '%s' for --checkpoint-every (clocks, 0..1000000000)\n", cmd, arg);
+    uint64_t ms;
+    if (ps__parse_every(arg, &k->every, &ms)) {
+      fprintf(stderr,
+              "pshard %s: bad value '%s' for --checkpoint-every (N clocks, 0 = off, or a duration: 500ms, 30s, 10m, 2h)\n",
+              cmd, arg);
       return 2;
     }
+    if (ms) k->every = 1; /* on: the value travels as written */
+    k->every_arg = arg;
     k->every_given = 1;
     return 0;
   case 'F':
@@ -74,7 +79,7 @@ int ps__cli_ckpt_check(ckpt_opts *k, const char *cmd) {
     fprintf(stderr, "pshard %s: --restore %s: not a directory\n", cmd, k->restore);
     return 2;
   }
-  snprintf(k->env_every, sizeof k->env_every, "PSHARD_CHECKPOINT_EVERY=%llu", (unsigned long long)k->every);
+  snprintf(k->env_every, sizeof k->env_every, "PSHARD_CHECKPOINT_EVERY=%s", k->every_arg ? k->every_arg : "0");
   return -1;
 }
 

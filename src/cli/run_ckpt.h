@@ -14,7 +14,8 @@
 typedef struct ckpt_opts {
   const char *dir;     /* --checkpoint-dir, NULL: none */
   const char *restore; /* --restore, NULL: a fresh job */
-  uint64_t every, keep, full_every;
+  uint64_t every, keep, full_every; /* every: clocks, or 1 when a duration was given */
+  const char *every_arg;              /* --checkpoint-every as written */
   int every_given, keep_given, full_given;
   char s_keep[24];     /* --checkpoint-keep's value as passed on */
   char s_full[24];     /* --checkpoint-full-every's */
@@ -29,7 +30,8 @@ typedef struct ckpt_opts {
 #define CKPT_USAGE                                                                                   \
   "      --checkpoint-dir DIR      the scheduler writes checkpoints to DIR/ckpt-<id> (created\n"       \
   "                                if missing); needed by ps_checkpoint and --checkpoint-every\n"     \
-  "      --checkpoint-every N      the worker of rank 0 asks for a checkpoint every N clocks\n"       \
+  "      --checkpoint-every N|D    the worker of rank 0 asks for a checkpoint every N clocks, or\n"   \
+  "                                at its first clock D (500ms, 30s, 10m, 2h) after the last\n"      \
   "                                (PSHARD_CHECKPOINT_EVERY; 0 = off); needs --checkpoint-dir\n"     \
   "      --checkpoint-keep K       complete checkpoints kept, older ones removed (3)\n"               \
   "      --checkpoint-full-every N one checkpoint in N holds every row, the others the rows\n"       \

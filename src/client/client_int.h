@@ -192,6 +192,8 @@ struct ps_ctx {
   int64_t clock;           /* starts at the HELLO reply's clock (a restored job's) */
   int64_t barrier_seq;
   uint64_t ckpt_every;     /* rank 0 asks for a checkpoint every this many clocks (0: off) */
+  uint64_t ckpt_every_ms;  /* ... or at its first clock this long after the last one asked */
+  uint64_t ckpt_last_ms;   /* when it last asked (or the context opened) */
   char mode[32];           /* job consistency mode, added to tables declared without one */
   /* counters (atomics): time blocked waiting, by kind; requests; bytes */
   uint64_t wait_ns[3];     /* 0 pull, 1 push, 2 other */

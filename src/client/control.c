@@ -155,8 +155,10 @@ int ps_clock(ps_ctx *ctx) {
   if (!ps__direct_fire(ctx, &h) && (rc = post_fire(ctx, 0xffffffffu, &h, NULL, 0))) return rc;
   /* checkpoint_every: rank 0 asks for a checkpoint cut at every N-th clock and goes on
    * (req_id 0: no answer). A failed one is the scheduler's to log; this clock stands. */
-  uint64_t every = ctx->ckpt_every;
-  if (every && c > 0 && (uint64_t)c % every == 0 && ps_ctx_rank(ctx) == 0) {
+  uint64_t every = ctx->ckpt_every, now = ctx->ckpt_every_ms ? ps__now_ms() : 0;
+  int due = every ? c > 0 && (uint64_t)c % every == 0 : ctx->ckpt_every_ms && now - ctx->ckpt_last_ms >= ctx->ckpt_every_ms;
+  if (due && ps_ctx_rank(ctx) == 0) {
+    ctx->ckpt_last_ms = now;
     ps__frame_hdr ck = {.type = PS_MSG_CHECKPOINT, .clock = c};
     if (post_fire(ctx, SCHED_LINK, &ck, NULL, 0))
       ps__log(PS_LOG_WARN, "cannot ask for the checkpoint at clock %lld: %s", (long long)c, ps_errmsg());

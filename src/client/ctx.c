@@ -229,7 +229,10 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   /* Armed fault rules see every frame only if the I/O goes through the loop's connections. */
   ctx->direct = ps__config_uint(cfg, "direct", 1) && !ps__fault_on();
   ctx->dedup = (int)ps__config_uint(cfg, "dedup", 1);
-  ctx->ckpt_every = ps__config_uint(cfg, "checkpoint_every", 0);
+  if (ps__parse_every(ps__config_str(cfg, "checkpoint_every", "0"), &ctx->ckpt_every, &ctx->ckpt_every_ms)) {
+    ctx->ckpt_every = ctx->ckpt_every_ms = 0; /* refused when it was set */
+  }
+  ctx->ckpt_last_ms = ps__now_ms();
   ctx->peer_mem = ps__config_uint(cfg, "peer_mem", 1) && ps__pm_usable();
   pthread_mutex_init(&ctx->lend_mu, NULL);
   pthread_cond_init(&ctx->lend_cv, NULL);

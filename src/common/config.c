@@ -8,7 +8,7 @@
 #include "common/config.h"
 #include "common/fault.h"
 
-typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH } kind_t;
+typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH, K_EVERY } kind_t;
 
 static const struct {
   const char *key;
@@ -24,7 +24,7 @@ static const struct {
     {"max_frame_mb", K_UINT, 1u << 20}, {"port", K_UINT, 65535},
     {"direct", K_UINT, 1},         {"peer_mem", K_UINT, 1},      {"dedup", K_UINT, 1},
     {"colocate", K_UINT, 1},       {"fault", K_FAULT, 0},
-    {"checkpoint_every", K_UINT, 1000000000}, {"checkpoint_dir", K_PATH, 0},
+    {"checkpoint_every", K_EVERY, 0}, {"checkpoint_dir", K_PATH, 0},
     {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0}, {"checkpoint_full_every", K_UINT, 1000000},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -89,6 +89,35 @@ int ps__mode_parse(const char *v, ps__mode *m, char *msg, size_t msglen) {
   return 0;
 }
 
+int ps__parse_every(const char *v, uint64_t *clocks, uint64_t *ms) {
+  *clocks = *ms = 0;
+  if (!v || *v < '0' || *v > '9') return -1;
+  char num[24];
+  size_t n = 0;
+  while (v[n] >= '0' && v[n] <= '9' && n < sizeof num - 1) num[n] = v[n], n++;
+  num[n] = '\0';
+  uint64_t x;
+  if (v[n] >= '0' && v[n] <= '9') return -1; /* too many digits */
+  if (ps__parse_u64(num, &x)) return -1;
+  const char *u = v + n;
+  static const struct {
+    const char *name;
+    uint64_t ms;
+  } units[] = {{"ms", 1}, {"s", 1000}, {"m", 60000}, {"h", 3600000}};
+  if (!*u) {
+    if (x > 1000000000u) return -1;
+    *clocks = x;
+    return 0;
+  }
+  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+    if (!strcmp(u, units[i].name)) {
+      if (x == 0 || x > 2592000000ull / units[i].ms) return -1; /* 30 days */
+      *ms = x * units[i].ms;
+      return 0;
+    }
+  return -1;
+}
+
 int ps_config_set(ps_config *c, const char *key, const char *value) {
   if (!c || !key || !value) return ps__fail(PS_ERR_INVALID, "ps_config_set: NULL argument");
   int i = key_index(key);
@@ -125,6 +154,14 @@ int ps_config_set(ps_config *c, const char *key, const char *value) {
     ps__fault_set set;
     char msg[256];
     if (ps__fault_parse(value, &set, msg, sizeof msg)) return ps__fail(PS_ERR_CONFIG, "%s", msg);
+    break;
+  }
+  case K_EVERY: {
+    uint64_t cl, ms;
+    if (ps__parse_every(value, &cl, &ms))
+      return ps__fail(PS_ERR_CONFIG,
+                      "bad value '%s' for '%s' (N clocks, 0 = off, or a duration: 500ms, 30s, 10m, 2h; at most 30 days)",
+                      value, key);
     break;
   }
   case K_PATH:

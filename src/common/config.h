@@ -25,6 +25,9 @@ typedef struct ps__mode {
 /* Parse "sync", "sync:M" (M >= 1), "ssp:S" (S >= 0) or "async". 0 or -1 (with a
  * message for ps__fail describing the problem in msg). */
 int ps__mode_parse(const char *v, ps__mode *m, char *msg, size_t msglen);
+/* A checkpoint period: N clocks ("100") or a duration ("500ms", "30s", "10m", "2h", at
+ * most 30 days). One of *clocks, *ms is set, the other 0. 0 or -1. */
+int ps__parse_every(const char *v, uint64_t *clocks, uint64_t *ms);
 uint64_t ps__config_uint(const ps_config *c, const char *key, uint64_t dflt);
 const char *ps__config_str(const ps_config *c, const char *key, const char *dflt);
 

@@ -110,3 +110,22 @@ def test_a_missing_base_is_refused_by_name(tmp):
     rc, so, se = launch(argv, timeout=60)
     assert rc != 0
     assert "an increment on checkpoint 1" in so + se, so + se
+
+
+def test_checkpoint_every_takes_a_duration(tmp):
+    ck = os.path.join(tmp, "ck")
+    out = os.path.join(tmp, "p")
+    argv = [binary("pshard"), "run", "-s", "2", "-w", "2", "--mode", "sync", "--progress-ms", "0",
+            "--checkpoint-dir", ck, "--checkpoint-every", "300ms", "--checkpoint-keep", "100", "--",
+            binary("ckpt_worker"), "--steps", "30", "--step-ms", "50", "--out", out, "--keyspace", str(KEYS)]
+    rc, so, se = launch(argv, timeout=120)
+    assert rc == 0, so + se
+    got = complete_checkpoints(ck)
+    # 30 steps of at least 50 ms: 1.5 s or more, a checkpoint asked for every 300 ms
+    assert len(got) >= 2, (got, so + se)
+    clocks = sorted(header(os.path.join(ck, "ckpt-%d" % i, "MANIFEST"))[1] for i in got)
+    assert clocks == sorted(set(clocks)) and clocks[0] > 0, clocks
+    bad = [binary("pshard"), "run", "-s", "1", "-w", "1", "--checkpoint-dir", ck, "--checkpoint-every", "5x", "--",
+           binary("ckpt_worker"), "--steps", "1"]
+    rc, so, se = launch(bad, timeout=30)
+    assert rc == 2 and "bad value '5x' for --checkpoint-every" in se, (rc, so, se)

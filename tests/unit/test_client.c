@@ -25,6 +25,7 @@
 
 #include "net/net.h"
 #include "pshard.h"
+#include "common/config.h"
 #include "sched/sched.h"
 #include "server/server.h"
 
@@ -242,6 +243,27 @@ Test(config, numbers_are_plain_digits, .timeout = 30) {
     int rc = ps_config_set(cfg, "heartbeat_ms", bad[i]);
     cr_expect(eq(int, rc, PS_ERR_CONFIG), "heartbeat_ms='%s' -> %s", bad[i], ps_err_name(rc));
   }
+  ps_config_free(cfg);
+}
+
+Test(config, checkpoint_every_takes_clocks_or_a_duration, .timeout = 30) {
+  ps_config *cfg;
+  OK(ps_config_new(&cfg));
+  static const char *const good[] = {"0", "25", "500ms", "30s", "10m", "2h", "720h"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) OK(ps_config_set(cfg, "checkpoint_every", good[i]));
+  static const char *const bad[] = {"", "10x", "5 m", "-5", "0s", "721h", "1.5h", "m", "10mm", "1000000001",
+                                    "99999999999999999999999s"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    int rc = ps_config_set(cfg, "checkpoint_every", bad[i]);
+    cr_expect(eq(int, rc, PS_ERR_CONFIG), "checkpoint_every='%s' -> %s", bad[i], ps_err_name(rc));
+  }
+  uint64_t c, ms;
+  cr_expect(eq(int, ps__parse_every("10m", &c, &ms), 0));
+  cr_expect(eq(u64, c, 0));
+  cr_expect(eq(u64, ms, 600000));
+  cr_expect(eq(int, ps__parse_every("40", &c, &ms), 0));
+  cr_expect(eq(u64, c, 40));
+  cr_expect(eq(u64, ms, 0));
   ps_config_free(cfg);
 }
 
