@@ -66,6 +66,9 @@ def _candidates():
     found = ctypes.util.find_library("pshard")
     if found:
         yield found
+    # `make install` with the default prefixes, when ldconfig has not run since
+    for d in ("/usr/local/lib", "/usr/local/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/lib"):
+        yield os.path.join(d, "libpshard.so")
 
 
 def _load():

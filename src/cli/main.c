@@ -5,6 +5,10 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "proto/frame.h"
+#include "pshard.h"
+#include "store/ckpt.h"
+
 
 static const struct {
   const char *name;
@@ -23,7 +27,7 @@ static void usage(FILE *f) {
   fprintf(f, "usage: pshard <command> [options]\n\ncommands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
     fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-  fprintf(f, "\n'pshard <command> --help' describes a command's options.\n");
+  fprintf(f, "\n'pshard <command> --help' describes a command's options; 'pshard --version' the version.\n");
 }
 
 int main(int argc, char **argv) {
@@ -33,6 +37,10 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     usage(stdout);
+    return 0;
+  }
+  if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+    printf("pshard %s (protocol %d, checkpoint format %d)\n", ps_version(), PS_FRAME_VERSION, PS_CKPT_FORMAT);
     return 0;
   }
   for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
