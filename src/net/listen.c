@@ -6,6 +6,7 @@
  * rules of PSHARD_FAULT are armed (ps__fault_arm_env, once per process): a bad spec
  * fails the node's first listen or connect with PS_ERR_CONFIG and a message.
  */
+#include <netdb.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -52,6 +53,36 @@ static void listener_set(ps__listener *l, uv_loop_t *loop, const ps__conn_ops *o
   l->max_payload = max_payload;
 }
 
+/* host:port into addr: a numeric IPv4 or IPv6 address as it is, else a name looked up
+ * (getaddrinfo: /etc/hosts, then DNS, so "localhost" works; the first address found).
+ * 0 or -1. A name is looked up when its connection is opened, on the caller's thread;
+ * clusters should give numeric addresses, which need no lookup. */
+static int resolve(const char *host, int port, struct sockaddr_storage *addr) {
+  memset(addr, 0, sizeof *addr);
+  if (strchr(host, ':') ? uv_ip6_addr(host, port, (struct sockaddr_in6 *)addr) == 0
+                        : uv_ip4_addr(host, port, (struct sockaddr_in *)addr) == 0)
+    return 0;
+  struct addrinfo hints, *res = NULL;
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (!*host || getaddrinfo(host, NULL, &hints, &res) != 0 || !res) return -1;
+  int rc = -1;
+  for (struct addrinfo *a = res; a && rc; a = a->ai_next) {
+    if (a->ai_family == AF_INET && a->ai_addrlen <= sizeof *addr) {
+      memcpy(addr, a->ai_addr, a->ai_addrlen);
+      ((struct sockaddr_in *)addr)->sin_port = htons((uint16_t)port);
+      rc = 0;
+    } else if (a->ai_family == AF_INET6 && a->ai_addrlen <= sizeof *addr) {
+      memcpy(addr, a->ai_addr, a->ai_addrlen);
+      ((struct sockaddr_in6 *)addr)->sin6_port = htons((uint16_t)port);
+      rc = 0;
+    }
+  }
+  freeaddrinfo(res);
+  return rc;
+}
+
 int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port, const ps__conn_ops *ops,
                    ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
   struct sockaddr_storage addr;
@@ -61,11 +92,8 @@ int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port,
     return rc;
   }
   listener_set(l, loop, ops, cb, arg, pool, max_payload);
-  if (strchr(host, ':'))
-    rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
-  else
-    rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
-  if (rc) return ps__fail(PS_ERR_CONFIG, "bad listen address '%s'", host);
+  if (resolve(host, port, &addr))
+    return ps__fail(PS_ERR_CONFIG, "bad listen address '%s' (an IP address or a host name this machine knows)", host);
   uv_tcp_init(loop, &l->h.tcp);
   l->h.handle.data = l;
   rc = uv_tcp_bind(&l->h.tcp, (struct sockaddr *)&addr, 0);
@@ -171,15 +199,11 @@ __attribute__((noinline)) static int connect_common(uv_loop_t *loop, const char 
     return 0;
   }
   struct sockaddr_storage addr;
-  if (strchr(host, ':'))
-    rc = uv_ip6_addr(host, port, (struct sockaddr_in6 *)&addr);
-  else
-    rc = uv_ip4_addr(host, port, (struct sockaddr_in *)&addr);
-  if (rc) {
+  if (resolve(host, port, &addr)) {
     free(c->stage);
     free(c);
     free(cr);
-    return ps__fail(PS_ERR_CONFIG, "bad address '%s' (a numeric IP address is expected)", host);
+    return ps__fail(PS_ERR_CONFIG, "bad address '%s' (an IP address, or a host name that resolves)", host);
   }
   snprintf(c->peer, sizeof c->peer, "%s:%d", host, port);
   uv_tcp_init(loop, &c->h.tcp);

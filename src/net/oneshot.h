@@ -16,7 +16,7 @@
 
 #include "proto/frame.h"
 
-/* Connect to addr ("HOST:PORT", HOST a numeric IPv4 or IPv6 address) over TCP, send the
+/* Connect to addr ("HOST:PORT", HOST an IPv4 or IPv6 address or a host name) over TCP, send the
  * request req (type, req_id and the other header fields as given; payload_len is set
  * from len; a req_id of 0 becomes 1) with body[0 .. len), and wait for the frame that
  * answers it: type req->type | PS_FRAME_REPLY with the same req_id. Frames that answer
