@@ -272,7 +272,8 @@ static void run_usage(FILE *f) {
           "      --heartbeat-timeout-ms N  a silent node is dead after N ms (3000)\n"
           "      --progress-ms N           progress line period, 0 = none (1000)\n"
           "      --mode M                  consistency model for the job's tables: sync, sync:M,\n"
-          "                                ssp:S or async (sync); sets PSHARD_MODE\n"
+          "                                ssp:S or async (PSHARD_MODE when it is set, else sync);\n"
+          "                                sets PSHARD_MODE for the workers\n"
           "      --transport auto|tcp      same-host transport (auto = AF_UNIX)\n"
           "      --stats-out FILE          when the workers are done, save the scheduler's counters\n"
           "                                and metrics to FILE (input of `pshard plan --measured`)\n"
@@ -351,7 +352,8 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
       return 2;
     }
     if (dst && (ps__parse_u64(optarg, dst) || *dst > max)) {
-      fprintf(stderr, "pshard run: bad value '%s' for %s\n", optarg, argv[optind - 2]);
+      fprintf(stderr, "pshard run: bad value '%s' for %s (an integer from 0 to %llu)\n", optarg, argv[optind - 2],
+              (unsigned long long)max);
       run_usage(stderr);
       return 2;
     }
@@ -361,6 +363,16 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
 
 /* The flags and the command together. -1 to go on, or the exit status. */
 static int run_check(int argc, char **argv, run_opts *o) {
+  const char *env_mode = getenv("PSHARD_MODE");
+  if (!o->mode && env_mode && *env_mode) { /* an exported mode holds unless --mode says otherwise */
+    ps__mode m;
+    char msg[160];
+    if (ps__mode_parse(env_mode, &m, msg, sizeof msg)) {
+      fprintf(stderr, "pshard run: PSHARD_MODE: %s\n", msg);
+      return 2;
+    }
+    o->mode = env_mode;
+  }
   if (o->colocate) {
     if (o->s_given && o->S != o->K) {
       fprintf(stderr, "pshard run: --colocate runs one server in each worker: -s must equal -w (or be left out)\n");
@@ -491,7 +503,7 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
   }
   static char env_role[] = "PSHARD_ROLE=worker";
   char env_sched[160], env_s[48], env_k[48], env_t[48], env_m[64];
-  snprintf(env_m, sizeof env_m, "PSHARD_MODE=%s", o->mode ? o->mode : "sync");
+  snprintf(env_m, sizeof env_m, "PSHARD_MODE=%s", o->mode ? o->mode : "sync"); /* o->mode: --mode or PSHARD_MODE */
   snprintf(env_sched, sizeof env_sched, "PSHARD_SCHEDULER=%s", addr);
   snprintf(env_s, sizeof env_s, "PSHARD_SERVERS=%llu", (unsigned long long)o->S);
   snprintf(env_k, sizeof env_k, "PSHARD_WORKERS=%llu", (unsigned long long)o->K);

@@ -73,6 +73,19 @@ def test_run_bad_flags_exit_2():
         assert "usage" in r.stderr or "mode" in r.stderr
 
 
+def test_run_bad_counts_name_their_limit_and_an_exported_mode_holds():
+    r = run([binary("pshard"), "run", "-s", "300", "--", "true"])
+    assert r.returncode == 2 and "bad value '300' for -s (an integer from 0 to 256)" in r.stderr, r.stderr
+    show = ["sh", "-c", "echo mode=$PSHARD_MODE"]
+    r = run([binary("pshard"), "run", "--progress-ms", "0", "--"] + show, env=dict(os.environ, PSHARD_MODE="async"))
+    assert r.returncode == 0 and "[worker 0] mode=async" in r.stdout, (r.stdout, r.stderr)
+    r = run([binary("pshard"), "run", "--progress-ms", "0", "--mode", "ssp:2", "--"] + show,
+            env=dict(os.environ, PSHARD_MODE="async"))
+    assert r.returncode == 0 and "[worker 0] mode=ssp:2" in r.stdout, "--mode wins over the environment"
+    r = run([binary("pshard"), "run", "--"] + show, env=dict(os.environ, PSHARD_MODE="bogus"))
+    assert r.returncode == 2 and "PSHARD_MODE: unknown consistency mode 'bogus'" in r.stderr, r.stderr
+
+
 def test_run_ctrl_c_stops_everything():
     p = subprocess.Popen([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--",
                           binary("sync_worker"), "--steps", "100000", "--sleep-ms", "5"],
