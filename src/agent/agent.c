@@ -64,6 +64,25 @@ static void retry_tick(uv_timer_t *t) {
   }
 }
 
+/* Refused for a while (no scheduler there yet, or a wrong address): say so once, so a
+ * node pointed at a dead scheduler is not silent until its deadline. On stderr when the
+ * program set no log function (a library is otherwise quiet). */
+#define AGENT_SAY_WAITING_MS 3000u
+static void say_waiting(ps__agent *a) {
+  uint64_t now = ps__now_ms();
+  if (!a->refused_since_ms) a->refused_since_ms = now;
+  if (a->said_waiting || now - a->refused_since_ms < AGENT_SAY_WAITING_MS) return;
+  a->said_waiting = 1;
+  uint64_t left = a->deadline_ms > now ? (a->deadline_ms - now + 999) / 1000 : 0;
+  char msg[300];
+  snprintf(msg, sizeof msg,
+           "the scheduler at %s:%d refuses connections (not started yet, or a wrong address); retrying for %llu s "
+           "more (connect_timeout_ms)",
+           a->sched_host, a->o.sched_port, (unsigned long long)left);
+  if (ps__log_enabled(PS_LOG_WARN)) ps__log(PS_LOG_WARN, "%s", msg);
+  else fprintf(stderr, "pshard: %s\n", msg);
+}
+
 static void refused_give_up(ps__agent *a) {
   char msg[300];
   snprintf(msg, sizeof msg, "cannot reach the scheduler at %s:%d: connection refused (retried for %u ms)",
@@ -130,6 +149,7 @@ static void on_connected(void *arg, ps__conn *c, int status) {
      * until the deadline, where deadline_tick gives up. */
     if ((status == PS_ERR_UNAVAILABLE || !c) && ps__now_ms() < a->deadline_ms) {
       __atomic_store_n(&a->refused, 1, __ATOMIC_RELAXED);
+      say_waiting(a);
       uv_timer_start(&a->retry_timer, retry_tick, a->o.retry_ms, 0);
       return;
     }
@@ -144,6 +164,8 @@ static void on_connected(void *arg, ps__conn *c, int status) {
     return;
   }
   __atomic_store_n(&a->refused, 0, __ATOMIC_RELAXED);
+  a->refused_since_ms = 0;
+  a->said_waiting = 0;
   a->conn = c;
   a->connected_once = 1;
   if (a->cb.link) a->cb.link(a->cb.arg, c, 0);

@@ -92,6 +92,8 @@ typedef struct ps__agent {
   int rejoining;               /* registered once, the scheduler gone: reconnecting */
   uint32_t rejoins;            /* times the scheduler came back */
   int refused;                 /* the last connection attempt was refused (atomic) */
+  uint64_t refused_since_ms;   /* the first refusal of this run of them (0: none) */
+  int said_waiting;            /* the "still waiting" line was written */
 } ps__agent;
 
 /* Set a up on loop (timers; no I/O yet). 0, or PS_ERR_INVALID for a missing callback

@@ -89,6 +89,13 @@ void ps__log_to_stderr(int max_level, const char *prefix) {
   ps_set_log(stderr_log, NULL, max_level);
 }
 
+int ps__log_enabled(int level) {
+  pthread_mutex_lock(&log_mu);
+  int on = log_fn && level <= log_level;
+  pthread_mutex_unlock(&log_mu);
+  return on;
+}
+
 void ps__log(int level, const char *fmt, ...) {
   char buf[1024];
   va_list ap;

@@ -27,6 +27,8 @@ int ps__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 void ps__clear_err(void);
 
 /* Logging through the hook set with ps_set_log (or stderr for daemons). */
+/* Would a message of this level go anywhere (a log function is set and takes it)? */
+int ps__log_enabled(int level);
 void ps__log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Daemons (pshard server/scheduler) log to stderr at this level. */
 void ps__log_to_stderr(int max_level, const char *prefix);

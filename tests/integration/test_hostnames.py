@@ -37,3 +37,15 @@ def test_a_job_reached_through_localhost(tmp_path):
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_a_worker_pointed_at_no_scheduler_says_so_before_it_gives_up():
+    env = dict(os.environ, PSHARD_SCHEDULER="127.0.0.1:1", PSHARD_CONNECT_TIMEOUT_MS="5000")
+    t0 = time.time()
+    w = subprocess.run([binary("ckpt_worker"), "--steps", "1", "--out", os.devnull], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert w.returncode != 0
+    assert "the scheduler at 127.0.0.1:1 refuses connections" in w.stderr, w.stderr
+    assert "retried for 5000 ms" in w.stderr, w.stderr
+    assert w.stderr.index("refuses connections") < w.stderr.index("retried for"), "the note comes first"
+    assert time.time() - t0 < 30
