@@ -706,8 +706,10 @@ class Context:
         return out
 
     def server_stats(self, server, timeout=None):
-        """The counters of server `server` (0 <= server < num_servers) as a dict of
-        key -> value text (ps_server_stats)."""
+        """The counters of server `server` (0 <= server < num_servers), as numbers:
+        {counter: number, ..., "tables": {name: {"id": .., "rows": .., "pushes": .., ...}},
+        histogram: [counts...]} (the STATS lines of docs/protocol.md: every table, each
+        under its name; an unknown field that is not a number stays text)."""
         cap = 1 << 16
         while True:
             buf = L.ctypes.create_string_buffer(cap)
@@ -720,12 +722,7 @@ class Context:
             if len(buf.value) < cap - 1 or cap >= 1 << 24:
                 break
             cap *= 4
-        out = {}
-        for line in buf.value.decode("utf-8", "replace").splitlines():
-            k, _, v = line.partition(" ")
-            if k:
-                out[k] = v
-        return out
+        return parse_stats(buf.value.decode("utf-8", "replace"))
 
     # -- lifecycle
     def close(self):
@@ -812,6 +809,39 @@ def zeros(shape):
     buf = (ctypes.c_float * max(n, 1)).from_address(p)
     weakref.finalize(buf, L.ps_free, p)
     return np.frombuffer(buf, dtype=_F32, count=n).reshape(shape)
+
+
+def _number(v):
+    """int, else float, else the text itself."""
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_stats(text):
+    """STATS text (a server's or the scheduler's) -> a dict of numbers: "key value" lines
+    as key: number; "table ID name=.. k=v ..." lines under "tables" by name (with "id");
+    lines of several numbers (histograms) as lists."""
+    out = {"tables": {}}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "table" and len(parts) > 2 and "=" in parts[2]:
+            fields = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
+            tab = {k: _number(v) if k not in ("name", "mode") else v for k, v in fields.items()}
+            tab["id"] = _number(parts[1])
+            out["tables"][fields.get("name", parts[1])] = tab
+        elif len(parts) == 2 and not parts[0].endswith("_staleness"):
+            out[parts[0]] = _number(parts[1])
+        elif len(parts) >= 2:  # a histogram (its counts by bucket), even of one bucket
+            out[parts[0]] = [_number(x) for x in parts[1:]]
+        else:
+            out[parts[0]] = None
+    return out
 
 
 def set_log(fn, level="info"):

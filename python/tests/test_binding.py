@@ -71,6 +71,27 @@ def test_context_properties(ps):
     expect(pshard.RangeError, "PS_ERR_RANGE", ps.server_stats, 7, match="no server 7")
 
 
+def test_server_stats_are_numbers_and_name_every_table(ps):
+    a = ps.dense("stats_a", 10, opt="sgd", lr=1, mode="async")
+    b = ps.sparse("stats_b", 4, opt="adagrad", mode="async")
+    a.push(np.ones(10, dtype=np.float32))
+    b.push(np.array([1, 2, 3], dtype=np.uint64), np.ones((3, 4), dtype=np.float32))
+    total = {}
+    for i in range(ps.num_servers):
+        st = ps.server_stats(i)
+        assert isinstance(st["rows"], int) and isinstance(st["payload_bytes"], int)
+        assert isinstance(st["push_staleness"], list)
+        assert {"stats_a", "stats_b"} <= set(st["tables"]), st["tables"]
+        for name in ("stats_a", "stats_b"):
+            t = st["tables"][name]
+            assert isinstance(t["id"], int) and t["mode"] == "async"
+            total[name] = total.get(name, 0) + t["rows"]
+            assert t["pushes"] >= 0
+    assert total["stats_b"] == 3  # every row counted once, on its owner
+    assert pshard.core.parse_stats("x 1\ny 2.5\nz a\ntable 3 name=t rows=4 mode=sync\nh 1 2 3\n") == {
+        "x": 1, "y": 2.5, "z": "a", "h": [1, 2, 3], "tables": {"t": {"id": 3, "rows": 4, "mode": "sync", "name": "t"}}}
+
+
 def test_checkpoint_checks_its_timeout(ps):
     expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=-1)
     expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=float("nan"))
