@@ -830,11 +830,17 @@ def parse_stats(text):
         parts = line.split()
         if not parts:
             continue
-        if parts[0] == "table" and len(parts) > 2 and "=" in parts[2]:
-            fields = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
-            tab = {k: _number(v) if k not in ("name", "mode") else v for k, v in fields.items()}
-            tab["id"] = _number(parts[1])
-            out["tables"][fields.get("name", parts[1])] = tab
+        keyed = len(parts) > 2 and "=" not in parts[1] and "=" in parts[2]
+        if keyed or (len(parts) > 1 and "=" in parts[1]):
+            fields = {k: _number(v) for k, v in (p.split("=", 1) for p in parts[1 + keyed:] if "=" in p)}
+            if keyed:
+                fields["id"] = _number(parts[1])
+            if parts[0] == "table" and keyed:  # tables by name
+                out["tables"][str(fields.get("name", parts[1]))] = fields
+            elif keyed or parts[0] in ("metric",):  # "node ID ...", "metric ...": lists
+                out.setdefault(parts[0] + "s", []).append(fields)
+            else:  # "tasks partitions=..": one object
+                out[parts[0]] = fields
         elif len(parts) == 2 and not parts[0].endswith("_staleness"):
             out[parts[0]] = _number(parts[1])
         elif len(parts) >= 2:  # a histogram (its counts by bucket), even of one bucket

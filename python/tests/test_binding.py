@@ -88,8 +88,10 @@ def test_server_stats_are_numbers_and_name_every_table(ps):
             total[name] = total.get(name, 0) + t["rows"]
             assert t["pushes"] >= 0
     assert total["stats_b"] == 3  # every row counted once, on its owner
-    assert pshard.core.parse_stats("x 1\ny 2.5\nz a\ntable 3 name=t rows=4 mode=sync\nh 1 2 3\n") == {
-        "x": 1, "y": 2.5, "z": "a", "h": [1, 2, 3], "tables": {"t": {"id": 3, "rows": 4, "mode": "sync", "name": "t"}}}
+    assert pshard.core.parse_stats("x 1\ny 2.5\nz a\ntable 3 name=t rows=4 mode=sync\nh 1 2 3\n"
+                                   "node 2 role=server alive=1\ntasks done=3\np_staleness 4\n") == {
+        "x": 1, "y": 2.5, "z": "a", "h": [1, 2, 3], "tables": {"t": {"id": 3, "rows": 4, "mode": "sync", "name": "t"}},
+        "nodes": [{"id": 2, "role": "server", "alive": 1}], "tasks": {"done": 3}, "p_staleness": [4]}
 
 
 def test_checkpoint_checks_its_timeout(ps):

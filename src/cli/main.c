@@ -21,6 +21,7 @@ static const struct {
     {"server", ps_cli_server, "run a parameter server"},
     {"plan", ps_cli_plan, "estimate memory, traffic, time and learning rate of a job"},
     {"checkpoint", ps_cli_checkpoint, "inspect a checkpoint on disk, or ask a job to write one"},
+    {"stats", ps_cli_stats, "print the counters of a running server or scheduler"},
 };
 
 static void usage(FILE *f) {

@@ -512,6 +512,13 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
                  (unsigned long long)s->ck.taken, (unsigned long long)s->ck.failed, s->ck.phase != PS__CKPT_IDLE);
     ps__wbuf_bytes(&w, line, (size_t)n);
   }
+  for (size_t i = 0; i < s->nnodes; i++) { /* who is in the job, and where (pshard stats, pshard top) */
+    const ps__member *m = &s->nodes[i].m;
+    n = snprintf(line, sizeof line, "node %u role=%s rank=%u addr=%s:%u alive=%u\n", m->id,
+                 m->role == PS_ROLE_SERVER ? "server" : m->role == PS_ROLE_WORKER ? "worker" : "other", m->rank,
+                 m->host[0] ? m->host : "-", (unsigned)m->port, (unsigned)m->alive);
+    ps__wbuf_bytes(&w, line, (size_t)n);
+  }
   for (size_t i = 0; i < s->nmetrics; i++) {
     metric *m = &s->metrics[i];
     n = snprintf(line, sizeof line, "metric node=%u name=%s value=%.9g clock=%lld count=%llu\n", m->node, m->name,
