@@ -226,11 +226,26 @@ static double metric_sum(const char *stats, const char *name, int *count) {
   return sum;
 }
 
+/* Before the job started: "S of S servers, K of K workers registered" into out; 0, or -1
+ * when it has started or the scheduler does not answer. */
+static int waiting_for(const char *stats, char *out, size_t cap) {
+  unsigned started = 1, sa = 0, wa = 0, se = 0, we = 0;
+  const char *st = strstr(stats, "started ");
+  if (!st || sscanf(st, "started %u\nservers_alive %u\nworkers_alive %u\nservers_expected %u\nworkers_expected %u",
+                    &started, &sa, &wa, &se, &we) != 5 || started)
+    return -1;
+  snprintf(out, cap, "%u of %u servers, %u of %u workers registered", sa, se, wa, we);
+  return 0;
+}
+
 static void progress(const char *addr, uint64_t t0, int tty) {
   char stats[16384];
   if (ps_cli_fetch_stats(addr, PROGRESS_STATS_MS, stats, sizeof stats)) return;
   char line[256];
   size_t n = (size_t)snprintf(line, sizeof line, "[pshard] %6.1fs", (double)(ps__now_ms() - t0) / 1000.0);
+  char wait[128];
+  if (!waiting_for(stats, wait, sizeof wait)) /* before the job starts: what it waits for */
+    n += (size_t)snprintf(line + n, sizeof line - n, "  waiting: %s", wait);
   const char *tk = strstr(stats, "tasks partitions=");
   if (tk) {
     unsigned parts = 0, epochs = 0, epoch = 0, done = 0;
@@ -671,6 +686,9 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
     if (failed) {
       if (tty && o->prog) fprintf(stderr, "\n");
       fprintf(stderr, "[pshard] %s exited with status %d; stopping every process\n", failed, status);
+      char stats[16384], wait[128];
+      if (!ps_cli_fetch_stats(addr, PROGRESS_STATS_MS, stats, sizeof stats) && !waiting_for(stats, wait, sizeof wait))
+        fprintf(stderr, "[pshard] the job had not started: %s\n", wait);
       stop_all((int)o->grace);
       return status;
     }

@@ -2,6 +2,7 @@
 tasks processed exactly once per epoch, a dead worker's partitions re-queued."""
 import collections
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -84,6 +85,15 @@ def test_run_bad_counts_name_their_limit_and_an_exported_mode_holds():
     assert r.returncode == 0 and "[worker 0] mode=ssp:2" in r.stdout, "--mode wins over the environment"
     r = run([binary("pshard"), "run", "--"] + show, env=dict(os.environ, PSHARD_MODE="bogus"))
     assert r.returncode == 2 and "PSHARD_MODE: unknown consistency mode 'bogus'" in r.stderr, r.stderr
+
+
+def test_run_says_what_a_job_that_has_not_started_waits_for():
+    # one worker of two never comes: the progress line says who is missing
+    show = ["sh", "-c", 'if [ "$PSHARD_WORKER_INDEX" = 1 ]; then sleep 1.5; exit 4; fi; sleep 3']
+    r = run([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "200", "--"] + show)
+    assert r.returncode == 4, r.stderr
+    assert re.search(r"waiting: [01] of 1 servers, 0 of 2 workers registered", r.stderr), r.stderr
+    assert re.search(r"the job had not started: [01] of 1 servers, 0 of 2 workers registered", r.stderr), r.stderr
 
 
 def test_run_ctrl_c_stops_everything():
