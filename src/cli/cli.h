@@ -17,6 +17,7 @@ int ps_cli_plan_measured(int argc, char **argv);
 /* `pshard checkpoint inspect DIR` (cli/ckpt.c), or the trigger below for HOST:PORT. */
 int ps_cli_checkpoint(int argc, char **argv);
 int ps_cli_stats(int argc, char **argv);
+int ps_cli_top(int argc, char **argv);
 /* Ask the scheduler at HOST:PORT for its counters (text, NUL-terminated, at most cap - 1
  * bytes) within timeout_ms. 0, or -1 with the reason in ps_errmsg(). */
 int ps_cli_fetch_stats(const char *addr, uint64_t timeout_ms, char *out, size_t cap);

@@ -22,6 +22,7 @@ static const struct {
     {"plan", ps_cli_plan, "estimate memory, traffic, time and learning rate of a job"},
     {"checkpoint", ps_cli_checkpoint, "inspect a checkpoint on disk, or ask a job to write one"},
     {"stats", ps_cli_stats, "print the counters of a running server or scheduler"},
+    {"top", ps_cli_top, "watch a running job: servers, workers, where the time goes"},
 };
 
 static void usage(FILE *f) {

@@ -1,8 +1,9 @@
-"""`pshard stats HOST:PORT [--json]` against a running job: the scheduler lists every
+"""`pshard stats HOST:PORT [--json]` and `pshard top HOST:PORT --once` against a running job: the scheduler lists every
 node with its address, each server its tables; the JSON has the same figures as the
 text, and pshard.core.parse_stats reads the text the same way."""
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -55,6 +56,17 @@ def test_stats_of_every_node_of_a_running_job(tmp_path):
                 assert t["name"] == name and isinstance(t["rows"], int)
             seen.add(n["id"])
         assert len(seen) == 2
+        # pshard top --once: one frame with every server and the worker, rates measured
+        top = subprocess.run([binary("pshard"), "top", c.addr, "--once"], capture_output=True, text=True, timeout=60)
+        assert top.returncode == 0, top.stderr
+        out = top.stdout
+        assert "\033[" not in out, "no screen control with --once"
+        assert "servers 2/2" in out and "workers 1/1" in out, out
+        for n in servers:
+            assert re.search(r"^%d\s+%d\s+%s\s+yes" % (n["id"], n["rank"], re.escape(n["addr"])), out, re.M), out
+        wl = [l for l in out.splitlines() if re.match(r"^%d\s+0\s+yes" % workers[0]["id"], l)]
+        assert len(wl) == 1, out
+        assert "%" in wl[0], "the step split of a worker that reported twice: " + wl[0]
         w.kill()
     bad = subprocess.run([binary("pshard"), "stats", "127.0.0.1:1", "--timeout", "2000"], capture_output=True,
                          text=True, timeout=30)
