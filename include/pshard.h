@@ -158,13 +158,17 @@ typedef struct ps_config ps_config;
  *                      row, the others only the rows changed since the checkpoint
  *                      before (increments; a restore reads the chain) (1: every
  *                      checkpoint whole)                      [PSHARD_CHECKPOINT_FULL_EVERY]
+ *   replicas           `pshard scheduler` (and an embedded job's scheduler): copies
+ *                      of every key range, 1 to 3 and at most the number of servers
+ *                      (1); the servers and workers learn it from the scheduler
+ *                      (docs/design.md, section 8c)           [PSHARD_REPLICAS]
  *   restore            `pshard scheduler` and `pshard server`: start the job from the
  *                      newest complete checkpoint under this directory (or from the
  *                      checkpoint directory itself); the workers' clocks start at its
  *                      clock (ps_ctx_clock)                    [PSHARD_RESTORE]
  * Of these a worker does not read `servers` (the scheduler tells it the servers),
- * `checkpoint_dir`, `checkpoint_keep`, `checkpoint_full_every` or `restore` (they are the
- * daemons');
+ * `checkpoint_dir`, `checkpoint_keep`, `checkpoint_full_every`, `replicas` or `restore`
+ * (they are the daemons'; `replicas` also sets an embedded job's);
  * `workers` is read in embedded mode (the embedded scheduler expects that many).
  */
 /* A new, empty configuration in *out (free it with ps_config_free).

@@ -7,8 +7,9 @@
 #include "common/common.h"
 #include "common/config.h"
 #include "common/fault.h"
+#include "common/ring.h" /* PS_MAX_REPLICAS */
 
-typedef enum { K_STR, K_UINT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH, K_EVERY } kind_t;
+typedef enum { K_STR, K_UINT, K_COUNT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH, K_EVERY } kind_t;
 
 static const struct {
   const char *key;
@@ -26,6 +27,7 @@ static const struct {
     {"colocate", K_UINT, 1},       {"fault", K_FAULT, 0},
     {"checkpoint_every", K_EVERY, 0}, {"checkpoint_dir", K_PATH, 0},
     {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0}, {"checkpoint_full_every", K_UINT, 1000000},
+    {"replicas", K_COUNT, PS_MAX_REPLICAS},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
@@ -128,10 +130,13 @@ int ps_config_set(ps_config *c, const char *key, const char *value) {
   ps__mode mode;
   switch (keys[i].kind) {
   case K_UINT:
-    if (ps__parse_u64(value, &u) || u > keys[i].max)
-      return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s' (an integer in [0, %llu] is expected)", value, key,
+  case K_COUNT: {
+    unsigned long long lo = keys[i].kind == K_COUNT; /* a count of copies is at least 1 */
+    if (ps__parse_u64(value, &u) || u > keys[i].max || u < lo)
+      return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s' (an integer in [%llu, %llu] is expected)", value, key, lo,
                       (unsigned long long)keys[i].max);
     break;
+  }
   case K_ROLE:
     if (strcmp(value, "worker") && strcmp(value, "server") && strcmp(value, "scheduler"))
       return ps__fail(PS_ERR_CONFIG, "bad role '%s' (worker, server or scheduler)", value);

@@ -102,7 +102,8 @@ static int start_embedded(embed *e, const ps_config *cfg, const ps__worker_opts 
   ps__sched_opts so = {.host = "127.0.0.1", .port = 0, .servers = nservers,
                        .workers = (uint32_t)ps__config_uint(cfg, "workers", 1), .heartbeat_ms = wo->heartbeat_ms,
                        .heartbeat_timeout_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_timeout_ms", 3000),
-                       .max_payload = wo->max_payload};
+                       .max_payload = wo->max_payload,
+                       .replicas = (unsigned)ps__config_uint(cfg, "replicas", 1)};
   int rc = ps__sched_create(&so, &e->sched);
   if (rc) return rc;
   if (pthread_create(&e->sched_thread, NULL, sched_main, e->sched)) {

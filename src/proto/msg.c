@@ -137,6 +137,7 @@ void ps__ckpt_req_encode(ps__wbuf *w, const ps__ckpt_req *q) {
   ps__wbuf_str(w, q->dir);
   ps__wbuf_u64(w, q->base);
   ps__wbuf_u32(w, q->track);
+  ps__wbuf_u32(w, q->part);
 }
 
 int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q) {
@@ -149,7 +150,8 @@ int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q) {
   ps__rbuf_str(&r, q->dir, sizeof q->dir);
   q->base = ps__rbuf_u64(&r);
   q->track = ps__rbuf_u32(&r);
-  if (r.err || r.off != n || q->track > 1) return ps__fail(PS_ERR_PROTO, "malformed checkpoint request");
+  q->part = ps__rbuf_u32(&r);
+  if (r.err || r.off != n || q->track > 1 || q->part >= q->nservers) return ps__fail(PS_ERR_PROTO, "malformed checkpoint request");
   if (!q->dir[0]) return ps__fail(PS_ERR_INVALID, "checkpoint request without a directory");
   return 0;
 }

@@ -84,6 +84,7 @@ typedef struct ps__ckpt_req {
   char dir[PS_CKPT_DIR_MAX];
   uint64_t base;   /* an increment on this complete checkpoint (same directory); 0: whole */
   uint32_t track;  /* 1: keep the set of rows changed from now on (increments follow) */
+  uint32_t part;   /* this server's file among the checkpoint's nservers (its rank in them) */
 } ps__ckpt_req;
 
 /* CKPT reply (server -> scheduler): the data file it wrote. */

@@ -193,8 +193,8 @@ static int send_all(ps__sched *s, uint64_t id) {
   q.track = s->o.checkpoint_full_every > 1;
   ps__wbuf w;
   ps__wbuf_init(&w);
-  ps__ckpt_req_encode(&w, &q);
-  if (w.oom) {
+  ps__ckpt_req_encode(&w, &q); /* the last u32 is the part: set per server below */
+  if (w.oom || w.len < 4) {
     ps__wbuf_free(&w);
     fail(s, PS_ERR_NOMEM, "scheduler out of memory");
     return -1;
@@ -222,6 +222,7 @@ static int send_all(ps__sched *s, uint64_t id) {
     p->answered = 0;
     p->req_id = ++k->next_req;
     ps__frame_hdr h = {.type = PS_MSG_CKPT, .req_id = p->req_id, .clock = k->clock, .epoch = s->epoch};
+    ps__put_u32((uint8_t *)w.data + w.len - 4, i);
     int rc = n && n->conn ? ps__conn_send_ctrl(n->conn, &h, w.data, w.len) : PS_ERR_CLOSED;
     if (rc) {
       ps__wbuf_free(&w);
@@ -422,8 +423,9 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, c
     answer_error(c, h->req_id, h->clock, PS_ERR_UNAVAILABLE, "no server is alive");
     return;
   }
-  if (!s->started || alive < s->nserver_ranks) {
-    /* A missing server's shard would be missing from the checkpoint. */
+  if (!s->started || (alive < s->nserver_ranks && !ps__sched_every_range_live(s))) {
+    /* A missing server's shard would be missing from the checkpoint (unless, replicated,
+     * the live servers head all of its ranges: they write them). */
     for (size_t i = 0; i < s->nnodes; i++) {
       const ps__member *m = &s->nodes[i].m;
       if (m->role != PS_ROLE_SERVER || m->alive) continue;
@@ -523,7 +525,7 @@ void ps__sched_ckpt_reply(ps__sched *s, ps__sched_node *n, const ps__frame_hdr *
          (unsigned long long)p->done.base, (unsigned long long)k->base);
     return;
   }
-  if (p->done.rank != p->rank || !p->done.name[0] || strchr(p->done.name, '/')) {
+  if (p->done.rank != (uint32_t)(p - k->parts) || !p->done.name[0] || strchr(p->done.name, '/')) {
     fail(s, PS_ERR_PROTO, "server rank %u answered for rank %u, file '%s'", p->rank, p->done.rank, p->done.name);
     return;
   }

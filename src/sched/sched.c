@@ -255,11 +255,9 @@ static void task_requeue(ps__sched *s, uint32_t node_id) {
 
 static void do_stop(void *arg);
 
-/* Would removing server n leave a chain (the R servers that hold a key range) with no
- * live member? With R = 1 every server is the last copy of its keys, but a dead one is
- * removed anyway (its keys fail loudly); this guards replicated jobs only. */
-static int last_copy(ps__sched *s, const node *n) {
-  if (s->o.replicas < 2) return 0;
+/* Is there a chain (the R servers that hold a key range) that contains server `id` (any
+ * chain when id is 0) and has no live member but `id`? 1 also when out of memory. */
+static int chain_without_copy(ps__sched *s, uint32_t id) {
   uint32_t *ids = ps__calloc(s->nnodes ? s->nnodes : 1, sizeof *ids);
   size_t k = 0;
   if (!ids) return 1;
@@ -274,9 +272,9 @@ static int last_copy(ps__sched *s, const node *n) {
   }
   for (size_t i = 0; i < ps__ring_nroutes(r) && !lost; i++) {
     uint32_t c[PS_MAX_REPLICAS];
-    size_t m = ps__ring_route(r, i, c), live = 0, has = 0;
+    size_t m = ps__ring_route(r, i, c), live = 0, has = id == 0;
     for (size_t j = 0; j < m; j++) {
-      if (c[j] == n->m.id) has = 1;
+      if (id && c[j] == id) has = 1;
       else live += ps__sched_server_alive(s, c[j]);
     }
     lost = has && !live;
@@ -284,6 +282,13 @@ static int last_copy(ps__sched *s, const node *n) {
   ps__ring_free(r);
   return lost;
 }
+
+/* Would removing server n leave a chain with no live member? With R = 1 every server is
+ * the last copy of its keys, but a dead one is removed anyway (its keys fail loudly);
+ * this guards replicated jobs only. */
+static int last_copy(ps__sched *s, const node *n) { return s->o.replicas >= 2 && chain_without_copy(s, n->m.id); }
+
+int ps__sched_every_range_live(ps__sched *s) { return s->o.replicas >= 2 && !chain_without_copy(s, 0); }
 
 static void finish_tick(uv_timer_t *t) { do_stop(t->data); }
 

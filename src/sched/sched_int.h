@@ -137,6 +137,9 @@ struct ps__sched {
 
 size_t ps__sched_count_alive(ps__sched *s, uint8_t role);
 int ps__sched_server_alive(const ps__sched *s, uint32_t id);
+/* Replicated (R >= 2), and every key range still has a live copy (servers may have died):
+ * a checkpoint is then complete without the dead servers. */
+int ps__sched_every_range_live(ps__sched *s);
 
 /* ------------------------------------------------------------ state.c */
 

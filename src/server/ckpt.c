@@ -21,6 +21,10 @@
  * when it is created (the clock workers start at, the data files); when a table is
  * created, it reads every data file's blocks of that table and keeps the rows it owns
  * under the current ring, whatever the number of servers that wrote them.
+ *
+ * Replicas (R >= 2). A server writes the rows of the chains it heads (after a failover,
+ * the dead server's ranges too), judged with the copy of the ring in k->rows, and a
+ * restore keeps the rows of every chain the server is in (server/repl.c, ps__srv_rows).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -54,6 +58,7 @@ struct srv_ckpt {
   char msg[512];
   ps__ckpt_summary sum;
   uint64_t base;          /* the file is an increment on this checkpoint; 0: whole */
+  ps__srv_rows rows;      /* the rows this server writes: of the chains it heads (R >= 2) */
   uint64_t t0_ms, cut_ms, sort_ms, rows_ms, sync_ms; /* where the time went */
 };
 
@@ -63,7 +68,31 @@ static void ckpt_free(srv_ckpt *k) {
   for (size_t i = 0; i < k->nt; i++) ps__shard_snap_release(k->s->sh, &k->t[i]);
   free(k->t);
   free(k->wait_ids);
+  ps__srv_rows_free(&k->rows);
   free(k);
+}
+
+/* Which rows of t this server writes: runs[] (dense, S of them) or the routes of
+ * k->rows (sparse). Everything without replication. */
+typedef struct row_filter {
+  const ps__srv_rows *rows;
+  uint8_t *runs;       /* dense; NULL: every slice */
+  uint64_t nslices;
+  size_t S;
+} row_filter;
+
+static int filter_open(row_filter *f, const ps__srv_rows *rows, uint32_t table, int dense, uint64_t nslices) {
+  *f = (row_filter){.rows = rows, .nslices = nslices};
+  if (!rows->ring || !dense) return 0;
+  f->S = ps__ring_size(rows->ring);
+  if (!(f->runs = ps__malloc(f->S))) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  return ps__srv_rows_dense(rows, table, f->runs);
+}
+
+static int filter_keeps(const row_filter *f, uint32_t table, int dense, uint64_t key) {
+  if (!f->rows->ring) return 1;
+  if (dense) return key < f->nslices && f->runs[ps__dense_run(key, f->nslices, f->S)];
+  return ps__srv_rows_key(f->rows, table, key);
 }
 
 static void ckpt_reply_err(ps__server *s, const ps__frame_hdr *req, int err, const char *msg) {
@@ -136,17 +165,24 @@ static int sort_places(order **o, uint64_t n) {
 
 /* The places of the rows of t to write (every row, or the changed ones of an
  * increment) into *o, *n of them; 0 or -1 (out of memory). */
-static int table_places(const ps__snap_table *t, int whole, order **o, uint64_t *n) {
+static int table_places(const ps__snap_table *t, int whole, const ps__srv_rows *rows, order **o, uint64_t *n) {
   uint64_t m = 0;
+  int dense = t->decl.kind == PS_DENSE;
+  row_filter f;
   *o = ps__malloc((t->n ? t->n : 1) * sizeof **o);
-  if (!*o) return -1;
+  if (!*o || filter_open(&f, rows, t->decl.id, dense, (t->decl.size + t->width - 1) / t->width)) {
+    if (*o) free(f.runs);
+    return -1;
+  }
   for (uint64_t i = 0; i < t->n; i++) {
     if (!whole && !ps__snap_dirty(t, i)) continue;
     uint64_t key = ps__snap_key(t, i);
+    if (!filter_keeps(&f, t->decl.id, dense, key)) continue; /* another server's copy is written */
     (*o)[m].pos = t->decl.kind == PS_DENSE ? key : ps__ring_key_hash(t->decl.id, key);
     (*o)[m].key = key;
     (*o)[m++].i = i;
   }
+  free(f.runs);
   *n = m;
   return sort_places(o, m);
 }
@@ -182,7 +218,7 @@ static int write_table(srv_ckpt *k, ps__ckpt_writer *w, ps__snap_table *t) {
   order *o = NULL;
   uint64_t n = 0;
   uint64_t t0 = ps__now_ms();
-  if (table_places(t, k->base == 0, &o, &n)) {
+  if (table_places(t, k->base == 0, &k->rows, &o, &n)) {
     free(o);
     return ps__fail(PS_ERR_NOMEM, "out of memory sorting table '%s'", t->decl.name);
   }
@@ -206,7 +242,7 @@ static void *writer_main(void *arg) {
     ps__log(PS_LOG_INFO, "checkpoint writer: cannot lower its priority: %s", strerror(errno));
   char path[PS_CKPT_DIR_MAX + 64];
   snprintf(path, sizeof path, "%s/server-%u.psck", k->q.dir, k->s->rank);
-  ps__ckpt_header h = {.what = PS_CKPT_DATA, .id = k->q.id, .clock = k->q.clock, .rank = k->s->rank,
+  ps__ckpt_header h = {.what = PS_CKPT_DATA, .id = k->q.id, .clock = k->q.clock, .rank = k->q.part,
                        .nservers = k->q.nservers, .base = k->base};
   ps__ckpt_writer *w = NULL;
   int rc = ps__ckpt_writer_open(&w, path, &h);
@@ -235,7 +271,7 @@ void ps__srv_ckpt_written(void *arg) {
     s->ckpt_last = 0; /* the rows changed since this cut are not on disk: the next one is whole */
   } else {
     s->ckpt_last = k->q.track ? k->q.id : 0;
-    ps__ckpt_done d = {.rank = s->rank, .bytes = k->sum.bytes, .checksum = k->sum.checksum, .rows = k->sum.rows,
+    ps__ckpt_done d = {.rank = k->q.part, .bytes = k->sum.bytes, .checksum = k->sum.checksum, .rows = k->sum.rows,
                        .base = k->base};
     snprintf(d.name, sizeof d.name, "server-%u.psck", s->rank);
     ps__wbuf w;
@@ -276,10 +312,15 @@ void ps__srv_cut(void *arg, ps__table *t) {
   for (; w < k->waiting && k->wait_ids[w] != t->id; w++) {}
   if (w == k->waiting) return; /* created after the request: not in this checkpoint */
   k->wait_ids[w] = k->wait_ids[--k->waiting];
-  /* A dense table is written whole: every slice this server owns, touched or not. */
-  uint64_t lo = 0, hi = 0;
-  int oom = t->spec.kind == PS_DENSE && ps__srv_dense_mine(s, t, &lo, &hi);
-  for (uint64_t sl = lo; !oom && sl < hi; sl++) oom = ps__shard_row(t, sl) == NULL;
+  /* A dense table is written whole: every slice this server owns (heads), touched or not. */
+  uint64_t lo = 0, hi = 0, nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
+  row_filter f = {.rows = &k->rows};
+  int dense = t->spec.kind == PS_DENSE;
+  int oom = dense && (k->rows.ring ? filter_open(&f, &k->rows, t->id, 1, nsl) : ps__srv_dense_mine(s, t, &lo, &hi));
+  if (dense && k->rows.ring) lo = 0, hi = nsl;
+  for (uint64_t sl = lo; !oom && sl < hi; sl++)
+    if (filter_keeps(&f, t->id, dense, sl)) oom = ps__shard_row(t, sl) == NULL;
+  free(f.runs);
   uint64_t t0 = ps__now_ms();
   if (oom || ps__shard_snap(t, &k->t[k->nt], (int)k->q.track)) {
     ckpt_reply_err(s, &k->req, PS_ERR_NOMEM, ps_errmsg());
@@ -324,6 +365,11 @@ void ps__srv_on_ckpt(ps__server *s, const ps__frame_hdr *h, const ps__body *b) {
   size_t nt = 0;
   for (size_t i = 0; i < s->sh->ntables; i++) nt += s->sh->tables[i] != NULL;
   if (!k || !(k->t = ps__calloc(nt ? nt : 1, sizeof *k->t)) || !(k->wait_ids = ps__calloc(nt ? nt : 1, 4))) {
+    ckpt_free(k);
+    ckpt_reply_err(s, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  if (ps__srv_rows_init(s, &k->rows, 0)) {
     ckpt_free(k);
     ckpt_reply_err(s, h, PS_ERR_NOMEM, "server out of memory");
     return;
@@ -479,7 +525,8 @@ int ps__srv_restore_open(ps__server *s, const char *dir) {
 typedef struct load_arg {
   ps__server *s;
   ps__table *t;
-  uint64_t lo, hi;     /* dense: the slices this server owns */
+  uint64_t lo, hi;     /* dense: the slices this server owns (R = 1) */
+  row_filter f;        /* R >= 2: the rows of the chains this server is in */
   int found;
   uint64_t step, rows;
   int64_t version;
@@ -488,11 +535,12 @@ typedef struct load_arg {
 static int want_table(void *arg, uint32_t table, uint64_t pos_lo, uint64_t pos_hi) {
   load_arg *a = arg;
   if (table != a->t->id) return 0;
-  if (a->t->spec.kind == PS_DENSE) return pos_hi >= a->lo && pos_lo < a->hi; /* positions are slices */
+  if (a->t->spec.kind == PS_DENSE && !a->f.rows->ring) return pos_hi >= a->lo && pos_lo < a->hi; /* slices */
   return 1;
 }
 
 static int owned(load_arg *a, uint64_t key) {
+  if (a->f.rows->ring) return filter_keeps(&a->f, a->t->id, a->t->spec.kind == PS_DENSE, key);
   if (a->t->spec.kind == PS_DENSE) return key >= a->lo && key < a->hi;
   ps__ring *ring = a->s->ring;
   return !ring || ps__ring_size(ring) <= 1 || ps__ring_owner(ring, a->t->id, key) == a->s->id;
@@ -545,8 +593,15 @@ int ps__srv_restore_table(ps__server *s, ps__table *t) {
   srv_restore *r = s->restore;
   if (!r) return 0;
   load_arg a = {.s = s, .t = t};
-  if (t->spec.kind == PS_DENSE && ps__srv_dense_mine(s, t, &a.lo, &a.hi))
+  ps__srv_rows rows;
+  if (ps__srv_rows_init(s, &rows, 1)) return PS_ERR_NOMEM;
+  int dense = t->spec.kind == PS_DENSE;
+  if (filter_open(&a.f, &rows, t->id, dense, (t->spec.size + t->spec.width - 1) / t->spec.width) ||
+      (dense && !rows.ring && ps__srv_dense_mine(s, t, &a.lo, &a.hi))) {
+    free(a.f.runs);
+    ps__srv_rows_free(&rows);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
   uint64_t t0 = ps__now_ms();
   /* Oldest first: a later checkpoint's rows replace the earlier ones'. */
   for (size_t c = 0; c < r->nlinks; c++)
@@ -554,8 +609,14 @@ int ps__srv_restore_table(ps__server *s, ps__table *t) {
       char path[PS_CKPT_DIR_MAX + 80];
       snprintf(path, sizeof path, "%s/%s", r->links[c].dir, r->links[c].files[i].name);
       int rc = load_file(&a, path);
-      if (rc) return rc;
+      if (rc) {
+        free(a.f.runs);
+        ps__srv_rows_free(&rows);
+        return rc;
+      }
     }
+  free(a.f.runs);
+  ps__srv_rows_free(&rows);
   if (!a.found) {
     ps__log(PS_LOG_INFO, "table '%s' is not in checkpoint %llu: it starts afresh", t->decl.name,
             (unsigned long long)r->id);

@@ -407,3 +407,67 @@ void ps__srv_repl_free(ps__server *s) {
   s->peers = NULL;
   s->npeers = 0;
 }
+
+/* ------------------------------------------------------------------ which rows are whose */
+
+int ps__srv_rows_init(ps__server *s, ps__srv_rows *r, int member) {
+  memset(r, 0, sizeof *r);
+  r->self = s->id;
+  r->member = member;
+  size_t S = s->ring ? ps__ring_size(s->ring) : 0;
+  if (s->replicas < 2 || S <= 1) return 0; /* every row held here is this server's */
+  uint32_t *ids = ps__malloc(S * sizeof *ids);
+  r->live = ps__malloc(S * sizeof *r->live);
+  if (!ids || !r->live) goto oom;
+  for (size_t i = 0; i < S; i++) {
+    ids[i] = ps__ring_server_at(s->ring, i);
+    if (ps__srv_server_alive(s, ids[i])) r->live[r->nlive++] = ids[i];
+  }
+  /* The same servers, vnodes and R give the same ring: a copy another thread may read. */
+  r->ring = ps__ring_new(ids, S, s->o.vnodes, s->epoch);
+  if (!r->ring || ps__ring_set_replicas(r->ring, s->replicas)) goto oom;
+  r->nroutes = ps__ring_nroutes(r->ring);
+  if (!(r->route_ok = ps__malloc(r->nroutes ? r->nroutes : 1))) goto oom;
+  for (size_t i = 0; i < r->nroutes; i++) {
+    uint32_t ch[PS_MAX_REPLICAS];
+    r->route_ok[i] = (uint8_t)ps__srv_rows_chain(r, ch, ps__ring_route(r->ring, i, ch));
+  }
+  free(ids);
+  return 0;
+oom:
+  free(ids);
+  ps__srv_rows_free(r);
+  return ps__fail(PS_ERR_NOMEM, "out of memory");
+}
+
+int ps__srv_rows_chain(const ps__srv_rows *r, const uint32_t *ch, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    int live = 0;
+    for (size_t i = 0; i < r->nlive && !live; i++) live = r->live[i] == ch[k];
+    if (r->member && ch[k] == r->self) return 1; /* dead or alive: a member holds the rows */
+    if (!r->member && live) return ch[k] == r->self; /* the head is the first live member */
+  }
+  return 0;
+}
+
+int ps__srv_rows_dense(const ps__srv_rows *r, uint32_t table, uint8_t *runs) {
+  size_t S = ps__ring_size(r->ring);
+  uint32_t *order = ps__malloc(S * sizeof *order);
+  if (!order || !ps__ring_dense_order(r->ring, table, order)) {
+    free(order);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  for (size_t j = 0; j < S; j++) {
+    uint32_t ch[PS_MAX_REPLICAS];
+    runs[j] = (uint8_t)ps__srv_rows_chain(r, ch, ps__ring_dense_chain(r->ring, order, j, ch));
+  }
+  free(order);
+  return 0;
+}
+
+void ps__srv_rows_free(ps__srv_rows *r) {
+  ps__ring_free(r->ring);
+  free(r->live);
+  free(r->route_ok);
+  memset(r, 0, sizeof *r);
+}

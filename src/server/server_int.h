@@ -176,6 +176,34 @@ int ps__srv_repl_membership(ps__server *s, const ps__membership *m);
 void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c);
 void ps__srv_repl_free(ps__server *s);
 
+/* Which rows of the chains are whose, as the ring and the live servers were when it was
+ * made (on the loop): rows of the chains headed by this server (member 0: what a
+ * checkpoint writes; after a failover, the dead server's ranges are headed by their next
+ * live member), or of every chain this server is in (member 1: what a restore loads).
+ * Read-only once made, so the checkpoint writer thread may use it. ring NULL: every row
+ * (R = 1, or a server alone). */
+typedef struct ps__srv_rows {
+  ps__ring *ring;      /* a copy of the server's ring, or NULL */
+  uint32_t self;
+  int member;
+  uint32_t *live;      /* the live servers */
+  size_t nlive;
+  uint8_t *route_ok;   /* per sparse route: this server's rows */
+  size_t nroutes;
+} ps__srv_rows;
+/* 0, or PS_ERR_NOMEM with a message (r is then empty). */
+int ps__srv_rows_init(ps__server *s, ps__srv_rows *r, int member);
+void ps__srv_rows_free(ps__srv_rows *r);
+/* Is a chain of n servers this server's (head, or member)? */
+int ps__srv_rows_chain(const ps__srv_rows *r, const uint32_t *ch, size_t n);
+/* A dense table's runs (ps__ring_dense_order) that are this server's: runs[j], j < S.
+ * 0 or PS_ERR_NOMEM. */
+int ps__srv_rows_dense(const ps__srv_rows *r, uint32_t table, uint8_t *runs);
+/* Is sparse row (table, key) this server's? */
+static inline int ps__srv_rows_key(const ps__srv_rows *r, uint32_t table, uint64_t key) {
+  return !r->ring || r->route_ok[ps__ring_route_index(r->ring, table, key)];
+}
+
 /* ---- statistics (stats.c) */
 void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);
 

@@ -48,9 +48,9 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   int64_t minc, maxc;
   ps__shard_live_clocks(sh, &minc, &maxc);
   int m = snprintf(line, sizeof line,
-                   "server %u\nrank %u\nepoch %llu\nmin_clock %lld\nmax_clock %lld\nrows %zu\nstore_bytes %zu\n"
-                   "payload_bytes %zu\nrejected_clock %llu\ndropped_pushes %llu\n",
-                   s->id, s->rank, (unsigned long long)s->epoch, (long long)minc, (long long)maxc, rows, bytes,
+                   "server %u\nrank %u\npid %d\nepoch %llu\nmin_clock %lld\nmax_clock %lld\nrows %zu\n"
+                   "store_bytes %zu\npayload_bytes %zu\nrejected_clock %llu\ndropped_pushes %llu\n",
+                   s->id, s->rank, s->pid, (unsigned long long)s->epoch, (long long)minc, (long long)maxc, rows, bytes,
                    payload, (unsigned long long)sh->rejected_clock, (unsigned long long)dropped);
   ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "duplicate_pushes %llu\nrefused_pushes %llu\n", (unsigned long long)sh->once.dups,

@@ -22,8 +22,12 @@
  * --step-ms T sleeps T ms before each step, so that a job runs long enough to be
  * paused or killed in the middle.
  *
+ * --first-opt OPT declares "da" and "sa" with optimiser OPT instead of adam (sgd: an
+ * async job of one worker is then bit-for-bit repeatable under replication too, where a
+ * chain member may number adam's steps otherwise).
+ *
  * Options: --steps N --ckpt-at C[,C...] --dense D --dim d --keyspace V --fill MB
- * --step-ms T --out FILE.
+ * --step-ms T --first-opt OPT --out FILE.
  * Connection settings come from the environment (PSHARD_*).
  * Exit status: 0 success, 1 a pshard call failed (message on stderr), 2 bad usage.
  */
@@ -93,7 +97,7 @@ int main(int argc, char **argv) {
   int dense = 16, dim = 4;
   uint64_t fill_mb = 0;
   uint64_t keyspace = 64;
-  const char *out = NULL;
+  const char *out = NULL, *first_opt = "adam";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) {
@@ -112,6 +116,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--dim")) dim = atoi(v);
     else if (!strcmp(a, "--keyspace")) keyspace = strtoull(v, NULL, 10);
     else if (!strcmp(a, "--out")) out = v;
+    else if (!strcmp(a, "--first-opt")) first_opt = v;
     else {
       fprintf(stderr, "ckpt_worker: unknown option %s\n", a);
       return 2;
@@ -126,9 +131,11 @@ int main(int argc, char **argv) {
   CHECK(ps_ctx_open_env(&ctx));
   int r = ps_ctx_rank(ctx);
   uint32_t da, dg, sa, sg;
-  CHECK(ps_table_declare(ctx, "da", PS_DENSE, (uint64_t)dense, "opt=adam lr=0.01", &da));
+  char first[64];
+  snprintf(first, sizeof first, "opt=%s lr=0.01", first_opt);
+  CHECK(ps_table_declare(ctx, "da", PS_DENSE, (uint64_t)dense, first, &da));
   CHECK(ps_table_declare(ctx, "dg", PS_DENSE, (uint64_t)dense, "opt=adagrad lr=0.1", &dg));
-  CHECK(ps_table_declare(ctx, "sa", PS_SPARSE, (uint64_t)dim, "opt=adam lr=0.01", &sa));
+  CHECK(ps_table_declare(ctx, "sa", PS_SPARSE, (uint64_t)dim, first, &sa));
   CHECK(ps_table_declare(ctx, "sg", PS_SPARSE, (uint64_t)dim, "opt=adagrad lr=0.1", &sg));
   /* Adam keeps three floats per element: the value and its two moments. */
   uint64_t nfill = fill_mb * (1u << 20) / 12;

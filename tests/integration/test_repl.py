@@ -98,3 +98,72 @@ def test_more_replicas_than_servers_is_refused():
     r = subprocess.run([binary("pshard"), "run", "-s", "1", "-w", "1", "--replicas", "2", "--", "true"],
                        capture_output=True, text=True, timeout=10)
     assert r.returncode == 2 and "--replicas 2" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- checkpoints with replicas
+
+def ckpt_run(tmp, name, servers, steps, replicas=1, env=None, kill_after=None, **worker):
+    """ckpt_worker (one worker, async, sgd and adagrad tables: bit-for-bit repeatable)
+    to clock `steps` on `servers` servers; with kill_after, server 1 is SIGKILLed that
+    many seconds after the worker started. Returns rank 0's parameter lines."""
+    out = os.path.join(tmp, name + ".params")
+    e = {"PSHARD_MODE": "async", "PSHARD_RETRY_MS": "300"}
+    e.update(env or {})
+    with Cluster(servers, 1, replicas=replicas, extra_env=e) as c:
+        argv = [binary("ckpt_worker"), "--first-opt", "sgd", "--steps", str(steps), "--out", out]
+        for k, v in worker.items():
+            argv += ["--" + k.replace("_", "-"), str(v)]
+        w = c.worker(argv, "w0")
+        if kill_after is not None:
+            time.sleep(kill_after)
+            assert w.poll() is None, "the worker finished before the kill: " + c.log("w0")
+            os.killpg(c.server_procs[1].pid, signal.SIGKILL)
+        assert c.wait([w], RUN) == [0], c.log("w0") + c.log("scheduler")
+        if kill_after is not None:
+            assert "removed" in c.log("scheduler"), c.log("scheduler")
+    with open(out) as f:
+        return f.read().splitlines()
+
+
+def test_a_checkpoint_after_a_failover_holds_every_range(tmp_path):
+    """S = 3, R = 2: a server is SIGKILLed, then a checkpoint is taken; the survivors
+    write the ranges they head, the dead server's among them, each row once. Restored
+    onto S = 2 (R = 1), every parameter equals the no-fault model at that clock; restored
+    onto S = 3 with R = 2, every member loads its chains' rows, so a server killed after
+    the restore loses nothing either."""
+    tmp = str(tmp_path)
+    steps, more = 12, 14
+    ref = ckpt_run(tmp, "ref", 2, steps)
+    ref_more = ckpt_run(tmp, "ref-more", 2, more)
+    ckpt = os.path.join(tmp, "ckpt")
+    got = ckpt_run(tmp, "fault", 3, steps, replicas=2, env={"PSHARD_CHECKPOINT_DIR": ckpt}, kill_after=0.5,
+                   step_ms=80, ckpt_at=steps)
+    assert got == ref  # the failover itself lost nothing
+    restored = ckpt_run(tmp, "restored", 2, steps, env={"PSHARD_RESTORE": ckpt})
+    assert len(restored) == len(ref) > 0
+    assert restored == ref
+    # Each row was written once: the data files together hold the rows of one copy.
+    nrows = 0
+    for d in os.listdir(ckpt):
+        path = os.path.join(ckpt, d)
+        if not os.path.isdir(path):
+            continue
+        r = subprocess.run([binary("pshard"), "checkpoint", "inspect", path], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0, r.stderr
+        nrows += sum(int(m) for m in re.findall(r"(\d+) rows", r.stdout))
+    one = ckpt_run(tmp, "one-copy", 2, steps, env={"PSHARD_CHECKPOINT_DIR": os.path.join(tmp, "ckpt1")},
+                   ckpt_at=steps)
+    assert one == ref
+    nrows1 = 0
+    for d in os.listdir(os.path.join(tmp, "ckpt1")):
+        path = os.path.join(tmp, "ckpt1", d)
+        if os.path.isdir(path):
+            r = subprocess.run([binary("pshard"), "checkpoint", "inspect", path], capture_output=True, text=True,
+                               timeout=30)
+            nrows1 += sum(int(m) for m in re.findall(r"(\d+) rows", r.stdout))
+    assert nrows == nrows1 > 0, (nrows, nrows1)
+    # Restored with R = 2, then a server killed: the next members had loaded its rows.
+    again = ckpt_run(tmp, "restored-r2", 3, more, replicas=2, env={"PSHARD_RESTORE": ckpt}, kill_after=0.4,
+                     step_ms=400)
+    assert again == ref_more

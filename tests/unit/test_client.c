@@ -204,7 +204,8 @@ Test(config, errors_leave_the_configuration_unchanged, .timeout = 30) {
       {"role", "boss"},         {"mode", "chaos"},          {"transport", "carrier-pigeon"},
       {"scheduler", "nohost"},  {"scheduler", "h:0"},       {"scheduler", "h:70000"},
       {"scheduler", "h:"},      {"host", ""},               {"timeout_ms", "1e3"},
-      {"embedded", "257"},      {"max_frame_mb", "0x10"},
+      {"embedded", "257"},      {"max_frame_mb", "0x10"},     {"replicas", "0"},
+      {"replicas", "4"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *k = bad[i][0];
@@ -225,6 +226,7 @@ Test(config, errors_leave_the_configuration_unchanged, .timeout = 30) {
   OK(ps_config_set(cfg, "scheduler", "127.0.0.1:7000"));
   OK(ps_config_set(cfg, "mode", "sync"));
   OK(ps_config_set(cfg, "transport", "tcp"));
+  OK(ps_config_set(cfg, "replicas", "3"));
   FAILS(PS_ERR_INVALID, ps_config_set(NULL, "workers", "1"));
   FAILS(PS_ERR_INVALID, ps_config_set(cfg, NULL, "1"));
   FAILS(PS_ERR_INVALID, ps_config_set(cfg, "workers", NULL));
@@ -285,6 +287,39 @@ Test(config, environment, .timeout = 30) {
 }
 
 /* ---------------------------------------------------------------- opening a context */
+
+/* The embedded job's scheduler takes `replicas`, and refuses more copies than servers. */
+Test(ctx, embedded_replicas, .timeout = 30) {
+  ps_config *cfg;
+  ps_ctx *ctx = NULL;
+  OK(ps_config_new(&cfg));
+  OK(ps_config_set(cfg, "embedded", "1"));
+  OK(ps_config_set(cfg, "replicas", "2"));
+  FAILS(PS_ERR_CONFIG, ps_ctx_open(cfg, &ctx));
+  cr_assert(not(eq(ptr, strstr(ps_errmsg(), "replicas 2"), NULL)), "message: %s", ps_errmsg());
+  cr_assert(eq(ptr, ctx, NULL));
+  OK(ps_config_set(cfg, "embedded", "2"));
+  OK(ps_ctx_open(cfg, &ctx));
+  uint32_t t;
+  OK(ps_table_declare(ctx, "w", PS_SPARSE, 2, "opt=sgd lr=1 init=zero mode=async", &t));
+  uint64_t keys[4] = {1, 2, 3, 4};
+  float g[8] = {1, 1, 1, 1, 1, 1, 1, 1}, v[8];
+  OK(ps_push(ctx, t, keys, 4, g, 1, PS_LR_SCHEDULE, 10000));
+  OK(ps_pull(ctx, t, keys, 4, v, 10000));
+  for (int i = 0; i < 8; i++) cr_assert(eq(flt, v[i], -1.0f), "value %d: %g", i, (double)v[i]);
+  /* every push went down a chain: the servers forwarded them */
+  unsigned long long fw = 0;
+  for (int k = 0; k < 2; k++) {
+    char buf[8192];
+    OK(ps_server_stats(ctx, k, buf, sizeof buf, 10000));
+    const char *f = strstr(buf, "forwards ");
+    cr_assert(not(eq(ptr, (void *)f, NULL)), "stats: %s", buf);
+    fw += strtoull(f + 9, NULL, 10);
+  }
+  cr_assert(gt(u64, (uint64_t)fw, 0));
+  ps_ctx_close(ctx);
+  ps_config_free(cfg);
+}
 
 Test(ctx, open_errors, .timeout = 30) {
   ps_config *cfg;

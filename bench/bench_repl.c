@@ -1,0 +1,207 @@
+/*
+ * bench_repl.c - what chain replication costs, and how long a failover takes.
+ *
+ * Part 1 (cost): two jobs of S = 2 servers and one worker, async tables, one with
+ * R = 1 and one with R = 2, measured in the same run: the latency of a 4 KiB dense push
+ * (1024 floats, one chain: p50 and p99 over --iters pushes), the throughput of 1 MiB
+ * dense pushes (the whole table, every chain) and of sparse pushes of 4096 rows of 16
+ * floats, and the ratio R = 2 / R = 1 of each.
+ *
+ * Part 2 (failover): --kills jobs of S = 3, R = 3 per position of the victim in the
+ * chain (head, middle, tail). In each, one worker pushes a single row of one chain in a
+ * loop; a second thread SIGKILLs the server at the chosen position of that chain; the
+ * failover time is from the kill to the first push that completed after it (a push in
+ * flight then completes only once its part was moved to the next member or the chain
+ * went on without the dead one). p50 and p99 per position. The scheduler notices a
+ * killed server by its closed connection; the heartbeat settings (stated in the output)
+ * matter only for a server that stops without closing it.
+ *
+ * Usage: bench_repl [--iters N] [--kills N] [--part cost|failover|all]
+ * Needs the pshard binary (PSHARD_BIN, else the build's).
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "bench.h"
+#include "common/ring.h"
+
+static void set_replicas(int r) {
+  char v[8];
+  snprintf(v, sizeof v, "%d", r);
+  setenv("PSHARD_REPLICAS", v, 1);
+}
+
+/* ------------------------------------------------------------------ cost */
+
+typedef struct cost {
+  double p50_us, p99_us, dense_mbs, sparse_rows_s;
+} cost;
+
+static cost measure(int R, int iters) {
+  cost out;
+  bench_cluster c;
+  set_replicas(R);
+  bench_cluster_start(&c, 2, 1, "auto");
+  ps_ctx *ctx = bench_open(&c, 0, 1, "auto", "async");
+  uint32_t small, big, sp;
+  const uint64_t nbig = 256u * 1024u; /* 1 MiB of floats */
+  bench_check(ps_table_declare(ctx, "small", PS_DENSE, 1024, "opt=sgd lr=0.001", &small), "declare small");
+  bench_check(ps_table_declare(ctx, "big", PS_DENSE, nbig, "opt=sgd lr=0.001", &big), "declare big");
+  bench_check(ps_table_declare(ctx, "sp", PS_SPARSE, 16, "opt=sgd lr=0.001", &sp), "declare sp");
+  float *g = calloc(nbig, sizeof *g);
+  for (uint64_t i = 0; i < nbig; i++) g[i] = 1e-3f * (float)(i % 7);
+  double *lat = malloc((size_t)iters * sizeof *lat);
+  for (int i = 0; i < 200; i++) bench_check(ps_push_range(ctx, small, 0, 1024, g, 1, -1, -1), "push 4k");
+  for (int i = 0; i < iters; i++) {
+    double t0 = bench_now();
+    bench_check(ps_push_range(ctx, small, 0, 1024, g, 1, -1, -1), "push 4k");
+    lat[i] = (bench_now() - t0) * 1e6;
+  }
+  out.p50_us = bench_pct(lat, (size_t)iters, 50);
+  out.p99_us = bench_pct(lat, (size_t)iters, 99);
+  int nd = iters / 10 > 20 ? iters / 10 : 20;
+  for (int i = 0; i < 5; i++) bench_check(ps_push_range(ctx, big, 0, nbig, g, 1, -1, -1), "push 1m");
+  double t0 = bench_now();
+  for (int i = 0; i < nd; i++) bench_check(ps_push_range(ctx, big, 0, nbig, g, 1, -1, -1), "push 1m");
+  out.dense_mbs = (double)nd * (double)(nbig * 4) / (1024.0 * 1024.0) / (bench_now() - t0);
+  enum { NR = 4096 };
+  uint64_t *keys = malloc(NR * sizeof *keys), rng = 7;
+  for (int i = 0; i < NR; i++) keys[i] = bench_rand(&rng) % 1000000u;
+  for (int i = 0; i < 5; i++) bench_check(ps_push(ctx, sp, keys, NR, g, 1, -1, -1), "push rows");
+  t0 = bench_now();
+  for (int i = 0; i < nd; i++) {
+    for (int k = 0; k < NR; k++) keys[k] = bench_rand(&rng) % 1000000u;
+    bench_check(ps_push(ctx, sp, keys, NR, g, 1, -1, -1), "push rows");
+  }
+  out.sparse_rows_s = (double)nd * NR / (bench_now() - t0);
+  ps_ctx_close(ctx);
+  bench_cluster_stop(&c);
+  free(g);
+  free(lat);
+  free(keys);
+  return out;
+}
+
+static void part_cost(int iters) {
+  cost a = measure(1, iters), b = measure(2, iters);
+  printf("cost of R = 2 against R = 1 (S = 2, one worker, async, same run)\n");
+  printf("  %-28s %12s %12s %10s\n", "", "R = 1", "R = 2", "R2 / R1");
+  printf("  %-28s %12.1f %12.1f %+9.1f us\n", "4 KiB push p50 (us)", a.p50_us, b.p50_us, b.p50_us - a.p50_us);
+  printf("  %-28s %12.1f %12.1f %+9.1f us\n", "4 KiB push p99 (us)", a.p99_us, b.p99_us, b.p99_us - a.p99_us);
+  printf("  %-28s %12.1f %12.1f %9.2fx\n", "dense 1 MiB push (MiB/s)", a.dense_mbs, b.dense_mbs, b.dense_mbs / a.dense_mbs);
+  printf("  %-28s %12.0f %12.0f %9.2fx\n", "sparse push (rows/s)", a.sparse_rows_s, b.sparse_rows_s,
+         b.sparse_rows_s / a.sparse_rows_s);
+}
+
+/* ------------------------------------------------------------------ failover */
+
+typedef struct killer {
+  pid_t pid;
+  double delay_s, at; /* at: when it killed, valid once fired */
+  int fired;
+} killer;
+
+static void *kill_main(void *arg) {
+  killer *k = arg;
+  usleep((useconds_t)(k->delay_s * 1e6));
+  k->at = bench_now();
+  __atomic_store_n(&k->fired, 1, __ATOMIC_RELEASE);
+  kill(k->pid, SIGKILL);
+  return NULL;
+}
+
+/* One job: the failover time in seconds with the victim at chain position pos. */
+static double one_failover(int pos, uint64_t seed) {
+  bench_cluster c;
+  set_replicas(3);
+  bench_cluster_start(&c, 3, 1, "auto");
+  ps_ctx *ctx = bench_open(&c, 0, 1, "auto", "async");
+  uint32_t t;
+  bench_check(ps_table_declare(ctx, "w", PS_SPARSE, 16, "opt=sgd lr=0.001", &t), "declare");
+  uint32_t ids[3];
+  pid_t pids[3];
+  for (int i = 0; i < 3; i++) {
+    char buf[8192];
+    bench_check(ps_server_stats(ctx, i, buf, sizeof buf, 10000), "stats");
+    ids[i] = (uint32_t)bench_stat_value(buf, "server");
+    pids[i] = (pid_t)bench_stat_value(buf, "pid");
+  }
+  /* The servers' ring (sorted ids, 128 points each: the defaults) gives each key's chain. */
+  uint32_t sorted[3] = {ids[0], ids[1], ids[2]};
+  for (int i = 0; i < 3; i++)
+    for (int j = i + 1; j < 3; j++)
+      if (sorted[j] < sorted[i]) {
+        uint32_t x = sorted[i];
+        sorted[i] = sorted[j], sorted[j] = x;
+      }
+  ps__ring *r = ps__ring_new(sorted, 3, 128, 0);
+  if (!r || ps__ring_set_replicas(r, 3)) bench_check(PS_ERR_NOMEM, "ring");
+  uint64_t key = seed % 1000003u;
+  uint32_t ch[PS_MAX_REPLICAS];
+  ps__ring_chain(r, t, key, ch, 3);
+  ps__ring_free(r);
+  pid_t victim = 0;
+  for (int i = 0; i < 3; i++)
+    if (ids[i] == ch[pos]) victim = pids[i];
+  if (!victim) bench_check(PS_ERR_INVALID, "victim");
+  float g[16] = {1};
+  for (int i = 0; i < 50; i++) bench_check(ps_push(ctx, t, &key, 1, g, 1, -1, -1), "push");
+  killer k = {.pid = victim, .delay_s = 0.05 + (double)(seed % 50) * 1e-3};
+  pthread_t th;
+  pthread_create(&th, NULL, kill_main, &k);
+  double done = 0;
+  for (;;) {
+    int rc = ps_push(ctx, t, &key, 1, g, 1, -1, 20000);
+    double now = bench_now();
+    bench_check(rc, "push across the failover");
+    if (__atomic_load_n(&k.fired, __ATOMIC_ACQUIRE) && now > k.at) {
+      done = now - k.at;
+      break;
+    }
+  }
+  pthread_join(th, NULL);
+  ps_ctx_close(ctx);
+  bench_cluster_stop(&c);
+  return done;
+}
+
+static void part_failover(int kills) {
+  static const char *names[] = {"head", "middle", "tail"};
+  printf("failover (S = 3, R = 3, one worker pushing one row in a loop; SIGKILL of one server: the\n"
+         "scheduler removes it when its connection closes; heartbeat 200 ms, timeout 20000 ms)\n");
+  printf("  %-8s %6s %10s %10s %10s\n", "victim", "kills", "p50 (ms)", "p99 (ms)", "max (ms)");
+  double *v = malloc((size_t)kills * sizeof *v);
+  for (int pos = 0; pos < 3; pos++) {
+    for (int i = 0; i < kills; i++) v[i] = one_failover(pos, (uint64_t)(pos * 1000 + i) * 7919u + 13u) * 1e3;
+    double p50 = bench_pct(v, (size_t)kills, 50), p99 = bench_pct(v, (size_t)kills, 99);
+    printf("  %-8s %6d %10.1f %10.1f %10.1f\n", names[pos], kills, p50, p99, v[kills - 1]);
+    fflush(stdout);
+  }
+  free(v);
+}
+
+int main(int argc, char **argv) {
+  int iters = 5000, kills = 20;
+  const char *part = "all";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--kills")) kills = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--part")) part = argv[i + 1];
+    else {
+      fprintf(stderr, "usage: bench_repl [--iters N] [--kills N] [--part cost|failover|all]\n");
+      return 2;
+    }
+  }
+  if (iters < 100 || kills < 1) {
+    fprintf(stderr, "bench_repl: --iters must be at least 100 and --kills at least 1\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  if (strcmp(part, "failover")) part_cost(iters);
+  if (strcmp(part, "cost")) part_failover(kills);
+  return 0;
+}
