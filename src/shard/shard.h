@@ -133,6 +133,7 @@ struct ps__table {
   ps__pending_apply pend;
   /* counters */
   uint64_t pushes, pulls, dropped, rejected, applied;
+  uint64_t nonfinite;   /* pushes refused or dropped for a NaN or an infinity */
   float last_lr;        /* learning rate of the last update */
   double last_batch;    /* global batch of the last update */
   int64_t cut_at;       /* sync: cut (hooks.cut) once version * every >= cut_at; -1 none */
@@ -206,6 +207,7 @@ struct ps__shard {
   size_t ntables;
   size_t npending;      /* tables with a pending apply */
   uint64_t rejected_clock;
+  uint64_t nonfinite_refused, nonfinite_skipped; /* pushes holding NaN or Inf (nonfinite=) */
   /* staleness of applied pushes (max worker clock - push clock) and of answered pulls
    * (pull clock - slowest live worker's clock), async and ssp tables */
   uint64_t push_stale[PS__STALE_BUCKETS], pull_stale[PS__STALE_BUCKETS];
@@ -248,9 +250,15 @@ void ps__shard_advance(ps__shard *sh);
 
 /* ---------------------------------------------------------------- requests */
 
+/* The position of the first NaN or infinity among v[0..n), or UINT64_MAX: a
+ * vectorised scan, the check every push's values pass under nonfinite=refuse|skip. */
+uint64_t ps__first_nonfinite(const float *v, uint64_t n);
 /* Admit and apply (or buffer, or drop) a validated push: p's table exists with the
- * right kind, and its keys are owned and match its values. The engine may take body
- * (a dense push applied after it is acknowledged). Returns v->status. */
+ * right kind, and its keys are owned and match its values. A push holding a value that
+ * is not finite, or a rate (lr >= 0 or NaN) that is not, changes nothing: it is
+ * refused (PS_ERR_INVALID naming the table and the first bad value) or, under
+ * nonfinite=skip, dropped (PS__DROPPED). The engine may take body (a dense push applied
+ * after it is acknowledged). Returns v->status. */
 int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v);
 /* Admit a sync push and return its round's accumulator, for an owner that fills it
  * itself (a push read from the worker's memory as it goes) and then counts it in
