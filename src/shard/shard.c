@@ -272,20 +272,21 @@ static ps__once *push_window(ps__shard *sh, ps__table *t, const ps__push *p, ps_
 /* ---------------------------------------------------------------- non-finite values */
 
 uint64_t ps__first_nonfinite(const float *v, uint64_t n) {
-  /* A float is NaN or infinite when its exponent bits are all set: the largest
-   * magnitude (sign bit cleared) of a block, an integer max that vectorises, tells
-   * whether the block holds one; only then is it searched. */
+  /* A float is NaN or infinite when its exponent bits are all set, that is when its
+   * magnitude bits (sign cleared) are at least 0x7f800000: adding 0x00800000 then
+   * carries into bit 31, which no finite value reaches. OR-ing those sums over a block
+   * (an and, an add and an or per vector) tells whether the block holds one; only
+   * then is it searched. */
   enum { BLOCK = 2048 };
   for (uint64_t i = 0; i < n; i += BLOCK) {
     uint64_t m = n - i < BLOCK ? n - i : BLOCK;
-    uint32_t hi = 0;
+    uint32_t any = 0;
     for (uint64_t k = 0; k < m; k++) {
       uint32_t u;
       memcpy(&u, v + i + k, 4);
-      u &= 0x7fffffffu;
-      hi = u > hi ? u : hi;
+      any |= (u & 0x7fffffffu) + 0x00800000u;
     }
-    if (__builtin_expect(hi >= 0x7f800000u, 0))
+    if (__builtin_expect(any >> 31, 0))
       for (uint64_t k = 0; k < m; k++)
         if (!isfinite(v[i + k])) return i + k;
   }
