@@ -60,6 +60,13 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   m = snprintf(line, sizeof line, "nonfinite_refused %llu\nnonfinite_skipped %llu\n",
                (unsigned long long)sh->nonfinite_refused, (unsigned long long)sh->nonfinite_skipped);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  m = snprintf(line, sizeof line,
+               "memory_budget %llu\nmemory_used %llu\nmemory_refused %llu\nframe_budget %llu\nframe_bytes %llu\n"
+               "frame_bytes_peak %llu\nframes_refused %llu\nframes_expired %llu\n",
+               (unsigned long long)sh->mem_limit, (unsigned long long)sh->mem_used,
+               (unsigned long long)sh->mem_refused, (unsigned long long)s->fb.limit, (unsigned long long)s->fb.used,
+               (unsigned long long)s->fb.peak, (unsigned long long)s->fb.refused, (unsigned long long)s->fb.expired);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforwards_refused %llu\nfenced %d\n",
                s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forwards_refused,
                s->fenced);

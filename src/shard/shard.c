@@ -32,6 +32,7 @@ ps__shard *ps__shard_new(const ps__shard_hooks *hooks) {
 
 static void table_free(ps__shard *sh, ps__table *t) {
   if (!t) return;
+  sh->mem_used -= t->params_bytes;
   if (t->pend.active) sh->hooks.release(sh->hooks.arg, t->pend.buf, t->pend.len);
   ps__shard_cut_orphan(t);
   ps__rowmap_free(t->params);
@@ -123,6 +124,8 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
   t->sh = sh;
   t->id = d->id;
   t->spec = spec;
+  t->params_bytes = ps__rowmap_bytes(t->params);
+  sh->mem_used += t->params_bytes;
   t->decl = *d;
   for (int i = 0; i < PS__ROUND_WINDOW; i++) t->rounds[i].round = -1;
   t->cut_at = -1;
@@ -152,8 +155,42 @@ float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx) {
   if (row && created) {
     ps__row_init(&t->spec, key, row);
     if (t->track) ps__shard_created(t, key);
+    ps__shard_grown(t);
   }
   return row;
+}
+
+void ps__shard_grown(ps__table *t) {
+  size_t nb = ps__rowmap_bytes(t->params);
+  t->sh->mem_used += nb - t->params_bytes;
+  t->params_bytes = nb;
+}
+
+static int slice_exists(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  (void)within, (void)n, (void)pos;
+  ps__table *t = arg;
+  return ps__rowmap_index(t->params, slice) == SIZE_MAX ? 1 : 0;
+}
+
+int ps__shard_room(ps__shard *sh, ps__table *t, const uint8_t *keys, uint32_t nkeys, ps__verdict *v) {
+  v->status = PS__APPLIED;
+  if (!sh->mem_limit || sh->mem_used < sh->mem_limit) return PS__APPLIED;
+  if (t->spec.kind == PS_DENSE) {
+    if (!ps__walk_slices(keys, nkeys, t->spec.width, slice_exists, t)) return PS__APPLIED;
+  } else {
+    uint32_t i = 0;
+    while (i < nkeys && ps__rowmap_index(t->params, ps__get_u64(keys + 8 * (size_t)i)) != SIZE_MAX) i++;
+    if (i == nkeys) return PS__APPLIED;
+  }
+  sh->mem_refused++;
+  if (sh->mem_refused == 1)
+    ps__log(PS_LOG_WARN, "the server's rows reached its memory budget (%llu MiB, server_memory_mb): requests for "
+            "new rows are refused from now on", (unsigned long long)(sh->mem_limit >> 20));
+  return ps__shard_reject(sh, t, v, PS_ERR_NOMEM,
+                          "table '%s': new rows refused: the server's rows use %llu MiB of its memory budget of %llu "
+                          "MiB (server_memory_mb); existing rows are still served",
+                          t->decl.name, (unsigned long long)(sh->mem_used >> 20),
+                          (unsigned long long)(sh->mem_limit >> 20));
 }
 
 /* ---------------------------------------------------------------- workers and clocks */
@@ -359,6 +396,7 @@ static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
   ps__shard_flush(t); /* an earlier push is in before this one */
   if (p->replica) return t; /* admitted by the head of its chain (the clocks are the head's) */
   if (push_nonfinite(sh, t, p, v)) return NULL;
+  if (sh->mem_limit && ps__shard_room(sh, t, p->keys, p->nkeys, v) != PS__APPLIED) return NULL;
   if (t->spec.update == PS__UPDATE_MEAN && p->batch == 0 && p->nkeys > 0) {
     ps__shard_reject(sh, t, v, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
     return NULL;
