@@ -92,11 +92,14 @@ static void budget_give(ps__conn *c) {
   c->held = 0;
 }
 
-/* Count n more bytes for c's frame: 0, or PS_ERR_NOMEM (with a message) over the limit. */
+/* Count n more bytes for c's frame: 0, or PS_ERR_NOMEM (with a message) over the limit.
+ * A body of at most GROW_FIRST bytes is counted but never refused: like the staging
+ * buffer, it is a connection's fixed cost, and the control and small data frames of
+ * well-behaved peers go on while large partial frames fill the budget. */
 static int budget_take(ps__conn *c, uint64_t n) {
   ps__frame_budget *b = c->budget;
   if (!b) return 0;
-  if (b->limit && b->used + n > b->limit) {
+  if (b->limit && b->used + n > b->limit && c->cur.payload_len > GROW_FIRST) {
     b->refused++;
     return ps__fail(PS_ERR_NOMEM,
                     "%s frame of %llu bytes refused: the server's partial frames hold %llu MiB of its %llu MiB "

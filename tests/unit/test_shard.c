@@ -1062,3 +1062,46 @@ Test(shard, a_huge_push_on_two_threads_is_refused_for_one_nan_and_applied_when_f
   ps__par_free(HUGE_PAR);
   HUGE_PAR = NULL;
 }
+
+/* ---------------------------------------------------------------- the memory budget */
+
+Test(shard, past_the_memory_budget_only_requests_for_new_rows_are_refused) {
+  ps__table *t = create(1, PS_SPARSE, 4, "init=zero lr=1 mode=async");
+  ps__table *d = create(2, PS_DENSE, 1000, "init=zero lr=1 mode=async slice=100");
+  start(1);
+  uint64_t k = 0;
+  while (SH->mem_used < 256 * 1024) cr_assert(ps__shard_row(t, k++) != NULL);
+  SH->mem_limit = SH->mem_used; /* reached */
+  uint8_t kb[16];
+  uint64_t two[2] = {3, k + 10};
+  put_keys(kb, two, 2);
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_room(SH, t, kb, 1, &v), PS__APPLIED), "an existing row");
+  cr_assert(eq(int, ps__shard_room(SH, t, kb, 2, &v), PS__REJECTED), "a new row");
+  cr_assert(eq(int, v.err, PS_ERR_NOMEM));
+  cr_assert(strstr(v.msg, "memory budget") != NULL, "%s", v.msg);
+  float g[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = kb, .nkeys = 2, .vals = g,
+                .nvals = 8};
+  size_t rows = ps__rowmap_count(t->params);
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__REJECTED));
+  cr_assert(eq(u64, ps__rowmap_count(t->params), rows), "nothing was created");
+  cr_assert(eq(flt, row1(t, 3), 0.0f), "nothing was applied");
+  p.nkeys = 1;
+  p.nvals = 4;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED), "%s", v.msg);
+  cr_assert(eq(flt, row1(t, 3), -1.0f));
+  /* A dense table: slices that exist are served, a new one is refused. */
+  uint8_t seg[16];
+  put_seg(seg, 150, 10);
+  cr_assert(eq(int, ps__shard_room(SH, d, seg, 2, &v), PS__REJECTED));
+  SH->mem_limit = 0;
+  cr_assert(ps__shard_row(d, 1) != NULL);
+  SH->mem_limit = SH->mem_used;
+  cr_assert(eq(int, ps__shard_room(SH, d, seg, 2, &v), PS__APPLIED));
+  cr_assert(eq(u64, SH->mem_refused, 3));
+  /* Dropping a table gives its memory back. */
+  uint64_t before = SH->mem_used;
+  ps__shard_drop(SH, 1);
+  cr_assert(lt(u64, SH->mem_used, before - 200 * 1024));
+}
