@@ -21,7 +21,7 @@
  *
  * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
  *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--rounds R] [--big-only]
- *                     [--once-cost] [--track-cost]
+ *                     [--once-cost] [--track-cost] [--finite-cost]
  *
  * --big-only: only the 10M-key calls at dim 1 (populate, then three pull/push pairs;
  * no batch sweep, no Redis), each run printed with the server's and this process's
@@ -37,6 +37,10 @@
  * --track-cost: what keeping the changed-row sets of incremental checkpoints
  * (--checkpoint-full-every > 1) costs the same pushes: tracking off and on (as a
  * checkpoint's cut leaves a table) in alternating rounds; the cost in percent.
+ *
+ * --finite-cost: what the check of every pushed value for NaN and Inf costs the same
+ * pushes: a table with nonfinite=allow (not checked) and one with the default
+ * (nonfinite=refuse: every value scanned), in alternating rounds; the cost in percent.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -510,10 +514,65 @@ static int track_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t
   return 0;
 }
 
+/* ---- --finite-cost: the finite check of pushed values, the engine alone */
+
+static int finite_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t *batches, int nb) {
+  ps__shard_hooks hooks = {.alloc = oc_alloc, .release = oc_release};
+  ps__shard *sh = ps__shard_new(&hooks);
+  if (!sh) return 1;
+  ps__shard_member(sh, 1, 1);
+  ps__shard_set_started(sh, 1);
+  bench_zipf z;
+  bench_zipf_init(&z, nrows, ZIPF_S, 42);
+  printf("finite check of pushed values on the shard engine (one thread, async sgd, Zipf(%.1f) keys over %llu rows), "
+         "median of %d rounds of %.2f s each\n", ZIPF_S, (unsigned long long)nrows, rounds, g_seconds);
+  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", "allow push/s", "allow rows/s", "check push/s",
+         "check rows/s", "cost %");
+  uint32_t seq = 0;
+  for (int di = 0; di < nd; di++) {
+    ps__declare d = {.id = 2 * (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]};
+    snprintf(d.name, sizeof d.name, "allow%u", dims[di]);
+    snprintf(d.options, sizeof d.options, "opt=sgd lr=0.001 mode=async nonfinite=allow");
+    ps__declare e = d;
+    e.id++;
+    snprintf(e.name, sizeof e.name, "check%u", dims[di]);
+    snprintf(e.options, sizeof e.options, "opt=sgd lr=0.001 mode=async");
+    ps__verdict v;
+    if (ps__shard_create(sh, &d, &v) != PS__APPLIED || ps__shard_create(sh, &e, &v) != PS__APPLIED) {
+      fprintf(stderr, "bench_sparse: %s\n", v.msg);
+      return 1;
+    }
+    for (int bi = 0; bi < nb; bi++) {
+      size_t batch = batches[bi];
+      uint8_t *keys = malloc(batch * 8);
+      float *vals = malloc(batch * dims[di] * sizeof(float));
+      if (!keys || !vals) return 1;
+      for (size_t i = 0; i < batch; i++) ps__put_u64(keys + 8 * i, bench_zipf_next(&z));
+      for (size_t i = 0; i < batch * dims[di]; i++) vals[i] = 0.001f * (float)(i % 7);
+      double plain[ROUNDS_MAX], checked[ROUNDS_MAX];
+      oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq); /* warm: rows created */
+      oc_run(sh, e.id, keys, vals, batch, dims[di], 0, &seq);
+      for (int r = 0; r < rounds; r++) {
+        plain[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
+        checked[r] = oc_run(sh, e.id, keys, vals, batch, dims[di], 0, &seq);
+      }
+      double mp = bench_median(plain, (size_t)rounds), mc = bench_median(checked, (size_t)rounds);
+      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, mp, mp * (double)batch, mc,
+             mc * (double)batch, 100.0 * (mp - mc) / mp);
+      fflush(stdout);
+      free(keys);
+      free(vals);
+    }
+  }
+  printf("pushes refused for non-finite values: %llu (expected 0)\n", (unsigned long long)sh->nonfinite_refused);
+  ps__shard_free(sh);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   uint64_t nrows = 10000000;
   const char *dims_s = "1,8,32,128", *batches_s = "1000,10000,100000", *transport = "tcp";
-  int use_redis = 1, big_only = 0, once_only = 0, track_only = 0;
+  int use_redis = 1, big_only = 0, once_only = 0, track_only = 0, finite_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--dims") && i + 1 < argc) dims_s = argv[++i];
@@ -525,9 +584,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--big-only")) big_only = 1;
     else if (!strcmp(argv[i], "--once-cost")) once_only = 1;
     else if (!strcmp(argv[i], "--track-cost")) track_only = 1;
+    else if (!strcmp(argv[i], "--finite-cost")) finite_only = 1;
     else {
       fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
-                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--once-cost] [--track-cost]\n");
+                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--once-cost] [--track-cost] "
+                      "[--finite-cost]\n");
       return 2;
     }
   }
@@ -546,6 +607,7 @@ int main(int argc, char **argv) {
   for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
   if (once_only) return once_cost(nrows, dims, nd, batches, nb);
   if (track_only) return track_cost(nrows, dims, nd, batches, nb);
+  if (finite_only) return finite_cost(nrows, dims, nd, batches, nb);
   if (big_only) {
     dims[0] = 1;
     nd = 1;

@@ -237,6 +237,10 @@ typedef enum ps_table_kind { PS_DENSE = 1, PS_SPARSE = 2 } ps_table_kind;
  *                          frequencies: a table synchronised less often) (1)
  *     agg_n=N agg_ms=T     async/ssp: buffer pushes and apply, per row, their
  *                          batch-weighted mean after N pushes or T ms (off)
+ *     nonfinite=refuse|skip|allow   a push holding a NaN or an infinity (or with a
+ *                          header rate lr that is not finite): refused whole with
+ *                          PS_ERR_INVALID naming the first bad index, dropped whole
+ *                          (answered as dropped), or applied unchecked (refuse)
  *   The learning-rate schedule applied by the servers (a push's own lr overrides it):
  *     ref_batch=B          linear scaling: lr * B_global / B, where B_global is the
  *                          examples behind the update (sync: the round's batches, so it

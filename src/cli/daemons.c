@@ -248,7 +248,12 @@ static void server_usage(FILE *f) {
           "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --verbose               log table creation and membership changes\n"
-          "  --help                  this text\n");
+          "  --help                  this text\n\n"
+          "limits (environment only):\n"
+          "  PSHARD_SERVER_MEMORY_MB   memory budget of the tables' rows (half the machine's memory)\n"
+          "  PSHARD_FRAME_BUDGET_MB    bytes of partial frames in flight (a quarter of the memory\n"
+          "                            budget, at least --max-frame-mb)\n"
+          "  PSHARD_FRAME_DEADLINE_MS  a frame begun must arrive within this (60000)\n");
 }
 
 /* Long for the same reason as ps_cli_scheduler: one getopt loop and its checks. */

@@ -28,6 +28,9 @@ static const struct {
     {"checkpoint_every", K_EVERY, 0}, {"checkpoint_dir", K_PATH, 0},
     {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0}, {"checkpoint_full_every", K_UINT, 1000000},
     {"replicas", K_COUNT, PS_MAX_REPLICAS},
+    /* a server's limits (server/budget.c; servers read them as PSHARD_* variables) */
+    {"server_memory_mb", K_UINT, 1u << 30}, {"frame_budget_mb", K_UINT, 1u << 30},
+    {"frame_deadline_ms", K_UINT, 86400000},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

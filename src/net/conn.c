@@ -23,6 +23,7 @@
 #define STAGE_CAP (256u * 1024u)
 #define DIRECT_MIN (32u * 1024u) /* bodies with this much left are read in place */
 #define DISCARD_CAP (64u * 1024u)
+#define GROW_FIRST (64u * 1024u) /* a pooled body starts this large, then doubles as bytes come */
 #define UNIX_SNDBUF (1 << 20) /* see ps__conn_start */
 
 typedef struct write_req {
@@ -73,9 +74,106 @@ ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, 
   return c;
 }
 
+/* ------------------------------------------------------------------ frame budget */
+
+static void partial_unlink(ps__conn *c) {
+  ps__frame_budget *b = c->budget;
+  if (!c->plinked) return;
+  if (c->pprev) c->pprev->pnext = c->pnext;
+  else b->partial = c->pnext;
+  if (c->pnext) c->pnext->pprev = c->pprev;
+  c->pnext = c->pprev = NULL;
+  c->plinked = 0;
+}
+
+/* The bytes c's frame holds leave the budget (delivered, or the connection is gone). */
+static void budget_give(ps__conn *c) {
+  if (c->budget) c->budget->used -= c->held;
+  c->held = 0;
+}
+
+/* Count n more bytes for c's frame: 0, or PS_ERR_NOMEM (with a message) over the limit.
+ * A body of at most GROW_FIRST bytes is counted but never refused: like the staging
+ * buffer, it is a connection's fixed cost, and the control and small data frames of
+ * well-behaved peers go on while large partial frames fill the budget. */
+static int budget_take(ps__conn *c, uint64_t n) {
+  ps__frame_budget *b = c->budget;
+  if (!b) return 0;
+  if (b->limit && b->used + n > b->limit && c->cur.payload_len > GROW_FIRST) {
+    b->refused++;
+    return ps__fail(PS_ERR_NOMEM,
+                    "%s frame of %llu bytes refused: the server's partial frames hold %llu MiB of its %llu MiB "
+                    "(frame_budget_mb); send again later",
+                    ps__frame_type_name(c->cur.type), (unsigned long long)c->cur.payload_len,
+                    (unsigned long long)(b->used >> 20), (unsigned long long)(b->limit >> 20));
+  }
+  b->used += n;
+  c->held += n;
+  if (b->used > b->peak) b->peak = b->used;
+  return 0;
+}
+
+/* Connections whose frame began more than deadline_ms ago are closed. */
+static void budget_timer_cb(uv_timer_t *t) {
+  ps__frame_budget *b = t->data;
+  uint64_t now = uv_now(t->loop);
+  for (ps__conn *c = b->partial, *next; c; c = next) {
+    next = c->pnext;
+    if (c->closing || now - c->since_ms <= b->deadline_ms) continue;
+    b->expired++;
+    ps__log(PS_LOG_WARN, "closing connection from %s: a %s frame begun %llu ms ago is not complete (%llu of %llu body "
+            "bytes; frame_deadline_ms %u)", c->peer, ps__frame_type_name(c->cur.type),
+            (unsigned long long)(now - c->since_ms),
+            (unsigned long long)(c->in_body ? c->cur.payload_len - c->body_left : 0),
+            (unsigned long long)(c->in_body ? c->cur.payload_len : 0), b->deadline_ms);
+    partial_unlink(c);
+    ps__conn_close(c, PS_ERR_TIMEOUT);
+  }
+  if (!b->partial) uv_timer_stop(t);
+}
+
+/* After bytes were consumed: is c in the middle of a frame (a deadline runs) or not? */
+static void partial_update(ps__conn *c) {
+  ps__frame_budget *b = c->budget;
+  if (!b || !b->deadline_ms || c->closing) return;
+  int partial = (c->in_body || c->rpos != c->wpos) && !(c->fq && c->fq->in_held);
+  if (partial && !c->plinked) {
+    c->since_ms = uv_now(c->loop);
+    c->pprev = NULL;
+    c->pnext = b->partial;
+    if (b->partial) b->partial->pprev = c;
+    b->partial = c;
+    c->plinked = 1;
+    if (b->timer_init && !uv_is_active((uv_handle_t *)&b->timer)) {
+      uint64_t every = b->deadline_ms / 4 ? b->deadline_ms / 4 : 1;
+      uv_timer_start(&b->timer, budget_timer_cb, every > 1000 ? 1000 : every, every > 1000 ? 1000 : every);
+    }
+  } else if (!partial && c->plinked) {
+    partial_unlink(c);
+  }
+}
+
+void ps__frame_budget_init(ps__frame_budget *b, uv_loop_t *loop, uint64_t limit, uint32_t deadline_ms) {
+  memset(b, 0, sizeof *b);
+  b->limit = limit;
+  b->deadline_ms = deadline_ms;
+  if (uv_timer_init(loop, &b->timer) == 0) {
+    b->timer.data = b;
+    b->timer_init = 1;
+  }
+}
+
+void ps__frame_budget_close(ps__frame_budget *b) {
+  if (b->timer_init && !uv_is_closing((uv_handle_t *)&b->timer)) uv_close((uv_handle_t *)&b->timer, NULL);
+}
+
 static void conn_free_cb(uv_handle_t *h) {
   ps__conn *c = h->data;
-  if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body.len);
+  if (c->budget) {
+    partial_unlink(c);
+    budget_give(c);
+  }
+  if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body_cap ? c->body_cap : c->body.len);
   if (c->fq) ps__conn_fault_release(c);
   if (c->ops && c->ops->on_close) c->ops->on_close(c, c->close_status);
   free(c->discard_buf);
@@ -427,6 +525,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf);
 void ps__conn_deliver(ps__conn *c) {
   ps__body *b = &c->body;
   ps__frame_hdr h = c->cur;
+  budget_give(c);
   if (!b->discard && c->ops->on_frame) ps__conn_on_frame(c, &h, b);
   if (b->buf) ps__pool_put(c->pool, b->buf, b->len);
   ps__conn_reset_body(c);
@@ -435,6 +534,7 @@ void ps__conn_deliver(ps__conn *c) {
 static void finish_frame(ps__conn *c) {
   c->bytes_in += PS_FRAME_HDR_SIZE + c->cur.payload_len;
   c->frames_in++;
+  if (c->plinked) c->since_ms = uv_now(c->loop); /* what follows is the next frame */
   if (c->fq && c->fq->in_pending) {
     ps__conn_fault_complete(c);
     return;
@@ -460,7 +560,29 @@ void ps__conn_reject(ps__conn *c, const ps__frame_hdr *h, int err, const char *m
   }
 }
 
-/* Copy up to n bytes from src into the body destinations. Returns bytes consumed. */
+/* A pooled body is full and more of it is coming: double it (up to the payload), within
+ * the budget. 0, or an error with a message (c->body_err is set). */
+static int body_grow(ps__conn *c) {
+  ps__body *b = &c->body;
+  size_t want = c->body_cap * 2 > b->len ? b->len : c->body_cap * 2;
+  int rc = budget_take(c, want - c->body_cap);
+  void *nb = rc ? NULL : ps__pool_grow(c->pool, b->buf, c->body_cap, want);
+  if (!nb) {
+    if (!rc) rc = ps__fail(PS_ERR_NOMEM, "no memory for a %llu-byte body", (unsigned long long)b->len);
+    budget_give(c); /* the frame is refused: what it held goes back at once */
+    c->body_err = rc;
+    return rc;
+  }
+  b->buf = nb;
+  c->body_cap = want;
+  b->iov_small[0].base = nb;
+  b->iov_small[0].len = want;
+  c->growing = want < b->len;
+  return 0;
+}
+
+/* Copy up to n bytes from src into the body destinations. Returns bytes consumed; a
+ * body that could not grow sets c->body_err and stops. */
 static size_t body_fill(ps__conn *c, const uint8_t *src, size_t n) {
   ps__body *b = &c->body;
   size_t used = 0;
@@ -470,12 +592,13 @@ static size_t body_fill(ps__conn *c, const uint8_t *src, size_t n) {
       take = n - used;
       if (take > c->body_left) take = (size_t)c->body_left;
     } else {
+      if (c->growing && c->cur_off == b->iov[0].len && body_grow(c)) break;
       uv_buf_t *d = &b->iov[c->cur_iov];
       take = d->len - c->cur_off;
       if (take > n - used) take = n - used;
       memcpy(d->base + c->cur_off, src + used, take);
       c->cur_off += take;
-      if (c->cur_off == d->len) {
+      if (c->cur_off == d->len && !c->growing) {
         c->cur_iov++;
         c->cur_off = 0;
       }
@@ -500,11 +623,27 @@ static int begin_body(ps__conn *c) {
   c->body_left = c->cur.payload_len;
   if (b->discard || c->cur.payload_len == 0) return 0;
   if (b->niov == 0) {
-    b->buf = ps__pool_get(c->pool, c->cur.payload_len);
-    if (!b->buf) return ps__fail(PS_ERR_NOMEM, "no memory for a %llu-byte body", (unsigned long long)c->cur.payload_len);
-    b->len = c->cur.payload_len;
+    /* A header's length reserves nothing by itself: the body starts small (or in a
+     * buffer the pool holds already) and grows as its bytes arrive (body_grow). */
+    size_t len = c->cur.payload_len, cap = len;
+    void *buf = len > GROW_FIRST && (!c->budget || !c->budget->limit || c->budget->used + len <= c->budget->limit)
+                    ? ps__pool_cached(c->pool, len) : NULL;
+    if (!buf && len > GROW_FIRST) cap = GROW_FIRST;
+    int rc = budget_take(c, cap);
+    if (rc) {
+      ps__pool_put(c->pool, buf, len);
+      return rc;
+    }
+    if (!buf && !(buf = ps__pool_get(c->pool, cap))) {
+      budget_give(c);
+      return ps__fail(PS_ERR_NOMEM, "no memory for a %llu-byte body", (unsigned long long)len);
+    }
+    b->buf = buf;
+    b->len = len;
+    c->body_cap = cap;
+    c->growing = cap < len;
     b->iov_small[0] = uv_buf_init(b->buf, (unsigned)0);
-    b->iov_small[0].len = b->len;
+    b->iov_small[0].len = cap;
     b->iov = b->iov_small;
     b->niov = 1;
   } else {
@@ -527,6 +666,13 @@ static void process_stage(ps__conn *c) {
       if (c->body_left > 0) {
         if (avail == 0) break;
         c->rpos += body_fill(c, c->stage + c->rpos, avail);
+        if (c->body_err) {
+          char msg[512];
+          snprintf(msg, sizeof msg, "%s", ps_errmsg());
+          ps__frame_hdr h = c->cur;
+          ps__conn_reject(c, &h, c->body_err, msg);
+          return;
+        }
         skip_empty_iov(c);
       }
       if (c->body_left == 0) finish_frame(c);
@@ -551,6 +697,7 @@ static void process_stage(ps__conn *c) {
     }
   }
   if (c->rpos == c->wpos) c->rpos = c->wpos = 0;
+  partial_update(c);
 }
 
 static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
@@ -566,7 +713,9 @@ static void alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *out) {
         c->direct = 1;
         return;
       }
-    } else {
+    } else if (!(c->growing && c->cur_off == c->body.iov[0].len)) {
+      /* (a full growing body takes its next bytes through the staging buffer, where
+       * body_fill grows it, or refuses the frame) */
       uv_buf_t *d = &c->body.iov[c->cur_iov];
       size_t n = d->len - c->cur_off;
       if (n > (1u << 30)) n = 1u << 30;
@@ -598,7 +747,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c->direct = 0;
     if (!c->body.discard) {
       c->cur_off += (size_t)nread;
-      if (c->cur_off == c->body.iov[c->cur_iov].len) {
+      if (c->cur_off == c->body.iov[c->cur_iov].len && !c->growing) {
         c->cur_iov++;
         c->cur_off = 0;
       }
@@ -606,6 +755,7 @@ static void read_cb(uv_stream_t *s, ssize_t nread, const uv_buf_t *buf) {
     c->body_left -= (uint64_t)nread;
     skip_empty_iov(c);
     if (c->body_left == 0) finish_frame(c);
+    partial_update(c);
     return;
   }
   c->wpos += (size_t)nread;

@@ -38,6 +38,9 @@ static inline void ps__conn_reset_body(ps__conn *c) {
   c->cur_iov = 0;
   c->cur_off = 0;
   c->body_left = 0;
+  c->body_cap = 0;
+  c->growing = 0;
+  c->body_err = 0;
 }
 
 /* The owner's callbacks, marked for alloc fault rules with the frame's type. */

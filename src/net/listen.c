@@ -30,6 +30,7 @@ static void on_connection(uv_stream_t *server, int status) {
   }
   c->h.handle.data = c;
   c->is_unix = l->is_unix;
+  c->budget = l->budget;
   if (uv_accept(server, &c->h.stream) != 0) {
     ps__conn_close(c, PS_ERR_IO);
     return;

@@ -33,10 +33,43 @@ void ps__pool_free(ps__pool *p);
 void *ps__pool_get(ps__pool *p, size_t n);
 /* Return a buffer obtained with ps__pool_get(p, n) (same n). NULL is a no-op. */
 void ps__pool_put(ps__pool *p, void *buf, size_t n);
+/* A cached buffer of at least n bytes (memory the pool holds already), or NULL: none
+ * is cached, nothing is allocated. Returned with ps__pool_put(p, buf, n). */
+void *ps__pool_cached(ps__pool *p, size_t n);
+/* Grow buf, from ps__pool_get(p, n), to hold m > n bytes with its first n kept: the
+ * same buffer when its size class holds m already, else a larger one (realloc: large
+ * buffers are remapped, not copied). Returned with ps__pool_put(p, new, m). NULL when
+ * out of memory; buf is then still valid. */
+void *ps__pool_grow(ps__pool *p, void *buf, size_t n, size_t m);
 
-/* ---------------------------------------------------------------- connections */
+/* ---------------------------------------------------------------- frame budget */
 
 typedef struct ps__conn ps__conn;
+
+/* Limits on frames being read, shared by the connections of one loop that are given
+ * it (a server's workers): the bytes held by the bodies of partial frames across them
+ * (a frame whose body would pass it is refused, and its connection closed, with
+ * PS_ERR_NOMEM), and how long a frame begun may take to arrive (its connection is then
+ * closed, with a log line). A connection's body buffer grows as its bytes arrive, so a
+ * header's announced length reserves nothing by itself. Loop thread only. */
+typedef struct ps__frame_budget {
+  uint64_t limit;        /* bytes (0: no limit) */
+  uint64_t used;         /* held by partial frames now */
+  uint32_t deadline_ms;  /* 0: no deadline */
+  uv_timer_t timer;
+  int timer_init;
+  ps__conn *partial;     /* connections in a frame (deadline_ms set), a list */
+  uint64_t refused;      /* frames refused over the limit */
+  uint64_t expired;      /* connections closed past the deadline */
+  uint64_t peak;         /* the most used at once */
+} ps__frame_budget;
+
+/* Start a budget on loop (its timer is closed with ps__frame_budget_close, or by a
+ * loop close that closes every handle). */
+void ps__frame_budget_init(ps__frame_budget *b, uv_loop_t *loop, uint64_t limit, uint32_t deadline_ms);
+void ps__frame_budget_close(ps__frame_budget *b);
+
+/* ---------------------------------------------------------------- connections */
 
 #define PS_BODY_MAX_IOV 8
 
@@ -96,6 +129,16 @@ struct ps__conn {
   size_t cur_off;        /* offset within iov[cur_iov] */
   uint64_t body_left;
   uint8_t *discard_buf;
+  /* a pooled body grows as its bytes arrive: body_cap bytes held now (the size given to
+   * ps__pool_get or ps__pool_grow), growing while that is less than the payload */
+  size_t body_cap;
+  int growing;
+  int body_err;          /* the body could not grow: the frame is refused */
+  ps__frame_budget *budget; /* NULL: no limits */
+  uint64_t held;         /* bytes counted in budget->used */
+  ps__conn *pnext, *pprev; /* budget->partial */
+  int plinked;
+  uint64_t since_ms;     /* the frame being read began (uv_now) */
   /* accounting */
   uint64_t bytes_in, bytes_out, frames_in, frames_out;
   size_t write_queue_bytes;  /* includes frames held back by fault injection */
@@ -164,6 +207,7 @@ typedef struct ps__listener {
   void *arg;
   ps__pool *pool;
   uint64_t max_payload;
+  ps__frame_budget *budget; /* given to accepted connections (NULL: none); set after listening */
   int port;            /* bound TCP port */
   char path[108];      /* bound unix path */
 } ps__listener;

@@ -78,3 +78,19 @@ void ps__pool_put(ps__pool *p, void *buf, size_t n) {
   p->free[c][p->nfree[c]++] = buf;
   p->cached += sz;
 }
+
+void *ps__pool_cached(ps__pool *p, size_t n) {
+  int c = class_of(n);
+  if (!p || c < 0 || !p->nfree[c]) return NULL;
+  p->cached -= (size_t)1 << (c + MIN_SHIFT);
+  return p->free[c][--p->nfree[c]];
+}
+
+void *ps__pool_grow(ps__pool *p, void *buf, size_t n, size_t m) {
+  (void)p;
+  int a = class_of(n), b = class_of(m);
+  if (b < 0) return NULL;
+  if (a == b) return buf;
+  /* glibc moves the pages of a large (mapped) block with mremap; a small one is copied. */
+  return realloc(buf, (size_t)1 << (b + MIN_SHIFT));
+}

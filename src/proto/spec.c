@@ -25,12 +25,12 @@
 enum {
   K_OPT, K_LR, K_MOMENTUM, K_BETA1, K_BETA2, K_EPS, K_ACC0, K_L1, K_L2, K_BETA,
   K_UPDATE, K_INIT, K_SEED, K_SLICE, K_MODE, K_EVERY, K_AGG_N, K_AGG_MS, K_REF_BATCH, K_WARMUP,
-  K_DECAY, K_COUNT
+  K_DECAY, K_NONFINITE, K_COUNT
 };
 static const char *const key_names[K_COUNT] = {
     "opt", "lr", "momentum", "beta1", "beta2", "eps", "acc0",
     "l1", "l2", "beta", "update", "init", "seed", "slice", "mode", "every", "agg_n", "agg_ms",
-    "ref_batch", "warmup", "decay",
+    "ref_batch", "warmup", "decay", "nonfinite",
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -88,7 +88,9 @@ static int parse_init(const char *s, ps__init *out) {
     if (ps__parse_float(colon + 1, &a) || a < 0.0f) return -1;
     out->kind = PS__INIT_UNIFORM;
   } else if (n == 6 && memcmp(s, "normal", 6) == 0) {
-    if (ps__parse_float(colon + 1, &a) || a < 0.0f) return -1;
+    /* A standard normal sample reaches about 9 here (init.c): a larger SD than
+     * 1e37 could overflow to an infinite initial value. */
+    if (ps__parse_float(colon + 1, &a) || a < 0.0f || a > 1e37f) return -1;
     out->kind = PS__INIT_NORMAL;
   } else {
     return -1;
@@ -161,7 +163,7 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
     if (parse_init(val, &s->init))
       return fail(err, errlen, PS_ERR_CONFIG,
                   "bad value '%s' for option 'init': expected zero, const:V, uniform:A or "
-                  "normal:SD (A, SD >= 0)",
+                  "normal:SD (A, SD >= 0, finite; SD <= 1e37)",
                   val);
     return 0;
   case K_SEED:
@@ -189,6 +191,14 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
       return fail(err, errlen, PS_ERR_CONFIG,
                   "bad value '%s' for option 'decay': expected const, step:S:G (every S steps times G, "
                   "0 < G <= 1) or cos:T[:MIN] (cosine over T steps down to MIN times the peak)", val);
+    return 0;
+  case K_NONFINITE:
+    if (!strcmp(val, "refuse")) s->nonfinite = PS__NONFINITE_REFUSE;
+    else if (!strcmp(val, "skip")) s->nonfinite = PS__NONFINITE_SKIP;
+    else if (!strcmp(val, "allow")) s->nonfinite = PS__NONFINITE_ALLOW;
+    else
+      return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option 'nonfinite': expected refuse, skip or allow",
+                  val);
     return 0;
   case K_EVERY:
   case K_AGG_N:

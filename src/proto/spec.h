@@ -58,9 +58,13 @@ typedef struct ps__table_spec {
   uint32_t decay_every;/* step: every S steps ... */
   float decay_gamma;   /* ... multiply by G; cos: lr_min as a fraction of the peak */
   uint32_t decay_steps;/* cos: steps T of the cosine after warm-up */
+  uint32_t nonfinite;  /* PS__NONFINITE_*: what a push holding NaN or Inf gets (refuse) */
 } ps__table_spec;
 
 enum { PS__DECAY_CONST = 0, PS__DECAY_STEP = 1, PS__DECAY_COS = 2 };
+/* nonfinite=refuse (PS_ERR_INVALID, nothing applied), skip (answered as dropped, nothing
+ * applied) or allow (not checked: values go to the optimiser as they are). */
+enum { PS__NONFINITE_REFUSE = 0, PS__NONFINITE_SKIP = 1, PS__NONFINITE_ALLOW = 2 };
 
 /* The learning rate of the table's schedule for 1-based update `step` when the global
  * batch (examples behind the update, over all workers) is global_batch. */

@@ -480,6 +480,16 @@ static void on_metric(ps__sched *s, node *n, const ps__frame_hdr *h, const ps__b
       return;
     }
   }
+  if (n->nmetrics >= PS__METRICS_PER_NODE || s->nmetrics >= PS__METRICS_MAX) {
+    /* A METRIC has no reply: the refusal is logged (once per node) and counted. */
+    s->metrics_refused++;
+    if (!n->metrics_warned) {
+      n->metrics_warned = 1;
+      ps__log(PS_LOG_WARN, "node %u: metric '%s' refused: at most %u metric names per node and %u in all are kept "
+              "(counted in STATS as metrics_refused)", n->m.id, name, PS__METRICS_PER_NODE, PS__METRICS_MAX);
+    }
+    return;
+  }
   if (s->nmetrics == s->mcap) {
     size_t cap = s->mcap ? s->mcap * 2 : 32;
     metric *mm = ps__realloc(s->metrics, cap * sizeof *mm);
@@ -488,6 +498,7 @@ static void on_metric(ps__sched *s, node *n, const ps__frame_hdr *h, const ps__b
     s->mcap = cap;
   }
   metric *m = &s->metrics[s->nmetrics++];
+  n->nmetrics++;
   memset(m, 0, sizeof *m);
   m->node = n->m.id;
   snprintf(m->name, sizeof m->name, "%s", name);
@@ -524,12 +535,16 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
                  m->host[0] ? m->host : "-", (unsigned)m->port, (unsigned)m->alive);
     ps__wbuf_bytes(&w, line, (size_t)n);
   }
-  for (size_t i = 0; i < s->nmetrics; i++) {
+  size_t shown = s->nmetrics < PS__STATS_METRICS ? s->nmetrics : PS__STATS_METRICS;
+  for (size_t i = 0; i < shown; i++) {
     metric *m = &s->metrics[i];
     n = snprintf(line, sizeof line, "metric node=%u name=%s value=%.9g clock=%lld count=%llu\n", m->node, m->name,
                  m->value, (long long)m->clock, (unsigned long long)m->count);
     ps__wbuf_bytes(&w, line, (size_t)n);
   }
+  n = snprintf(line, sizeof line, "metrics %zu\nmetrics_omitted %zu\nmetrics_refused %llu\n", s->nmetrics,
+               s->nmetrics - shown, (unsigned long long)s->metrics_refused);
+  ps__wbuf_bytes(&w, line, (size_t)n);
   ps__frame_hdr r = {.type = PS_MSG_STATS | PS_FRAME_REPLY, .req_id = h->req_id};
   if (!w.oom) ps__conn_send_ctrl(c, &r, w.data, w.len);
   ps__wbuf_free(&w);

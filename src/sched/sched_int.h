@@ -24,7 +24,15 @@ typedef struct ps__sched_node {
   int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
   int64_t barrier_done; /* last barrier this worker passed (0 none) */
   uint64_t barrier_req;
+  uint32_t nmetrics;    /* metric names this node reported (at most PS__METRICS_PER_NODE) */
+  int metrics_warned;   /* a name past the cap was logged */
 } ps__sched_node;
+
+/* Bounded metric work: names kept per node and in all, and metric lines in a STATS
+ * reply (the rest are counted on a metrics_omitted line). */
+#define PS__METRICS_PER_NODE 256
+#define PS__METRICS_MAX 8192
+#define PS__STATS_METRICS 1024
 
 typedef struct ps__sched_table {
   ps__declare d;
@@ -123,6 +131,7 @@ struct ps__sched {
   size_t ntables;
   ps__sched_metric *metrics;
   size_t nmetrics, mcap;
+  uint64_t metrics_refused; /* reports of a new name past a cap */
   int stopping;
   int finished;     /* every worker left (exit_when_done): stopping soon */
   int worker_failed;/* a worker died rather than leaving */

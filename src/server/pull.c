@@ -169,6 +169,11 @@ void ps__srv_answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, con
     ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
     return;
   }
+  ps__verdict v; /* past the memory budget, a pull does not create rows */
+  if (ps__shard_room(s->sh, t, body, h->nkeys, &v) != PS__APPLIED) {
+    ps__srv_reply_verdict(c, h, &v);
+    return;
+  }
   ps__frame_hdr r = ps__srv_pull_reply_hdr(s, t, h);
   if (t->spec.kind == PS_DENSE) {
     if (send_rows(c, h, body, blen, t, &r)) {

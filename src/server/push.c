@@ -8,6 +8,7 @@
  * verdict. A dense push the engine applies after its acknowledgement keeps the
  * frame's body; the loop's idle handler (server.c) steps it along.
  */
+#include <math.h>
 #include <string.h>
 
 #include "common/common.h"
@@ -101,7 +102,7 @@ int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__t
 
 ps__push ps__srv_push_of(const ps__frame_hdr *h, const void *body, uint64_t nvals) {
   ps__push p = {.table = h->table, .sender = h->sender, .batch = h->batch, .clock = h->clock,
-                .lr = h->lr >= 0 ? h->lr : -1.0f, .keys = body, .nkeys = h->nkeys,
+                .lr = h->lr >= 0 || isnan(h->lr) ? h->lr : -1.0f, /* NaN: refused */ .keys = body, .nkeys = h->nkeys,
                 .vals = (const float *)((const uint8_t *)body + 8u * h->nkeys), .nvals = nvals,
                 .inc = h->inc, .seq = h->seq};
   return p;

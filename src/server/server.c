@@ -146,6 +146,13 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     return;
   }
   ps__table *nt = ps__shard_table(s->sh, d.id);
+  char why[400];
+  if (!existed && ps__srv_create_fits(s, nt, why, sizeof why)) {
+    ps__shard_drop(s->sh, d.id);
+    ps__log(PS_LOG_WARN, "%s: refused", why);
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "%s", why);
+    return;
+  }
   if (!existed && s->replicas > 1 &&
       (ps__table_is_sync(nt) || nt->spec.agg_n > 1 || nt->spec.agg_ms > 0)) {
     /* Replication forwards each push as it is applied: a sync round, or a buffer
@@ -365,6 +372,7 @@ static void server_shutdown(ps__server *s, int result) {
   if (s->agent_inited) ps__agent_stop(&s->agent, result == 0); /* a requested stop leaves the job cleanly */
   ps__listener_close(&s->tcp);
   if (s->unix_path[0]) ps__listener_close(&s->unix_l);
+  ps__frame_budget_close(&s->fb);
   ps__loop_close_all(&s->loop);
   if (s->mail) ps__mailbox_close(s->mail);
   s->mail = NULL;
@@ -387,6 +395,10 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   if (!s->o.vnodes) s->o.vnodes = 128;
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
   if (!s->o.connect_timeout_ms) s->o.connect_timeout_ms = 60000;
+  if ((rc = ps__srv_limits(s))) {
+    free(s);
+    return rc;
+  }
   uv_loop_init(&s->loop);
   s->loop.data = s;
   s->pool = ps__pool_new(1ull << 30);
@@ -397,12 +409,15 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   s->mail = ps__mailbox_new(&s->loop);
   uv_idle_init(&s->loop, &s->apply_idle);
   s->apply_idle.data = s;
+  ps__frame_budget_init(&s->fb, &s->loop, s->o.frame_budget, s->o.frame_deadline_ms);
   if (!s->pool || !s->mail || !s->sh) {
     rc = ps__fail(PS_ERR_NOMEM, "out of memory");
     goto fail;
   }
+  s->sh->mem_limit = s->o.memory_budget;
   rc = ps__listen_tcp(&s->tcp, &s->loop, s->o.host, s->o.port, &data_ops, on_accept, s, s->pool, s->o.max_payload);
   if (rc) goto fail;
+  s->tcp.budget = &s->fb;
   if (s->o.use_unix) {
     static int seq;
     snprintf(s->unix_path, sizeof s->unix_path, "/tmp/pshard-%d-%d-%d.sock", (int)getpid(), s->tcp.port,
@@ -410,6 +425,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
     if (ps__listen_unix(&s->unix_l, &s->loop, s->unix_path, &data_ops, on_accept, s, s->pool, s->o.max_payload)) {
       ps__log(PS_LOG_WARN, "no AF_UNIX listener: %s", ps_errmsg());
       s->unix_path[0] = '\0';
+    } else {
+      s->unix_l.budget = &s->fb;
     }
   }
   if (s->o.restore_dir && s->o.restore_dir[0] && (rc = ps__srv_restore_open(s, s->o.restore_dir))) goto fail;

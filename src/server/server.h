@@ -29,6 +29,12 @@ typedef struct ps__server_opts {
                               * checkpoint directory itself), NULL or "" for none */
   int stop_without_workers;  /* colocated in a worker: stop once the job has started and no
                               * worker is alive any more (each has left or died) */
+  /* Limits (budget.c); 0 takes PSHARD_SERVER_MEMORY_MB, PSHARD_FRAME_BUDGET_MB and
+   * PSHARD_FRAME_DEADLINE_MS from the environment, else the defaults there. */
+  uint64_t memory_budget;    /* bytes of table rows (half the machine's memory) */
+  uint64_t frame_budget;     /* bytes of partial frames in flight (a quarter of memory_budget,
+                              * at least max_payload) */
+  uint32_t frame_deadline_ms;/* a frame begun must arrive within this (60000) */
 } ps__server_opts;
 
 int ps__server_create(const ps__server_opts *o, ps__server **out);

@@ -54,6 +54,7 @@ struct ps__server {
   ps__shm_cache *shm; /* workers' ps_alloc buffers mapped here (net/shared.c), or NULL */
   ps__mailbox *mail;
   ps__listener tcp, unix_l;
+  ps__frame_budget fb; /* partial frames of the workers' connections (budget.c) */
   ps__agent agent;   /* the scheduler link */
   int agent_inited;
   uint64_t ring_gen; /* from 1, incremented whenever ring is replaced (a table's dense
@@ -86,6 +87,14 @@ struct ps__server {
   int fenced;            /* stood still: serves no data request for now */
   uint64_t fenced_at;
 };
+
+/* ---- limits (budget.c) */
+/* Fill the limits of s->o left 0 from the environment or their defaults: 0, or
+ * PS_ERR_CONFIG for a bad environment value. */
+int ps__srv_limits(ps__server *s);
+/* May new table t (dense) be held here within the memory budget? 0, or PS_ERR_NOMEM
+ * with the message in msg. */
+int ps__srv_create_fits(ps__server *s, ps__table *t, char *msg, size_t len);
 
 /* ---- replies (server.c) */
 void ps__srv_reply_ok(ps__conn *c, const ps__frame_hdr *req, uint8_t flags);

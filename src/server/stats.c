@@ -38,11 +38,12 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
     dropped += t->dropped;
     int m = snprintf(line, sizeof line,
                      "table %zu name=%s mode=%s param=%u rows=%zu bytes=%zu pushes=%llu pulls=%llu applied=%llu "
-                     "step=%llu version=%lld dropped=%llu rejected=%llu lr=%.9g global_batch=%.0f\n",
+                     "step=%llu version=%lld dropped=%llu rejected=%llu lr=%.9g global_batch=%.0f nonfinite=%llu\n",
                      i, t->decl.name, ps__table_mode_name(t), t->spec.mode_param, n, ps__rowmap_bytes(t->params),
                      (unsigned long long)t->pushes, (unsigned long long)t->pulls, (unsigned long long)t->applied,
                      (unsigned long long)t->step, (long long)t->version, (unsigned long long)t->dropped,
-                     (unsigned long long)t->rejected, (double)t->last_lr, t->last_batch);
+                     (unsigned long long)t->rejected, (double)t->last_lr, t->last_batch,
+                     (unsigned long long)t->nonfinite);
     ps__wbuf_bytes(&w, line, (size_t)m);
   }
   int64_t minc, maxc;
@@ -55,6 +56,16 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "duplicate_pushes %llu\nrefused_pushes %llu\n", (unsigned long long)sh->once.dups,
                (unsigned long long)sh->once.stale);
+  ps__wbuf_bytes(&w, line, (size_t)m);
+  m = snprintf(line, sizeof line, "nonfinite_refused %llu\nnonfinite_skipped %llu\n",
+               (unsigned long long)sh->nonfinite_refused, (unsigned long long)sh->nonfinite_skipped);
+  ps__wbuf_bytes(&w, line, (size_t)m);
+  m = snprintf(line, sizeof line,
+               "memory_budget %llu\nmemory_used %llu\nmemory_refused %llu\nframe_budget %llu\nframe_bytes %llu\n"
+               "frame_bytes_peak %llu\nframes_refused %llu\nframes_expired %llu\n",
+               (unsigned long long)sh->mem_limit, (unsigned long long)sh->mem_used,
+               (unsigned long long)sh->mem_refused, (unsigned long long)s->fb.limit, (unsigned long long)s->fb.used,
+               (unsigned long long)s->fb.peak, (unsigned long long)s->fb.refused, (unsigned long long)s->fb.expired);
   ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforwards_refused %llu\nfenced %d\n",
                s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forwards_refused,

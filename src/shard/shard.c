@@ -15,6 +15,7 @@
  */
 #include "shard/shard.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +32,7 @@ ps__shard *ps__shard_new(const ps__shard_hooks *hooks) {
 
 static void table_free(ps__shard *sh, ps__table *t) {
   if (!t) return;
+  sh->mem_used -= t->params_bytes;
   if (t->pend.active) sh->hooks.release(sh->hooks.arg, t->pend.buf, t->pend.len);
   ps__shard_cut_orphan(t);
   ps__rowmap_free(t->params);
@@ -122,6 +124,8 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
   t->sh = sh;
   t->id = d->id;
   t->spec = spec;
+  t->params_bytes = ps__rowmap_bytes(t->params);
+  sh->mem_used += t->params_bytes;
   t->decl = *d;
   for (int i = 0; i < PS__ROUND_WINDOW; i++) t->rounds[i].round = -1;
   t->cut_at = -1;
@@ -151,8 +155,42 @@ float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx) {
   if (row && created) {
     ps__row_init(&t->spec, key, row);
     if (t->track) ps__shard_created(t, key);
+    ps__shard_grown(t);
   }
   return row;
+}
+
+void ps__shard_grown(ps__table *t) {
+  size_t nb = ps__rowmap_bytes(t->params);
+  t->sh->mem_used += nb - t->params_bytes;
+  t->params_bytes = nb;
+}
+
+static int slice_exists(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  (void)within, (void)n, (void)pos;
+  ps__table *t = arg;
+  return ps__rowmap_index(t->params, slice) == SIZE_MAX ? 1 : 0;
+}
+
+int ps__shard_room(ps__shard *sh, ps__table *t, const uint8_t *keys, uint32_t nkeys, ps__verdict *v) {
+  v->status = PS__APPLIED;
+  if (!sh->mem_limit || sh->mem_used < sh->mem_limit) return PS__APPLIED;
+  if (t->spec.kind == PS_DENSE) {
+    if (!ps__walk_slices(keys, nkeys, t->spec.width, slice_exists, t)) return PS__APPLIED;
+  } else {
+    uint32_t i = 0;
+    while (i < nkeys && ps__rowmap_index(t->params, ps__get_u64(keys + 8 * (size_t)i)) != SIZE_MAX) i++;
+    if (i == nkeys) return PS__APPLIED;
+  }
+  sh->mem_refused++;
+  if (sh->mem_refused == 1)
+    ps__log(PS_LOG_WARN, "the server's rows reached its memory budget (%llu MiB, server_memory_mb): requests for "
+            "new rows are refused from now on", (unsigned long long)(sh->mem_limit >> 20));
+  return ps__shard_reject(sh, t, v, PS_ERR_NOMEM,
+                          "table '%s': new rows refused: the server's rows use %llu MiB of its memory budget of %llu "
+                          "MiB (server_memory_mb); existing rows are still served",
+                          t->decl.name, (unsigned long long)(sh->mem_used >> 20),
+                          (unsigned long long)(sh->mem_limit >> 20));
 }
 
 /* ---------------------------------------------------------------- workers and clocks */
@@ -268,8 +306,84 @@ static ps__once *push_window(ps__shard *sh, ps__table *t, const ps__push *p, ps_
   }
 }
 
-/* The checks every push passes before it changes anything: its identity, the batch of
- * a mean-mode table, the sender, and the clock against the table's mode. */
+/* ---------------------------------------------------------------- non-finite values */
+
+uint64_t ps__first_nonfinite(const float *v, uint64_t n) {
+  /* A float is NaN or infinite when its exponent bits are all set, that is when its
+   * magnitude bits (sign cleared) are at least 0x7f800000: adding 0x00800000 then
+   * carries into bit 31, which no finite value reaches. OR-ing those sums over a block
+   * (an and, an add and an or per vector) tells whether the block holds one; only
+   * then is it searched. */
+  enum { BLOCK = 2048 };
+  for (uint64_t i = 0; i < n; i += BLOCK) {
+    uint64_t m = n - i < BLOCK ? n - i : BLOCK;
+    uint32_t any = 0;
+    for (uint64_t k = 0; k < m; k++) {
+      uint32_t u;
+      memcpy(&u, v + i + k, 4);
+      any |= (u & 0x7fffffffu) + 0x00800000u;
+    }
+    if (__builtin_expect(any >> 31, 0))
+      for (uint64_t k = 0; k < m; k++)
+        if (!isfinite(v[i + k])) return i + k;
+  }
+  return UINT64_MAX;
+}
+
+/* Where value pos of push p lies in its table, for the message: "key K element E" of a
+ * sparse table, "element E" (its offset) of a dense one. */
+static void value_place(const ps__table *t, const ps__push *p, uint64_t pos, char *out, size_t len) {
+  if (t->spec.kind != PS_DENSE) {
+    uint64_t i = pos / t->spec.width;
+    snprintf(out, len, "value %llu (key %llu, element %llu)", (unsigned long long)pos,
+             (unsigned long long)ps__get_u64(p->keys + 8 * i), (unsigned long long)(pos % t->spec.width));
+    return;
+  }
+  uint64_t at = 0;
+  for (uint32_t i = 0; i + 1 < p->nkeys; i += 2) {
+    uint64_t off = ps__get_u64(p->keys + 8 * (size_t)i), cnt = ps__get_u64(p->keys + 8 * (size_t)(i + 1));
+    if (pos < at + cnt) {
+      snprintf(out, len, "value %llu (element %llu)", (unsigned long long)pos, (unsigned long long)(off + pos - at));
+      return;
+    }
+    at += cnt;
+  }
+  snprintf(out, len, "value %llu", (unsigned long long)pos);
+}
+
+/* A push holding a NaN or an infinity (or a header rate that is not finite), under the
+ * table's nonfinite option: refused (PS_ERR_INVALID) or dropped whole, counted. 0 when
+ * it is finite (or the table allows anything). */
+static int push_nonfinite(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v) {
+  if (t->spec.nonfinite == PS__NONFINITE_ALLOW) return 0;
+  char where[128];
+  if (!(p->lr < 0) && !isfinite(p->lr)) {
+    snprintf(where, sizeof where, "its learning rate (%g)", (double)p->lr);
+  } else {
+    uint64_t bad = p->vals ? ps__first_nonfinite(p->vals, p->nvals) : UINT64_MAX;
+    if (bad == UINT64_MAX) return 0;
+    char place[96];
+    value_place(t, p, bad, place, sizeof place);
+    snprintf(where, sizeof where, "%s %s", isnan(p->vals[bad]) ? "NaN at" : "an infinity at", place);
+  }
+  t->nonfinite++;
+  if (t->nonfinite == 1)
+    ps__log(PS_LOG_WARN, "table '%s': a push of worker %u holds %s; %s (counted in STATS as nonfinite)",
+            t->decl.name, p->sender, where, t->spec.nonfinite == PS__NONFINITE_SKIP ? "dropped" : "refused");
+  if (t->spec.nonfinite == PS__NONFINITE_SKIP) {
+    sh->nonfinite_skipped++;
+    v->status = PS__DROPPED;
+    return 1;
+  }
+  sh->nonfinite_refused++;
+  ps__shard_reject(sh, t, v, PS_ERR_INVALID, "push to table '%s' refused: %s is not finite; nothing was applied",
+                   t->decl.name, where);
+  return 1;
+}
+
+/* The checks every push passes before it changes anything: its identity, its values
+ * (finite), the batch of a mean-mode table, the sender, and the clock against the
+ * table's mode. */
 static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
   ps__table *t = ps__shard_table(sh, p->table);
   v->status = PS__APPLIED;
@@ -281,6 +395,8 @@ static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
   if (p->inc && !push_window(sh, t, p, v)) return NULL;
   ps__shard_flush(t); /* an earlier push is in before this one */
   if (p->replica) return t; /* admitted by the head of its chain (the clocks are the head's) */
+  if (push_nonfinite(sh, t, p, v)) return NULL;
+  if (sh->mem_limit && ps__shard_room(sh, t, p->keys, p->nkeys, v) != PS__APPLIED) return NULL;
   if (t->spec.update == PS__UPDATE_MEAN && p->batch == 0 && p->nkeys > 0) {
     ps__shard_reject(sh, t, v, PS_ERR_INVALID, "push with batch size 0 to mean-mode table '%s'", t->decl.name);
     return NULL;

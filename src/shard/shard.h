@@ -133,6 +133,8 @@ struct ps__table {
   ps__pending_apply pend;
   /* counters */
   uint64_t pushes, pulls, dropped, rejected, applied;
+  uint64_t nonfinite;   /* pushes refused or dropped for a NaN or an infinity */
+  size_t params_bytes;  /* ps__rowmap_bytes(params) as counted in the engine's mem_used */
   float last_lr;        /* learning rate of the last update */
   double last_batch;    /* global batch of the last update */
   int64_t cut_at;       /* sync: cut (hooks.cut) once version * every >= cut_at; -1 none */
@@ -206,6 +208,11 @@ struct ps__shard {
   size_t ntables;
   size_t npending;      /* tables with a pending apply */
   uint64_t rejected_clock;
+  uint64_t nonfinite_refused, nonfinite_skipped; /* pushes holding NaN or Inf (nonfinite=) */
+  /* The memory budget of the tables' rows (parameters and optimiser state): once
+   * mem_used reaches mem_limit (0: none), a request that would create a row is
+   * refused (PS_ERR_NOMEM); rows that exist are served as before. */
+  uint64_t mem_limit, mem_used, mem_refused;
   /* staleness of applied pushes (max worker clock - push clock) and of answered pulls
    * (pull clock - slowest live worker's clock), async and ssp tables */
   uint64_t push_stale[PS__STALE_BUCKETS], pull_stale[PS__STALE_BUCKETS];
@@ -231,6 +238,12 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v);
 /* Forget table id and everything in it (a table whose restore failed). */
 void ps__shard_drop(ps__shard *sh, uint32_t id);
 
+/* Does a request that may create the rows of keys (wire bytes: sparse row ids, or a
+ * dense table's (offset, count) pairs) fit the memory budget? Under the budget, or when
+ * every row exists already: PS__APPLIED. Else PS__REJECTED (PS_ERR_NOMEM naming the
+ * budget and the first new row), counted in mem_refused. */
+int ps__shard_room(ps__shard *sh, ps__table *t, const uint8_t *keys, uint32_t nkeys, ps__verdict *v);
+
 /* ---------------------------------------------------------------- clocks and workers */
 
 ps__worker *ps__shard_worker(ps__shard *sh, uint32_t id);
@@ -248,9 +261,16 @@ void ps__shard_advance(ps__shard *sh);
 
 /* ---------------------------------------------------------------- requests */
 
+/* The position of the first NaN or infinity among v[0..n), or UINT64_MAX: a
+ * vectorised scan, the check every push's values pass under nonfinite=refuse|skip. */
+uint64_t ps__first_nonfinite(const float *v, uint64_t n);
 /* Admit and apply (or buffer, or drop) a validated push: p's table exists with the
- * right kind, and its keys are owned and match its values. The engine may take body
- * (a dense push applied after it is acknowledged). Returns v->status. */
+ * right kind, and its keys are owned and match its values. A push that would create a
+ * row past the memory budget is refused (ps__shard_room). A push holding a value that
+ * is not finite, or a rate (lr >= 0 or NaN) that is not, changes nothing: it is
+ * refused (PS_ERR_INVALID naming the table and the first bad value) or, under
+ * nonfinite=skip, dropped (PS__DROPPED). The engine may take body (a dense push applied
+ * after it is acknowledged). Returns v->status. */
 int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdict *v);
 /* Admit a sync push and return its round's accumulator, for an owner that fills it
  * itself (a push read from the worker's memory as it goes) and then counts it in
@@ -363,6 +383,8 @@ void ps__shard_cut_orphan(ps__table *t);
 float *ps__shard_row(ps__table *t, uint64_t key);
 /* The same, with the row's number (its place in the row map) into *idx. */
 float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx);
+/* Rows were added to t->params: count their memory in the engine's mem_used. */
+void ps__shard_grown(ps__table *t);
 #define PS__ROW_ANY UINT32_MAX /* a row number not known: ps__shard_watch looks it up */
 
 /* A whole row (parameters and optimiser state, row_floats floats) set from a

@@ -342,6 +342,9 @@ int ps__shard_import(ps__table *t, uint64_t key, const float *row) {
   if (!w) return PS_ERR_NOMEM;
   if (!created && t->watch) ps__shard_watch(t, key, PS__ROW_ANY);
   memcpy(w, row, ps__spec_row_floats(&t->spec) * sizeof *w);
-  if (created) ps__shard_created(t, key);
+  if (created) {
+    ps__shard_created(t, key);
+    ps__shard_grown(t);
+  }
   return 0;
 }

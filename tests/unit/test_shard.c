@@ -878,3 +878,240 @@ Test(shard, a_cut_of_one_float_rows_kept_in_the_index_survives_the_index_growing
   for (uint64_t k = 50000; k < 120000; k++) push1_ok(1, 1, 0, 1, k, 1.0f); /* no hook left behind */
   cr_assert(eq(flt, row1(t, 100000), -1.0f));
 }
+
+/* ---------------------------------------------------------------- non-finite values */
+
+/* The first float of the row of key in a table of dim <= 8. */
+static float first_of(ps__table *t, uint64_t key) {
+  uint8_t kb[8];
+  float out[8] = {NAN};
+  cr_assert(t->spec.width <= 8);
+  put_keys(kb, &key, 1);
+  cr_assert(eq(int, ps__shard_read_rows(t, kb, 0, 1, out), 0));
+  return out[0];
+}
+
+/* Every parameter of a sparse table's rows 0..n-1 (dim 1), read without creating any. */
+static int all_rows_finite(ps__table *t) {
+  size_t n = ps__rowmap_count(t->params);
+  for (size_t i = 0; i < n; i++) {
+    const float *r = ps__rowmap_row_at(t->params, i);
+    for (size_t k = 0; k < ps__spec_row_floats(&t->spec); k++)
+      if (!isfinite(r[k])) return 0;
+  }
+  return 1;
+}
+
+Test(shard, the_finite_scan_finds_the_first_nan_or_infinity_anywhere) {
+  enum { N = 10000 };
+  float *v = malloc(N * sizeof *v);
+  for (int i = 0; i < N; i++) v[i] = (float)i - 5000.0f;
+  v[17] = 3.4e38f; /* the largest floats are finite */
+  v[18] = -3.4e38f;
+  cr_assert(eq(u64, ps__first_nonfinite(v, N), UINT64_MAX));
+  cr_assert(eq(u64, ps__first_nonfinite(v, 0), UINT64_MAX));
+  const float bad[] = {NAN, -NAN, INFINITY, -INFINITY};
+  const size_t at[] = {0, 1, 2047, 2048, 2049, 5000, N - 1};
+  for (size_t b = 0; b < 4; b++)
+    for (size_t j = 0; j < sizeof at / sizeof at[0]; j++) {
+      float was = v[at[j]];
+      v[at[j]] = bad[b];
+      cr_assert(eq(u64, ps__first_nonfinite(v, N), at[j]), "value %zu at %zu", b, at[j]);
+      v[N - 1 - at[j] / 2] = NAN; /* a later one does not hide the first */
+      cr_assert(eq(u64, ps__first_nonfinite(v, N), at[j] < N - 1 - at[j] / 2 ? at[j] : N - 1 - at[j] / 2));
+      v[N - 1 - at[j] / 2] = (float)(N - 1 - at[j] / 2) - 5000.0f;
+      v[at[j]] = was;
+    }
+  free(v);
+}
+
+Test(shard, a_sync_push_holding_nan_is_refused_whole_and_changes_nothing) {
+  ps__table *t = create(1, PS_SPARSE, 2, "init=zero lr=1 mode=sync");
+  start(2);
+  uint64_t keys[3] = {5, 6, 7};
+  uint8_t kb[24];
+  put_keys(kb, keys, 3);
+  float g[6] = {1, 1, 1, 1, NAN, 1};
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = kb, .nkeys = 3, .vals = g,
+                .nvals = 6};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_INVALID));
+  cr_assert(strstr(v.msg, "'t1'") != NULL && strstr(v.msg, "NaN at value 4 (key 7, element 0)") != NULL, "%s", v.msg);
+  cr_assert(eq(u64, t->nonfinite, 1));
+  cr_assert(eq(u64, SH->nonfinite_refused, 1));
+  /* Nothing of it is in the round: the other worker's push alone makes it. */
+  g[4] = 2.0f;
+  p.sender = 2;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED), "%s", v.msg);
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 2, 1);
+  cr_assert(eq(i64, t->version, 1));
+  cr_assert(eq(flt, first_of(t, 6), -1.0f), "worker 2's push alone: %g", first_of(t, 6));
+  cr_assert(all_rows_finite(t));
+}
+
+Test(shard, an_async_push_with_an_infinity_or_an_infinite_rate_is_refused) {
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=1 mode=async");
+  start(1);
+  ps__verdict v;
+  cr_assert(eq(int, push1(1, 1, 0, 1, 3, -INFINITY, &v), PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_INVALID));
+  cr_assert(strstr(v.msg, "an infinity at value 0 (key 3") != NULL, "%s", v.msg);
+  uint8_t kb[8];
+  uint64_t key = 3;
+  put_keys(kb, &key, 1);
+  float g = 1.0f;
+  const float rates[] = {INFINITY, NAN};
+  for (int i = 0; i < 2; i++) {
+    ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = rates[i], .keys = kb, .nkeys = 1, .vals = &g,
+                  .nvals = 1};
+    cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__REJECTED));
+    cr_assert(strstr(v.msg, "learning rate") != NULL, "%s", v.msg);
+  }
+  cr_assert(eq(u64, SH->nonfinite_refused, 3));
+  cr_assert(eq(u64, t->pushes, 0));
+  cr_assert(eq(u64, t->step, 0), "no step was taken");
+  push1_ok(1, 1, 0, 1, 3, 2.0f); /* a finite push goes through */
+  cr_assert(eq(flt, row1(t, 3), -2.0f));
+}
+
+Test(shard, a_dense_push_with_nan_is_refused_before_it_is_taken) {
+  ps__table *t = create(1, PS_DENSE, 1000, "init=zero lr=1 mode=async slice=100");
+  start(1);
+  size_t len = 32 + 300 * 4;
+  uint8_t *body = malloc(len);
+  put_seg(body, 50, 200);
+  put_seg(body + 16, 600, 100);
+  float *g = (float *)(body + 32);
+  for (int i = 0; i < 300; i++) g[i] = 1.0f;
+  g[250] = NAN; /* element 600 + 50 */
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = body, .nkeys = 4, .vals = g,
+                .nvals = 300};
+  ps__owned own = {body, len};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, &own, &v), PS__REJECTED));
+  cr_assert(strstr(v.msg, "NaN at value 250 (element 650)") != NULL, "%s", v.msg);
+  cr_assert(own.buf == body, "a refused body is not taken");
+  cr_assert(not(t->pend.active));
+  cr_assert(eq(u64, ps__rowmap_count(t->params), 0), "no slice was created");
+  free(body);
+}
+
+Test(shard, nonfinite_skip_drops_the_push_and_counts_it) {
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=1 mode=async nonfinite=skip");
+  start(1);
+  ps__verdict v;
+  cr_assert(eq(int, push1(1, 1, 0, 1, 3, NAN, &v), PS__DROPPED));
+  cr_assert(eq(u64, SH->nonfinite_skipped, 1));
+  cr_assert(eq(u64, SH->nonfinite_refused, 0));
+  cr_assert(eq(u64, t->nonfinite, 1));
+  cr_assert(eq(u64, ps__rowmap_count(t->params), 0));
+  /* allow: the old behaviour, for who wants it */
+  ps__table *u = create(2, PS_SPARSE, 1, "init=zero lr=1 mode=async nonfinite=allow");
+  cr_assert(eq(int, push1(2, 1, 0, 1, 3, INFINITY, &v), PS__APPLIED));
+  float r3 = row1(u, 3);
+  cr_assert(isinf(r3) != 0, "%g", r3);
+  cr_assert(eq(u64, u->nonfinite, 0));
+}
+
+Test(shard, table_options_refuse_values_that_are_not_finite) {
+  const char *bad[] = {"lr=inf", "lr=nan", "init=const:nan", "init=const:inf", "init=uniform:inf", "init=normal:1e38",
+                       "momentum=-inf", "decay=step:10:nan", "nonfinite=maybe"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ps__declare d = {.id = 1, .kind = PS_SPARSE, .size = 1};
+    snprintf(d.name, sizeof d.name, "x");
+    snprintf(d.options, sizeof d.options, "%s", bad[i]);
+    ps__verdict v;
+    cr_assert(eq(int, ps__shard_create(SH, &d, &v), PS__REJECTED), "%s accepted", bad[i]);
+    cr_assert(eq(int, v.err, PS_ERR_CONFIG), "%s: %s", bad[i], v.msg);
+  }
+  /* The largest normal SD allowed gives finite rows. */
+  ps__table *t = create(2, PS_SPARSE, 64, "init=normal:1e37 seed=9");
+  for (uint64_t k = 0; k < 200; k++) cr_assert(ps__shard_row(t, k) != NULL);
+  cr_assert(all_rows_finite(t));
+}
+
+/* The helper thread of a huge push (the server's hooks.par). */
+static ps__par *HUGE_PAR;
+static ps__par *t_par(void *arg, uint32_t nkeys) {
+  (void)arg, (void)nkeys;
+  return HUGE_PAR;
+}
+
+Test(shard, a_huge_push_on_two_threads_is_refused_for_one_nan_and_applied_when_finite) {
+  ps__shard_free(SH);
+  ps__shard_hooks h = {.alloc = t_alloc, .release = t_release, .arm_flush = t_arm, .par = t_par};
+  SH = ps__shard_new(&h);
+  HUGE_PAR = ps__par_new();
+  cr_assert(HUGE_PAR != NULL);
+  ps__table *t = create(1, PS_SPARSE, 1, "init=zero lr=1 mode=async");
+  start(1);
+  uint32_t n = PS__PAR_MIN_KEYS + 1000;
+  uint8_t *kb = malloc(8 * (size_t)n);
+  float *g = malloc(4 * (size_t)n);
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t k = (uint64_t)i * 7919u;
+    put_keys(kb + 8 * (size_t)i, &k, 1);
+    g[i] = 1.0f;
+  }
+  g[n - 3] = NAN;
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = kb, .nkeys = n, .vals = g,
+                .nvals = n};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__REJECTED));
+  cr_assert(strstr(v.msg, "NaN at value") != NULL, "%s", v.msg);
+  cr_assert(eq(u64, ps__rowmap_count(t->params), 0), "nothing of the huge push was applied");
+  g[n - 3] = 1.0f;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED), "%s", v.msg);
+  cr_assert(eq(u64, ps__rowmap_count(t->params), n));
+  cr_assert(eq(flt, row1(t, (uint64_t)(n - 3) * 7919u), -1.0f));
+  cr_assert(all_rows_finite(t));
+  free(kb);
+  free(g);
+  ps__par_free(HUGE_PAR);
+  HUGE_PAR = NULL;
+}
+
+/* ---------------------------------------------------------------- the memory budget */
+
+Test(shard, past_the_memory_budget_only_requests_for_new_rows_are_refused) {
+  ps__table *t = create(1, PS_SPARSE, 4, "init=zero lr=1 mode=async");
+  ps__table *d = create(2, PS_DENSE, 1000, "init=zero lr=1 mode=async slice=100");
+  start(1);
+  uint64_t k = 0;
+  while (SH->mem_used < 256 * 1024) cr_assert(ps__shard_row(t, k++) != NULL);
+  SH->mem_limit = SH->mem_used; /* reached */
+  uint8_t kb[16];
+  uint64_t two[2] = {3, k + 10};
+  put_keys(kb, two, 2);
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_room(SH, t, kb, 1, &v), PS__APPLIED), "an existing row");
+  cr_assert(eq(int, ps__shard_room(SH, t, kb, 2, &v), PS__REJECTED), "a new row");
+  cr_assert(eq(int, v.err, PS_ERR_NOMEM));
+  cr_assert(strstr(v.msg, "memory budget") != NULL, "%s", v.msg);
+  float g[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = kb, .nkeys = 2, .vals = g,
+                .nvals = 8};
+  size_t rows = ps__rowmap_count(t->params);
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__REJECTED));
+  cr_assert(eq(u64, ps__rowmap_count(t->params), rows), "nothing was created");
+  cr_assert(eq(flt, first_of(t, 3), 0.0f), "nothing was applied");
+  p.nkeys = 1;
+  p.nvals = 4;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED), "%s", v.msg);
+  cr_assert(eq(flt, first_of(t, 3), -1.0f));
+  /* A dense table: slices that exist are served, a new one is refused. */
+  uint8_t seg[16];
+  put_seg(seg, 150, 10);
+  cr_assert(eq(int, ps__shard_room(SH, d, seg, 2, &v), PS__REJECTED));
+  SH->mem_limit = 0;
+  cr_assert(ps__shard_row(d, 1) != NULL);
+  SH->mem_limit = SH->mem_used;
+  cr_assert(eq(int, ps__shard_room(SH, d, seg, 2, &v), PS__APPLIED));
+  cr_assert(eq(u64, SH->mem_refused, 3));
+  /* Dropping a table gives its memory back. */
+  uint64_t before = SH->mem_used;
+  ps__shard_drop(SH, 1);
+  cr_assert(lt(u64, SH->mem_used, before - 200 * 1024));
+}
