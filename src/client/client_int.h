@@ -106,6 +106,7 @@ struct ps_req {
   unsigned width;
   size_t nkeys;
   int cancel_acked;
+  int submit_pending;  /* posted, ps__mail_submit not run yet: the request must stay (r->mu) */
   int kind;                /* 0 pull, 1 push, 2 control: for the wait-time counters */
   int counted;             /* posted to the loop: counted in ctx->outstanding */
   int dropped;             /* a server dropped this push (counted once per request) */

@@ -145,15 +145,22 @@ void ps__sweep_tick(uv_timer_t *t) {
 
 /* ---- mail handlers (run on the loop) */
 
+/* The request may be done before this runs (its parts handed to a link by the direct
+ * path, and failed there), and its caller then waits in ps_req_free for submit_pending
+ * to clear: the last access to r is the unlock below. */
 void ps__mail_submit(void *arg) {
   ps_req *r = arg;
   ps_ctx *ctx = r->ctx;
   if (r->nparts == 0) {
     req_complete(r);
-    return;
+  } else {
+    for (unsigned i = 0; i < r->nparts; i++)
+      if (!r->parts[i].finished) ps__part_submit(ctx, &r->parts[i]); /* finished: answered on a lent link */
   }
-  for (unsigned i = 0; i < r->nparts; i++)
-    if (!r->parts[i].finished) ps__part_submit(ctx, &r->parts[i]); /* finished: answered on a lent link */
+  pthread_mutex_lock(&r->mu);
+  r->submit_pending = 0;
+  pthread_cond_broadcast(&r->cv);
+  pthread_mutex_unlock(&r->mu);
 }
 
 void ps__mail_cancel(void *arg) {
@@ -264,8 +271,14 @@ void ps__part_init(ps_ctx *ctx, ps_req *r, unsigned i, uint32_t target, uint8_t 
 int ps__req_post(ps_ctx *ctx, ps_req *r) {
   r->counted = 1;
   __atomic_add_fetch(&ctx->outstanding, 1, __ATOMIC_ACQ_REL);
+  pthread_mutex_lock(&r->mu);
+  r->submit_pending = 1;
+  pthread_mutex_unlock(&r->mu);
   int rc = ps__mailbox_post(ctx->mail, ps__mail_submit, r);
   if (rc) {
+    pthread_mutex_lock(&r->mu);
+    r->submit_pending = 0;
+    pthread_mutex_unlock(&r->mu);
     r->counted = 0;
     __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
     return ps__fail(rc, "context is closed");
@@ -357,9 +370,10 @@ static void req_cancel_sync(ps_req *r) {
 void ps_req_free(ps_req *r) {
   if (!r) return;
   req_cancel_sync(r);
-  /* After a cancel the loop may still be finishing parts; wait for done. */
+  /* After a cancel the loop may still be finishing parts; wait for done, and for the
+   * submission mail, which may come after a completion elsewhere. */
   pthread_mutex_lock(&r->mu);
-  while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+  while (!r->done || r->submit_pending) pthread_cond_wait(&r->cv, &r->mu);
   pthread_mutex_unlock(&r->mu);
   ps__req_destroy(r);
 }
