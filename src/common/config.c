@@ -26,6 +26,7 @@ static const struct {
     {"colocate", K_UINT, 1},       {"fault", K_FAULT, 0},
     {"checkpoint_every", K_UINT, 1000000000}, {"checkpoint_dir", K_PATH, 0},
     {"checkpoint_keep", K_UINT, 1000000}, {"restore", K_PATH, 0}, {"checkpoint_full_every", K_UINT, 1000000},
+    {"secret_file", K_PATH, 0},    {"job_id", K_STR, 0},         {"insecure", K_UINT, 1},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 
