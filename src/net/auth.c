@@ -385,7 +385,7 @@ static void hs_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     return;
   }
   int rc = ps__hs_recv(&a->hs, h->type, h->payload_len ? a->body : NULL, (size_t)h->payload_len, &out);
-  if (rc < 0) {
+  if (rc) {
     refuse(c, a->hs.why);
     return;
   }
@@ -393,7 +393,7 @@ static void hs_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     refuse(c, "cannot send a handshake frame");
     return;
   }
-  if (rc == PS_HS_OK) hs_done(c);
+  if (a->hs.state == PS_HS_DONE) hs_done(c);
 }
 
 static void hs_on_close(ps__conn *c, int status) {

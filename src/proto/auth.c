@@ -101,7 +101,7 @@ static int on_hello(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *out) {
   if (side_mac(hs, "server", out->body + 5 + PS_AUTH_NONCE)) return fail(hs, "hmac failed");
   out->len = PS_AUTH_CHALLENGE_LEN;
   hs->state = PS_HS_S_WAIT_PROOF;
-  return PS_HS_MORE;
+  return 0;
 }
 
 static int on_challenge(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *out) {
@@ -118,7 +118,7 @@ static int on_challenge(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *ou
   if (side_mac(hs, "client", out->body)) return fail(hs, "hmac failed");
   out->len = PS_AUTH_PROOF_LEN;
   hs->state = PS_HS_C_WAIT_OK;
-  return PS_HS_MORE;
+  return 0;
 }
 
 static int on_proof(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *out) {
@@ -132,7 +132,7 @@ static int on_proof(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *out) {
   hs->peer_role = hs->role_c;
   hs->peer_node = hs->node_c;
   hs->state = PS_HS_DONE;
-  return PS_HS_OK;
+  return 0;
 }
 
 int ps__hs_recv(ps__hs *hs, uint8_t type, const uint8_t *body, size_t len, ps__hs_out *out) {
@@ -153,7 +153,7 @@ int ps__hs_recv(ps__hs *hs, uint8_t type, const uint8_t *body, size_t len, ps__h
     hs->peer_role = hs->role_s;
     hs->peer_node = hs->node_s;
     hs->state = PS_HS_DONE;
-    return PS_HS_OK;
+    return 0;
   default:
     return fail(hs, "frame after the handshake ended");
   }

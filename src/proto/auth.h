@@ -87,18 +87,16 @@ typedef struct ps__hs_out {
   size_t len;
 } ps__hs_out;
 
-/* Step results: the handshake goes on, or is complete (peer_role and peer_node are
- * then the peer's authenticated identity); failures are PS_ERR_AUTH. */
-enum { PS_HS_MORE = 0, PS_HS_OK = 1 };
-
 /* The connecting side: out is the AUTH_HELLO to send. 0, or PS_ERR_AUTH (no random
  * bytes: hs->why). */
 int ps__hs_client_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node, ps__hs_out *out);
 /* The accepting side: waits for AUTH_HELLO. */
 void ps__hs_server_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node);
-/* A frame arrived (its type and body): PS_HS_MORE or PS_HS_OK with out set to what to
- * send next (out->type 0: nothing), or PS_ERR_AUTH (state PS_HS_FAILED, the reason in
- * hs->why). A failed or complete handshake fails every further frame. */
+/* A frame arrived (its type and body): 0 with out set to what to send next (out->type
+ * 0: nothing), the handshake complete when hs->state is PS_HS_DONE (peer_role and
+ * peer_node are then the peer's authenticated identity); or PS_ERR_AUTH (state
+ * PS_HS_FAILED, the reason in hs->why). A failed or complete handshake fails every
+ * further frame. */
 int ps__hs_recv(ps__hs *hs, uint8_t type, const uint8_t *body, size_t len, ps__hs_out *out);
 
 /* HMAC-SHA256 of msg under key (out: PS_AUTH_MAC bytes). 0 or -1. */
