@@ -404,11 +404,14 @@ static void hs_on_close(ps__conn *c, int status) {
   if (a->inbound) {
     __atomic_fetch_sub(&pending, 1, __ATOMIC_RELAXED);
   } else if (!a->reported) {
+    /* Refused (by either side): PS_ERR_AUTH, final. Cut off otherwise (the peer's cap
+     * on pending handshakes, a reset): PS_ERR_UNAVAILABLE, which callers may retry. */
+    int rc = status == PS_ERR_AUTH ? PS_ERR_AUTH : status == 0 ? PS_ERR_CLOSED : PS_ERR_UNAVAILABLE;
     a->reported = 1;
-    ps__fail(PS_ERR_AUTH, "authentication with %s failed", c->peer);
-    a->connect_cb(a->cb_arg, NULL, PS_ERR_AUTH);
+    ps__fail(rc, rc == PS_ERR_AUTH ? "authentication with %s failed" : "%s closed the connection during the handshake",
+             c->peer);
+    a->connect_cb(a->cb_arg, NULL, rc);
   }
-  (void)status;
   hs_stop_timer(a);
   hs_unref(a);
 }

@@ -77,7 +77,9 @@ void ps__conn_auth_bind(ps__conn *c, uint32_t node);
  * authenticated. */
 void ps__auth_accept(ps__conn *c, ps__accept_cb cb, void *arg);
 /* A connected, started connection: cb(arg, c, 0) now (no secret) or once it is
- * authenticated, else cb(arg, NULL, PS_ERR_AUTH or the connection's error). */
+ * authenticated; else cb(arg, NULL, err): PS_ERR_AUTH when either side refused,
+ * PS_ERR_UNAVAILABLE when the peer closed it during the handshake, PS_ERR_CLOSED when
+ * it was closed here (a loop's teardown). */
 void ps__auth_connected(ps__conn *c, ps__connect_cb cb, void *arg);
 /* ps__conn_reject during the handshake (an oversized or malformed frame): the
  * uniform refusal. */
