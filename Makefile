@@ -5,7 +5,7 @@ BUILD       ?= build
 BUILD_ASAN  ?= build-asan
 JOBS        ?= $(shell nproc)
 PYTHON      := /usr/bin/python3
-APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libcriterion-dev \
+APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl-dev libcriterion-dev \
                 python3-pytest python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
                 python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
 

@@ -69,7 +69,8 @@ extern "C" {
   X(ERR_INTERNAL, 19, "internal error")                                        \
   X(ERR_DONE, 20, "no more tasks")                                             \
   X(ERR_PENDING, 21, "request still running")                                  \
-  X(ERR_CORRUPT, 22, "corrupt data")
+  X(ERR_CORRUPT, 22, "corrupt data")                                          \
+  X(ERR_AUTH, 23, "authentication failed")
 
 typedef enum ps_err {
 #define PS__ERR_ENUM(name, code, msg) PS_##name = code,

@@ -217,6 +217,7 @@ _NAMES = {
     "PS_ERR_DONE": ("DoneError", ()),
     "PS_ERR_PENDING": ("PendingError", ()),
     "PS_ERR_CORRUPT": ("CorruptError", (ValueError,)),
+    "PS_ERR_AUTH": ("AuthError", (PermissionError,)),
 }
 ERRORS = {}          # code -> (C name, Python class name, extra bases)
 for _code in range(1, 256):

@@ -11,6 +11,7 @@
 
 #include "agent/agent.h"
 #include "common/common.h"
+#include "net/auth.h"
 
 #define AGENT_HEARTBEAT_MS 200u
 #define AGENT_CONNECT_TIMEOUT_MS 60000u
@@ -49,6 +50,8 @@ static void agent_give_up(ps__agent *a, int status, const char *msg) {
 static void on_connected(void *arg, ps__conn *c, int status);
 
 static int agent_connect(ps__agent *a) {
+  /* The handshake presents this node (its id once registered: a rejoin names it). */
+  ps__auth_self_set(a->loop, a->o.hello.role, a->id);
   return ps__connect_tcp(a->loop, a->sched_host, a->o.sched_port, &agent_ops, a, a->o.pool, a->o.max_payload,
                          on_connected, a);
 }
@@ -144,6 +147,13 @@ static void on_connected(void *arg, ps__conn *c, int status) {
     }
     return;
   }
+  if (status == PS_ERR_AUTH) { /* retrying would not change the secret */
+    char msg[300];
+    snprintf(msg, sizeof msg, "cannot register with the scheduler at %s:%d: authentication failed (this node and "
+             "the scheduler need the same job secret and job id)", a->sched_host, a->o.sched_port);
+    agent_give_up(a, PS_ERR_AUTH, msg);
+    return;
+  }
   if (status || !c) {
     /* The scheduler may not listen yet (launchers start every rank at once): retry
      * until the deadline, where deadline_tick gives up. */
@@ -211,6 +221,7 @@ static void on_hello_reply(ps__agent *a, const ps__frame_hdr *h, const ps__body 
   }
   a->id = h->table;
   a->rank = h->batch;
+  ps__auth_self_set(a->loop, a->o.hello.role, a->id); /* the loop's later connections present it */
   /* A restored job resumes at its checkpoint's clock; a negative one is not a clock. */
   a->start_clock = h->clock > 0 ? h->clock : 0;
   a->registered = 1;
@@ -332,4 +343,7 @@ static void close_one(uv_handle_t *h, void *arg) {
   uv_close(h, NULL);
 }
 
-void ps__loop_close_all(uv_loop_t *loop) { uv_walk(loop, close_one, NULL); }
+void ps__loop_close_all(uv_loop_t *loop) {
+  ps__auth_self_clear(loop);
+  uv_walk(loop, close_one, NULL);
+}

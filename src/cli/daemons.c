@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "common/common.h"
 #include "common/config.h"
+#include "net/auth.h"
 #include "sched/sched.h"
 #include "server/server.h"
 
@@ -60,6 +61,42 @@ static int env_uint(const char *name, uint64_t *out) {
   return v && *v && !ps__parse_u64(v, out);
 }
 
+/* The job secret's flags (net/auth.h), shared by both roles. */
+#define AUTH_LONG_OPTS                                                                                   \
+  {"secret-file", required_argument, 0, 'Y'}, {"job-id", required_argument, 0, 'j'},                      \
+      {"insecure", no_argument, 0, 'I'}
+#define AUTH_USAGE                                                                                       \
+  "  --secret-file F           the job secret is in file F (mode 0600) [PSHARD_SECRET_FILE]; or the\n"     \
+  "                            secret itself in PSHARD_SECRET\n"                                           \
+  "  --job-id ID               the job the secret is bound to (default) [PSHARD_JOB_ID]\n"                \
+  "  --insecure                allow binding a non-loopback address without a secret [PSHARD_INSECURE]\n"
+
+typedef struct auth_flags {
+  const char *secret_file, *job;
+  int insecure;
+} auth_flags;
+
+/* One of AUTH_LONG_OPTS into f: 1 if c was one, else 0. */
+static int auth_flag(int c, const char *arg, auth_flags *f) {
+  switch (c) {
+  case 'Y': f->secret_file = arg; return 1;
+  case 'j': f->job = arg; return 1;
+  case 'I': f->insecure = 1; return 1;
+  default: return 0;
+  }
+}
+
+/* Apply the flags over the environment and check the result: 0, or 2 with a message. */
+static int auth_apply(const auth_flags *f, const char *prog) {
+  if ((f->secret_file && ps__auth_set_secret_file(f->secret_file)) || (f->job && ps__auth_set_job(f->job)) ||
+      ps__auth_arm_env()) {
+    fprintf(stderr, "pshard %s: %s\n", prog, ps_errmsg());
+    return 2;
+  }
+  if (f->insecure) ps__auth_set_insecure(1);
+  return 0;
+}
+
 static int parse_uint_flag(const char *flag, const char *v, uint64_t max, uint64_t *out) {
   if (ps__parse_u64(v, out) || *out > max) {
     fprintf(stderr, "pshard: bad value '%s' for %s (an integer up to %llu)\n", v, flag, (unsigned long long)max);
@@ -92,6 +129,7 @@ static void sched_usage(FILE *f) {
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
           "  --verbose                 log registrations and membership changes\n"
+          AUTH_USAGE
           "  --help                    this text\n");
 }
 
@@ -111,7 +149,8 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"checkpoint-full-every", required_argument, 0, 'F'},
       {"restore", required_argument, 0, 'R'}, {"state-dir", required_argument, 0, 'D'},
       {"replicas", required_argument, 0, 'r'}, {"vnodes", required_argument, 0, 'n'},
-      {0, 0, 0, 0}};
+      AUTH_LONG_OPTS, {0, 0, 0, 0}};
+  auth_flags af = {0};
   int exit_when_done = 0;
   uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 1,
            vnodes = 128;
@@ -131,6 +170,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    if (auth_flag(c, optarg, &af)) continue;
     switch (c) {
     case 's': if (parse_uint_flag("--servers", optarg, 4096, &servers)) return 2; have_s = 1; break;
     case 'w': if (parse_uint_flag("--workers", optarg, 4096, &workers)) return 2; have_w = 1; break;
@@ -187,6 +227,7 @@ int ps_cli_scheduler(int argc, char **argv) {
     return 2;
   }
   ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
+  if (auth_apply(&af, "scheduler")) return 2;
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
   ps__sched_opts o = {.host = host, .port = (int)port, .servers = (uint32_t)servers, .workers = (uint32_t)workers,
@@ -248,6 +289,7 @@ static void server_usage(FILE *f) {
           "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --verbose               log table creation and membership changes\n"
+          AUTH_USAGE
           "  --help                  this text\n\n"
           "limits (environment only):\n"
           "  PSHARD_SERVER_MEMORY_MB   memory budget of the tables' rows (half the machine's memory)\n"
@@ -266,7 +308,8 @@ int ps_cli_server(int argc, char **argv) {
       {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},            {"restore", required_argument, 0, 'R'},
       {"rejoin-ms", required_argument, 0, 'J'},
-      {0, 0, 0, 0}};
+      AUTH_LONG_OPTS, {0, 0, 0, 0}};
+  auth_flags af = {0};
   const char *sched = getenv("PSHARD_SCHEDULER");
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
@@ -282,6 +325,7 @@ int ps_cli_server(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    if (auth_flag(c, optarg, &af)) continue;
     switch (c) {
     case 'S': sched = optarg; break;
     case 'H': host = optarg; break;
@@ -325,6 +369,7 @@ int ps_cli_server(int argc, char **argv) {
     return 2;
   }
   ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
+  if (auth_apply(&af, "server")) return 2;
   sigctx sc = {0};
   pthread_t st = start_signal_thread(&sc);
   ps__server_opts o = {.host = host, .port = (int)port, .sched_host = shost, .sched_port = sport,

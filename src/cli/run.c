@@ -34,6 +34,7 @@
 #include "cli/run_ckpt.h"
 #include "common/common.h"
 #include "common/config.h"
+#include "net/auth.h"
 #include "net/oneshot.h"
 #include "proto/frame.h"
 
@@ -703,11 +704,52 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
   }
 }
 
+/* The job's secret and id, in the environment every process of the job inherits (not
+ * on a command line, which other users can read): the caller's own when it set
+ * PSHARD_SECRET_FILE or PSHARD_SECRET (so that tools can talk to the job), else 32
+ * bytes from the OS random source. A job id is drawn too unless PSHARD_JOB_ID is set.
+ * 0, or the exit status. */
+static int run_secret(void) {
+  static const char hex[] = "0123456789abcdef";
+  uint8_t b[32];
+  char s[2 * sizeof b + 1];
+  const char *f = getenv("PSHARD_SECRET_FILE"), *v = getenv("PSHARD_SECRET"), *j = getenv("PSHARD_JOB_ID");
+  if (!(f && *f) && !(v && *v)) {
+    if (ps__random_bytes(b, sizeof b)) {
+      fprintf(stderr, "pshard run: no random bytes for the job secret\n");
+      return 1;
+    }
+    for (size_t i = 0; i < sizeof b; i++) {
+      s[2 * i] = hex[b[i] >> 4];
+      s[2 * i + 1] = hex[b[i] & 15];
+    }
+    s[2 * sizeof b] = '\0';
+    setenv("PSHARD_SECRET", s, 1);
+    memset(s, 0, sizeof s);
+    memset(b, 0, sizeof b);
+  }
+  if (!(j && *j)) {
+    if (ps__random_bytes(b, 8)) return 1;
+    for (size_t i = 0; i < 8; i++) {
+      s[2 * i] = hex[b[i] >> 4];
+      s[2 * i + 1] = hex[b[i] & 15];
+    }
+    s[16] = '\0';
+    setenv("PSHARD_JOB_ID", s, 1);
+  }
+  if (ps__auth_arm_env()) {
+    fprintf(stderr, "pshard run: %s\n", ps_errmsg());
+    return 2;
+  }
+  return 0;
+}
+
 int ps_cli_run(int argc, char **argv) {
   run_opts o = {.S = 1, .K = 1, .R = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;
-  if ((rc = ps__cli_ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0) return rc;
+  if ((rc = ps__cli_ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0 || (rc = run_secret()) != 0)
+    return rc;
   char addr_file[256], addr[128] = "";
   snprintf(addr_file, sizeof addr_file, "%s/addr", run_dir);
   const char *exe = self_exe();

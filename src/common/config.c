@@ -31,6 +31,7 @@ static const struct {
     /* a server's limits (server/budget.c; servers read them as PSHARD_* variables) */
     {"server_memory_mb", K_UINT, 1u << 30}, {"frame_budget_mb", K_UINT, 1u << 30},
     {"frame_deadline_ms", K_UINT, 86400000},
+    {"secret_file", K_PATH, 0},    {"job_id", K_STR, 0},         {"insecure", K_UINT, 1},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
 

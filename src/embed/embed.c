@@ -20,6 +20,7 @@
 #include "common/common.h"
 #include "common/config.h"
 #include "common/fault.h"
+#include "net/auth.h"
 #include "sched/sched.h"
 #include "server/server.h"
 
@@ -161,6 +162,15 @@ int ps_ctx_open(const ps_config *cfg, ps_ctx **out) {
     ps_config_free(empty);
     return rc;
   }
+  /* The job secret (net/auth.h): the configuration's file and job id, else the
+   * environment's, checked here so that a bad one fails the open with its message. */
+  const char *sf = ps_config_get(cfg, "secret_file"), *job = ps_config_get(cfg, "job_id");
+  if ((sf && *sf && (rc = ps__auth_set_secret_file(sf))) || (job && *job && (rc = ps__auth_set_job(job))) ||
+      (rc = ps__auth_arm_env())) {
+    ps_config_free(empty);
+    return rc;
+  }
+  if (ps__config_uint(cfg, "insecure", 0)) ps__auth_set_insecure(1);
   ps_ctx *ctx;
   rc = ps__ctx_new(cfg, &ctx);
   if (!rc) rc = open_with(ctx, cfg);

@@ -16,6 +16,7 @@
 
 #include "common/common.h"
 #include "common/fault.h"
+#include "net/auth.h"
 #include "net/conn_int.h"
 #include "net/net.h"
 #include "proto/msg.h"
@@ -187,6 +188,7 @@ void ps__conn_close(ps__conn *c, int status) {
   c->close_status = status;
   uv_read_stop(&c->h.stream);
   if (c->fq) ps__conn_fault_stop(c);
+  if (c->hs) ps__auth_stop(c);
   uv_close(&c->h.handle, conn_free_cb);
 }
 
@@ -553,6 +555,10 @@ void ps__conn_read_on(ps__conn *c) {
 
 /* Protocol violation (see conn_int.h). */
 void ps__conn_reject(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
+  if (c->hs) {
+    ps__auth_refuse(c, msg); /* before authentication every refusal is the same */
+    return;
+  }
   ps__log(PS_LOG_WARN, "closing connection from %s: %s", c->peer, msg);
   if (!c->closing) {
     ps__conn_send_error(c, h, err, msg);
@@ -685,6 +691,7 @@ static void process_stage(ps__conn *c) {
       return;
     }
     c->rpos += PS_FRAME_HDR_SIZE;
+    if (c->auth_inbound && ps__auth_sender(c, &c->cur)) return;
     if (ps__fault_on() && ps__conn_fault_recv(c)) continue;
     rc = begin_body(c);
     if (rc != 0) {

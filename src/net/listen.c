@@ -12,6 +12,7 @@
 
 #include "common/common.h"
 #include "common/fault.h"
+#include "net/auth.h"
 #include "net/net.h"
 
 static void on_connection(uv_stream_t *server, int status) {
@@ -40,7 +41,7 @@ static void on_connection(uv_stream_t *server, int status) {
     ps__conn_close(c, PS_ERR_IO);
     return;
   }
-  l->on_accept(l->arg, c);
+  ps__auth_accept(c, l->on_accept, l->arg); /* after the handshake, when there is a secret */
 }
 
 static void listener_set(ps__listener *l, uv_loop_t *loop, const ps__conn_ops *ops, ps__accept_cb cb,
@@ -88,6 +89,7 @@ int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port,
                    ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
   struct sockaddr_storage addr;
   int rc = ps__fault_arm_env();
+  if (!rc) rc = ps__auth_check_bind(host);
   if (rc) {
     memset(l, 0, sizeof *l); /* nothing to close */
     return rc;
@@ -113,6 +115,7 @@ int ps__listen_tcp(ps__listener *l, uv_loop_t *loop, const char *host, int port,
 int ps__listen_unix(ps__listener *l, uv_loop_t *loop, const char *path, const ps__conn_ops *ops,
                     ps__accept_cb cb, void *arg, ps__pool *pool, uint64_t max_payload) {
   int frc = ps__fault_arm_env();
+  if (!frc) frc = ps__auth_arm_env();
   if (frc) {
     memset(l, 0, sizeof *l);
     return frc;
@@ -158,7 +161,7 @@ static void on_connect(uv_connect_t *req, int status) {
   connect_req *cr = (connect_req *)req;
   ps__conn *c = cr->conn;
   if (status == 0 && ps__conn_start(c) == 0) {
-    cr->cb(cr->arg, c, 0);
+    ps__auth_connected(c, cr->cb, cr->arg); /* cb once authenticated, when there is a secret */
   } else {
     /* A handle closed while its connect was pending (a loop's teardown walks every
      * handle) gets UV_ECANCELED here from inside uv_close: the close already under way
@@ -176,6 +179,7 @@ __attribute__((noinline)) static int connect_common(uv_loop_t *loop, const char 
                           const ps__conn_ops *ops, void *udata, ps__pool *pool, uint64_t max_payload,
                           ps__connect_cb cb, void *arg) {
   int frc = ps__fault_arm_env();
+  if (!frc) frc = ps__auth_arm_env();
   if (frc) return frc;
   ps__conn *c = ps__conn_alloc(loop, ops, udata, pool, max_payload);
   connect_req *cr = ps__malloc(sizeof *cr);

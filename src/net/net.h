@@ -144,6 +144,12 @@ struct ps__conn {
   size_t write_queue_bytes;  /* includes frames held back by fault injection */
   char peer[128];
   struct ps__fault_q *fq;    /* fault injection state (conn_fault.c): NULL until a fault fires here */
+  /* authentication (auth.c) */
+  struct ps__auth_conn *hs;  /* the handshake under way, else NULL */
+  int authed;                /* the handshake succeeded: auth_role and auth_node name the peer */
+  int auth_inbound;          /* accepted and authenticated: every frame's sender is checked */
+  uint8_t auth_role;
+  uint32_t auth_node;
 };
 
 /* Wrap an accepted or connected stream. The conn starts reading at once. */

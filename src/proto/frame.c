@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/auth.h"
 
 static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_HELLO] = "hello",     [PS_MSG_MEMBERSHIP] = "membership",
@@ -23,6 +24,8 @@ static const char *const type_names[PS_MSG__MAX] = {
 
 const char *ps__frame_type_name(uint8_t type) {
   uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
+  if (t == PS_MSG_AUTH_HELLO) return "auth-hello";
+  if (t == PS_MSG_AUTH_PROOF) return "auth-proof";
   return (t > 0 && t < PS_MSG__MAX && type_names[t]) ? type_names[t] : "unknown";
 }
 
@@ -81,7 +84,7 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
   h->payload_len = ps__get_u64(in + 56);
 
   uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
-  if (t == 0 || t >= PS_MSG__MAX) return ps__fail(PS_ERR_PROTO, "unknown frame type %u", h->type);
+  if (t == 0 || (t >= PS_MSG__MAX && !ps__frame_is_auth(t))) return ps__fail(PS_ERR_PROTO, "unknown frame type %u", h->type);
   if (h->status < 0 || h->status >= PS_ERR__COUNT)
     return ps__fail(PS_ERR_PROTO, "bad status %d in %s frame", h->status, ps__frame_type_name(h->type));
   /* Only replies and ERROR frames carry a status. A request with one would be checked

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "common/ring.h"
+#include "net/auth.h"
 #include "sched/sched_int.h"
 
 /* Short local names for the shared state (sched_int.h). */
@@ -367,6 +368,11 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
     ps__conn_close_after_flush(c, PS_ERR_PROTO);
     return;
   }
+  if (c->authed && c->auth_role != hello.role) { /* the handshake said which role it is */
+    ps__conn_send_error(c, h, PS_ERR_AUTH, "hello names another role than the connection authenticated as");
+    ps__conn_close_after_flush(c, PS_ERR_AUTH);
+    return;
+  }
   if (h->sender) {
     on_rejoin(s, c, h, &hello);
     return;
@@ -401,6 +407,7 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
   n->m.caps = hello.caps;
   n->conn = c;
   c->udata = n; /* only used as a marker; lookups go through node_by_conn */
+  ps__conn_auth_bind(c, n->m.id); /* its frames name this node from now on */
   n->last_seen_ms = ps__now_ms();
   n->barrier_seq = -1;
   ps__log(PS_LOG_INFO, "%s %u registered as rank %u from %s", hello.role == PS_ROLE_SERVER ? "server" : "worker",
@@ -734,6 +741,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   }
   s->pool = ps__pool_new(16u << 20);
   s->mail = ps__mailbox_new(&s->loop);
+  ps__auth_self_set(&s->loop, PS_ROLE_SCHEDULER, 0);
   int rc = ps__listen_tcp(&s->listener, &s->loop, s->o.host, o->port, &sched_ops, on_accept, s, s->pool,
                           s->o.max_payload);
   if (rc || !s->pool || !s->mail) {
@@ -810,6 +818,7 @@ void ps__sched_destroy(ps__sched *s) {
   }
   uv_run(&s->loop, UV_RUN_DEFAULT);
   uv_loop_close(&s->loop);
+  ps__auth_self_clear(&s->loop);
   ps__pool_free(s->pool);
   free(s->nodes);
   free(s->tables);

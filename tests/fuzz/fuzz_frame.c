@@ -10,7 +10,11 @@
  *    than its payload, and accepted again under exactly its payload length;
  *  - a body that decodes as hello, membership, declare or a checkpoint body re-encodes to a body that
  *    decodes to the same values (fields compared, strings up to their NUL);
- *  - failed membership decodes leave no member array behind.
+ *  - failed membership decodes leave no member array behind;
+ *  - the handshake (proto/auth.c) takes every body as a hello, a challenge and a
+ *    proof: a step either fails with PS_ERR_AUTH and leaves the handshake failed, or
+ *    goes on with a frame of the documented length; a challenge or proof made of
+ *    fuzzer bytes never authenticates.
  * A violated property aborts with a message, which libFuzzer and the replay driver
  * report as a crash.
  */
@@ -20,6 +24,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/auth.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 
@@ -44,7 +49,7 @@ static void check_header(const uint8_t *in, const ps__frame_hdr *h, uint64_t max
   CHECK(memcmp(again, in, PS_FRAME_HDR_SIZE) == 0);
 
   uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
-  CHECK(t > 0 && t < PS_MSG__MAX);
+  CHECK((t > 0 && t < PS_MSG__MAX) || ps__frame_is_auth(t));
   CHECK(strcmp(ps__frame_type_name(h->type), "unknown") != 0);
   CHECK(h->status >= 0 && h->status < PS_ERR__COUNT);
   CHECK(h->codec == PS_CODEC_RAW);
@@ -200,6 +205,35 @@ static void check_strings(const uint8_t *p, size_t n) {
   }
 }
 
+/* The handshake on this body: a server's first step (as the frame's type, and as a
+ * hello), its second (a proof after a real hello), and a client's (a challenge). */
+static void check_auth(int typed, uint8_t type, const uint8_t *p, size_t n) {
+  static ps__auth_key key = {.secret = "fuzz-secret-0123456789", .len = 22, .job = "fuzz"};
+  ps__hs s, c;
+  ps__hs_out out, hello;
+  uint8_t types[2] = {typed ? type : PS_MSG_AUTH_HELLO, PS_MSG_AUTH_HELLO};
+  for (int i = 0; i < 2; i++) {
+    ps__hs_server_start(&s, &key, PS_ROLE_SERVER, 1);
+    int rc = ps__hs_recv(&s, types[i], n ? p : NULL, n, &out);
+    CHECK(rc == 0 || rc == PS_ERR_AUTH);
+    if (rc) {
+      CHECK(s.state == PS_HS_FAILED && s.why[0]);
+      CHECK(ps__hs_recv(&s, PS_MSG_AUTH_HELLO, n ? p : NULL, n, &out) == PS_ERR_AUTH);
+    } else {
+      CHECK(s.state == PS_HS_S_WAIT_PROOF && out.type == (PS_MSG_AUTH_HELLO | PS_FRAME_REPLY));
+      CHECK(out.len == PS_AUTH_CHALLENGE_LEN && n == PS_AUTH_HELLO_LEN);
+    }
+  }
+  /* A proof from fuzzer bytes after a real hello. */
+  CHECK(ps__hs_client_start(&c, &key, PS_ROLE_WORKER, 2, &hello) == 0);
+  ps__hs_server_start(&s, &key, PS_ROLE_SERVER, 1);
+  CHECK(ps__hs_recv(&s, hello.type, hello.body, hello.len, &out) == 0);
+  CHECK(ps__hs_recv(&s, PS_MSG_AUTH_PROOF, n ? p : NULL, n, &out) == PS_ERR_AUTH);
+  /* A challenge from fuzzer bytes. */
+  CHECK(ps__hs_recv(&c, PS_MSG_AUTH_HELLO | PS_FRAME_REPLY, n ? p : NULL, n, &out) == PS_ERR_AUTH);
+  CHECK(c.state == PS_HS_FAILED);
+}
+
 /* Data-frame body: keys then floats; touch every byte the header says is there. */
 static uint64_t walk_data(const ps__frame_hdr *h, const uint8_t *body, size_t blen) {
   uint64_t sum = 0;
@@ -213,6 +247,8 @@ static uint64_t walk_data(const ps__frame_hdr *h, const uint8_t *body, size_t bl
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   const uint8_t *body = data;
   size_t blen = size;
+  int typed = 0;
+  uint8_t type = 0;
   static volatile uint64_t sink;
   (void)sink;
 
@@ -224,6 +260,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(rc == 0 || rc == PS_ERR_PROTO || rc == PS_ERR_TOO_LARGE);
     if (rc == 0) {
       check_header(data, &h, FUZZ_MAX_PAYLOAD);
+      typed = 1;
+      type = h.type;
       if (h.payload_len < blen) blen = (size_t)h.payload_len;
       if (ps__frame_is_data(h.type) && h.status == 0) sink = walk_data(&h, body, blen);
     } else {
@@ -241,5 +279,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check_metric(body, blen);
   check_ckpt(body, blen);
   check_strings(body, blen);
+  check_auth(typed, type, body, blen);
   return 0;
 }

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/auth.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 
@@ -101,6 +102,22 @@ int main(int argc, char **argv) {
   h.batch = 0;
   h.epoch = 1;
   one("hello-reply.bin", h, NULL, 0, NULL);
+
+  /* The handshake: a whole exchange under a fixed key (auth-*.bin). */
+  {
+    static ps__auth_key key = {.secret = "fuzz-secret-0123456789", .len = 22, .job = "fuzz"};
+    ps__hs c, s;
+    ps__hs_out hello, chal, proof, ok;
+    if (ps__hs_client_start(&c, &key, PS_ROLE_WORKER, 2, &hello)) return 1;
+    ps__hs_server_start(&s, &key, PS_ROLE_SERVER, 1);
+    if (ps__hs_recv(&s, hello.type, hello.body, hello.len, &chal) || ps__hs_recv(&c, chal.type, chal.body, chal.len, &proof) ||
+        ps__hs_recv(&s, proof.type, proof.body, proof.len, &ok))
+      return 1;
+    one("auth-hello.bin", hdr(hello.type, 1), hello.body, hello.len, NULL);
+    one("auth-challenge.bin", hdr(chal.type, 1), chal.body, chal.len, NULL);
+    one("auth-proof.bin", hdr(proof.type, 1), proof.body, proof.len, NULL);
+    one("auth-ok.bin", hdr(ok.type, 1), NULL, 0, NULL);
+  }
 
   /* membership: two servers and a dead worker. */
   ps__member mem[3];
