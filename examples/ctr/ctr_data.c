@@ -264,6 +264,22 @@ static const char *r_strerror(ctr_reader *r) {
   return strerror(errno);
 }
 
+/* The number in the file of the line being parsed: counted as it goes from byte 0, or
+ * for a range starting later, by counting the newlines before it (on errors only). */
+static uint64_t line_number(ctr_reader *r) {
+  if (r->rbeg == 0) return r->line;
+  char buf[65536];
+  uint64_t n = 1, off = 0;
+  while (off < r->line_at) {
+    size_t want = r->line_at - off < sizeof buf ? (size_t)(r->line_at - off) : sizeof buf;
+    ssize_t k = pread(r->fd, buf, want, (off_t)off);
+    if (k <= 0) break;
+    for (ssize_t i = 0; i < k; i++) n += buf[i] == '\n';
+    off += (uint64_t)k;
+  }
+  return n;
+}
+
 /* Record a sticky error on r: the thread's message, saved for later calls. */
 static int rfail(ctr_reader *r, int code) {
   r->err = code;
@@ -276,11 +292,7 @@ static int rfail(ctr_reader *r, int code) {
   do {                                                                         \
     char m_[512];                                                              \
     snprintf(m_, sizeof m_, __VA_ARGS__);                                      \
-    if ((r)->rbeg == 0)                                                        \
-      fail(CTR_ERR_PARSE, "%s:%llu: %s", (r)->path, (unsigned long long)(r)->line, m_); \
-    else                                                                       \
-      fail(CTR_ERR_PARSE, "%s: line at byte %llu: %s", (r)->path,             \
-           (unsigned long long)(r)->line_at, m_);                              \
+    fail(CTR_ERR_PARSE, "%s:%llu: %s", (r)->path, (unsigned long long)line_number(r), m_); \
     return rfail((r), CTR_ERR_PARSE);                                          \
   } while (0)
 

@@ -92,8 +92,8 @@ int ctr_reader_open(const char *path, ctr_reader **out);
  * byte lies in [begin, end): ranges that tile the file (ctr_range) read every line
  * exactly once, including lines longer than a range (they belong to the range they
  * start in). begin 0 and end UINT64_MAX is the whole file, in any format. Parse errors
- * of a range that starts after byte 0 name the line's byte offset ("FILE: line at byte
- * B: what") instead of its number. Errors: those of ctr_reader_open, and
+ * name the line's number in the whole file, as for ctr_reader_open. Errors: those of
+ * ctr_reader_open, and
  * CTR_ERR_INVALID for a binary or compressed file (or begin > end). */
 int ctr_reader_open_range(const char *path, uint64_t begin, uint64_t end, ctr_reader **out);
 

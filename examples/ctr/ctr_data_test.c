@@ -335,7 +335,7 @@ static void test_ranges(const char *dir) {
     CHECK(got == 4);
     for (long i = 0; i < 4 && got == 4; i++) CHECK(ids[i] == (uint64_t)i);
   }
-  /* A parse error in a range after byte 0 names the line's byte offset. */
+  /* A parse error in a range after byte 0 names the line's number in the file. */
   f = fopen(path, "w");
   if (f) {
     fputs("1 0:1\n0 1:1\n7 2:1\n", f);
@@ -348,7 +348,7 @@ static void test_ranges(const char *dir) {
   if (r) {
     CHECK(ctr_reader_next(r, 10, &b) == CTR_ERR_PARSE);
     char want[600];
-    snprintf(want, sizeof want, "%s: line at byte 12: label '7' is not 0/1 or -1/+1", path);
+    snprintf(want, sizeof want, "%s:3: label '7' is not 0/1 or -1/+1", path);
     CHECK(!strcmp(ctr_errmsg(), want));
     ctr_reader_close(r);
   }

@@ -230,7 +230,7 @@ static double train_step(model *m, const ctr_batch *b, float **pbuf, size_t *pca
 
 /* ------------------------------------------------------------------ epochs and progress */
 
-/* The progress table (dense, 2 counters, summed): partitions done over all epochs, and
+/* The progress table (one sparse row of 2 counters, key 0, summed): partitions done over all epochs, and
  * epochs rank 0 has evaluated. Its name carries the job's starting clock, so that a job
  * restored from a checkpoint (which holds the old counters) starts from zero. */
 #define PROG_DONE 0
@@ -239,13 +239,15 @@ static double train_step(model *m, const ctr_batch *b, float **pbuf, size_t *pca
 static void progress_add(model *m, uint32_t table, int which) {
   float g[2] = {0, 0};
   g[which] = -1; /* sgd with lr 1: w -= g */
-  PS_CHECK("push progress", ps_push_range(m->ctx, table, 0, 2, g, 1, 1.0f, -1));
+  uint64_t key = 0;
+  PS_CHECK("push progress", ps_push(m->ctx, table, &key, 1, g, 1, 1.0f, -1));
 }
 
 /* A step with no data: read the progress counters (a pull that waits for the round in
  * sync mode, like everyone else's), then advance. */
 static void idle_step(model *m, uint32_t table, float prog[2]) {
-  PS_CHECK("pull progress", ps_pull_range(m->ctx, table, 0, 2, prog, -1));
+  uint64_t key = 0;
+  PS_CHECK("pull progress", ps_pull(m->ctx, table, &key, 1, prog, -1));
   PS_CHECK("clock", ps_clock(m->ctx));
   usleep(1000);
 }
@@ -434,6 +436,8 @@ static char **data_files(const char *spec, int *is_dir, size_t *n) {
   exit(1);
 }
 
+#define MIN_RANGE (64u << 10) /* smallest byte range a text file is cut into */
+
 /* A training partition: a whole file, or the byte range [begin, end) of a text file. */
 typedef struct source {
   const char *path; /* one of the data files */
@@ -442,7 +446,7 @@ typedef struct source {
 
 /* Cut the files into about `target` partitions (at least one a file): a binary or
  * compressed file is one partition; uncompressed text files share the rest in
- * proportion to their sizes, each cut into equal byte ranges. A pure function of the
+ * proportion to their sizes, each cut into equal byte ranges of at least MIN_RANGE. A pure function of the
  * files' sizes, so every worker computes the same partitions. */
 static source *plan_partitions(char **files, size_t nfiles, uint64_t target, size_t *nsrc, uint64_t *bytes) {
   ctr_file_info *info = calloc(nfiles, sizeof *info);
@@ -466,7 +470,8 @@ static source *plan_partitions(char **files, size_t nfiles, uint64_t target, siz
     if (info[i].splittable && share && split_bytes) {
       k = (uint64_t)llround((double)share * (double)info[i].size / (double)split_bytes);
       if (k < 1) k = 1;
-      if (k > info[i].size) k = info[i].size ? info[i].size : 1;
+      uint64_t most = (info[i].size + MIN_RANGE - 1) / MIN_RANGE; /* ranges of at least MIN_RANGE */
+      if (k > most) k = most ? most : 1;
     }
     v = realloc(v, (n + k) * sizeof *v);
     if (!v) exit(1);
@@ -887,7 +892,7 @@ int main(int argc, char **argv) {
   if (o.epochs > 0) {
     char pname[64];
     snprintf(pname, sizeof pname, "ctr_progress@%lld", (long long)start_clock);
-    PS_CHECK("declare progress table", ps_table_declare(m.ctx, pname, PS_DENSE, 2, "opt=sgd lr=1 update=sum",
+    PS_CHECK("declare progress table", ps_table_declare(m.ctx, pname, PS_SPARSE, 2, "opt=sgd lr=1 update=sum",
                                                         &prog_table));
     PS_CHECK("declare tasks", ps_tasks_init(m.ctx, (uint32_t)nparts, (uint32_t)o.epochs));
   }
