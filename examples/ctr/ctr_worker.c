@@ -378,6 +378,11 @@ static void push_name(char ***v, size_t *n, const char *name) {
   (*n)++;
 }
 
+static void free_names(char **v, size_t n) {
+  for (size_t i = 0; i < n; i++) free(v[i]);
+  free(v);
+}
+
 /* The files PREFIX* of a directory (not *.tmp, which writers rename when complete),
  * sorted by name. */
 static char **dir_files(const char *dir, const char *prefix, size_t *n) {
@@ -806,6 +811,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (o.lr < 0) o.lr = 0.1;
+  if (o.predict && !is_regular(o.predict)) {
+    fprintf(stderr, "ctr_worker: --predict %s: %s\n", o.predict,
+            access(o.predict, F_OK) ? strerror(errno) : "not a file");
+    return 2;
+  }
   int data_is_dir;
   size_t nfiles;
   char **files = data_files(o.data, &data_is_dir, &nfiles);
@@ -816,16 +826,13 @@ int main(int argc, char **argv) {
     if (!ntests) {
       fprintf(stderr, "ctr_worker: no test set: give --test FILE%s\n",
               data_is_dir ? " (or put a test* file beside the train* files)" : "");
+      free_names(files, nfiles);
       return 2;
     }
     o.test = tests[0];
   } else if (!is_regular(o.test)) {
     fprintf(stderr, "ctr_worker: --test %s: %s\n", o.test, access(o.test, F_OK) ? strerror(errno) : "not a file");
-    return 2;
-  }
-  if (o.predict && !is_regular(o.predict)) {
-    fprintf(stderr, "ctr_worker: --predict %s: %s\n", o.predict,
-            access(o.predict, F_OK) ? strerror(errno) : "not a file");
+    free_names(files, nfiles);
     return 2;
   }
 
@@ -992,10 +999,8 @@ int main(int argc, char **argv) {
   free(pr.perm);
   free(pbuf);
   free(parts);
-  for (size_t i = 0; i < nfiles; i++) free(files[i]);
-  free(files);
-  for (size_t i = 0; i < ntests; i++) free(tests[i]);
-  free(tests);
+  free_names(files, nfiles);
+  free_names(tests, ntests);
   ps_ctx_close(m.ctx);
   model_free(&m);
   return 0;
