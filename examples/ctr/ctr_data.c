@@ -7,6 +7,11 @@
  * binary file are bounded, and checked against the bytes left in the file, before
  * anything is allocated for them. Integers in binary files are little-endian and
  * encoded with explicit put/get helpers.
+ *
+ * A gzip-compressed file (recognised by its magic bytes, whatever its name) is read
+ * through zlib and holds either format. An uncompressed text file can also be read by
+ * byte range: the range [begin, end) holds the lines whose first byte lies in it, so
+ * ranges that tile a file read each line exactly once, however long the lines are.
  */
 #include "ctr_data.h"
 
@@ -20,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+#include <zlib.h>
 
 #define TEXT_CHUNK (1u << 20)     /* read size and initial text buffer */
 #define MAX_LINE (64u << 20)      /* longest accepted text line */
@@ -123,21 +129,6 @@ static inline float bits_f32(uint32_t u) {
 
 /* ---------------------------------------------------------------- i/o helpers */
 
-/* Read up to n bytes; returns bytes read (< n only at end of file) or -1. */
-static ssize_t read_full(int fd, void *buf, size_t n) {
-  size_t got = 0;
-  while (got < n) {
-    ssize_t k = read(fd, (char *)buf + got, n - got);
-    if (k < 0) {
-      if (errno == EINTR) continue;
-      return -1;
-    }
-    if (k == 0) break;
-    got += (size_t)k;
-  }
-  return (ssize_t)got;
-}
-
 static int write_full(int fd, const void *buf, size_t n) {
   size_t done = 0;
   while (done < n) {
@@ -209,7 +200,8 @@ static void batch_clear(ctr_batch *b) {
 
 struct ctr_reader {
   char *path;
-  int fd;
+  int fd;         /* -1 once a gzip stream owns the descriptor */
+  gzFile gz;      /* gzip-compressed file, else NULL */
   int format;
   int err;        /* sticky: once set, every call fails with it */
   char *errsave;  /* the message that goes with err */
@@ -219,6 +211,10 @@ struct ctr_reader {
   size_t cap, beg, end;
   int eof;
   uint64_t line;
+  uint64_t buf_off;  /* file offset of buf[0] */
+  uint64_t line_at;  /* file offset of the line being parsed */
+  uint64_t rbeg, rend; /* byte range: lines starting in [rbeg, rend) (0, UINT64_MAX) */
+  int skip_first;    /* a range not at offset 0: drop the line it starts inside */
   /* binary */
   uint64_t size;   /* file size, UINT64_MAX if not a regular file */
   uint64_t pos;    /* bytes consumed */
@@ -233,6 +229,57 @@ struct ctr_reader {
   int done;
 };
 
+/* One read from the file (decompressing a gzip file): bytes read, 0 at end, or -1 with
+ * errno set (EIO for a gzip error, whose text is in gz_msg). */
+static ssize_t r_read(ctr_reader *r, void *buf, size_t n) {
+  if (r->gz) {
+    int k = gzread(r->gz, buf, (unsigned)(n > (1u << 30) ? (1u << 30) : n));
+    if (k < 0) errno = EIO;
+    return k;
+  }
+  ssize_t k;
+  do k = read(r->fd, buf, n);
+  while (k < 0 && errno == EINTR);
+  return k;
+}
+
+static ssize_t r_read_full(ctr_reader *r, void *buf, size_t n) {
+  size_t got = 0;
+  while (got < n) {
+    ssize_t k = r_read(r, (char *)buf + got, n - got);
+    if (k < 0) return -1;
+    if (k == 0) break;
+    got += (size_t)k;
+  }
+  return (ssize_t)got;
+}
+
+/* strerror, or zlib's message for a gzip stream. */
+static const char *r_strerror(ctr_reader *r) {
+  if (r->gz) {
+    int zerr;
+    const char *m = gzerror(r->gz, &zerr);
+    if (zerr != Z_OK && zerr != Z_STREAM_END && m && *m) return m;
+  }
+  return strerror(errno);
+}
+
+/* The number in the file of the line being parsed: counted as it goes from byte 0, or
+ * for a range starting later, by counting the newlines before it (on errors only). */
+static uint64_t line_number(ctr_reader *r) {
+  if (r->rbeg == 0) return r->line;
+  char buf[65536];
+  uint64_t n = 1, off = 0;
+  while (off < r->line_at) {
+    size_t want = r->line_at - off < sizeof buf ? (size_t)(r->line_at - off) : sizeof buf;
+    ssize_t k = pread(r->fd, buf, want, (off_t)off);
+    if (k <= 0) break;
+    for (ssize_t i = 0; i < k; i++) n += buf[i] == '\n';
+    off += (uint64_t)k;
+  }
+  return n;
+}
+
 /* Record a sticky error on r: the thread's message, saved for later calls. */
 static int rfail(ctr_reader *r, int code) {
   r->err = code;
@@ -245,7 +292,7 @@ static int rfail(ctr_reader *r, int code) {
   do {                                                                         \
     char m_[512];                                                              \
     snprintf(m_, sizeof m_, __VA_ARGS__);                                      \
-    fail(CTR_ERR_PARSE, "%s:%llu: %s", (r)->path, (unsigned long long)(r)->line, m_); \
+    fail(CTR_ERR_PARSE, "%s:%llu: %s", (r)->path, (unsigned long long)line_number(r), m_); \
     return rfail((r), CTR_ERR_PARSE);                                          \
   } while (0)
 
@@ -304,12 +351,33 @@ int ctr_reader_open(const char *path, ctr_reader **out) {
     goto bad;
   }
   r->size = S_ISREG(st.st_mode) ? (uint64_t)st.st_size : UINT64_MAX;
+  r->rend = UINT64_MAX;
 
   unsigned char h[BIN_HDR];
-  ssize_t n = read_full(r->fd, h, sizeof h);
+  ssize_t n = r_read_full(r, h, sizeof h);
   if (n < 0) {
     rc = fail(CTR_ERR_IO, "cannot read %s: %s", path, strerror(errno));
     goto bad;
+  }
+  if (n >= 2 && h[0] == 0x1f && h[1] == 0x8b) {
+    /* gzip: start again through zlib, which then owns the descriptor. */
+    if (lseek(r->fd, 0, SEEK_SET) != 0) {
+      rc = fail(CTR_ERR_IO, "cannot read %s: a gzip file must be seekable", path);
+      goto bad;
+    }
+    r->gz = gzdopen(r->fd, "rb");
+    if (!r->gz) {
+      rc = fail(CTR_ERR_NOMEM, "out of memory");
+      goto bad;
+    }
+    r->fd = -1;
+    gzbuffer(r->gz, 1u << 17);
+    r->size = UINT64_MAX;
+    n = r_read_full(r, h, sizeof h);
+    if (n < 0) {
+      rc = fail(CTR_ERR_IO, "cannot read %s: %s", path, r_strerror(r));
+      goto bad;
+    }
   }
   r->pos = (uint64_t)n;
   if (n >= 4 && !memcmp(h, BIN_MAGIC, 4)) {
@@ -341,11 +409,67 @@ bad:
 void ctr_reader_close(ctr_reader *r) {
   if (!r) return;
   if (r->fd >= 0) close(r->fd);
+  if (r->gz) gzclose(r->gz);
   free(r->path);
   free(r->errsave);
   free(r->buf);
   free(r->blk);
   free(r);
+}
+
+int ctr_reader_open_range(const char *path, uint64_t begin, uint64_t end, ctr_reader **out) {
+  if (!out) return fail(CTR_ERR_INVALID, "ctr_reader_open_range: NULL argument");
+  *out = NULL;
+  if (begin > end) return fail(CTR_ERR_INVALID, "%s: byte range begins after its end", path ? path : "?");
+  ctr_reader *r;
+  int rc = ctr_reader_open(path, &r);
+  if (rc) return rc;
+  if (begin == 0 && end == UINT64_MAX) {
+    *out = r;
+    return CTR_OK;
+  }
+  if (r->format != CTR_FMT_LIBSVM || r->gz || r->size == UINT64_MAX) {
+    ctr_reader_close(r);
+    return fail(CTR_ERR_INVALID, "%s: only an uncompressed libsvm text file can be read by byte range", path);
+  }
+  r->rbeg = begin;
+  r->rend = end;
+  if (begin > 0) {
+    /* Start one byte early and drop up to the first newline: if byte begin-1 is a
+     * newline the dropped line is empty and the range starts with the line at begin. */
+    if (lseek(r->fd, (off_t)(begin - 1), SEEK_SET) < 0) {
+      rc = fail(CTR_ERR_IO, "cannot seek in %s: %s", path, strerror(errno));
+      ctr_reader_close(r);
+      return rc;
+    }
+    r->beg = r->end = 0;
+    r->buf_off = begin - 1;
+    r->skip_first = 1;
+  }
+  *out = r;
+  return CTR_OK;
+}
+
+int ctr_file_probe(const char *path, ctr_file_info *info) {
+  if (!path || !info) return fail(CTR_ERR_INVALID, "ctr_file_probe: NULL argument");
+  memset(info, 0, sizeof *info);
+  ctr_reader *r;
+  int rc = ctr_reader_open(path, &r);
+  if (rc) return rc;
+  struct stat st;
+  info->format = r->format;
+  info->gzip = r->gz != NULL;
+  if (stat(path, &st) == 0) info->size = (uint64_t)st.st_size;
+  info->splittable = r->format == CTR_FMT_LIBSVM && !r->gz && r->size != UINT64_MAX;
+  ctr_reader_close(r);
+  return CTR_OK;
+}
+
+void ctr_range(uint64_t size, uint32_t n, uint32_t i, uint64_t *begin, uint64_t *end) {
+  if (n == 0) n = 1;
+  if (i >= n) i = n - 1;
+  *begin = (uint64_t)((unsigned __int128)size * i / n);
+  *end = (uint64_t)((unsigned __int128)size * (i + 1) / n);
 }
 
 int ctr_reader_format(const ctr_reader *r) { return r->format; }
@@ -356,22 +480,24 @@ uint64_t ctr_reader_rows(const ctr_reader *r) { return r->rows; }
 static int text_line(ctr_reader *r, char **line, size_t *len) {
   for (;;) {
     char *nl = r->beg < r->end ? memchr(r->buf + r->beg, '\n', r->end - r->beg) : NULL;
-    if (nl) {
+    if (nl || (r->eof && r->beg < r->end)) {
+      uint64_t at = r->buf_off + r->beg;
+      if (at >= r->rend) return 0; /* the next range's line */
       *line = r->buf + r->beg;
-      *len = (size_t)(nl - *line);
-      r->beg += *len + 1;
+      *len = nl ? (size_t)(nl - *line) : r->end - r->beg;
+      r->beg += *len + (nl ? 1 : 0);
+      if (r->skip_first) { /* the tail of the line the range starts inside */
+        r->skip_first = 0;
+        continue;
+      }
+      r->line_at = at;
       return 1;
     }
-    if (r->eof) {
-      if (r->beg == r->end) return 0;
-      *line = r->buf + r->beg;
-      *len = r->end - r->beg;
-      r->beg = r->end;
-      return 1;
-    }
+    if (r->eof) return 0;
     if (r->beg > 0) {
       memmove(r->buf, r->buf + r->beg, r->end - r->beg);
       r->end -= r->beg;
+      r->buf_off += r->beg;
       r->beg = 0;
     }
     if (r->end == r->cap) {
@@ -391,12 +517,10 @@ static int text_line(ctr_reader *r, char **line, size_t *len) {
     }
     size_t want = r->cap - r->end;
     if (want > TEXT_CHUNK) want = TEXT_CHUNK;
-    ssize_t k;
-    do k = read(r->fd, r->buf + r->end, want);
-    while (k < 0 && errno == EINTR);
+    ssize_t k = r_read(r, r->buf + r->end, want);
     if (k < 0) {
       fail(CTR_ERR_IO, "%s:%llu: read error: %s", r->path, (unsigned long long)r->line + 1,
-           strerror(errno));
+           r_strerror(r));
       return -rfail(r, CTR_ERR_IO);
     }
     if (k == 0) r->eof = 1;
@@ -516,10 +640,10 @@ static int text_next(ctr_reader *r, size_t max_rows, ctr_batch *b) {
 static int bin_load(ctr_reader *r) {
   uint64_t at = r->pos;
   unsigned char h[BLK_HDR];
-  ssize_t n = read_full(r->fd, h, BLK_HDR);
+  ssize_t n = r_read_full(r, h, BLK_HDR);
   if (n < 0) {
     fail(CTR_ERR_IO, "%s: read error at byte %llu: %s", r->path, (unsigned long long)at,
-         strerror(errno));
+         r_strerror(r));
     return rfail(r, CTR_ERR_IO);
   }
   r->pos += (uint64_t)n;
@@ -561,10 +685,10 @@ static int bin_load(ctr_reader *r) {
     r->blk = nb;
     r->blk_cap = (size_t)plen;
   }
-  n = read_full(r->fd, r->blk, (size_t)plen);
+  n = r_read_full(r, r->blk, (size_t)plen);
   if (n < 0) {
     fail(CTR_ERR_IO, "%s: read error at byte %llu: %s", r->path,
-         (unsigned long long)r->pos, strerror(errno));
+         (unsigned long long)r->pos, r_strerror(r));
     return rfail(r, CTR_ERR_IO);
   }
   r->pos += (uint64_t)n;
@@ -581,7 +705,7 @@ static int bin_load(ctr_reader *r) {
                (unsigned long long)trows, (unsigned long long)nnz,
                (unsigned long long)r->seen_rows, (unsigned long long)r->seen_nnz);
     unsigned char extra;
-    n = read_full(r->fd, &extra, 1);
+    n = r_read_full(r, &extra, 1);
     if (n != 0) BIN_FAIL(r, r->pos, "unexpected bytes after the end block");
     r->done = 1;
     r->blk_rows = r->blk_next = 0;

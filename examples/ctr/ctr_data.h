@@ -15,7 +15,8 @@
  *    corrupt file is always detected. README.md describes the bytes.
  *
  * The reader detects the format from the first bytes, so callers open both the same
- * way. Batches are CSR (row offsets into one id and one value array).
+ * way, whatever the file's name; a gzip-compressed file of either format is read
+ * through zlib. Batches are CSR (row offsets into one id and one value array).
  *
  * This library does not depend on pshard. Errors: every function that can fail returns
  * a ctr_err code; ctr_errmsg() gives the message of the calling thread's last failure,
@@ -87,6 +88,28 @@ typedef struct ctr_reader ctr_reader;
  * On success *out owns the reader. Errors: CTR_ERR_IO (missing or unreadable file),
  * CTR_ERR_CORRUPT (binary header bad), CTR_ERR_NOMEM, CTR_ERR_INVALID. */
 int ctr_reader_open(const char *path, ctr_reader **out);
+/* Open the part of an uncompressed libsvm text file that holds the lines whose first
+ * byte lies in [begin, end): ranges that tile the file (ctr_range) read every line
+ * exactly once, including lines longer than a range (they belong to the range they
+ * start in). begin 0 and end UINT64_MAX is the whole file, in any format. Parse errors
+ * name the line's number in the whole file, as for ctr_reader_open. Errors: those of
+ * ctr_reader_open, and
+ * CTR_ERR_INVALID for a binary or compressed file (or begin > end). */
+int ctr_reader_open_range(const char *path, uint64_t begin, uint64_t end, ctr_reader **out);
+
+/* What ctr_reader_open finds in a file. */
+typedef struct ctr_file_info {
+  int format;     /* CTR_FMT_LIBSVM or CTR_FMT_BIN */
+  int gzip;       /* 1 if gzip-compressed */
+  int splittable; /* 1 if ctr_reader_open_range can cut it (uncompressed regular text file) */
+  uint64_t size;  /* bytes on disk */
+} ctr_file_info;
+/* Inspect a data file without reading its examples. Errors: those of ctr_reader_open. */
+int ctr_file_probe(const char *path, ctr_file_info *info);
+/* Range i of n (0 <= i < n) of a file of size bytes: [size*i/n, size*(i+1)/n). The n
+ * ranges tile [0, size). */
+void ctr_range(uint64_t size, uint32_t n, uint32_t i, uint64_t *begin, uint64_t *end);
+
 /* Read up to max_rows (> 0) examples into b, replacing its content. At the end of the
  * file it returns CTR_OK with b->rows == 0. On an error b is left empty, nothing of the
  * failing batch is returned, and every later call returns the same error. */

@@ -1,7 +1,8 @@
 /*
  * ctr_data_test.c - self-test of the ctr_data library: metrics against known values
  * and a brute-force AUC, and write/read round trips in both formats across block and
- * batch boundaries. Usage: ctr_data_test [SCRATCH_DIR]; exits 1 on the first failure.
+ * batch boundaries, byte-range partitions of a text file (every line exactly once, for
+ * any number of ranges, lines longer than a range), and gzip-compressed files. Usage: ctr_data_test [SCRATCH_DIR]; exits 1 on the first failure.
  */
 #include <math.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <xxhash.h>
+#include <zlib.h>
 
 #include "ctr_data.h"
 
@@ -247,11 +249,190 @@ static void test_errors(const char *dir) {
   CHECK(!strcmp(ctr_errmsg(), "cannot open /nonexistent/x.txt: No such file or directory"));
 }
 
+/* Read path as n byte ranges, in order, with batches of `batch` rows: the first feature
+ * id of every example goes to ids (the test files number their lines that way). Returns
+ * the examples read, or -1 on a reader error. */
+static long read_ranges(const char *path, uint64_t size, uint32_t n, size_t batch, uint64_t *ids, size_t cap) {
+  ctr_batch b;
+  ctr_batch_init(&b);
+  size_t got = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t beg, end;
+    ctr_range(size, n, i, &beg, &end);
+    ctr_reader *r;
+    if (ctr_reader_open_range(path, beg, end, &r) != CTR_OK) {
+      ctr_batch_free(&b);
+      return -1;
+    }
+    for (;;) {
+      if (ctr_reader_next(r, batch, &b) != CTR_OK) {
+        ctr_reader_close(r);
+        ctr_batch_free(&b);
+        return -1;
+      }
+      if (b.rows == 0) break;
+      for (size_t k = 0; k < b.rows && got < cap; k++) ids[got++] = b.ids[b.offsets[k]];
+    }
+    ctr_reader_close(r);
+  }
+  ctr_batch_free(&b);
+  return (long)got;
+}
+
+/* Byte ranges that tile a text file read every example exactly once, in file order. */
+static void test_ranges(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/ranges.svm", dir);
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  enum { LINES = 400 };
+  for (int i = 0; i < LINES; i++) {
+    if (i % 37 == 5) fputs("# a comment line\n\n", f);
+    fprintf(f, "%d %d:1", i % 3 == 0, i);
+    /* most lines are short; some are far longer than a range */
+    int extra = i % 50 == 7 ? 3000 : (int)(rnd() % 6);
+    for (int j = 0; j < extra; j++) fprintf(f, " %d:%d", 1000000 + j, j % 4);
+    fputs(i % 11 == 3 ? "\r\n" : "\n", f);
+  }
+  fputs("1 400:1", f); /* the last line lacks its newline */
+  fclose(f);
+  ctr_file_info info;
+  CHECK(ctr_file_probe(path, &info) == CTR_OK);
+  CHECK(info.format == CTR_FMT_LIBSVM && !info.gzip && info.splittable && info.size > 100000);
+  uint64_t *ids = calloc(2 * LINES, sizeof *ids);
+  CHECK(ids != NULL);
+  if (!ids) return;
+  const uint32_t ns[] = {1, 2, 3, 4, 5, 7, 16, 63, 100, 401, 1000, 4099};
+  for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+    long got = read_ranges(path, info.size, ns[t], 1 + t % 5 * 7, ids, 2 * LINES);
+    if (got != LINES + 1) {
+      fprintf(stderr, "%s:%d: %u ranges read %ld examples, want %d (%s)\n", __FILE__, __LINE__, ns[t], got,
+              LINES + 1, ctr_errmsg());
+      failures++;
+      continue;
+    }
+    for (long i = 0; i <= LINES; i++)
+      if (ids[i] != (uint64_t)i) {
+        fprintf(stderr, "%s:%d: %u ranges: example %ld has id %llu\n", __FILE__, __LINE__, ns[t], i,
+                (unsigned long long)ids[i]);
+        failures++;
+        break;
+      }
+  }
+  unlink(path);
+
+  /* A small file cut into as many ranges as it has bytes, and more (empty ranges). */
+  snprintf(path, sizeof path, "%s/tiny.txt", dir);
+  f = fopen(path, "w");
+  CHECK(f != NULL);
+  if (!f) return;
+  fputs("1 0:1\n0 1:1\n\n1 2:1 9:1\r\n0 3:2.5\n", f);
+  fclose(f);
+  CHECK(ctr_file_probe(path, &info) == CTR_OK);
+  for (uint32_t n = (uint32_t)info.size - 3; n <= info.size + 5; n++) {
+    long got = read_ranges(path, info.size, n, 1, ids, 2 * LINES);
+    CHECK(got == 4);
+    for (long i = 0; i < 4 && got == 4; i++) CHECK(ids[i] == (uint64_t)i);
+  }
+  /* A parse error in a range after byte 0 names the line's number in the file. */
+  f = fopen(path, "w");
+  if (f) {
+    fputs("1 0:1\n0 1:1\n7 2:1\n", f);
+    fclose(f);
+  }
+  ctr_reader *r;
+  ctr_batch b;
+  ctr_batch_init(&b);
+  CHECK(ctr_reader_open_range(path, 3, 100, &r) == CTR_OK);
+  if (r) {
+    CHECK(ctr_reader_next(r, 10, &b) == CTR_ERR_PARSE);
+    char want[600];
+    snprintf(want, sizeof want, "%s:3: label '7' is not 0/1 or -1/+1", path);
+    CHECK(!strcmp(ctr_errmsg(), want));
+    ctr_reader_close(r);
+  }
+  ctr_batch_free(&b);
+  unlink(path);
+  free(ids);
+}
+
+/* A gzip-compressed text or binary file reads like the uncompressed one, whatever its
+ * name; it cannot be cut into byte ranges. */
+static void test_gzip(const char *dir) {
+  char path[512], bin[512];
+  snprintf(path, sizeof path, "%s/data.svm.gz", dir);
+  gzFile g = gzopen(path, "wb");
+  CHECK(g != NULL);
+  if (!g) return;
+  for (int i = 0; i < 5000; i++) gzprintf(g, "%d %d:1 77:0.5\n", i % 2, i);
+  gzclose(g);
+  ctr_file_info info;
+  CHECK(ctr_file_probe(path, &info) == CTR_OK);
+  CHECK(info.format == CTR_FMT_LIBSVM && info.gzip && !info.splittable);
+  uint64_t *ids = calloc(5000, sizeof *ids);
+  if (!ids) return;
+  ctr_reader *r;
+  CHECK(ctr_reader_open_range(path, 0, 100, &r) == CTR_ERR_INVALID && r == NULL); /* a range of a gzip file */
+  ctr_batch b;
+  ctr_batch_init(&b);
+  size_t got = 0;
+  CHECK(ctr_reader_open(path, &r) == CTR_OK);
+  while (r && ctr_reader_next(r, 999, &b) == CTR_OK && b.rows > 0)
+    for (size_t k = 0; k < b.rows; k++, got++) CHECK(b.ids[b.offsets[k]] == got && b.labels[k] == (float)(got % 2));
+  CHECK(got == 5000);
+  ctr_reader_close(r);
+  /* binary, then gzip-compressed under a name that says nothing */
+  snprintf(bin, sizeof bin, "%s/data.bin", dir);
+  ctr_writer *w;
+  CHECK(ctr_writer_open(bin, CTR_FMT_BIN, &w) == CTR_OK);
+  for (uint64_t i = 0; i < 3000 && w; i++) CHECK(ctr_writer_add(w, (float)(i % 2), &i, NULL, 1) == CTR_OK);
+  CHECK(ctr_writer_close(w) == CTR_OK);
+  FILE *f = fopen(bin, "rb");
+  snprintf(path, sizeof path, "%s/data.blob", dir);
+  g = gzopen(path, "wb");
+  CHECK(f && g);
+  char buf[4096];
+  size_t k;
+  while (f && g && (k = fread(buf, 1, sizeof buf, f)) > 0) gzwrite(g, buf, (unsigned)k);
+  if (f) fclose(f);
+  if (g) gzclose(g);
+  CHECK(ctr_file_probe(path, &info) == CTR_OK && info.format == CTR_FMT_BIN && info.gzip);
+  got = 0;
+  CHECK(ctr_reader_open(path, &r) == CTR_OK);
+  while (r && ctr_reader_next(r, 1000, &b) == CTR_OK && b.rows > 0)
+    for (size_t j = 0; j < b.rows; j++, got++) CHECK(b.ids[b.offsets[j]] == got);
+  CHECK(got == 3000);
+  ctr_reader_close(r);
+  /* a truncated gzip stream is an error, not a short file */
+  f = fopen(path, "r+b");
+  if (f) {
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fclose(f);
+    CHECK(truncate(path, sz / 2) == 0);
+  }
+  CHECK(ctr_reader_open(path, &r) == CTR_OK);
+  int rc = CTR_OK;
+  while (r && (rc = ctr_reader_next(r, 1000, &b)) == CTR_OK && b.rows > 0) {
+  }
+  CHECK(rc != CTR_OK);
+  ctr_reader_close(r);
+  ctr_batch_free(&b);
+  unlink(path);
+  unlink(bin);
+  snprintf(path, sizeof path, "%s/data.svm.gz", dir);
+  unlink(path);
+  free(ids);
+}
+
 int main(int argc, char **argv) {
   const char *dir = argc > 1 ? argv[1] : ".";
   test_metrics();
   test_roundtrip(dir);
   test_errors(dir);
+  test_ranges(dir);
+  test_gzip(dir);
   if (failures) {
     fprintf(stderr, "ctr_data_test: %d check(s) failed\n", failures);
     return 1;

@@ -3,11 +3,21 @@
  *
  * Run it under `pshard run` (or any launcher that sets PSHARD_*). The weights live in a
  * sparse table of dimension 1 on the servers, updated with FTRL-proximal or Adagrad.
- * The scheduler hands out the training partitions (DIR/train-*.txt or .bin) as tasks;
- * for each mini-batch the worker pulls only the rows the batch touches, computes the
- * mean logistic-loss gradient, pushes it and advances its clock. At the end of every
- * epoch rank 0 evaluates test log-loss and AUC and prints them beside the planted
- * model's (from DIR/meta.txt when the data came from ctr_gen).
+ * The training data (--data: a directory's train* files, one file, or a glob; libsvm
+ * text or the ctr binary format, either of them gzip-compressed) is cut into
+ * partitions: a binary or compressed file is one, an uncompressed text file is cut into
+ * byte ranges on line boundaries, so that one file feeds any number of workers. Every
+ * worker computes the same cut from the files' sizes. The scheduler hands out the
+ * partitions as tasks; for each mini-batch the worker pulls only the rows the batch
+ * touches, computes the mean logistic-loss gradient, pushes it and advances its clock.
+ *
+ * Epochs: rank 0 evaluates test log-loss and AUC at the end of every epoch and prints
+ * them beside the planted model's (from DIR/meta.txt when the data came from ctr_gen).
+ * A small progress table on the servers counts the partitions done and the epochs
+ * evaluated; a worker holding a partition of epoch e+1 waits (taking empty steps) until
+ * rank 0 has evaluated epoch e, and rank 0 evaluates epoch e once all of its partitions
+ * are counted done. So each epoch line shows the model exactly as that epoch left it.
+ * --predict FILE --out FILE then writes rank 0's scores for FILE.
  *
  * Saving and loading the model: with --save DIR, once training ends rank 0 asks for a
  * checkpoint of the whole job into DIR (ps_checkpoint_to: DIR/ckpt-<id>, the weights
@@ -25,10 +35,13 @@
  * reader's "FILE:LINE: what" message and exit status 1.
  */
 #include <dirent.h>
+#include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,8 +61,11 @@ typedef struct opts {
   int eval_every;       /* rank 0: evaluate on the test set every N of its steps (0 off) */
   size_t eval_rows;     /* rows of the test set used by --eval-every (all) */
   double lr, l1, l2, beta;
-  const char *pred_out;
+  const char *predict, *out; /* --predict FILE --out FILE */
   const char *save, *load; /* --save DIR, --load DIR */
+  long parts;              /* --parts N (0: max(files, 4 x workers)) */
+  int shuffle;             /* --shuffle SEED given */
+  uint64_t shuffle_seed;
 } opts;
 
 static double now_s(void) {
@@ -212,11 +228,26 @@ static double train_step(model *m, const ctr_batch *b, float **pbuf, size_t *pca
   return ctr_logloss(b->labels, p, b->rows);
 }
 
-/* A step with no data: wait for the round like everyone else, then advance. */
-static void empty_step(model *m) {
-  uint64_t k = BIAS_KEY;
-  float w;
-  PS_CHECK("pull", ps_pull(m->ctx, m->table, &k, 1, &w, -1));
+/* ------------------------------------------------------------------ epochs and progress */
+
+/* The progress table (one sparse row of 2 counters, key 0, summed): partitions done over all epochs, and
+ * epochs rank 0 has evaluated. Its name carries the job's starting clock, so that a job
+ * restored from a checkpoint (which holds the old counters) starts from zero. */
+#define PROG_DONE 0
+#define PROG_EVALUATED 1
+
+static void progress_add(model *m, uint32_t table, int which) {
+  float g[2] = {0, 0};
+  g[which] = -1; /* sgd with lr 1: w -= g */
+  uint64_t key = 0;
+  PS_CHECK("push progress", ps_push(m->ctx, table, &key, 1, g, 1, 1.0f, -1));
+}
+
+/* A step with no data: read the progress counters (a pull that waits for the round in
+ * sync mode, like everyone else's), then advance. */
+static void idle_step(model *m, uint32_t table, float prog[2]) {
+  uint64_t key = 0;
+  PS_CHECK("pull progress", ps_pull(m->ctx, table, &key, 1, prog, -1));
   PS_CHECK("clock", ps_clock(m->ctx));
   usleep(1000);
 }
@@ -263,36 +294,320 @@ static int evaluate(model *m, const char *path, int batch, size_t max_rows, doub
   return 0;
 }
 
+/* Write a score for every example of path into out, in the format of liblinear's
+ * `predict -b 1`: a header "labels 1 0", then "PREDICTED P(1) P(0)" a line. Written to
+ * OUT.tmp and renamed into place. 0, or 1 with the reason on stderr. */
+static int predict_file(model *m, const char *path, const char *out, int batch) {
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", out);
+  FILE *f = fopen(tmp, "w");
+  if (!f) {
+    fprintf(stderr, "ctr_worker: --out %s: cannot write %s: %s\n", out, tmp, strerror(errno));
+    return 1;
+  }
+  ctr_reader *r;
+  if (ctr_reader_open(path, &r)) {
+    fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
+    fclose(f);
+    unlink(tmp);
+    return 1;
+  }
+  ctr_batch b;
+  ctr_batch_init(&b);
+  float *p = malloc((size_t)batch * 4);
+  size_t n = 0, right = 0;
+  int rc = p ? 0 : 1;
+  fputs("labels 1 0\n", f);
+  while (!rc) {
+    if (ctr_reader_next(r, (size_t)batch, &b)) {
+      fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
+      rc = 1;
+      break;
+    }
+    if (b.rows == 0) break;
+    predict(m, &b, p);
+    for (size_t i = 0; i < b.rows; i++) {
+      int label = p[i] >= 0.5f;
+      right += label == (b.labels[i] > 0.5f);
+      fprintf(f, "%d %.6g %.6g\n", label, p[i], 1.0 - p[i]);
+    }
+    n += b.rows;
+  }
+  ctr_reader_close(r);
+  ctr_batch_free(&b);
+  free(p);
+  if (fclose(f) != 0 && !rc) {
+    fprintf(stderr, "ctr_worker: --out %s: cannot write %s: %s\n", out, tmp, strerror(errno));
+    rc = 1;
+  }
+  if (!rc && rename(tmp, out) != 0) {
+    fprintf(stderr, "ctr_worker: --out %s: cannot rename %s: %s\n", out, tmp, strerror(errno));
+    rc = 1;
+  }
+  if (rc) {
+    unlink(tmp);
+    return 1;
+  }
+  printf("predictions: %zu examples of %s in %s (accuracy %.4f against its labels)\n", n, path, out,
+         n ? (double)right / (double)n : 0.0);
+  fflush(stdout);
+  return 0;
+}
+
 /* ------------------------------------------------------------------ partitions */
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static char **list_partitions(const char *dir, size_t *n) {
+static int is_regular(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), k = strlen(suffix);
+  return n >= k && !strcmp(s + n - k, suffix);
+}
+
+static void push_name(char ***v, size_t *n, const char *name) {
+  char **nv = realloc(*v, (*n + 1) * sizeof **v);
+  if (!nv || !(nv[*n] = strdup(name))) {
+    fprintf(stderr, "ctr_worker: out of memory\n");
+    exit(1);
+  }
+  *v = nv;
+  (*n)++;
+}
+
+static void free_names(char **v, size_t n) {
+  for (size_t i = 0; i < n; i++) free(v[i]);
+  free(v);
+}
+
+/* The files PREFIX* of a directory (not *.tmp, which writers rename when complete),
+ * sorted by name. */
+static char **dir_files(const char *dir, const char *prefix, size_t *n) {
   DIR *d = opendir(dir);
   char **v = NULL;
-  size_t cnt = 0;
+  *n = 0;
+  if (!d) return NULL;
   struct dirent *e;
-  if (!d) {
-    fprintf(stderr, "ctr_worker: cannot open data directory %s\n", dir);
-    exit(1);
-  }
   while ((e = readdir(d))) {
-    size_t len = strlen(e->d_name);
-    if (strncmp(e->d_name, "train", 5) || len < 5) continue;
-    if (!(len > 4 && (!strcmp(e->d_name + len - 4, ".txt") || !strcmp(e->d_name + len - 4, ".bin")))) continue;
-    v = realloc(v, (cnt + 1) * sizeof *v);
-    v[cnt] = malloc(strlen(dir) + len + 2);
-    sprintf(v[cnt], "%s/%s", dir, e->d_name);
-    cnt++;
+    char path[4096];
+    if (strncmp(e->d_name, prefix, strlen(prefix)) || ends_with(e->d_name, ".tmp")) continue;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path || !is_regular(path)) continue;
+    push_name(&v, n, path);
   }
   closedir(d);
-  if (!cnt) {
-    fprintf(stderr, "ctr_worker: no train*.txt or train*.bin partitions in %s\n", dir);
+  if (*n) qsort(v, *n, sizeof *v, cmp_str);
+  return v;
+}
+
+/* The training files of --data: a directory's train* files, one file, or the matches
+ * of a glob pattern, sorted. *is_dir says whether spec was a directory. Exits with a
+ * message if there are none. */
+static char **data_files(const char *spec, int *is_dir, size_t *n) {
+  struct stat st;
+  char **v = NULL;
+  *n = 0;
+  *is_dir = 0;
+  if (stat(spec, &st) == 0 && S_ISDIR(st.st_mode)) {
+    *is_dir = 1;
+    v = dir_files(spec, "train", n);
+    if (!*n) {
+      fprintf(stderr, "ctr_worker: --data %s: no train* files in that directory (give a file or a quoted glob)\n",
+              spec);
+      exit(1);
+    }
+    return v;
+  }
+  if (stat(spec, &st) == 0) {
+    push_name(&v, n, spec);
+    return v;
+  }
+  if (strpbrk(spec, "*?[")) {
+    glob_t g;
+    int rc = glob(spec, 0, NULL, &g);
+    if (rc == 0)
+      for (size_t i = 0; i < g.gl_pathc; i++)
+        if (is_regular(g.gl_pathv[i])) push_name(&v, n, g.gl_pathv[i]);
+    if (rc == 0 || rc == GLOB_NOMATCH) globfree(&g);
+    if (!*n) {
+      fprintf(stderr, "ctr_worker: --data %s: the pattern matches no file\n", spec);
+      exit(1);
+    }
+    return v;
+  }
+  fprintf(stderr, "ctr_worker: --data %s: %s\n", spec, strerror(errno));
+  exit(1);
+}
+
+#define MIN_RANGE (64u << 10) /* smallest byte range a text file is cut into */
+
+/* A training partition: a whole file, or the byte range [begin, end) of a text file. */
+typedef struct source {
+  const char *path; /* one of the data files */
+  uint64_t begin, end;
+} source;
+
+/* Cut the files into about `target` partitions (at least one a file): a binary or
+ * compressed file is one partition; uncompressed text files share the rest in
+ * proportion to their sizes, each cut into equal byte ranges of at least MIN_RANGE. A pure function of the
+ * files' sizes, so every worker computes the same partitions. */
+static source *plan_partitions(char **files, size_t nfiles, uint64_t target, size_t *nsrc, uint64_t *bytes) {
+  ctr_file_info *info = calloc(nfiles, sizeof *info);
+  if (!info) exit(1);
+  uint64_t split_bytes = 0, whole = 0;
+  *bytes = 0;
+  for (size_t i = 0; i < nfiles; i++) {
+    if (ctr_file_probe(files[i], &info[i])) {
+      fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
+      exit(1);
+    }
+    *bytes += info[i].size;
+    if (info[i].splittable) split_bytes += info[i].size;
+    else whole++;
+  }
+  uint64_t share = target > nfiles && target > whole ? target - whole : 0;
+  source *v = NULL;
+  size_t n = 0;
+  for (size_t i = 0; i < nfiles; i++) {
+    uint64_t k = 1;
+    if (info[i].splittable && share && split_bytes) {
+      k = (uint64_t)llround((double)share * (double)info[i].size / (double)split_bytes);
+      if (k < 1) k = 1;
+      uint64_t most = (info[i].size + MIN_RANGE - 1) / MIN_RANGE; /* ranges of at least MIN_RANGE */
+      if (k > most) k = most ? most : 1;
+    }
+    v = realloc(v, (n + k) * sizeof *v);
+    if (!v) exit(1);
+    for (uint64_t j = 0; j < k; j++) {
+      v[n].path = files[i];
+      if (k == 1) {
+        v[n].begin = 0;
+        v[n].end = UINT64_MAX;
+      } else {
+        ctr_range(info[i].size, (uint32_t)k, (uint32_t)j, &v[n].begin, &v[n].end);
+      }
+      n++;
+    }
+  }
+  free(info);
+  *nsrc = n;
+  return v;
+}
+
+/* Reads one partition as mini-batches, in file order or shuffled. With --shuffle the
+ * whole partition is read into `pool` first and its examples are handed out in a
+ * permutation that depends only on (seed, partition, epoch). */
+typedef struct part_reader {
+  ctr_reader *r;
+  ctr_batch pool; /* --shuffle: every example of the partition */
+  size_t *perm, next;
+  int shuffled;
+} part_reader;
+
+static uint64_t splitmix(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Append b's examples to pool. */
+static void pool_append(ctr_batch *pool, const ctr_batch *b) {
+  if (!pool->offsets) {
+    pool->offsets = calloc(1, 8);
+    if (!pool->offsets) exit(1);
+  }
+  size_t rows = pool->rows + b->rows, nnz = pool->nnz + b->nnz;
+  if (rows > pool->cap_rows) {
+    size_t cap = pool->cap_rows ? pool->cap_rows : 1024;
+    while (cap < rows) cap *= 2;
+    pool->offsets = realloc(pool->offsets, (cap + 1) * 8);
+    pool->labels = realloc(pool->labels, cap * 4);
+    pool->cap_rows = cap;
+  }
+  if (nnz > pool->cap_nnz) {
+    size_t cap = pool->cap_nnz ? pool->cap_nnz : 16384;
+    while (cap < nnz) cap *= 2;
+    pool->ids = realloc(pool->ids, cap * 8);
+    pool->vals = realloc(pool->vals, cap * 4);
+    pool->cap_nnz = cap;
+  }
+  if (!pool->offsets || !pool->labels || (nnz && (!pool->ids || !pool->vals))) {
+    fprintf(stderr, "ctr_worker: out of memory holding a partition for --shuffle (use more --parts)\n");
     exit(1);
   }
-  qsort(v, cnt, sizeof *v, cmp_str);
-  *n = cnt;
-  return v;
+  memcpy(pool->ids + pool->nnz, b->ids, b->nnz * 8);
+  memcpy(pool->vals + pool->nnz, b->vals, b->nnz * 4);
+  memcpy(pool->labels + pool->rows, b->labels, b->rows * 4);
+  for (size_t i = 0; i < b->rows; i++) pool->offsets[pool->rows + i + 1] = pool->nnz + b->offsets[i + 1];
+  pool->rows = rows;
+  pool->nnz = nnz;
+}
+
+/* Open partition src; 0, or 1 with the reader's message on stderr. */
+static int part_open(part_reader *pr, const source *src, const opts *o, uint32_t partition, uint32_t epoch,
+                     ctr_batch *tmp) {
+  pr->shuffled = o->shuffle;
+  pr->next = 0;
+  if (ctr_reader_open_range(src->path, src->begin, src->end, &pr->r)) {
+    fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
+    return 1;
+  }
+  if (!o->shuffle) return 0;
+  pr->pool.rows = pr->pool.nnz = 0;
+  for (;;) {
+    if (ctr_reader_next(pr->r, 4096, tmp)) {
+      fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
+      return 1;
+    }
+    if (tmp->rows == 0) break;
+    pool_append(&pr->pool, tmp);
+  }
+  free(pr->perm);
+  pr->perm = malloc((pr->pool.rows + 1) * sizeof *pr->perm);
+  if (!pr->perm) exit(1);
+  uint64_t key[3] = {o->shuffle_seed, partition, epoch}, x = XXH64(key, sizeof key, 0);
+  for (size_t i = 0; i < pr->pool.rows; i++) pr->perm[i] = i;
+  for (size_t i = pr->pool.rows; i > 1; i--) {
+    size_t j = (size_t)(splitmix(&x) % i), t = pr->perm[i - 1];
+    pr->perm[i - 1] = pr->perm[j];
+    pr->perm[j] = t;
+  }
+  return 0;
+}
+
+/* The next mini-batch of up to max_rows examples into b (b->rows 0 at the end). */
+static int part_next(part_reader *pr, size_t max_rows, ctr_batch *b) {
+  if (!pr->shuffled) {
+    if (ctr_reader_next(pr->r, max_rows, b)) {
+      fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
+      return 1;
+    }
+    return 0;
+  }
+  b->rows = b->nnz = 0;
+  if (b->offsets) b->offsets[0] = 0;
+  ctr_batch one;
+  while (b->rows < max_rows && pr->next < pr->pool.rows) {
+    size_t i = pr->perm[pr->next++];
+    uint64_t o0 = pr->pool.offsets[i], o1 = pr->pool.offsets[i + 1];
+    uint64_t offs[2] = {0, o1 - o0};
+    one.rows = 1;
+    one.nnz = (size_t)(o1 - o0);
+    one.offsets = offs;
+    one.ids = pr->pool.ids + o0;
+    one.vals = pr->pool.vals + o0;
+    one.labels = pr->pool.labels + i;
+    pool_append(b, &one);
+  }
+  return 0;
+}
+
+static void part_close(part_reader *pr) {
+  ctr_reader_close(pr->r);
+  pr->r = NULL;
 }
 
 static int meta_value(const char *dir, const char *key, double *out) {
@@ -371,9 +686,17 @@ static int saved_clock(const char *dir, int64_t *clock) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: ctr_worker --data DIR [options]   (run under `pshard run`)\n"
-          "  --data DIR      training partitions DIR/train*.txt|.bin (libsvm text or ctr binary)\n"
-          "  --test FILE     test set (default DIR/test.txt or DIR/test.bin)\n"
+          "usage: ctr_worker --data DIR|FILE|'GLOB' [options]   (run under `pshard run`)\n"
+          "  --data X        training data: a directory's train* files, one file, or a quoted glob\n"
+          "                  ('data/day-*.svm.gz'); libsvm text or the ctr binary format, found by\n"
+          "                  content whatever the name, either of them gzip-compressed (.gz)\n"
+          "  --test FILE     test set, any of those formats (default DIR/test* when --data is a\n"
+          "                  directory; needed otherwise)\n"
+          "  --parts N       cut the data into about N partitions, the unit a worker takes: an\n"
+          "                  uncompressed text file is cut into byte ranges on line boundaries, a\n"
+          "                  binary or .gz file is one partition (default max(files, 4 x workers))\n"
+          "  --shuffle SEED  shuffle the examples within each partition, differently every epoch\n"
+          "                  but the same on every run (holds one partition in memory)\n"
           "  --epochs N      passes over the data (1); with --load, more passes (0: only evaluate)\n"
           "  --batch N       examples per mini-batch (1000)\n"
           "  --opt ftrl|adagrad  server-side optimiser (ftrl)\n"
@@ -381,6 +704,9 @@ static void usage(FILE *f) {
           "  --lr X --l1 X --l2 X --beta X   optimiser settings (ftrl: 0.1 0.003 0.001 0.001;\n"
           "                  adagrad: 0.1). The servers see the batch-mean gradient, so l1, l2 and\n"
           "                  beta are in its units (per-example FTRL values divided by the batch)\n"
+          "  --predict FILE --out OUT   after training (or with --load DIR --epochs 0), write a\n"
+          "                  score for every example of FILE into OUT as liblinear's `predict -b 1`\n"
+          "                  does: a line 'labels 1 0', then 'PREDICTED P(1) P(0)' a line\n"
           "  --quiet         no per-epoch lines from workers other than rank 0\n"
           "  --slow-worker I --slow-factor F   worker index I (PSHARD_WORKER_INDEX) takes F times\n"
           "                  as long per step (it sleeps (F-1) x its step time), to study stragglers\n"
@@ -390,7 +716,24 @@ static void usage(FILE *f) {
           "                  (DIR on a file system every server sees; made if missing)\n"
           "  --load DIR      start from the model saved in DIR: run the job as\n"
           "                  `pshard run --restore DIR ...` (any number of servers); rank 0 first\n"
-          "                  prints 'loaded model: test logloss X  auc Y ...'\n");
+          "                  prints 'loaded model: test logloss X  auc Y ...'\n"
+          "tuning: the defaults suit millions of examples. On small data (thousands to a few\n"
+          "  hundred thousand examples) take more, smaller steps: --batch 32 --lr 1 --epochs 20\n"
+          "  did much better than the defaults; watch the epoch lines and stop adding epochs\n"
+          "  when the test logloss no longer falls.\n");
+}
+
+/* Rank 0: evaluate epoch `epoch` (1-based) on the test set and print its line. */
+static int epoch_line(model *m, const opts *o, int epoch, double t0) {
+  double ll, auc, acc;
+  size_t n;
+  if (evaluate(m, o->test, 10000, 0, &ll, &auc, &acc, &n)) return 1;
+  printf("epoch %d: test logloss %.4f  auc %.4f  accuracy %.4f  (%zu examples, %.1f s)\n", epoch, ll, auc, acc, n,
+         now_s() - t0);
+  fflush(stdout);
+  ps_metric(m->ctx, "test_auc", auc);
+  ps_metric(m->ctx, "test_logloss", ll);
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -419,7 +762,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--table-opts")) o.table_opts = v;
     else if (!strcmp(a, "--epochs")) o.epochs = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
-    else if (!strcmp(a, "--lr")) o.lr = strtod(v, &end);
+    else if (!strcmp(a, "--parts")) o.parts = strtol(v, &end, 10);
+    else if (!strcmp(a, "--shuffle")) {
+      o.shuffle = 1;
+      o.shuffle_seed = strtoull(v, &end, 10);
+    } else if (!strcmp(a, "--lr")) o.lr = strtod(v, &end);
     else if (!strcmp(a, "--l1")) o.l1 = strtod(v, &end);
     else if (!strcmp(a, "--l2")) o.l2 = strtod(v, &end);
     else if (!strcmp(a, "--beta")) o.beta = strtod(v, &end);
@@ -427,6 +774,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--slow-factor")) o.slow_factor = strtod(v, &end);
     else if (!strcmp(a, "--eval-every")) o.eval_every = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--eval-rows")) o.eval_rows = (size_t)strtoull(v, &end, 10);
+    else if (!strcmp(a, "--predict")) o.predict = v;
+    else if (!strcmp(a, "--out")) o.out = v;
     else if (!strcmp(a, "--save")) o.save = v;
     else if (!strcmp(a, "--load")) o.load = v;
     else {
@@ -434,7 +783,7 @@ int main(int argc, char **argv) {
       usage(stderr);
       return 2;
     }
-    if (end && *end) {
+    if ((end && *end) || (end && end == v)) {
       fprintf(stderr, "ctr_worker: bad value '%s' for %s\n", v, a);
       return 2;
     }
@@ -445,6 +794,10 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (o.parts < 0 || o.parts > (1l << 20)) {
+    fprintf(stderr, "ctr_worker: --parts must be in 1 .. 1048576 (0: the default)\n");
+    return 2;
+  }
   if (o.epochs == 0 && !o.load) {
     fprintf(stderr, "ctr_worker: --epochs 0 only evaluates a loaded model: it needs --load DIR\n");
     return 2;
@@ -453,20 +806,57 @@ int main(int argc, char **argv) {
     fprintf(stderr, "ctr_worker: --save and --load need a directory\n");
     return 2;
   }
-  if (o.lr < 0) o.lr = 0.1;
-  char test_path[4096];
-  if (!o.test) {
-    snprintf(test_path, sizeof test_path, "%s/test.bin", o.data);
-    if (access(test_path, R_OK)) snprintf(test_path, sizeof test_path, "%s/test.txt", o.data);
-    o.test = test_path;
+  if (!o.predict != !o.out || (o.predict && (!*o.predict || !*o.out))) {
+    fprintf(stderr, "ctr_worker: --predict FILE and --out FILE go together\n");
+    return 2;
   }
-  size_t nparts;
-  char **parts = list_partitions(o.data, &nparts);
+  if (o.lr < 0) o.lr = 0.1;
+  if (o.predict && !is_regular(o.predict)) {
+    fprintf(stderr, "ctr_worker: --predict %s: %s\n", o.predict,
+            access(o.predict, F_OK) ? strerror(errno) : "not a file");
+    return 2;
+  }
+  int data_is_dir;
+  size_t nfiles;
+  char **files = data_files(o.data, &data_is_dir, &nfiles);
+  char **tests = NULL;
+  size_t ntests = 0;
+  if (!o.test) {
+    if (data_is_dir) tests = dir_files(o.data, "test", &ntests);
+    if (!ntests) {
+      fprintf(stderr, "ctr_worker: no test set: give --test FILE%s\n",
+              data_is_dir ? " (or put a test* file beside the train* files)" : "");
+      free_names(files, nfiles);
+      return 2;
+    }
+    o.test = tests[0];
+  } else if (!is_regular(o.test)) {
+    fprintf(stderr, "ctr_worker: --test %s: %s\n", o.test, access(o.test, F_OK) ? strerror(errno) : "not a file");
+    free_names(files, nfiles);
+    return 2;
+  }
 
   model m;
   memset(&m, 0, sizeof m);
   PS_CHECK("connect", ps_ctx_open_env(&m.ctx));
-  int rank = ps_ctx_rank(m.ctx);
+  int rank = ps_ctx_rank(m.ctx), nworkers = ps_ctx_num_workers(m.ctx);
+  uint64_t target = o.parts ? (uint64_t)o.parts : 4 * (uint64_t)(nworkers > 0 ? nworkers : 1);
+  if (target < nfiles) target = nfiles;
+  size_t nparts;
+  uint64_t data_bytes;
+  source *parts = plan_partitions(files, nfiles, target, &nparts, &data_bytes);
+  if (rank == 0 && o.epochs > 0) {
+    printf("data: %zu file%s (%.1f MB), %zu partition%s for %d worker%s; test set %s\n", nfiles,
+           nfiles == 1 ? "" : "s", (double)data_bytes / 1e6, nparts, nparts == 1 ? "" : "s", nworkers,
+           nworkers == 1 ? "" : "s", o.test);
+    fflush(stdout);
+    if (nparts < (size_t)nworkers)
+      fprintf(stderr,
+              "ctr_worker: warning: %zu partition%s for %d workers: %zu worker%s will have nothing to train on "
+              "(raise --parts; a binary or .gz file is one partition)\n",
+              nparts, nparts == 1 ? "" : "s", nworkers, (size_t)nworkers - nparts,
+              (size_t)nworkers - nparts == 1 ? "" : "s");
+  }
   const char *idx_env = getenv("PSHARD_WORKER_INDEX");
   int slow = o.slow_worker >= 0 && idx_env && atoi(idx_env) == o.slow_worker && o.slow_factor > 1;
   uint64_t steps = 0;
@@ -482,9 +872,10 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  int64_t start_clock = ps_ctx_clock(m.ctx);
   if (o.load) {
     /* The servers hold the saved tables only if the job was restored from DIR. */
-    int64_t want, have = ps_ctx_clock(m.ctx);
+    int64_t want, have = start_clock;
     if (saved_clock(o.load, &want)) return 1;
     if (want >= 0 ? have != want : have <= 0) {
       fprintf(stderr,
@@ -504,53 +895,55 @@ int main(int argc, char **argv) {
            now_s() - t0);
     fflush(stdout);
   }
-  if (o.epochs > 0) PS_CHECK("declare tasks", ps_tasks_init(m.ctx, (uint32_t)nparts, (uint32_t)o.epochs));
+  uint32_t prog_table = 0;
+  if (o.epochs > 0) {
+    char pname[64];
+    snprintf(pname, sizeof pname, "ctr_progress@%lld", (long long)start_clock);
+    PS_CHECK("declare progress table", ps_table_declare(m.ctx, pname, PS_SPARSE, 2, "opt=sgd lr=1 update=sum",
+                                                        &prog_table));
+    PS_CHECK("declare tasks", ps_tasks_init(m.ctx, (uint32_t)nparts, (uint32_t)o.epochs));
+  }
 
-  ctr_batch b;
+  ctr_batch b, tmp;
   ctr_batch_init(&b);
+  ctr_batch_init(&tmp);
+  part_reader pr;
+  memset(&pr, 0, sizeof pr);
   float *pbuf = NULL;
   size_t pcap = 0;
   double last_report = t0, loss_acc = 0;
   uint64_t examples = 0, ex_since = 0, loss_n = 0;
-  int cur_epoch = 0;
+  int evaluated = 0; /* epochs evaluated: rank 0's own count; others', as last read */
+  float prog[2] = {0, 0};
   while (o.epochs > 0) {
     ps_task task;
     int rc = ps_task_next(m.ctx, &task, 0);
-    if (rc == PS_ERR_TIMEOUT) {
-      empty_step(&m);
-      continue;
-    }
-    int finished_epoch = rc == PS_ERR_DONE ? o.epochs : (int)task.epoch;
-    if (rc && rc != PS_ERR_DONE) die_ps("next task", rc);
-    /* The last evaluation (and a --save) must see every worker's last round: in sync
-     * mode the pulls of a worker at clock c see the rounds before c, and another worker
-     * may have pushed in round c. One more step waits for that round. */
-    if (rc == PS_ERR_DONE && rank == 0) empty_step(&m);
-    while (cur_epoch < finished_epoch) {
-      /* Every partition of cur_epoch is done: rank 0 evaluates. */
+    if (rc && rc != PS_ERR_DONE && rc != PS_ERR_TIMEOUT) die_ps("next task", rc);
+    /* Epochs before `gate` must be evaluated before this worker goes on: all of them
+     * for the next partition's epoch, or every epoch once the tasks are done. */
+    int gate = rc == PS_ERR_DONE ? o.epochs : rc == PS_ERR_TIMEOUT ? evaluated : (int)task.epoch;
+    if (rc == PS_ERR_DONE && rank != 0) break;
+    for (;;) {
       if (rank == 0) {
-        double ll, auc, acc;
-        size_t n;
-        if (evaluate(&m, o.test, 10000, 0, &ll, &auc, &acc, &n)) return 1;
-        printf("epoch %d: test logloss %.4f  auc %.4f  accuracy %.4f  (%zu examples, %.1f s)\n", cur_epoch + 1, ll,
-               auc, acc, n, now_s() - t0);
-        fflush(stdout);
-        ps_metric(m.ctx, "test_auc", auc);
-        ps_metric(m.ctx, "test_logloss", ll);
+        /* Evaluate every epoch whose partitions the counters (as of a finished round)
+         * show done; nobody trains on the next epoch meanwhile. */
+        while (evaluated < o.epochs && prog[PROG_DONE] >= (float)nparts * (float)(evaluated + 1)) {
+          if (epoch_line(&m, &o, evaluated + 1, t0)) return 1;
+          evaluated++;
+          progress_add(&m, prog_table, PROG_EVALUATED);
+        }
+      } else if ((int)prog[PROG_EVALUATED] > evaluated) {
+        evaluated = (int)prog[PROG_EVALUATED];
       }
-      cur_epoch++;
+      if (evaluated >= gate && rc != PS_ERR_TIMEOUT) break;
+      idle_step(&m, prog_table, prog);
+      if (rc == PS_ERR_TIMEOUT) break;
     }
     if (rc == PS_ERR_DONE) break;
-    ctr_reader *r;
-    if (ctr_reader_open(parts[task.partition], &r)) {
-      fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
-      return 1;
-    }
+    if (rc == PS_ERR_TIMEOUT) continue;
+    if (part_open(&pr, &parts[task.partition], &o, task.partition, task.epoch, &tmp)) return 1;
     for (;;) {
-      if (ctr_reader_next(r, (size_t)o.batch, &b)) {
-        fprintf(stderr, "ctr_worker: %s\n", ctr_errmsg());
-        return 1;
-      }
+      if (part_next(&pr, (size_t)o.batch, &b)) return 1;
       if (b.rows == 0) break;
       double ts = now_s();
       loss_acc += train_step(&m, &b, &pbuf, &pcap);
@@ -576,8 +969,11 @@ int main(int argc, char **argv) {
         last_report = t;
       }
     }
-    ctr_reader_close(r);
+    part_close(&pr);
     PS_CHECK("task done", ps_task_done(m.ctx, &task));
+    /* The count goes in a round of its own, closed even if this was the last task. */
+    progress_add(&m, prog_table, PROG_DONE);
+    PS_CHECK("clock", ps_clock(m.ctx));
   }
   double dt = now_s() - t0;
   if (o.epochs > 0 && (!o.quiet || rank == 0))
@@ -591,15 +987,20 @@ int main(int argc, char **argv) {
            (long long)ps_ctx_clock(m.ctx));
     fflush(stdout);
   }
-  if (rank == 0 && o.epochs > 0) {
+  if (rank == 0 && o.epochs > 0 && data_is_dir) {
     double pll, pauc;
     if (!meta_value(o.data, "planted_test_logloss", &pll) && !meta_value(o.data, "planted_test_auc", &pauc))
       printf("planted model (the best achievable): test logloss %.4f  auc %.4f\n", pll, pauc);
   }
+  if (rank == 0 && o.predict && predict_file(&m, o.predict, o.out, 10000)) return 1;
   ctr_batch_free(&b);
+  ctr_batch_free(&tmp);
+  ctr_batch_free(&pr.pool);
+  free(pr.perm);
   free(pbuf);
-  for (size_t i = 0; i < nparts; i++) free(parts[i]);
   free(parts);
+  free_names(files, nfiles);
+  free_names(tests, ntests);
   ps_ctx_close(m.ctx);
   model_free(&m);
   return 0;
