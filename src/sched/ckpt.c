@@ -250,7 +250,7 @@ static int skip_rows(void *arg, uint32_t table, uint64_t lo, uint64_t hi) {
  * TABLE block carries the table's total. Reads the files' TABLE blocks, skipping the
  * ROWS blocks by their descriptors (a few bytes a block). 0, or an error with a
  * message naming the file. */
-static int sparse_rows(ps__sched *s, uint64_t *nrows) {
+static int sparse_rows(ps__sched *s, uint64_t *nrows, uint8_t *seen) {
   ps__sched_ckpt *k = &s->ck;
   for (uint32_t i = 0; i < k->nparts; i++) {
     char path[PS_CKPT_DIR_MAX + 80];
@@ -261,9 +261,12 @@ static int sparse_rows(ps__sched *s, uint64_t *nrows) {
     while (!rc) {
       ps__ckpt_block b;
       if ((rc = ps__ckpt_next(r, &b, skip_rows, NULL)) != 0 || b.kind == PS_CKPT_B_END) break;
-      if (b.kind != PS_CKPT_B_TABLE || b.table.decl.kind != PS_SPARSE) continue;
+      if (b.kind != PS_CKPT_B_TABLE) continue;
       for (size_t t = 0; t < s->ntables; t++)
-        if (s->tables[t].d.id == b.table.decl.id) nrows[t] += b.table.nrows;
+        if (s->tables[t].d.id == b.table.decl.id) {
+          seen[t] = 1;
+          if (b.table.decl.kind == PS_SPARSE) nrows[t] += b.table.nrows;
+        }
     }
     ps__ckpt_reader_close(r);
     if (rc) return rc;
@@ -276,14 +279,18 @@ static void finish(ps__sched *s) {
   ps__sched_ckpt *k = &s->ck;
   char path[PS_CKPT_DIR_MAX + 16];
   uint64_t *nrows = ps__calloc(s->ntables + 1, sizeof *nrows);
-  if (!nrows) {
+  uint8_t *seen = ps__calloc(s->ntables + 1, 1);
+  if (!nrows || !seen) {
+    free(nrows);
+    free(seen);
     fail(s, PS_ERR_NOMEM, "scheduler out of memory");
     return;
   }
-  if (sparse_rows(s, nrows)) {
+  if (sparse_rows(s, nrows, seen)) {
     char err[512];
     snprintf(err, sizeof err, "%s", ps_errmsg());
     free(nrows);
+    free(seen);
     fail(s, PS_ERR_IO, "cannot read the servers' files back: %s", err);
     return;
   }
@@ -297,7 +304,11 @@ static void finish(ps__sched *s) {
                         .nservers = k->nparts, .created_ms = wall_ms(), .base = base};
   ps__ckpt_writer *w = NULL;
   int rc = ps__ckpt_writer_open(&w, path, &hd);
-  for (size_t i = 0; !rc && i < s->ntables; i++) {
+  /* The tables the servers cut: one declared while the checkpoint was asked for, and
+   * created on the servers after it, is in no file and not in the manifest either. */
+  size_t ntables = k->ntables < s->ntables ? k->ntables : s->ntables;
+  for (size_t i = 0; !rc && i < ntables; i++) {
+    if (!seen[i]) continue;
     ps__ckpt_table t;
     memset(&t, 0, sizeof t);
     t.decl = s->tables[i].d;
@@ -310,6 +321,7 @@ static void finish(ps__sched *s) {
     rc = ps__ckpt_write_table(w, &t);
   }
   free(nrows);
+  free(seen);
   uint64_t bytes = 0, rows = 0;
   for (uint32_t i = 0; !rc && i < k->nparts; i++) {
     const ps__ckpt_done *d = &k->parts[i].done;
@@ -473,6 +485,7 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, c
     k->nparts++;
   }
   k->id = id;
+  k->ntables = s->ntables;
   snprintf(k->into, sizeof k->into, "%s", into);
   /* Whole every checkpoint_full_every, else an increment on the last one taken in the
    * job's directory (a checkpoint into a directory of the caller's is always whole). */

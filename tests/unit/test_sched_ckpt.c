@@ -256,6 +256,36 @@ static void fake_file(const char *cdir, uint64_t id, uint32_t sparse) {
   cr_assert_eq(ps__ckpt_writer_close(w, 1, NULL), 0, "%s", ps_errmsg());
 }
 
+/* A server's file holding the TABLE blocks of emb (sparse, dim 4, adam) and w (dense
+ * 100 floats, adagrad), without rows: the tables the server cut. */
+static void fake_file_two(const char *cdir, uint64_t id, uint32_t emb, uint32_t w) {
+  char path[1300];
+  snprintf(path, sizeof path, "%s/server-0.psck", cdir);
+  ps__ckpt_header hd = {.what = PS_CKPT_DATA, .id = id, .clock = 5, .rank = 0, .nservers = 1};
+  ps__ckpt_writer *wr;
+  cr_assert_eq(ps__ckpt_writer_open(&wr, path, &hd), 0, "%s", ps_errmsg());
+  ps__ckpt_table t;
+  memset(&t, 0, sizeof t);
+  t.decl.id = emb;
+  t.decl.kind = PS_SPARSE;
+  t.decl.size = 4;
+  snprintf(t.decl.name, sizeof t.decl.name, "emb");
+  snprintf(t.decl.options, sizeof t.decl.options, "opt=adam lr=0.01");
+  t.width = 4;
+  t.row_floats = 12;
+  cr_assert_eq(ps__ckpt_write_table(wr, &t), 0, "%s", ps_errmsg());
+  memset(&t, 0, sizeof t);
+  t.decl.id = w;
+  t.decl.kind = PS_DENSE;
+  t.decl.size = 100;
+  snprintf(t.decl.name, sizeof t.decl.name, "w");
+  snprintf(t.decl.options, sizeof t.decl.options, "opt=adagrad lr=0.1");
+  t.width = 100;
+  t.row_floats = 200;
+  cr_assert_eq(ps__ckpt_write_table(wr, &t), 0, "%s", ps_errmsg());
+  cr_assert_eq(ps__ckpt_writer_close(wr, 1, NULL), 0, "%s", ps_errmsg());
+}
+
 Test(sched_ckpt, take_then_restore) {
   char *d = tmpdir();
   char body[8192];
@@ -298,7 +328,7 @@ Test(sched_ckpt, take_then_restore) {
   cr_assert_eq(busy.req_id, 78);
   cr_assert_eq(busy.status, PS_ERR_UNAVAILABLE);
   cr_assert(strstr(body, "a checkpoint is being taken"), "%s", body);
-  fake_file(want, 1, 0);
+  fake_file_two(want, 1, emb, w);
   ps__ckpt_done dn = {.rank = 0, .bytes = 1000, .checksum = 0xabc, .rows = 12};
   snprintf(dn.name, sizeof dn.name, "server-0.psck");
   ps__wbuf wb;
