@@ -32,6 +32,9 @@ from test_core import (DENSE_SGD, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_P
                        Raw, frame, load_params, rss_kb, run_sync, server_port, stats, wait_for_line, worst)
 
 E_INVALID, E_NOMEM = 1, 2
+# Under ASan freed memory waits in the allocator's quarantine (up to 256 MB) before it is
+# reused, so resident-memory bounds say nothing there: they are checked in release builds.
+SANITIZED = bool(os.environ.get("PSHARD_SANITIZED"))
 
 
 def vm_kb(pid, field):
@@ -109,7 +112,7 @@ def test_raw_nan_beside_a_training_worker_and_huge_announced_payloads_change_not
         for s in socks:
             s.close()
         assert vm1 - vm0 < 256 * 1024, f"8 announced payloads grew the server by {(vm1 - vm0) >> 10} MiB virtual"
-        assert rss1 - rss0 < 32 * 1024, f"8 announced payloads grew the server by {(rss1 - rss0) >> 10} MiB resident"
+        assert SANITIZED or rss1 - rss0 < 32 * 1024, f"8 announced payloads grew the server by {(rss1 - rss0) >> 10} MiB resident"
         text = stats(sport)
         assert stat_value(text, "nonfinite_refused") == 3, text
         assert c.wait([w], RUN_TIMEOUT) == [0], c.log("worker0")
@@ -155,7 +158,8 @@ def test_partial_frames_are_bounded_by_the_budget_and_the_deadline(tmp_path):
             r.close()
         assert frames and frames[0][0]["status"] == E_NOMEM and frames[0][0]["req_id"] == 300, frames
         assert b"frame_budget_mb" in frames[0][1], frames
-        assert rss_kb(pid) - rss0 < (64 + 48) * 1024, "partial frames took more than their budget"
+        if not SANITIZED:
+            assert rss_kb(pid) - rss0 < (64 + 48) * 1024, "partial frames took more than their budget"
         # The two partial frames pass their deadline: the server closes them.
         for s in held:
             s.settimeout(deadline_ms / 1000 + 5 * SCALE)
@@ -193,7 +197,8 @@ def test_ten_thousand_connections_opened_and_closed_leave_resident_memory_where_
         time.sleep(0.3)
         assert "\nrows " in stats(sport)
         grown = rss_kb(pid) - rss0
-        assert grown < 16 * 1024, f"10,000 connections left {grown} KiB behind"
+        if not SANITIZED:
+            assert grown < 16 * 1024, f"10,000 connections left {grown} KiB behind"
 
 
 # ------------------------------------------------------------------ 4. the memory budget
@@ -216,7 +221,7 @@ def test_sparse_rows_past_the_memory_budget_are_refused_and_existing_rows_served
         assert "pull of a new key: PS_ERR_NOMEM" in log, log
         keys = int(log.split("refused after ")[1].split()[0])
         assert 50000 <= keys <= 300000, log  # 16 MiB of 64-byte rows and their index
-        assert rss_kb(pid) - rss0 < 96 * 1024
+        assert SANITIZED or rss_kb(pid) - rss0 < 96 * 1024
         text = stats(server_port(c))
         assert stat_value(text, "memory_refused") >= 2, text
         assert stat_value(text, "memory_used") < (16 << 20) * 2, text
