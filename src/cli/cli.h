@@ -20,6 +20,8 @@ int ps_cli_stats(int argc, char **argv);
 int ps_cli_top(int argc, char **argv);
 /* Ask the scheduler at HOST:PORT for its counters (text, NUL-terminated, at most cap - 1
  * bytes) within timeout_ms. 0, or -1 with the reason in ps_errmsg(). */
+/* The running pshard binary's path (/proc/self/exe), or "pshard". */
+const char *ps_cli_self_exe(void);
 int ps_cli_fetch_stats(const char *addr, uint64_t timeout_ms, char *out, size_t cap);
 /* `pshard checkpoint HOST:PORT [--timeout MS]` (argv[0] is the subcommand's name): a
  * checkpoint of the running job now, its id, clock and directory printed. */
