@@ -77,6 +77,36 @@ def movielens_csv(directory=DATA_DIR):
     return path
 
 
+def ratings_file(path):
+    """A ratings file of your own: one rating a line, user, item and rating (further
+    columns, such as MovieLens' timestamps, ignored), separated by commas (CSV, with or
+    without a header line) or by tabs or blanks (MovieLens' u.data). Users and items are
+    any integers. Returns the dict movielens() returns."""
+    with open(path) as f:
+        lines = [ln for ln in f.read().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    if not lines:
+        raise ValueError(f"{path}: no ratings")
+    sep = "," if "," in lines[0] else None
+    first = lines[0].split(sep)
+    try:
+        float(first[0]), float(first[2])
+    except (ValueError, IndexError):
+        lines = lines[1:]  # a header line
+    users, items, ratings = [], [], []
+    for n, ln in enumerate(lines, 1):
+        f = ln.split(sep)
+        if len(f) < 3:
+            raise ValueError(f"{path}: line {n}: expected user, item and rating, got {ln[:80]!r}")
+        try:
+            users.append(int(f[0]))
+            items.append(int(f[1]))
+            ratings.append(float(f[2]))
+        except ValueError:
+            raise ValueError(f"{path}: line {n}: not integers and a number: {ln[:80]!r}") from None
+    return {"user": np.array(users, dtype=np.int64), "item": np.array(items, dtype=np.int64),
+            "rating": np.array(ratings, dtype=np.float32)}
+
+
 def movielens(directory=DATA_DIR, test_fraction=0.2, seed=42):
     """(train, test): dicts of contiguous arrays "user", "item" (int64) and "rating"
     (float32), split 80/20 by a fixed-seed permutation of the ratings."""

@@ -7,7 +7,8 @@ created on first touch, server-side optimiser, lazy: only rows in a round step).
 batch pulls only the rows of its users and movies and pushes only their gradients.
 mu is the training set's mean rating. The loss is the batch's mean squared error plus
 an L2 penalty on the rows the batch uses. Data: r-cran-dslabs' MovieLens (100,004
-ratings), fixed-seed 80/20 split (datasets.movielens).
+ratings), fixed-seed 80/20 split (datasets.movielens), or your own split: --train FILE
+--test FILE (user,item,rating lines, CSV or MovieLens' tab-separated u.data).
 
 The consistency mode is a parameter (--mode, PSHARD_MODE; default async). In async
 mode each worker's push is applied on arrival, so 2 workers with local batch B/2 make
@@ -71,7 +72,10 @@ def train(args):
     import pshard
     import pshard.torch
     torch.set_num_threads(1)
-    train_set, test_set = datasets.movielens(seed=args.split_seed)
+    if args.train:
+        train_set, test_set = datasets.ratings_file(args.train), datasets.ratings_file(args.test)
+    else:
+        train_set, test_set = datasets.movielens(seed=args.split_seed)
     mu = float(train_set["rating"].mean())
     ps = pshard.embedded(servers=args.servers, mode=args.mode)
     rank, K = ps.rank, ps.num_workers
@@ -116,6 +120,8 @@ def compare(args):
     me = [sys.executable, os.path.abspath(__file__)]
     for k in ("epochs", "batch", "dim", "opt", "lr", "reg", "seed", "split_seed", "init_sd", "servers"):
         me += ["--" + k.replace("_", "-"), str(getattr(args, k))]
+    if args.train:
+        me += ["--train", os.path.abspath(args.train), "--test", os.path.abspath(args.test)]
     print(f"pshard: {args.workers} workers, {args.servers} servers, {args.mode} mode", flush=True)
     rc, out = jobs.run(jobs.pshard_run(args.servers, args.workers, args.mode) + me + ["--mode", args.mode],
                        args.timeout)
@@ -161,7 +167,12 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--tolerance", type=float, default=0.02, help="--compare: allowed relative RMSE difference")
     ap.add_argument("--timeout", type=float, default=1800)
+    ap.add_argument("--train", help="your own ratings to train on (user,item,rating per line: CSV or MovieLens' "
+                                    "u.data); needs --test")
+    ap.add_argument("--test", help="your own ratings to evaluate on (the same formats)")
     args = ap.parse_args()
+    if bool(args.train) != bool(args.test):
+        ap.error("--train and --test go together")
     if args.compare:
         args.alone_mode = args.alone_mode or args.mode
         return compare(args)

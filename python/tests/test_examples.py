@@ -48,6 +48,37 @@ def test_movielens_two_workers_async():
     assert res["test_rmse"][0] < 1.0, res
 
 
+def test_movielens_on_your_own_train_and_test_files(tmp_path):
+    """--train a CSV with a header, --test MovieLens' tab-separated u.data format: a
+    planted rating rule is learned, under pshard run with 2 workers; malformed files
+    and a lone --train are refused clearly."""
+    import random
+    r = random.Random(1)
+    rule = lambda u, i: (u % 5 + i % 5) / 2 + 0.5  # noqa: E731
+    train, test = tmp_path / "train.csv", tmp_path / "u.test"
+    with open(train, "w") as f:
+        f.write("userId,movieId,rating\n")
+        for _ in range(3000):
+            u, i = r.randrange(60), r.randrange(40)
+            f.write(f"{u},{i},{rule(u, i):.1f}\n")
+    with open(test, "w") as f:
+        for _ in range(500):
+            u, i = r.randrange(60), r.randrange(40)
+            f.write(f"{u}\t{i}\t{rule(u, i):.1f}\t881250949\n")
+    args = [PY, MOVIELENS, "--train", str(train), "--test", str(test), "--epochs", "4", "--batch", "64",
+            "--servers", "1", "--mode", "async"]
+    res = check(*jobs.run(jobs.pshard_run(1, 2, "async") + args, 120, echo=False))
+    assert res["workers"] == 2 and len(res["test_rmse"]) == 4
+    assert res["test_rmse"][-1] < 0.5 * res["test_rmse"][0], res
+    bad = tmp_path / "bad.csv"
+    bad.write_text("1,2,3\n4,x,5\n")
+    rc, out = jobs.run([PY, MOVIELENS, "--train", str(bad), "--test", str(test), "--epochs", "1"], 60,
+                       env=jobs.clean_env(), echo=False)
+    assert rc != 0 and "bad.csv: line 2" in out, out[-2000:]
+    rc, out = jobs.run([PY, MOVIELENS, "--train", str(train)], 60, env=jobs.clean_env(), echo=False)
+    assert rc == 2 and "--train and --test go together" in out, out[-2000:]
+
+
 @pytest.mark.slow
 def test_fashion_mnist_full():
     """2 workers, sync, server-side Adam: >= 87% test accuracy within 10 epochs;
