@@ -371,7 +371,7 @@ static void print_row(const char *sys, const char *op, unsigned dim, size_t batc
   fflush(stdout);
 }
 
-/* ---- --once-cost: the engine alone */
+/* ---- --once-cost, --track-cost, --finite-cost: the engine alone */
 
 static void *oc_alloc(void *arg, size_t n) {
   (void)arg;
@@ -402,7 +402,22 @@ static double oc_run(ps__shard *sh, uint32_t id, const uint8_t *keys, const floa
   return (double)n / t;
 }
 
-static int once_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t *batches, int nb) {
+/* One of the engine-only comparisons: pushes to table A against pushes to table B (or
+ * to A again, with an identity, or with `before` switching something on). */
+typedef struct ec_variant {
+  const char *title;          /* what is measured, for the first line */
+  const char *a, *b;          /* the two columns' names */
+  const char *name_a, *name_b; /* table name prefixes */
+  const char *opts_a, *opts_b; /* table options; opts_b NULL: B pushes go to table A */
+  int ident_b;                /* B's pushes carry an identity (inc 1, the next sequence) */
+  void (*before)(ps__shard *sh, ps__table *t, int b); /* before each A (0) and B (1) run; NULL */
+  void (*footer)(ps__shard *sh);                      /* a last line; NULL */
+} ec_variant;
+
+/* For each dim and batch: A and B in alternating rounds of --seconds, medians of both
+ * and B's cost in percent. */
+static int engine_cost(const ec_variant *ev, uint64_t nrows, const unsigned *dims, int nd, const size_t *batches,
+                       int nb) {
   ps__shard_hooks hooks = {.alloc = oc_alloc, .release = oc_release};
   ps__shard *sh = ps__shard_new(&hooks);
   if (!sh) return 1;
@@ -410,78 +425,29 @@ static int once_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t 
   ps__shard_set_started(sh, 1);
   bench_zipf z;
   bench_zipf_init(&z, nrows, ZIPF_S, 42);
-  printf("exactly-once bookkeeping on the shard engine (one thread, async sgd, Zipf(%.1f) keys over %llu rows), "
-         "median of %d rounds of %.2f s each\n", ZIPF_S, (unsigned long long)nrows, rounds, g_seconds);
-  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", "plain push/s", "plain rows/s", "once push/s",
-         "once rows/s", "cost %");
+  printf("%s on the shard engine (one thread, async sgd, Zipf(%.1f) keys over %llu rows), median of %d rounds of "
+         "%.2f s each\n", ev->title, ZIPF_S, (unsigned long long)nrows, rounds, g_seconds);
+  char la[32], lb[32], ra[32], rb[32];
+  snprintf(la, sizeof la, "%s push/s", ev->a);
+  snprintf(ra, sizeof ra, "%s rows/s", ev->a);
+  snprintf(lb, sizeof lb, "%s push/s", ev->b);
+  snprintf(rb, sizeof rb, "%s rows/s", ev->b);
+  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", la, ra, lb, rb, "cost %");
   uint32_t seq = 0;
   for (int di = 0; di < nd; di++) {
-    ps__declare d = {.id = (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]};
-    snprintf(d.name, sizeof d.name, "once%u", dims[di]);
-    snprintf(d.options, sizeof d.options, "opt=sgd lr=0.001 mode=async");
+    ps__declare d = {.id = 2 * (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]}, e;
+    snprintf(d.name, sizeof d.name, "%s%u", ev->name_a, dims[di]);
+    snprintf(d.options, sizeof d.options, "%s", ev->opts_a);
     ps__verdict v;
-    if (ps__shard_create(sh, &d, &v) != PS__APPLIED) {
-      fprintf(stderr, "bench_sparse: %s\n", v.msg);
-      return 1;
+    int rc = ps__shard_create(sh, &d, &v) != PS__APPLIED;
+    e = d;
+    if (!rc && ev->opts_b) {
+      e.id++;
+      snprintf(e.name, sizeof e.name, "%s%u", ev->name_b, dims[di]);
+      snprintf(e.options, sizeof e.options, "%s", ev->opts_b);
+      rc = ps__shard_create(sh, &e, &v) != PS__APPLIED;
     }
-    for (int bi = 0; bi < nb; bi++) {
-      size_t batch = batches[bi];
-      uint8_t *keys = malloc(batch * 8);
-      float *vals = malloc(batch * dims[di] * sizeof(float));
-      if (!keys || !vals) return 1;
-      for (size_t i = 0; i < batch; i++) ps__put_u64(keys + 8 * i, bench_zipf_next(&z));
-      for (size_t i = 0; i < batch * dims[di]; i++) vals[i] = 0.001f * (float)(i % 7);
-      double plain[ROUNDS_MAX], once[ROUNDS_MAX];
-      oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq); /* warm: rows created */
-      for (int r = 0; r < rounds; r++) {
-        plain[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
-        once[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 1, &seq);
-      }
-      double mp = bench_median(plain, (size_t)rounds), mo = bench_median(once, (size_t)rounds);
-      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, mp, mp * (double)batch, mo,
-             mo * (double)batch, 100.0 * (mp - mo) / mp);
-      fflush(stdout);
-      free(keys);
-      free(vals);
-    }
-  }
-  printf("duplicates seen: %llu (expected 0)\n", (unsigned long long)sh->once.dups);
-  ps__shard_free(sh);
-  return 0;
-}
-
-/* ---- --track-cost: the changed-row sets of incremental checkpoints, the engine alone */
-
-/* Tracking of table t on or off, as a checkpoint's cut leaves it. */
-static void tc_track(ps__shard *sh, ps__table *t, int on) {
-  ps__snap_table s;
-  if (ps__shard_snap(t, &s, on)) {
-    fprintf(stderr, "bench_sparse: cut failed: %s\n", ps_errmsg());
-    exit(1);
-  }
-  ps__shard_snap_release(sh, &s);
-}
-
-static int track_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t *batches, int nb) {
-  ps__shard_hooks hooks = {.alloc = oc_alloc, .release = oc_release};
-  ps__shard *sh = ps__shard_new(&hooks);
-  if (!sh) return 1;
-  ps__shard_member(sh, 1, 1);
-  ps__shard_set_started(sh, 1);
-  bench_zipf z;
-  bench_zipf_init(&z, nrows, ZIPF_S, 42);
-  printf("changed-row tracking (incremental checkpoints) on the shard engine (one thread, async sgd, Zipf(%.1f) "
-         "keys over %llu rows), median of %d rounds of %.2f s each\n", ZIPF_S, (unsigned long long)nrows, rounds,
-         g_seconds);
-  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", "plain push/s", "plain rows/s", "track push/s",
-         "track rows/s", "cost %");
-  uint32_t seq = 0;
-  for (int di = 0; di < nd; di++) {
-    ps__declare d = {.id = (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]};
-    snprintf(d.name, sizeof d.name, "track%u", dims[di]);
-    snprintf(d.options, sizeof d.options, "opt=sgd lr=0.001 mode=async");
-    ps__verdict v;
-    if (ps__shard_create(sh, &d, &v) != PS__APPLIED) {
+    if (rc) {
       fprintf(stderr, "bench_sparse: %s\n", v.msg);
       return 1;
     }
@@ -493,81 +459,56 @@ static int track_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t
       if (!keys || !vals) return 1;
       for (size_t i = 0; i < batch; i++) ps__put_u64(keys + 8 * i, bench_zipf_next(&z));
       for (size_t i = 0; i < batch * dims[di]; i++) vals[i] = 0.001f * (float)(i % 7);
-      double plain[ROUNDS_MAX], tracked[ROUNDS_MAX];
+      double ta[ROUNDS_MAX], tb[ROUNDS_MAX];
       oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq); /* warm: rows created */
+      if (e.id != d.id) oc_run(sh, e.id, keys, vals, batch, dims[di], 0, &seq);
       for (int r = 0; r < rounds; r++) {
-        tc_track(sh, t, 0);
-        plain[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
-        tc_track(sh, t, 1);
-        tracked[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
+        if (ev->before) ev->before(sh, t, 0);
+        ta[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
+        if (ev->before) ev->before(sh, t, 1);
+        tb[r] = oc_run(sh, e.id, keys, vals, batch, dims[di], ev->ident_b, &seq);
       }
-      tc_track(sh, t, 0);
-      double mp = bench_median(plain, (size_t)rounds), mt = bench_median(tracked, (size_t)rounds);
-      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, mp, mp * (double)batch, mt,
-             mt * (double)batch, 100.0 * (mp - mt) / mp);
+      if (ev->before) ev->before(sh, t, 0);
+      double ma = bench_median(ta, (size_t)rounds), mb = bench_median(tb, (size_t)rounds);
+      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, ma, ma * (double)batch, mb,
+             mb * (double)batch, 100.0 * (ma - mb) / ma);
       fflush(stdout);
       free(keys);
       free(vals);
     }
   }
+  if (ev->footer) ev->footer(sh);
   ps__shard_free(sh);
   return 0;
 }
 
-/* ---- --finite-cost: the finite check of pushed values, the engine alone */
+static void once_footer(ps__shard *sh) {
+  printf("duplicates seen: %llu (expected 0)\n", (unsigned long long)sh->once.dups);
+}
 
-static int finite_cost(uint64_t nrows, const unsigned *dims, int nd, const size_t *batches, int nb) {
-  ps__shard_hooks hooks = {.alloc = oc_alloc, .release = oc_release};
-  ps__shard *sh = ps__shard_new(&hooks);
-  if (!sh) return 1;
-  ps__shard_member(sh, 1, 1);
-  ps__shard_set_started(sh, 1);
-  bench_zipf z;
-  bench_zipf_init(&z, nrows, ZIPF_S, 42);
-  printf("finite check of pushed values on the shard engine (one thread, async sgd, Zipf(%.1f) keys over %llu rows), "
-         "median of %d rounds of %.2f s each\n", ZIPF_S, (unsigned long long)nrows, rounds, g_seconds);
-  printf("%5s %8s | %14s %14s | %14s %14s | %7s\n", "dim", "batch", "allow push/s", "allow rows/s", "check push/s",
-         "check rows/s", "cost %");
-  uint32_t seq = 0;
-  for (int di = 0; di < nd; di++) {
-    ps__declare d = {.id = 2 * (uint32_t)di + 1, .kind = PS_SPARSE, .size = dims[di]};
-    snprintf(d.name, sizeof d.name, "allow%u", dims[di]);
-    snprintf(d.options, sizeof d.options, "opt=sgd lr=0.001 mode=async nonfinite=allow");
-    ps__declare e = d;
-    e.id++;
-    snprintf(e.name, sizeof e.name, "check%u", dims[di]);
-    snprintf(e.options, sizeof e.options, "opt=sgd lr=0.001 mode=async");
-    ps__verdict v;
-    if (ps__shard_create(sh, &d, &v) != PS__APPLIED || ps__shard_create(sh, &e, &v) != PS__APPLIED) {
-      fprintf(stderr, "bench_sparse: %s\n", v.msg);
-      return 1;
-    }
-    for (int bi = 0; bi < nb; bi++) {
-      size_t batch = batches[bi];
-      uint8_t *keys = malloc(batch * 8);
-      float *vals = malloc(batch * dims[di] * sizeof(float));
-      if (!keys || !vals) return 1;
-      for (size_t i = 0; i < batch; i++) ps__put_u64(keys + 8 * i, bench_zipf_next(&z));
-      for (size_t i = 0; i < batch * dims[di]; i++) vals[i] = 0.001f * (float)(i % 7);
-      double plain[ROUNDS_MAX], checked[ROUNDS_MAX];
-      oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq); /* warm: rows created */
-      oc_run(sh, e.id, keys, vals, batch, dims[di], 0, &seq);
-      for (int r = 0; r < rounds; r++) {
-        plain[r] = oc_run(sh, d.id, keys, vals, batch, dims[di], 0, &seq);
-        checked[r] = oc_run(sh, e.id, keys, vals, batch, dims[di], 0, &seq);
-      }
-      double mp = bench_median(plain, (size_t)rounds), mc = bench_median(checked, (size_t)rounds);
-      printf("%5u %8zu | %14.0f %14.0f | %14.0f %14.0f | %7.2f\n", dims[di], batch, mp, mp * (double)batch, mc,
-             mc * (double)batch, 100.0 * (mp - mc) / mp);
-      fflush(stdout);
-      free(keys);
-      free(vals);
-    }
+/* --track-cost: tracking of table t on or off, as a checkpoint's cut leaves it. */
+static void tc_track(ps__shard *sh, ps__table *t, int on) {
+  ps__snap_table s;
+  if (ps__shard_snap(t, &s, on)) {
+    fprintf(stderr, "bench_sparse: cut failed: %s\n", ps_errmsg());
+    exit(1);
   }
+  ps__shard_snap_release(sh, &s);
+}
+
+static void finite_footer(ps__shard *sh) {
   printf("pushes refused for non-finite values: %llu (expected 0)\n", (unsigned long long)sh->nonfinite_refused);
-  ps__shard_free(sh);
-  return 0;
 }
+
+static const ec_variant EC_ONCE = {.title = "exactly-once bookkeeping", .a = "plain", .b = "once", .name_a = "once",
+                                   .opts_a = "opt=sgd lr=0.001 mode=async", .ident_b = 1, .footer = once_footer};
+static const ec_variant EC_TRACK = {.title = "changed-row tracking (incremental checkpoints)", .a = "plain",
+                                    .b = "track", .name_a = "track", .opts_a = "opt=sgd lr=0.001 mode=async",
+                                    .before = tc_track};
+static const ec_variant EC_FINITE = {.title = "finite check of pushed values", .a = "allow", .b = "check",
+                                     .name_a = "allow", .name_b = "check",
+                                     .opts_a = "opt=sgd lr=0.001 mode=async nonfinite=allow",
+                                     .opts_b = "opt=sgd lr=0.001 mode=async", .footer = finite_footer};
 
 int main(int argc, char **argv) {
   uint64_t nrows = 10000000;
@@ -605,9 +546,9 @@ int main(int argc, char **argv) {
   for (char *s = strtok(buf, ","); s && nd < 8; s = strtok(NULL, ",")) dims[nd++] = (unsigned)atoi(s);
   snprintf(buf, sizeof buf, "%s", batches_s);
   for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
-  if (once_only) return once_cost(nrows, dims, nd, batches, nb);
-  if (track_only) return track_cost(nrows, dims, nd, batches, nb);
-  if (finite_only) return finite_cost(nrows, dims, nd, batches, nb);
+  if (once_only) return engine_cost(&EC_ONCE, nrows, dims, nd, batches, nb);
+  if (track_only) return engine_cost(&EC_TRACK, nrows, dims, nd, batches, nb);
+  if (finite_only) return engine_cost(&EC_FINITE, nrows, dims, nd, batches, nb);
   if (big_only) {
     dims[0] = 1;
     nd = 1;

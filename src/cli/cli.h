@@ -22,6 +22,9 @@ int ps_cli_top(int argc, char **argv);
  * bytes) within timeout_ms. 0, or -1 with the reason in ps_errmsg(). */
 /* The running pshard binary's path (/proc/self/exe), or "pshard". */
 const char *ps_cli_self_exe(void);
+/* The STATS text of the node at addr, NUL-terminated and malloc'd (stats.c); NULL with
+ * the reason in ps_errmsg. */
+char *ps_cli_stats_text(const char *addr, uint64_t timeout_ms);
 int ps_cli_fetch_stats(const char *addr, uint64_t timeout_ms, char *out, size_t cap);
 /* `pshard checkpoint HOST:PORT [--timeout MS]` (argv[0] is the subcommand's name): a
  * checkpoint of the running job now, its id, clock and directory printed. */

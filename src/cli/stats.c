@@ -177,6 +177,22 @@ static int print_json(FILE *f, const char *text) {
   return 0;
 }
 
+char *ps_cli_stats_text(const char *addr, uint64_t timeout_ms) {
+  ps__frame_hdr h = {.type = PS_MSG_STATS, .req_id = 1}, reply;
+  void *body = NULL;
+  size_t n = 0;
+  if (ps__oneshot(addr, &h, NULL, 0, timeout_ms, STATS_MAX_REPLY, &reply, &body, &n)) return NULL;
+  char *text = ps__malloc(n + 1);
+  if (text) {
+    memcpy(text, body, n);
+    text[n] = '\0';
+  } else {
+    ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
+  free(body);
+  return text;
+}
+
 int ps_cli_stats(int argc, char **argv) {
   static const struct option opts[] = {{"json", no_argument, 0, 'j'},
                                        {"timeout", required_argument, 0, 't'},
@@ -214,22 +230,11 @@ int ps_cli_stats(int argc, char **argv) {
     fprintf(stderr, "pshard stats: bad address '%s' (HOST:PORT)\n", addr);
     return 2;
   }
-  ps__frame_hdr h = {.type = PS_MSG_STATS, .req_id = 1}, reply;
-  void *body = NULL;
-  size_t n = 0;
-  if (ps__oneshot(addr, &h, NULL, 0, timeout, STATS_MAX_REPLY, &reply, &body, &n)) {
+  char *text = ps_cli_stats_text(addr, timeout);
+  if (!text) {
     fprintf(stderr, "pshard stats: %s\n", ps_errmsg());
     return 1;
   }
-  char *text = ps__malloc(n + 1);
-  if (!text) {
-    free(body);
-    fprintf(stderr, "pshard stats: out of memory\n");
-    return 1;
-  }
-  memcpy(text, body, n);
-  text[n] = '\0';
-  free(body);
   int rc = 0;
   if (json) rc = print_json(stdout, text) ? 1 : 0;
   else fputs(text, stdout);

@@ -4,7 +4,7 @@
  *
  * Every interval it asks the scheduler at HOST:PORT for its STATS (the nodes with their
  * addresses, the task progress, and the counters each worker reports, "ps.*") and then
- * every live server for its own, through the one-shot request of net/oneshot.h. Rates
+ * every live server for its own (ps_cli_stats_text, stats.c). Rates
  * (pushes/s, examples/s, MB/s) and each worker's step split (compute, waiting for pulls,
  * waiting for pushes, as shares of its wall time) are differences between two samples,
  * so --once takes two samples one interval apart. Plain ANSI: the screen is cleared
@@ -21,12 +21,9 @@
 #include "cli/cli.h"
 #include "common/common.h"
 #include "common/config.h"
-#include "net/oneshot.h"
-#include "proto/frame.h"
 
 #define TOP_MAX_NODES 512
 #define TOP_TIMEOUT_MS 2000u
-#define TOP_MAX_REPLY ((uint64_t)16 << 20)
 
 /* One node as the samples see it. */
 typedef struct top_node {
@@ -50,20 +47,7 @@ static void on_int(int sig) {
   top_stop = 1;
 }
 
-/* STATS of addr as a NUL-terminated string (malloc'd), or NULL. */
-static char *fetch(const char *addr) {
-  ps__frame_hdr h = {.type = PS_MSG_STATS, .req_id = 1}, reply;
-  void *body = NULL;
-  size_t n = 0;
-  if (ps__oneshot(addr, &h, NULL, 0, TOP_TIMEOUT_MS, TOP_MAX_REPLY, &reply, &body, &n)) return NULL;
-  char *s = ps__malloc(n + 1);
-  if (s) {
-    memcpy(s, body, n);
-    s[n] = '\0';
-  }
-  free(body);
-  return s;
-}
+static char *fetch(const char *addr) { return ps_cli_stats_text(addr, TOP_TIMEOUT_MS); }
 
 /* The value of "key value" at the start of a line of text, or dflt. */
 static double line_value(const char *text, const char *key, double dflt) {
