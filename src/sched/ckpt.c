@@ -306,8 +306,7 @@ static void finish(ps__sched *s) {
   int rc = ps__ckpt_writer_open(&w, path, &hd);
   /* The tables the servers cut: one declared while the checkpoint was asked for, and
    * created on the servers after it, is in no file and not in the manifest either. */
-  size_t ntables = k->ntables < s->ntables ? k->ntables : s->ntables;
-  for (size_t i = 0; !rc && i < ntables; i++) {
+  for (size_t i = 0; !rc && i < s->ntables; i++) {
     if (!seen[i]) continue;
     ps__ckpt_table t;
     memset(&t, 0, sizeof t);
@@ -485,7 +484,6 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, c
     k->nparts++;
   }
   k->id = id;
-  k->ntables = s->ntables;
   snprintf(k->into, sizeof k->into, "%s", into);
   /* Whole every checkpoint_full_every, else an increment on the last one taken in the
    * job's directory (a checkpoint into a directory of the caller's is always whole). */

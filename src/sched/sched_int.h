@@ -108,7 +108,6 @@ typedef struct ps__sched_ckpt {
   uint64_t taken, failed; /* counters for STATS */
   /* increments (checkpoint_full_every > 1) */
   uint64_t base;          /* the one being taken is an increment on this one; 0: whole */
-  size_t ntables;         /* the registry's tables when it was asked for (the ones cut) */
   uint64_t last_id;       /* the last complete checkpoint this scheduler took (0: none) */
   uint32_t since_full;    /* increments taken since the last whole one */
 } ps__sched_ckpt;
