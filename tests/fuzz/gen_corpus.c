@@ -227,6 +227,17 @@ int main(int argc, char **argv) {
     one("auth-ok.bin", hdr(ok.type, 1), NULL, 0, NULL);
   }
 
+  /* stall: a server's sync round waits for two workers. */
+  {
+    ps__stall v[2] = {{.worker = 4, .table = 1, .round = 0, .held_ms = 1184}, {.worker = 5, .table = 2, .round = 7, .held_ms = 200}};
+    ps__wbuf_init(&w);
+    ps__stall_encode(&w, v, 2);
+    ps__frame_hdr sh = hdr(PS_MSG_STALL, 0);
+    sh.sender = 1;
+    one("stall.bin", sh, w.data, w.len, NULL);
+    ps__wbuf_free(&w);
+  }
+
   /* membership: two servers and a dead worker. */
   ps__member mem[3];
   memset(mem, 0, sizeof mem);
