@@ -12,6 +12,8 @@ APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl
 # What `make test`, the Python examples and the benchmarks add.
 APT_TEST_PACKAGES := python3-pytest python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
                 python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
+# What `make fuzz` adds: clang with libFuzzer, and llvm-profdata and llvm-cov.
+APT_FUZZ_PACKAGES := clang llvm libclang-rt-dev
 # apt-get waits this long (seconds) for another apt or dpkg to release its lock.
 APT_LOCK_TIMEOUT ?= 600
 
@@ -24,7 +26,7 @@ PREFIX      ?= /usr/local
 ASAN_PRELOAD = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
 
 .PHONY: all deps deps-test build build-asan test test-unit test-asan test-integration test-python test-python-slow \
-        example-fashion-mnist example-movielens install demo demo-data bench clean
+        example-fashion-mnist example-movielens install demo demo-data bench fuzz clean
 
 all: build
 
@@ -109,6 +111,14 @@ demo-data: build
 bench: deps-test build
 	bash bench/run.sh $(CURDIR)/$(BUILD)
 	$(PYTHON) bench/modes.py
+
+# libFuzzer on every fuzz target for FUZZ_SECONDS each (tests/fuzz/run.sh): new inputs
+# that add coverage are merged into tests/fuzz/corpus/<target>, crashes kept in
+# tests/fuzz/crashes/<target> (both replayed by make test); prints execs and coverage.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	$(call apt_install,$(APT_FUZZ_PACKAGES),--no-install-recommends)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)
