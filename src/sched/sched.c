@@ -527,14 +527,16 @@ static void on_stall(ps__sched *s, node *from, const ps__body *b) {
     return;
   }
   for (size_t i = 0; i < k; i++) {
-    if (v[i].held_ms <= s->o.heartbeat_timeout_ms) continue;
+    uint32_t limit = v[i].clocked ? s->o.stall_timeout_ms : s->o.heartbeat_timeout_ms;
+    if (limit == UINT32_MAX || v[i].held_ms <= limit) continue;
     node *w = NULL;
     for (size_t j = 0; j < s->nnodes && !w; j++)
       if (s->nodes[j].m.id == v[i].worker) w = &s->nodes[j];
     if (!w || !w->m.alive || w->m.role != PS_ROLE_WORKER) continue;
     char why[200];
-    snprintf(why, sizeof why, "stalled: round %lld of table %u on server %u waited %llu ms for its clock (heartbeat timeout %u ms)",
-             (long long)v[i].round, v[i].table, from->m.id, (unsigned long long)v[i].held_ms, s->o.heartbeat_timeout_ms);
+    snprintf(why, sizeof why, "stalled: round %lld of table %u on server %u waited %llu ms for its clock (%s %u ms)",
+             (long long)v[i].round, v[i].table, from->m.id, (unsigned long long)v[i].held_ms,
+             v[i].clocked ? "stall timeout" : "it never clocked; heartbeat timeout", limit);
     if (w->conn) { /* it hears why, then the close */
       char msg[320];
       int len = snprintf(msg, sizeof msg, "worker %u removed from the job: %s", w->m.id, why);
@@ -751,6 +753,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.host) s->o.host = "127.0.0.1";
   if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 200;
   if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 3000;
+  if (!s->o.stall_timeout_ms) s->o.stall_timeout_ms = 60000;
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
   if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
   if (!s->o.checkpoint_full_every) s->o.checkpoint_full_every = 1;

@@ -266,6 +266,7 @@ void ps__shard_clock(ps__shard *sh, uint32_t id, int64_t clock) {
   if (clock > w->clock) {
     w->clock = clock;
     w->clocked_ms = ps__now_ms();
+    w->clocked = 1;
   }
   ps__shard_advance(sh);
 }

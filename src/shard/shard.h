@@ -159,6 +159,7 @@ typedef struct ps__worker {
   int pending;  /* seen in a frame, not (yet) in the membership: never waited for */
   int64_t clock;
   uint64_t clocked_ms; /* when its clock last advanced, or it joined the live set (ps__now_ms) */
+  int clocked;         /* its clock advanced here at least once (a straggler, if late; not a phantom) */
 } ps__worker;
 
 /* What the engine asks of its owner. Every hook is called on the owner's thread, from

@@ -189,7 +189,8 @@ size_t ps__sync_laggards(ps__shard *sh, uint64_t now_ms, uint64_t min_ms, ps__st
       } else if (out[j].held_ms >= held) {
         continue;
       }
-      out[j] = (ps__stall){.worker = w->id, .table = t->id, .round = t->version, .held_ms = held};
+      out[j] = (ps__stall){.worker = w->id, .table = t->id, .round = t->version, .held_ms = held,
+                           .clocked = (uint32_t)w->clocked};
     }
   }
   return n;

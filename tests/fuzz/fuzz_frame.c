@@ -180,7 +180,7 @@ static void check_stall(const uint8_t *p, size_t n) {
     CHECK(k == 0);
     return;
   }
-  CHECK(k <= PS_STALL_MAX && n == 4 + 24 * k);
+  CHECK(k <= PS_STALL_MAX && n == 4 + 32 * k);
   ps__wbuf w;
   ps__wbuf_init(&w);
   ps__stall_encode(&w, v, k);

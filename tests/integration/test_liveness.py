@@ -211,3 +211,18 @@ def test_heartbeats_are_handled_on_time_while_the_scheduler_serves_large_stats()
         assert min(served) > 16, served  # every flooding connection was served throughout
         for f in fillers + [keeper, quitter]:
             f.close()
+
+
+def test_a_slow_worker_that_clocks_is_waited_for_not_removed():
+    # A straggler is not a phantom: a worker whose steps take longer than the heartbeat
+    # timeout (it clocked before) holds its rounds back, and the others wait for it, up
+    # to the stall timeout (60 s by default).
+    from test_once import outcome
+    with Cluster(1, 2, heartbeat_timeout_ms=1000) as c:
+        procs = [c.worker([binary("once_worker"), "--mode", "sync", "--pushes", "3", "--keys", "4",
+                           "--sleep-ms", str(ms)], f"w{i}") for i, ms in enumerate((2500, 0))]
+        assert c.wait(procs, RUN_TIMEOUT) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
+        for i in range(2):
+            acked, values, failed = outcome(c.log(f"w{i}"))
+            assert failed == [] and acked == 3 and values == [6.0] * 4, c.log(f"w{i}")
+        assert "stalled" not in c.log("scheduler"), c.log("scheduler")
