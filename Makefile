@@ -12,6 +12,9 @@ APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl
 # What `make test`, the Python examples and the benchmarks add.
 APT_TEST_PACKAGES := python3-pytest python3-yaml zstd python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
                 python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
+# Optional (`make deps-slurm`): a one-host Slurm for tests/integration/test_slurm.py,
+# which skips without it. Not in the test list: it installs daemons and their plugins.
+APT_SLURM_PACKAGES := slurmctld slurmd slurm-client munge
 # apt-get waits this long (seconds) for another apt or dpkg to release its lock.
 APT_LOCK_TIMEOUT ?= 600
 
@@ -23,7 +26,7 @@ PREFIX      ?= /usr/local
 # The ASan runtime must be loaded first when Python loads the sanitized libpshard.so.
 ASAN_PRELOAD = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
 
-.PHONY: all deps deps-test build build-asan test test-unit test-asan test-integration test-python test-python-slow \
+.PHONY: all deps deps-test deps-slurm build build-asan test test-unit test-asan test-integration test-python test-python-slow \
         example-fashion-mnist example-movielens install demo demo-data bench clean
 
 all: build
@@ -48,6 +51,9 @@ deps:
 
 deps-test: deps
 	$(call apt_install,$(APT_TEST_PACKAGES),)
+
+deps-slurm:
+	$(call apt_install,$(APT_SLURM_PACKAGES),--no-install-recommends)
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
