@@ -193,9 +193,11 @@ def start(argv, env, log):
 def test_the_manifests_run_a_job_on_loopback(objs):
     d = tempfile.mkdtemp(prefix="pshard-k8s-")
     secret_dir, data = os.path.join(d, "secret"), os.path.join(d, "data")
-    os.makedirs(secret_dir)
-    with open(os.open(os.path.join(secret_dir, "secret"), os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+    # As the kubelet lays out a Secret volume: the key is a symlink into ..data/.
+    os.makedirs(os.path.join(secret_dir, "..data"))
+    with open(os.open(os.path.join(secret_dir, "..data", "secret"), os.O_WRONLY | os.O_CREAT, 0o400), "w") as f:
         f.write(secrets.token_hex(32))
+    os.symlink("..data/secret", os.path.join(secret_dir, "secret"))
     r = subprocess.run([binary(PROGRAMS["ctr_worker"].replace("ctr_worker", "ctr_gen")), "--rows", "20000",
                         "--test-rows", "2000", "--parts", "2", "--signal-top", "100", "--out", data, "--quiet"],
                        capture_output=True, text=True, timeout=60)
