@@ -1,12 +1,12 @@
 /*
  * codec_worker.c - sync training through the value codecs (test_codec.py).
- * Usage: codec_worker STEPS "DENSE OPTIONS" "SPARSE OPTIONS"
+ * Usage: codec_worker STEPS "DENSE OPTIONS" "SPARSE OPTIONS" [SLEEP_MS]
  * Two problems with a known answer, trained together by every worker:
  *   dense  "w", 300 floats in slices of 64: least squares y = x . w* on batches of 32
  *          examples drawn per (rank, step), x uniform in [-1, 1];
  *   sparse "e", 1000 keys of dim 8: each step 64 keys (with repeats) pulled and pushed
  *          the gradient e[k] - t[k] towards a fixed target row t[k].
- * Each step pulls both, pushes both, and clocks. Rank 0 then prints
+ * Each step pulls both, pushes both, clocks, and sleeps SLEEP_MS (0). Rank 0 then prints
  *   "loss dense D0 D1 sparse S0 S1"  (losses before the first step and after the last)
  *   "w v0 v1 ... v299"               (the dense weights at the end)
  *   "bytes push_raw P push_wire Q pull_raw R pull_wire S" (ps_ctx_stat)
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "pshard.h"
 
@@ -70,7 +71,7 @@ static double sparse_loss(ps_ctx *ctx, uint32_t t) {
 
 int main(int argc, char **argv) {
   if (argc < 4) return 2;
-  int steps = atoi(argv[1]);
+  int steps = atoi(argv[1]), sleep_ms = argc > 4 ? atoi(argv[4]) : 0;
   ps_ctx *ctx;
   uint32_t tw, te;
   static float w[D], g[D], x[B][D], rows[NK * DIM], grads[NK * DIM];
@@ -106,6 +107,7 @@ int main(int argc, char **argv) {
       for (int j = 0; j < DIM; j++) grads[k * DIM + j] = rows[k * DIM + j] - target(keys[k], j);
     CHECK(ps_push(ctx, te, keys, NK, grads, 1, PS_LR_SCHEDULE, -1));
     CHECK(ps_clock(ctx));
+    if (sleep_ms) usleep((useconds_t)sleep_ms * 1000);
   }
   CHECK(ps_barrier(ctx, -1));
   if (rank == 0) {

@@ -357,3 +357,31 @@ Test(codec, parse_and_format) {
     cr_assert(eq(int, ps__codec_parse(bad[i], &c), -1), "'%s' accepted", bad[i]);
   }
 }
+
+/* ---------------------------------------------------------------- table options */
+
+#include "proto/spec.h"
+
+Test(codec, table_options_push_codec_and_pull_codec) {
+  ps__table_spec s;
+  char err[256];
+  cr_assert(eq(int, ps__table_spec_parse(&s, "t", PS_SPARSE, 8, "push_codec=topk:0.01 pull_codec=fp16", err, sizeof err), 0),
+            "%s", err);
+  cr_assert(eq(u32, s.push_codec.kind, PS_CODEC_TOPK));
+  cr_assert(eq(flt, s.push_codec.topk, 0.01f));
+  cr_assert(eq(u32, s.pull_codec.kind, PS_CODEC_FP16));
+  cr_assert(eq(int, ps__table_spec_parse(&s, "t", PS_DENSE, 8, "", err, sizeof err), 0));
+  cr_assert(eq(u32, s.push_codec.kind, PS_CODEC_RAW));
+  cr_assert(eq(u32, s.pull_codec.kind, PS_CODEC_RAW));
+  cr_assert(eq(int, ps__table_spec_parse(&s, "t", PS_DENSE, 8, "pull_codec=topk:5", err, sizeof err), PS_ERR_CONFIG));
+  cr_assert(strstr(err, "pushes only") != NULL, "%s", err);
+  cr_assert(eq(int, ps__table_spec_parse(&s, "t", PS_DENSE, 8, "push_codec=zip", err, sizeof err), PS_ERR_CONFIG));
+  cr_assert(strstr(err, "push_codec") != NULL, "%s", err);
+  cr_assert(eq(int, ps__table_spec_parse(&s, "t", PS_DENSE, 8, "push_codec=fp16 push_codec=int8", err, sizeof err),
+               PS_ERR_CONFIG));
+  /* the same options in any order give the same bytes (declarations are compared so) */
+  ps__table_spec a, b;
+  cr_assert(eq(int, ps__table_spec_parse(&a, "t", PS_DENSE, 8, "push_codec=int8 pull_codec=bf16 lr=0.1", err, sizeof err), 0));
+  cr_assert(eq(int, ps__table_spec_parse(&b, "t", PS_DENSE, 8, "lr=0.1 pull_codec=bf16 push_codec=int8", err, sizeof err), 0));
+  cr_assert(memcmp(&a, &b, sizeof a) == 0);
+}
