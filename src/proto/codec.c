@@ -2,10 +2,12 @@
  * codec.c - the value codecs of proto/codec.h: fp16, bf16, int8 and top-k, with the
  * error each leaves (for error feedback).
  *
- * The fp16 kernels use F16C when the CPU has it (__builtin_cpu_supports, asked once),
- * the int8 and bf16 kernels are plain loops compiled twice (target_clones: AVX2 and the
- * baseline), so one binary is fast on a current CPU and still runs on any x86-64. The
- * scalar conversions are the reference: every path gives the same bits.
+ * Each of fp16, bf16 and int8 has portable loops (the reference: every path gives the
+ * same bits) and x86 kernels written with intrinsics: F16C for fp16, AVX2 for int8 and
+ * bf16, chosen at run time from what the CPU says (asked once), so one binary is fast
+ * on a current CPU and still runs on any x86-64. A kernel encodes and computes the
+ * error in the same pass. Top-k finds its threshold with a histogram of the values'
+ * top bits, then a quickselect over the one bucket that holds the k-th largest.
  */
 #include "proto/codec.h"
 
@@ -19,14 +21,6 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define HAVE_X86 1
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
-/* Two clones of a loop, picked at load time. Left out under ASan, whose build the
- * resolver would run before the sanitizer is up. */
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#endif
-#endif
-#ifndef CLONES
-#define CLONES
 #endif
 
 /* ---------------------------------------------------------------- names */
@@ -132,7 +126,8 @@ float ps__f16_to_f32(uint16_t h) {
     float v = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
     return float_of(sign | bits_of(v));
   }
-  if (e == 31) return float_of(sign | 0x7f800000u | (m << 13));
+  if (e == 31) /* Inf, or NaN made quiet (as F16C) */
+    return float_of(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0));
   return float_of(sign | ((e + 112u) << 23) | (m << 13));
 }
 
@@ -153,6 +148,37 @@ static inline float err_of(float in, float dec) {
   return isfinite(in) ? d : 0.0f;
 }
 
+/* ---------------------------------------------------------------- vector dispatch */
+
+/* What the CPU offers, asked once: F16C (with AVX) for fp16, AVX2 for int8 and bf16.
+ * vec_allowed lets tests run the portable loops on the same CPU. */
+enum { VEC_F16C = 1, VEC_AVX2 = 2 };
+static int vec_allowed = 1;
+
+static int vec_level(void) {
+#ifdef HAVE_X86
+  static int level = -1; /* a benign race: every thread computes the same answer */
+  int l = __atomic_load_n(&level, __ATOMIC_RELAXED);
+  if (l < 0) {
+    __builtin_cpu_init();
+    l = 0;
+    if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c")) l |= VEC_F16C;
+    if (__builtin_cpu_supports("avx2")) l |= VEC_AVX2;
+    __atomic_store_n(&level, l, __ATOMIC_RELAXED);
+  }
+  return __atomic_load_n(&vec_allowed, __ATOMIC_RELAXED) ? l : 0;
+#else
+  return 0;
+#endif
+}
+
+void ps__codec_set_vector(int on) { __atomic_store_n(&vec_allowed, on != 0, __ATOMIC_RELAXED); }
+
+#ifdef HAVE_X86
+#define TARGET_F16C __attribute__((target("avx,f16c")))
+#define TARGET_AVX2 __attribute__((target("avx2,f16c")))
+#endif
+
 /* ---------------------------------------------------------------- fp16 */
 
 static void f16_enc_scalar(const float *in, size_t n, uint8_t *out, float *err) {
@@ -169,46 +195,56 @@ static void f16_dec_scalar(const uint8_t *in, size_t n, float *out) {
 }
 
 #ifdef HAVE_X86
-__attribute__((target("avx,f16c"))) static void f16_enc_f16c(const float *in, size_t n, uint8_t *out, float *err) {
-  const __m256 lim = _mm256_set1_ps(65504.0f), inf = _mm256_set1_ps(INFINITY);
+/* Eight values: saturate finite values beyond fp16's range (min(65504, |x|) keeps a
+ * NaN, its second operand; the max puts an Inf back), then the hardware's RNE. */
+TARGET_F16C static inline __m128i f16_enc8(__m256 x, __m256 *fin) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 lim = _mm256_set1_ps(65504.0f), inf = _mm256_set1_ps(INFINITY);
+  __m256 a = _mm256_and_ps(x, absmask);
+  if (_mm256_movemask_ps(_mm256_cmp_ps(a, lim, _CMP_LT_OQ)) == 0xff) { /* the usual case: all within range */
+    *fin = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  __m256 c = _mm256_max_ps(_mm256_and_ps(_mm256_cmp_ps(a, inf, _CMP_EQ_OQ), inf), _mm256_min_ps(lim, a));
+  *fin = _mm256_cmp_ps(a, inf, _CMP_LT_OQ);
+  return _mm256_cvtps_ph(_mm256_or_ps(c, _mm256_andnot_ps(absmask, x)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+TARGET_F16C static void f16_enc_f16c(const float *in, size_t n, uint8_t *out, float *err) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 x = _mm256_loadu_ps(in + i);
-    __m256 a = _mm256_and_ps(x, absmask);
-    __m256 fin = _mm256_cmp_ps(a, inf, _CMP_LT_OQ);
-    /* finite and beyond the largest fp16 (RNE keeps up to 65519.99 at 65504): saturate */
-    __m256 big = _mm256_and_ps(_mm256_cmp_ps(a, _mm256_set1_ps(65520.0f), _CMP_GE_OQ), fin);
-    __m256 sat = _mm256_or_ps(_mm256_andnot_ps(absmask, x), lim);
-    __m128i h = _mm256_cvtps_ph(_mm256_blendv_ps(x, sat, big), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    _mm_storeu_si128((__m128i *)(void *)(out + 2 * i), h);
-    if (err) _mm256_storeu_ps(err + i, _mm256_and_ps(_mm256_sub_ps(x, _mm256_cvtph_ps(h)), fin));
+  __m256 fin;
+  if (err) {
+    for (; i + 8 <= n; i += 8) {
+      __m256 x = _mm256_loadu_ps(in + i);
+      __m128i h = f16_enc8(x, &fin);
+      _mm_storeu_si128((__m128i *)(void *)(out + 2 * i), h);
+      _mm256_storeu_ps(err + i, _mm256_and_ps(_mm256_sub_ps(x, _mm256_cvtph_ps(h)), fin));
+    }
+  } else {
+    for (; i + 16 <= n; i += 16) {
+      __m128i h0 = f16_enc8(_mm256_loadu_ps(in + i), &fin), h1 = f16_enc8(_mm256_loadu_ps(in + i + 8), &fin);
+      _mm_storeu_si128((__m128i *)(void *)(out + 2 * i), h0);
+      _mm_storeu_si128((__m128i *)(void *)(out + 2 * i + 16), h1);
+    }
   }
   f16_enc_scalar(in + i, n - i, out + 2 * i, err ? err + i : NULL);
 }
 
-__attribute__((target("avx,f16c"))) static void f16_dec_f16c(const uint8_t *in, size_t n, float *out) {
+TARGET_F16C static void f16_dec_f16c(const uint8_t *in, size_t n, float *out) {
   size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i))));
-  f16_dec_scalar(in + 2 * i, n - i, out + i);
-}
-
-static int have_f16c(void) {
-  static int have = -1; /* a benign race: every thread computes the same answer */
-  int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
-  if (h < 0) {
-    __builtin_cpu_init();
-    h = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-    __atomic_store_n(&have, h, __ATOMIC_RELAXED);
+  for (; i + 16 <= n; i += 16) {
+    __m128i h0 = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i));
+    __m128i h1 = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * i + 16));
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h0));
+    _mm256_storeu_ps(out + i + 8, _mm256_cvtph_ps(h1));
   }
-  return h;
+  f16_dec_scalar(in + 2 * i, n - i, out + i);
 }
 #endif
 
 static void f16_encode(const float *in, size_t n, uint8_t *out, float *err) {
 #ifdef HAVE_X86
-  if (have_f16c()) {
+  if (vec_level() & VEC_F16C) {
     f16_enc_f16c(in, n, out, err);
     return;
   }
@@ -218,7 +254,7 @@ static void f16_encode(const float *in, size_t n, uint8_t *out, float *err) {
 
 static void f16_decode(const uint8_t *in, size_t n, float *out) {
 #ifdef HAVE_X86
-  if (have_f16c()) {
+  if (vec_level() & VEC_F16C) {
     f16_dec_f16c(in, n, out);
     return;
   }
@@ -228,36 +264,99 @@ static void f16_decode(const uint8_t *in, size_t n, float *out) {
 
 /* ---------------------------------------------------------------- bf16 */
 
-/* Branch-free forms of the scalar conversions, so that the loops vectorise. */
-CLONES static void bf16_encode(const float *restrict in, size_t n, uint8_t *restrict out) {
+/* The portable loops: branch-free forms of the scalar conversions, which vectorise. */
+static void bf16_enc_loop(const float *in, size_t n, uint8_t *out, float *err) {
   for (size_t i = 0; i < n; i++) {
-    uint32_t u;
-    memcpy(&u, in + i, 4);
-    uint32_t a = u & 0x7fffffffu;
+    uint32_t u = bits_of(in[i]), a = u & 0x7fffffffu;
     uint32_t r = u + 0x7fffu + ((u >> 16) & 1u);
     uint32_t sat = (u & 0x80000000u) | 0x7f7f0000u;
     r = (a != 0x7f800000u && (r & 0x7f800000u) == 0x7f800000u) ? sat : r;
     r = a > 0x7f800000u ? u | 0x00400000u : r;
-    uint16_t h = (uint16_t)(r >> 16);
-    memcpy(out + 2 * i, &h, 2);
+    if (err) err[i] = a < 0x7f800000u ? in[i] - float_of(r & 0xffff0000u) : 0.0f;
+    ps__put_u16(out + 2 * i, (uint16_t)(r >> 16));
   }
 }
 
-CLONES static void bf16_decode(const uint8_t *restrict in, size_t n, float *restrict out) {
-  for (size_t i = 0; i < n; i++) {
-    uint16_t h;
-    memcpy(&h, in + 2 * i, 2);
-    uint32_t u = (uint32_t)h << 16;
-    memcpy(out + i, &u, 4);
-  }
+static void bf16_dec_loop(const uint8_t *in, size_t n, float *out) {
+  for (size_t i = 0; i < n; i++) out[i] = float_of((uint32_t)ps__get_u16(in + 2 * i) << 16);
 }
 
-static void bf16_err(const float *in, size_t n, const uint8_t *enc, float *err) {
-  for (size_t i = 0; i < n; i++) {
-    uint16_t h;
-    memcpy(&h, enc + 2 * i, 2);
-    err[i] = err_of(in[i], ps__bf16_to_f32(h));
+#ifdef HAVE_X86
+/* Eight values of bf16_enc_loop, as f32 bits rounded (the decoded value in the high
+ * half); *fin gets the finite lanes. */
+TARGET_AVX2 static inline __m256i bf16_enc8(__m256i u, __m256i *fin) {
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), infb = _mm256_set1_epi32(0x7f800000);
+  __m256i a = _mm256_and_si256(u, absm);
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                   _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+  __m256i sat = _mm256_or_si256(_mm256_andnot_si256(absm, u), _mm256_set1_epi32(0x7f7f0000));
+  __m256i over = _mm256_andnot_si256(_mm256_cmpeq_epi32(a, infb), _mm256_cmpeq_epi32(_mm256_and_si256(r, infb), infb));
+  r = _mm256_or_si256(_mm256_andnot_si256(over, r), _mm256_and_si256(over, sat));
+  __m256i nan = _mm256_cmpgt_epi32(a, infb);
+  r = _mm256_or_si256(_mm256_andnot_si256(nan, r), _mm256_and_si256(nan, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000))));
+  *fin = _mm256_cmpgt_epi32(infb, a);
+  return r;
+}
+
+TARGET_AVX2 static void bf16_enc_avx2(const float *in, size_t n, uint8_t *out, float *err) {
+  const __m256i hi = _mm256_set1_epi32((int)0xffff0000u), absm = _mm256_set1_epi32(0x7fffffff);
+  const __m256i edge = _mm256_set1_epi32(0x7f7f7fff), half = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 x0 = _mm256_loadu_ps(in + i), x1 = _mm256_loadu_ps(in + i + 8);
+    __m256i u0 = _mm256_castps_si256(x0), u1 = _mm256_castps_si256(x1);
+    __m256i big = _mm256_or_si256(_mm256_cmpgt_epi32(_mm256_and_si256(u0, absm), edge),
+                                  _mm256_cmpgt_epi32(_mm256_and_si256(u1, absm), edge));
+    __m256i f0, f1, r0, r1;
+    if (_mm256_testz_si256(big, big)) { /* the usual case: finite, and no rounding reaches Inf */
+      r0 = _mm256_add_epi32(u0, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u0, 16), one)));
+      r1 = _mm256_add_epi32(u1, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(u1, 16), one)));
+      f0 = f1 = _mm256_set1_epi32(-1);
+    } else {
+      r0 = bf16_enc8(u0, &f0);
+      r1 = bf16_enc8(u1, &f1);
+    }
+    if (err) {
+      __m256 d0 = _mm256_castsi256_ps(_mm256_and_si256(r0, hi)), d1 = _mm256_castsi256_ps(_mm256_and_si256(r1, hi));
+      _mm256_storeu_ps(err + i, _mm256_and_ps(_mm256_sub_ps(x0, d0), _mm256_castsi256_ps(f0)));
+      _mm256_storeu_ps(err + i + 8, _mm256_and_ps(_mm256_sub_ps(x1, d1), _mm256_castsi256_ps(f1)));
+    }
+    __m256i h = _mm256_packus_epi32(_mm256_srli_epi32(r0, 16), _mm256_srli_epi32(r1, 16));
+    _mm256_storeu_si256((__m256i *)(void *)(out + 2 * i), _mm256_permute4x64_epi64(h, 0xd8));
   }
+  bf16_enc_loop(in + i, n - i, out + 2 * i, err ? err + i : NULL);
+}
+
+TARGET_AVX2 static void bf16_dec_avx2(const uint8_t *in, size_t n, float *out) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256i h = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(const void *)(in + 2 * i)), 0xd8);
+    __m256i z = _mm256_setzero_si256();
+    _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm256_unpacklo_epi16(z, h));
+    _mm256_storeu_si256((__m256i *)(void *)(out + i + 8), _mm256_unpackhi_epi16(z, h));
+  }
+  bf16_dec_loop(in + 2 * i, n - i, out + i);
+}
+#endif
+
+static void bf16_encode(const float *in, size_t n, uint8_t *out, float *err) {
+#ifdef HAVE_X86
+  if (vec_level() & VEC_AVX2) {
+    bf16_enc_avx2(in, n, out, err);
+    return;
+  }
+#endif
+  bf16_enc_loop(in, n, out, err);
+}
+
+static void bf16_decode(const uint8_t *in, size_t n, float *out) {
+#ifdef HAVE_X86
+  if (vec_level() & VEC_AVX2) {
+    bf16_dec_avx2(in, n, out);
+    return;
+  }
+#endif
+  bf16_dec_loop(in, n, out);
 }
 
 /* ---------------------------------------------------------------- int8 */
@@ -265,18 +364,43 @@ static void bf16_err(const float *in, size_t n, const uint8_t *enc, float *err) 
 #define RNE_MAGIC 12582912.0f /* 1.5 * 2^23: (v + M) - M rounds |v| < 2^22 to nearest even */
 
 /* max |x| of a block as f32 bits (NaN above every finite value and Inf). */
-CLONES static uint32_t int8_maxbits(const float *restrict x, size_t m) {
+static uint32_t int8_maxbits(const float *x, size_t m) {
   uint32_t mx = 0;
   for (size_t i = 0; i < m; i++) {
-    uint32_t u;
-    memcpy(&u, x + i, 4);
-    u &= 0x7fffffffu;
+    uint32_t u = bits_of(x[i]) & 0x7fffffffu;
     mx = u > mx ? u : mx;
   }
   return mx;
 }
 
-CLONES static void int8_quant(const float *restrict x, size_t m, float inv, int8_t *restrict q) {
+/* A block's scale from its max |x| bits; *inv gets 1 / scale, or 0 for a block sent as
+ * zeros (all zero, or so small that no scale is representable) or as NaN (non-finite). */
+static float int8_scale(uint32_t mb, float *inv) {
+  *inv = 0.0f;
+  if (mb >= 0x7f800000u) return NAN; /* the block decodes as NaN, refused downstream */
+  float mx = float_of(mb), s = mx / 127.0f, v = 127.0f / mx;
+  if (s == 0.0f || !isfinite(v)) return 0.0f;
+  *inv = v;
+  return s;
+}
+
+/* A block whose values are not quantised (inv == 0): zeros. The error is the value
+ * itself where it is finite (nothing of it arrives), 0 where it is not. */
+static void int8_block_flat(const float *x, size_t m, int8_t *q, float *err) {
+  if (err)
+    for (size_t i = 0; i < m; i++) err[i] = isfinite(x[i]) ? x[i] : 0.0f;
+  memset(q, 0, m);
+}
+
+/* The portable loops of one block: its scale, then its values (4 + m bytes). */
+static void int8_block_loop(const float *x, size_t m, uint8_t *out, float *err) {
+  float inv, s = int8_scale(int8_maxbits(x, m), &inv);
+  int8_t *q = (int8_t *)(out + 4);
+  ps__put_u32(out, bits_of(s));
+  if (inv == 0.0f) {
+    int8_block_flat(x, m, q, err);
+    return;
+  }
   for (size_t i = 0; i < m; i++) {
     float v = x[i] * inv;
     v = v > 127.0f ? 127.0f : v;
@@ -284,57 +408,110 @@ CLONES static void int8_quant(const float *restrict x, size_t m, float inv, int8
     v = (v + RNE_MAGIC) - RNE_MAGIC;
     q[i] = (int8_t)(int32_t)v;
   }
+  if (err) /* every value of a quantised block is finite */
+    for (size_t i = 0; i < m; i++) err[i] = x[i] - (float)q[i] * s;
 }
 
-CLONES static void int8_dequant(const int8_t *restrict q, size_t m, float s, float *restrict out) {
+/* 0 if q[0..m) is clean, else -1 (a -128). */
+static int int8_dec_loop(const int8_t *q, size_t m, float s, float *out) {
+  int bad = 0;
+  for (size_t i = 0; i < m; i++) bad |= q[i] == -128;
   for (size_t i = 0; i < m; i++) out[i] = (float)q[i] * s;
+  return bad ? -1 : 0;
 }
 
-/* One block: its scale, then its values, into out (4 + m bytes). */
-static void int8_block_encode(const float *x, size_t m, uint8_t *out, float *err) {
-  uint32_t mb = int8_maxbits(x, m);
-  int8_t *q = (int8_t *)(out + 4);
-  float s;
-  if (mb >= 0x7f800000u) { /* a non-finite value: the block decodes as NaN, refused downstream */
-    s = NAN;
-    memset(q, 0, m);
-  } else {
-    float mx = float_of(mb);
-    s = mx / 127.0f;
-    float inv = 127.0f / mx;
-    if (s == 0.0f || !isfinite(inv)) { /* zero, or so small that no scale is representable */
-      s = 0.0f;
-      memset(q, 0, m);
-    } else {
-      int8_quant(x, m, inv, q);
+#ifdef HAVE_X86
+/* A whole block (PS_CODEC_INT8_BLOCK values) of int8_block_loop. cvtps_epi32 rounds to
+ * nearest even, as the magic number does. The loop's clamps are left out: |x| <= max|x|
+ * makes |x * inv| < 127.5 (two roundings of 1 + 2^-24 at most), so q is within -127..127
+ * without them. */
+TARGET_AVX2 static void int8_block_avx2(const float *x, uint8_t *out, float *err) {
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff);
+  __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
+  for (size_t i = 0; i < PS_CODEC_INT8_BLOCK; i += 32) {
+    m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i)), absm));
+    m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i + 8)), absm));
+    m2 = _mm256_max_epu32(m2, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i + 16)), absm));
+    m3 = _mm256_max_epu32(m3, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(x + i + 24)), absm));
+  }
+  __m256i m = _mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3));
+  __m128i t = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+  t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xb1));
+  float inv, s = int8_scale((uint32_t)_mm_cvtsi128_si32(t), &inv);
+  ps__put_u32(out, bits_of(s));
+  if (inv == 0.0f) {
+    int8_block_flat(x, PS_CODEC_INT8_BLOCK, (int8_t *)(out + 4), err);
+    return;
+  }
+  const __m256 vinv = _mm256_set1_ps(inv), vs = _mm256_set1_ps(s);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (size_t i = 0; i < PS_CODEC_INT8_BLOCK; i += 32) {
+    __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+    __m256 x2 = _mm256_loadu_ps(x + i + 16), x3 = _mm256_loadu_ps(x + i + 24);
+    __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, vinv)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, vinv));
+    __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, vinv)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, vinv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    _mm256_storeu_si256((__m256i *)(void *)(out + 4 + i), _mm256_permutevar8x32_epi32(p, order));
+    if (err) {
+      _mm256_storeu_ps(err + i, _mm256_sub_ps(x0, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), vs)));
+      _mm256_storeu_ps(err + i + 8, _mm256_sub_ps(x1, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), vs)));
+      _mm256_storeu_ps(err + i + 16, _mm256_sub_ps(x2, _mm256_mul_ps(_mm256_cvtepi32_ps(q2), vs)));
+      _mm256_storeu_ps(err + i + 24, _mm256_sub_ps(x3, _mm256_mul_ps(_mm256_cvtepi32_ps(q3), vs)));
     }
   }
-  ps__put_u32(out, bits_of(s));
-  if (err)
-    for (size_t i = 0; i < m; i++) err[i] = err_of(x[i], (float)q[i] * s);
 }
 
+/* A whole block of int8_dec_loop. */
+TARGET_AVX2 static int int8_dec_avx2(const int8_t *q, float s, float *out) {
+  const __m256 vs = _mm256_set1_ps(s);
+  const __m256i m128 = _mm256_set1_epi8(-128);
+  __m256i bad = _mm256_setzero_si256();
+  for (size_t i = 0; i < PS_CODEC_INT8_BLOCK; i += 32) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(q + i));
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(v, m128));
+    __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l)), vs));
+    _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(l, 8))), vs));
+    _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)), vs));
+    _mm256_storeu_ps(out + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(h, 8))), vs));
+  }
+  return _mm256_testz_si256(bad, bad) ? 0 : -1;
+}
+#endif
+
 static void int8_encode(const float *in, size_t n, uint8_t *out, float *err) {
+  int avx2 = (vec_level() & VEC_AVX2) != 0;
   for (size_t i = 0; i < n; i += PS_CODEC_INT8_BLOCK) {
     size_t m = n - i < PS_CODEC_INT8_BLOCK ? n - i : PS_CODEC_INT8_BLOCK;
-    int8_block_encode(in + i, m, out, err ? err + i : NULL);
+#ifdef HAVE_X86
+    if (avx2 && m == PS_CODEC_INT8_BLOCK) int8_block_avx2(in + i, out, err ? err + i : NULL);
+    else
+#endif
+      int8_block_loop(in + i, m, out, err ? err + i : NULL);
     out += 4 + m;
   }
+  (void)avx2;
 }
 
 static int int8_decode(const uint8_t *in, size_t n, float *out) {
+  int avx2 = (vec_level() & VEC_AVX2) != 0;
   for (size_t i = 0; i < n; i += PS_CODEC_INT8_BLOCK) {
     size_t m = n - i < PS_CODEC_INT8_BLOCK ? n - i : PS_CODEC_INT8_BLOCK;
     uint32_t sb = ps__get_u32(in);
     if ((sb & 0x80000000u) && (sb & 0x7fffffffu) <= 0x7f800000u)
       return ps__fail(PS_ERR_PROTO, "int8 block %zu has a negative scale", i / PS_CODEC_INT8_BLOCK);
     const int8_t *q = (const int8_t *)(in + 4);
-    int bad = 0;
-    for (size_t j = 0; j < m; j++) bad |= q[j] == -128;
-    if (bad) return ps__fail(PS_ERR_PROTO, "int8 block %zu holds -128 (values are -127..127)", i / PS_CODEC_INT8_BLOCK);
-    int8_dequant(q, m, float_of(sb), out + i);
+    int rc;
+#ifdef HAVE_X86
+    if (avx2 && m == PS_CODEC_INT8_BLOCK) rc = int8_dec_avx2(q, float_of(sb), out + i);
+    else
+#endif
+      rc = int8_dec_loop(q, m, float_of(sb), out + i);
+    if (rc) return ps__fail(PS_ERR_PROTO, "int8 block %zu holds -128 (values are -127..127)", i / PS_CODEC_INT8_BLOCK);
     in += 4 + m;
   }
+  (void)avx2;
   return 0;
 }
 
@@ -369,42 +546,77 @@ static uint32_t kth_largest(uint32_t *a, size_t n, size_t k) {
   return a[lo];
 }
 
+#define TOPK_BITS 11 /* radix of the first pass: sign-less f32 bits >> (31 - 11) */
+#define TOPK_BUCKETS (1u << TOPK_BITS)
+#define TOPK_LANES 4 /* histograms filled in turn, so repeated buckets do not serialise */
+
+/* The magnitude (f32 bits without the sign) of the k-th largest |in[i]|, 1 <= k < n, and
+ * in *above how many are strictly larger. A histogram of the top bits finds the bucket
+ * that holds it; a quickselect over that bucket's values finds it within. Magnitudes as
+ * bits order NaN above Inf above every finite value. */
+static int topk_threshold(const float *in, size_t n, size_t k, uint32_t *thr, size_t *above) {
+  uint32_t *hist = ps__calloc((size_t)TOPK_LANES * TOPK_BUCKETS, sizeof *hist);
+  if (!hist) return ps__fail(PS_ERR_NOMEM, "out of memory selecting the top %zu of %zu values", k, n);
+  const unsigned sh = 31 - TOPK_BITS;
+  size_t i = 0;
+  for (; i + TOPK_LANES <= n; i += TOPK_LANES)
+    for (unsigned l = 0; l < TOPK_LANES; l++) hist[l * TOPK_BUCKETS + ((bits_of(in[i + l]) & 0x7fffffffu) >> sh)]++;
+  for (; i < n; i++) hist[(bits_of(in[i]) & 0x7fffffffu) >> sh]++;
+  size_t hi_count = 0, cnt = 0; /* values in the buckets above b; values in b */
+  uint32_t b = TOPK_BUCKETS;
+  while (b-- > 0) {
+    cnt = 0;
+    for (unsigned l = 0; l < TOPK_LANES; l++) cnt += hist[l * TOPK_BUCKETS + b];
+    if (hi_count + cnt >= k) break;
+    hi_count += cnt;
+  }
+  free(hist);
+  uint32_t *cand = ps__malloc((cnt ? cnt : 1) * sizeof *cand);
+  if (!cand) return ps__fail(PS_ERR_NOMEM, "out of memory selecting the top %zu of %zu values", k, n);
+  size_t c = 0;
+  for (i = 0; i < n; i++) {
+    uint32_t a = bits_of(in[i]) & 0x7fffffffu;
+    if (a >> sh == b) cand[c++] = a;
+  }
+  PS_ASSERT(c == cnt);
+  uint32_t t = kth_largest(cand, cnt, k - hi_count);
+  size_t gt = 0;
+  for (i = 0; i < cnt; i++) gt += cand[i] > t;
+  free(cand);
+  *thr = t;
+  *above = hi_count + gt;
+  return 0;
+}
+
 static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out, size_t *len, float *err) {
   size_t k = ps__codec_topk_count(c, n);
   if (n > UINT32_MAX) return ps__fail(PS_ERR_TOO_LARGE, "topk of %zu values: at most 2^32 - 1 per frame", n);
   uint32_t thr = 0;
   size_t need_eq = k; /* values equal to the threshold still to take, in index order */
   if (k && k < n) {
-    uint32_t *mag = ps__malloc(n * sizeof *mag);
-    if (!mag) return ps__fail(PS_ERR_NOMEM, "out of memory selecting the top %zu of %zu values", k, n);
-    for (size_t i = 0; i < n; i++) mag[i] = bits_of(in[i]) & 0x7fffffffu;
-    thr = kth_largest(mag, n, k);
-    free(mag);
     size_t above = 0;
-    for (size_t i = 0; i < n; i++) above += (bits_of(in[i]) & 0x7fffffffu) > thr;
+    int rc = topk_threshold(in, n, k, &thr, &above);
+    if (rc) return rc;
     need_eq = k - above;
   }
+  /* One pass: the pairs sent, and (error feedback) what was not sent is all error, what
+   * was is exact. err may be in itself: each value is read before its error is written. */
   size_t j = 0;
-  for (size_t i = 0; i < n && j < k; i++) {
+  for (size_t i = 0; i < n; i++) {
     float x = in[i];
     uint32_t a = bits_of(x) & 0x7fffffffu;
-    int take = a > thr || (a == thr && need_eq > 0);
-    if (!take) continue;
-    if (a == thr) need_eq--;
-    ps__put_u32(out + 8 * j, (uint32_t)i);
-    ps__put_u32(out + 8 * j + 4, bits_of(x));
-    j++;
+    int take = j < k && (a > thr || (a == thr && need_eq > 0));
+    if (take) {
+      need_eq -= a == thr;
+      ps__put_u32(out + 8 * j, (uint32_t)i);
+      ps__put_u32(out + 8 * j + 4, bits_of(x));
+      j++;
+    } else if (!err && j == k) {
+      break;
+    }
+    if (err) err[i] = take || a >= 0x7f800000u ? 0.0f : x;
   }
   PS_ASSERT(j == k);
-  if (err) { /* what was sent is exact; the rest is all error */
-    size_t s = 0;
-    for (size_t i = 0; i < n; i++) {
-      float x = in[i];
-      int sent = s < k && ps__get_u32(out + 8 * s) == i;
-      s += (size_t)sent;
-      err[i] = sent || !isfinite(x) ? 0.0f : x;
-    }
-  }
   *len = 8 * k;
   return 0;
 }
@@ -440,8 +652,7 @@ int ps__codec_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out
     *len = n * 2;
     return 0;
   case PS_CODEC_BF16:
-    bf16_encode(in, n, out);
-    if (err) bf16_err(in, n, out, err);
+    bf16_encode(in, n, out, err);
     *len = n * 2;
     return 0;
   case PS_CODEC_INT8:

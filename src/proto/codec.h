@@ -24,6 +24,9 @@
  * Error feedback: ps__codec_encode can also write what the receiver will not see
  * (input - decoded), which the caller keeps and adds to the next vector (client/cx.c).
  *
+ * A finite value of an int8 block sent as NaN (the block held a non-finite value) keeps
+ * its whole value as its error: none of it arrives.
+ *
  * fp16, bf16 and int8 run vectorised where the CPU allows (F16C and AVX2 chosen at run
  * time, so a build runs on any x86-64 CPU), with portable loops elsewhere.
  */
@@ -71,6 +74,11 @@ int ps__codec_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out
  * malformed body (a topk index out of order or out of range, a non-finite or negative
  * int8 scale); out is then unspecified. */
 int ps__codec_decode(uint32_t kind, const uint8_t *in, size_t len, float *out, size_t n);
+
+/* Let the codecs use the CPU's vector kernels (on, the default) or only the portable
+ * loops (off), which give the same bits: for tests and benchmarks. Takes effect for
+ * calls that start after it. */
+void ps__codec_set_vector(int on);
 
 /* Scalar conversions (exposed for tests): round to nearest even, as described above. */
 uint16_t ps__f32_to_f16(float x);

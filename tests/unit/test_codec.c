@@ -385,3 +385,86 @@ Test(codec, table_options_push_codec_and_pull_codec) {
   cr_assert(eq(int, ps__table_spec_parse(&b, "t", PS_DENSE, 8, "lr=0.1 pull_codec=bf16 push_codec=int8", err, sizeof err), 0));
   cr_assert(memcmp(&a, &b, sizeof a) == 0);
 }
+
+/* ---------------------------------------------------------------- vector and portable paths */
+
+/* n values of one of a few kinds: any bits (NaN and Inf included), near fp16's and
+ * bf16's limits, ties, tiny and subnormal, gradients with a rare non-finite. */
+static void fill_kind(float *in, size_t n, int kind) {
+  for (size_t i = 0; i < n; i++) {
+    uint32_t r = (uint32_t)next_u64();
+    switch (kind) {
+    case 0: in[i] = f32_of(r); break;
+    case 1: in[i] = f32_of((r & 0x80000000u) | (0x47700000u + (r >> 1) % 0x00200000u)); break;
+    case 2: in[i] = f32_of((r & 0x80000000u) | (0x7f7f0000u + (r >> 1) % 0x00010000u)); break;
+    case 3: in[i] = (float)((int)(r % 7) - 3); break;
+    case 4: in[i] = f32_of((r & 0x80000000u) | ((r >> 1) % 0x00900000u)); break;
+    default: in[i] = r % 997 == 0 ? (r & 1 ? NAN : -INFINITY) : unif() * 1e-2f; break;
+    }
+  }
+}
+
+Test(codec, vector_kernels_give_the_portable_bits) {
+  enum { N = 2100 };
+  float *in = malloc(N * sizeof *in), *ea = malloc(N * sizeof *ea), *eb = malloc(N * sizeof *eb);
+  float *da = malloc(N * sizeof *da), *db = malloc(N * sizeof *db);
+  uint8_t *ba = malloc(N * 8), *bb = malloc(N * 8);
+  const ps__codec cs[] = {FP16, BF16, INT8, {PS_CODEC_TOPK, 0.01f}, {PS_CODEC_TOPK, 0.4f}, {PS_CODEC_TOPK, 9}};
+  size_t sizes[] = {N, 1, 7, 255, 256, 1031};
+  for (int kind = 0; kind < 6; kind++)
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+      size_t n = sizes[si];
+      fill_kind(in, n, kind);
+      for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++) {
+        size_t la, lb;
+        ps__codec_set_vector(0);
+        cr_assert(eq(int, ps__codec_encode(&cs[c], in, n, ba, &la, ea), 0));
+        cr_assert(eq(int, ps__codec_decode(cs[c].kind, ba, la, da, n), 0), "%s", ps_errmsg());
+        ps__codec_set_vector(1);
+        cr_assert(eq(int, ps__codec_encode(&cs[c], in, n, bb, &lb, eb), 0));
+        cr_assert(eq(int, ps__codec_decode(cs[c].kind, ba, la, db, n), 0), "%s", ps_errmsg());
+        cr_assert(eq(sz, la, lb));
+        cr_assert(eq(int, memcmp(ba, bb, la), 0), "%s kind %d n %zu: encodings differ", ps__codec_name(cs[c].kind), kind, n);
+        for (size_t i = 0; i < n; i++) {
+          cr_assert(eq(u32, bits(ea[i]), bits(eb[i])), "%s kind %d value %zu (%g): errors differ",
+                    ps__codec_name(cs[c].kind), kind, i, in[i]);
+          cr_assert(eq(u32, bits(da[i]), bits(db[i])), "%s kind %d value %zu: decodings differ",
+                    ps__codec_name(cs[c].kind), kind, i);
+        }
+        /* the error is in itself too (as the client uses it) */
+        memcpy(ea, in, n * sizeof *in);
+        cr_assert(eq(int, ps__codec_encode(&cs[c], ea, n, bb, &lb, ea), 0));
+        cr_assert(eq(int, memcmp(ba, bb, la), 0));
+        cr_assert(eq(int, memcmp(ea, eb, n * sizeof *ea), 0), "%s kind %d n %zu: in-place errors differ",
+                  ps__codec_name(cs[c].kind), kind, n);
+      }
+    }
+  free(in), free(ea), free(eb), free(da), free(db), free(ba), free(bb);
+}
+
+Test(codec, int8_nonfinite_block_keeps_its_finite_values_as_error) {
+  float in[300], err[300];
+  uint8_t buf[400];
+  size_t len;
+  for (int i = 0; i < 300; i++) in[i] = (float)(i + 1);
+  in[10] = NAN;
+  cr_assert(eq(int, ps__codec_encode(&INT8, in, 300, buf, &len, err), 0));
+  cr_assert(eq(flt, err[10], 0.0f));
+  for (int i = 0; i < 256; i++)
+    if (i != 10) cr_assert(eq(flt, err[i], in[i]), "value %d of the NaN block: error %g", i, err[i]);
+  for (int i = 256; i < 300; i++) cr_assert(fabsf(err[i]) <= 300.0f / 127.0f, "value %d: error %g", i, err[i]);
+}
+
+Test(codec, fp16_nan_halves_decode_quiet_on_every_path) {
+  uint8_t h[32];
+  for (int i = 0; i < 16; i++) ps__put_u16(h + 2 * i, (uint16_t)(0x7c01 + i * 17)); /* signalling NaNs */
+  float a[16], b[16];
+  ps__codec_set_vector(0);
+  cr_assert(eq(int, ps__codec_decode(PS_CODEC_FP16, h, 32, a, 16), 0));
+  ps__codec_set_vector(1);
+  cr_assert(eq(int, ps__codec_decode(PS_CODEC_FP16, h, 32, b, 16), 0));
+  for (int i = 0; i < 16; i++) {
+    cr_assert(isnan(a[i]) && (bits(a[i]) & 0x400000u), "value %d: %08x", i, bits(a[i]));
+    cr_assert(eq(u32, bits(a[i]), bits(b[i])));
+  }
+}
