@@ -550,6 +550,22 @@ static uint32_t kth_largest(uint32_t *a, size_t n, size_t k) {
 #define TOPK_BUCKETS (1u << TOPK_BITS)
 #define TOPK_LANES 4 /* histograms filled in turn, so repeated buckets do not serialise */
 
+#ifdef HAVE_X86
+/* The magnitudes of in[0..) whose top bits are bucket b, appended to cand (*c of them so
+ * far), eight values at a time; the values done returned (the rest, fewer than 8, left). */
+TARGET_AVX2 static size_t topk_bucket_avx2(const float *in, size_t n, uint32_t b, uint32_t *cand, size_t *c) {
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), vb = _mm256_set1_epi32((int)b);
+  size_t i = 0, cc = *c;
+  for (; i + 8 <= n; i += 8) {
+    __m256i a = _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(const void *)(in + i)), absm);
+    unsigned hit = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_srli_epi32(a, 31 - TOPK_BITS), vb)));
+    for (; hit; hit &= hit - 1) cand[cc++] = bits_of(in[i + (unsigned)__builtin_ctz(hit)]) & 0x7fffffffu;
+  }
+  *c = cc;
+  return i;
+}
+#endif
+
 /* The magnitude (f32 bits without the sign) of the k-th largest |in[i]|, 1 <= k < n, and
  * in *above how many are strictly larger. A histogram of the top bits finds the bucket
  * that holds it; a quickselect over that bucket's values finds it within. Magnitudes as
@@ -574,7 +590,11 @@ static int topk_threshold(const float *in, size_t n, size_t k, uint32_t *thr, si
   uint32_t *cand = ps__malloc((cnt ? cnt : 1) * sizeof *cand);
   if (!cand) return ps__fail(PS_ERR_NOMEM, "out of memory selecting the top %zu of %zu values", k, n);
   size_t c = 0;
-  for (i = 0; i < n; i++) {
+  i = 0;
+#ifdef HAVE_X86
+  if (vec_level() & VEC_AVX2) i = topk_bucket_avx2(in, n, b, cand, &c);
+#endif
+  for (; i < n; i++) {
     uint32_t a = bits_of(in[i]) & 0x7fffffffu;
     if (a >> sh == b) cand[c++] = a;
   }
@@ -587,6 +607,45 @@ static int topk_threshold(const float *in, size_t n, size_t k, uint32_t *thr, si
   *above = hi_count + gt;
   return 0;
 }
+
+#ifdef HAVE_X86
+/* Eight values at a time of topk_encode's pass: lanes at or above the threshold are
+ * decided one by one, the others are not sent (their error is the value, if finite).
+ * Returns the values done: all but a tail of fewer than 8, or where the pairs ran out
+ * without error feedback. */
+TARGET_AVX2 static size_t topk_pick_avx2(const float *in, size_t n, size_t k, uint32_t thr, size_t *need_eq,
+                                         uint8_t *out, size_t *jp, float *err) {
+  const __m256i absm = _mm256_set1_epi32(0x7fffffff), infb = _mm256_set1_epi32(0x7f800000);
+  const __m256i below = _mm256_set1_epi32((int)thr - 1); /* a > thr - 1, signed: a < 2^31 */
+  size_t i = 0, j = *jp, eq = *need_eq;
+  for (; i + 8 <= n; i += 8) {
+    if (!err && j == k) break;
+    __m256 x = _mm256_loadu_ps(in + i);
+    __m256i a = _mm256_and_si256(_mm256_castps_si256(x), absm);
+    unsigned cand = thr ? (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(a, below))) : 0xffu;
+    unsigned sent = 0;
+    for (; cand && j < k; cand &= cand - 1) { /* in[] is read before err (maybe in) is written */
+      unsigned l = (unsigned)__builtin_ctz(cand);
+      uint32_t u = bits_of(in[i + l]), al = u & 0x7fffffffu;
+      if (al > thr || (al == thr && eq > 0)) {
+        eq -= al == thr;
+        ps__put_u32(out + 8 * j, (uint32_t)(i + l));
+        ps__put_u32(out + 8 * j + 4, u);
+        j++;
+        sent |= 1u << l;
+      }
+    }
+    if (err) {
+      __m256 e = _mm256_and_ps(x, _mm256_castsi256_ps(_mm256_cmpgt_epi32(infb, a)));
+      _mm256_storeu_ps(err + i, e);
+      for (; sent; sent &= sent - 1) err[i + (unsigned)__builtin_ctz(sent)] = 0.0f;
+    }
+  }
+  *jp = j;
+  *need_eq = eq;
+  return i;
+}
+#endif
 
 static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out, size_t *len, float *err) {
   size_t k = ps__codec_topk_count(c, n);
@@ -601,8 +660,11 @@ static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *o
   }
   /* One pass: the pairs sent, and (error feedback) what was not sent is all error, what
    * was is exact. err may be in itself: each value is read before its error is written. */
-  size_t j = 0;
-  for (size_t i = 0; i < n; i++) {
+  size_t j = 0, i = 0;
+#ifdef HAVE_X86
+  if (vec_level() & VEC_AVX2) i = topk_pick_avx2(in, n, k, thr, &need_eq, out, &j, err);
+#endif
+  for (; i < n; i++) {
     float x = in[i];
     uint32_t a = bits_of(x) & 0x7fffffffu;
     int take = j < k && (a > thr || (a == thr && need_eq > 0));
