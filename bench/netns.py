@@ -97,6 +97,7 @@ class Links:
         self.latency_ms = latency_ms
         self.nodes = []
         self.procs = []
+        self.jobs = 0
         self.own_dir = logdir is None
         self.dir = logdir or tempfile.mkdtemp(prefix="pshard-netns-")
         self.tag = f"{PREFIX}{os.getpid()}"
@@ -221,17 +222,25 @@ class Job:
     """A pshard job over Links: a scheduler node, S server nodes and K worker nodes,
     every connection over TCP on the shaped links, authenticated with a fresh secret."""
 
-    def __init__(self, net, pshard, servers, workers, start_timeout=30):
+    def __init__(self, net, pshard, servers, workers, start_timeout=30, nodes=None):
+        """nodes: (scheduler node, [server nodes], [worker nodes]) of an earlier Job on
+        the same Links to run on again (that job finished); new nodes otherwise."""
         self.net, self.pshard = net, pshard
         self.env = dict(os.environ)
         self.env.update({"PSHARD_SECRET": os.urandom(16).hex(), "PSHARD_TRANSPORT": "tcp", "PSHARD_PEER_MEM": "0"})
         for k in ("PSHARD_SCHEDULER", "PSHARD_HOST", "PSHARD_PORT", "PSHARD_ROLE", "PSHARD_COLOCATE",
                   "PSHARD_EMBEDDED", "PSHARD_SECRET_FILE"):
             self.env.pop(k, None)
-        self.sched_node = net.add_node("scheduler")
-        self.server_nodes = [net.add_node(f"server{i}") for i in range(servers)]
-        self.worker_nodes = [net.add_node(f"worker{i}") for i in range(workers)]
-        addr_file = os.path.join(net.dir, f"addr-{id(self)}")
+        if nodes:
+            self.sched_node, self.server_nodes, self.worker_nodes = nodes[0], list(nodes[1]), list(nodes[2])
+            if len(self.server_nodes) != servers or len(self.worker_nodes) != workers:
+                raise ValueError("nodes do not match servers and workers")
+        else:
+            self.sched_node = net.add_node("scheduler")
+            self.server_nodes = [net.add_node(f"server{i}") for i in range(servers)]
+            self.worker_nodes = [net.add_node(f"worker{i}") for i in range(workers)]
+        net.jobs += 1
+        addr_file = os.path.join(net.dir, f"addr-{net.jobs}")
         self.scheduler = net.popen(self.sched_node, [pshard, "scheduler", "--servers", str(servers), "--workers",
                                                      str(workers), "--host", self.sched_node.ip, "--addr-file",
                                                      addr_file, "--exit-when-done"], "scheduler", self.env)
@@ -254,3 +263,21 @@ class Job:
             env.update({"PSHARD_ROLE": "worker", "PSHARD_HOST": n.ip})
             ps.append(self.net.popen(n, argv, n.name, env))
         return ps
+
+    @property
+    def nodes(self):
+        return (self.sched_node, self.server_nodes, self.worker_nodes)
+
+    def finish(self, timeout=30):
+        """Wait for the scheduler and servers to stop (the scheduler stops once every
+        worker left); kill what is still running after timeout."""
+        deadline = time.time() + timeout
+        for p in [self.scheduler] + self.servers:
+            try:
+                p.wait(timeout=max(deadline - time.time(), 0.01))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
