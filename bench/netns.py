@@ -106,8 +106,10 @@ class Links:
         for ns in _namespaces():  # a namespace of ours left by an earlier Links of this process
             if ns.startswith(self.tag) and re.match(rf"^{self.tag}(b|n\d+)$", ns):
                 _run(["ip", "netns", "del", ns], check=False)
+        r = _run(["ip", "netns", "add", self.bridge], check=False)
+        if r.returncode != 0:
+            raise Unavailable(f"cannot create a network namespace: {r.stderr.strip()}")
         try:
-            _run(["ip", "netns", "add", self.bridge])
             self._ip(self.bridge, "link", "add", "br0", "type", "bridge")
             self._ip(self.bridge, "link", "set", "br0", "up")
             self._ip(self.bridge, "link", "set", "lo", "up")
