@@ -242,6 +242,12 @@ typedef enum ps_table_kind { PS_DENSE = 1, PS_SPARSE = 2 } ps_table_kind;
  *                          header rate lr that is not finite): refused whole with
  *                          PS_ERR_INVALID naming the first bad index, dropped whole
  *                          (answered as dropped), or applied unchecked (refuse)
+ *     push_codec=none|fp16|bf16|int8|topk:F   how workers encode pushes on the wire;
+ *                          topk:F sends the F (F >= 1) or F x n (F < 1) largest values of
+ *                          each server's part. What a lossy codec leaves out is kept by
+ *                          the worker and added to its next push of the same rows
+ *                          (error feedback; memory: one f32 per value pushed). (none)
+ *     pull_codec=none|fp16|bf16|int8   how servers encode pull replies (none)
  *   The learning-rate schedule applied by the servers (a push's own lr overrides it):
  *     ref_batch=B          linear scaling: lr * B_global / B, where B_global is the
  *                          examples behind the update (sync: the round's batches, so it

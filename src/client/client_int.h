@@ -46,6 +46,7 @@
 
 typedef struct peer peer;
 typedef struct part part;
+typedef struct ps__cx_table ps__cx_table; /* cx.c: a table's residuals and codec counters */
 
 struct part {
   ps_req *req;
@@ -82,6 +83,13 @@ struct part {
                             * copied here cut to stats_cap - 1 bytes and NUL-terminated */
   size_t stats_cap;
   size_t stats_len;        /* the reply body's full length (more than stats_cap - 1: cut) */
+  /* A pull of a table with a pull codec (cx.c): the reply is read into cx_recv and
+   * decoded into the caller's regions cx_dst[cx_ndst] (cx_n values) when it is in. */
+  uv_buf_t cx_recv;
+  uv_buf_t *cx_dst;
+  unsigned cx_ndst;
+  uint32_t cx_codec;
+  size_t cx_n;
   peer *lk;
   part *prev, *next;       /* in the link's in-flight or queue list */
 };
@@ -116,6 +124,9 @@ struct ps_req {
   const uint32_t *dd_idx;
   float *dd_out;
   unsigned dd_width;
+  /* encoded values (cx.c): a push's as sent, a pull's replies as received; malloc'd */
+  void *cx_block;
+  ps__cx_table *cx_table;  /* a pull's table, for its counters */
 };
 
 struct peer {
@@ -148,6 +159,8 @@ typedef struct table_info {
   uint32_t width;
   uint64_t nrows;
   ps__update_mode update;
+  ps__codec push_codec, pull_codec; /* spec push_codec=, pull_codec= */
+  ps__cx_table *cx;        /* residuals and counters of a table with a codec (cx.c), else NULL */
 } table_info;
 
 struct ps_ctx {
@@ -350,6 +363,23 @@ int ps__ctx_state_err(ps_ctx *ctx);
 int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms);
 /* A fire-and-forget frame to every server on lent links: 1 if sent, 0 to use the loop. */
 int ps__direct_fire(ps_ctx *ctx, const ps__frame_hdr *h0);
+
+/* ---- cx.c: value compression (callers' threads unless marked) */
+/* The state of a table with a codec: residuals (push codec) and counters. NULL: NOMEM. */
+ps__cx_table *ps__cx_table_new(const ps__table_spec *spec);
+void ps__cx_table_free(ps__cx_table *t);
+/* A counter by name: push_raw_bytes, push_wire_bytes, pull_raw_bytes, pull_wire_bytes
+ * (value bytes as f32, and as encoded). 0, or -1 for another name. */
+int ps__cx_stat(const ps__cx_table *t, const char *which, double *value);
+/* Encode a built push request's parts with ti's push codec, with error feedback. 0, or
+ * an error (NOMEM, TOO_LARGE) with the residuals as they were. */
+int ps__cx_encode_push(ps_ctx *ctx, ps_req *r, const table_info *ti);
+/* Make a built pull request's parts receive values encoded with ti's pull codec. */
+int ps__cx_setup_pull(ps_req *r, const table_info *ti);
+/* Loop or lent link: does a reply's codec match what part p expects? 0 or PS_ERR_PROTO. */
+int ps__cx_reply_check(const part *p, const ps__frame_hdr *h);
+/* A finished pull's encoded replies into the caller's buffers (a failure sets r's error). */
+void ps__cx_pull_done(ps_req *r);
 
 /* ---- control.c */
 /* One request with a single control part to target carrying body (copied). */

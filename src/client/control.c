@@ -124,6 +124,14 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
   ctx->tables[id].width = spec.width;
   ctx->tables[id].nrows = spec.nrows;
   ctx->tables[id].update = spec.update;
+  ctx->tables[id].push_codec = spec.push_codec;
+  ctx->tables[id].pull_codec = spec.pull_codec;
+  if ((spec.push_codec.kind || spec.pull_codec.kind) && !ctx->tables[id].cx &&
+      !(ctx->tables[id].cx = ps__cx_table_new(&spec))) {
+    ctx->tables[id].kind = 0;
+    pthread_mutex_unlock(&ctx->mu);
+    return ps__fail(PS_ERR_NOMEM, "out of memory");
+  }
   pthread_mutex_unlock(&ctx->mu);
   if (id_out) *id_out = id;
   return 0;
@@ -302,6 +310,41 @@ int ps_task_done(ps_ctx *ctx, const ps_task *task) {
 
 /* ---- statistics */
 
+/* push_raw_bytes, push_wire_bytes, pull_raw_bytes, pull_wire_bytes: value bytes of the
+ * tables with a codec, as f32 and as encoded; NAME:T for table T alone. 1 if name is
+ * one of them (*value set), 0 if not, -1 (with a message) for an unknown table. */
+static int codec_stat(ps_ctx *c, const char *name, double *value, int *err) {
+  static const char *const names[] = {"push_raw_bytes", "push_wire_bytes", "pull_raw_bytes", "pull_wire_bytes"};
+  char base[32];
+  const char *colon = strchr(name, ':');
+  size_t n = colon ? (size_t)(colon - name) : strlen(name);
+  int known = 0;
+  for (size_t i = 0; i < 4 && n < sizeof base; i++) known |= strlen(names[i]) == n && !memcmp(names[i], name, n);
+  if (!known) return 0;
+  memcpy(base, name, n);
+  base[n] = '\0';
+  uint64_t only = 0;
+  if (colon && (ps__parse_u64(colon + 1, &only) || only == 0)) {
+    *err = ps__fail(PS_ERR_INVALID, "bad table in statistic '%s': expected NAME:ID", name);
+    return -1;
+  }
+  double sum = 0, v;
+  int found = !colon;
+  pthread_mutex_lock(&c->mu);
+  for (size_t i = 1; i < c->ntables; i++) {
+    if (colon && i != only) continue;
+    if (colon && c->tables[i].kind) found = 1;
+    if (c->tables[i].cx && ps__cx_stat(c->tables[i].cx, base, &v) == 0) sum += v;
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (!found) {
+    *err = ps__fail(PS_ERR_NO_TABLE, "statistic '%s': no table %llu", name, (unsigned long long)only);
+    return -1;
+  }
+  *value = sum;
+  return 1;
+}
+
 int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   if (!ctx || !name || !value) return ps__fail(PS_ERR_INVALID, "NULL argument");
   ps_ctx *c = (ps_ctx *)ctx;
@@ -325,7 +368,11 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "direct_calls")) *value = (double)__atomic_load_n(&c->direct_calls, __ATOMIC_RELAXED);
   else if (!strcmp(name, "peer_mem_parts")) *value = (double)__atomic_load_n(&c->pm_parts, __ATOMIC_RELAXED);
   else if (!strcmp(name, "shared_parts")) *value = (double)__atomic_load_n(&c->shared_parts, __ATOMIC_RELAXED);
-  else return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
+  else {
+    int err = 0, k = codec_stat(c, name, value, &err);
+    if (k < 0) return err;
+    if (k == 0) return ps__fail(PS_ERR_INVALID, "unknown statistic '%s'", name);
+  }
   return 0;
 }
 

@@ -133,6 +133,11 @@ static int dl_begin(dlink *d) {
   }
   /* A pull's values: in the body, or already written by the server (net/xport.h). */
   int written = 0;
+  if (p->recv && ps__cx_reply_check(p, h)) {
+    ps__req_set_error(p->req, PS_ERR_PROTO, ps_errmsg());
+    p->status = PS_ERR_PROTO;
+    return 0;
+  }
   if (p->recv && ps__vx_reply(&p->vx, h, p->recv_len, &written)) {
     ps__req_set_error(p->req, PS_ERR_SIZE, ps_errmsg());
     p->status = PS_ERR_SIZE;

@@ -627,12 +627,13 @@ static int link_header(peer *l, const ps__frame_hdr *h, ps__body *b) {
   }
   /* A pull's values: in the body (read straight into the destination), or already
    * written by the server (peer memory). */
-  int written = 0;
-  if (h->status == 0 && p->recv && ps__vx_reply(&p->vx, h, p->recv_len, &written)) {
+  int written = 0, bad = 0;
+  if (h->status == 0 && p->recv && (bad = ps__cx_reply_check(p, h) ? PS_ERR_PROTO
+                                          : ps__vx_reply(&p->vx, h, p->recv_len, &written) ? PS_ERR_SIZE : 0)) {
     p->vx.answered = 1;
     part_list_remove(&l->inflight, p);
     p->lk = NULL;
-    ps__part_fail(p, PS_ERR_SIZE, ps_errmsg());
+    ps__part_fail(p, bad, ps_errmsg());
     b->discard = 1;
     return 0;
   }

@@ -35,6 +35,10 @@ static void req_scatter(ps_req *r) {
 /* A pull's rows are in: scatter routed rows into caller order, and copy a
  * de-duplicated pull's distinct rows to every position that asked for them. */
 void ps__req_rows_done(ps_req *r) {
+  if (r->cx_table) { /* encoded replies first: they fill what the scatter reads */
+    ps__cx_pull_done(r);
+    if (r->status) return;
+  }
   if (r->pos) req_scatter(r);
   if (r->dd_rows) {
     size_t w = r->dd_width;
@@ -253,6 +257,7 @@ void ps__req_destroy(ps_req *r) {
   free(r->bufs);
   free(r->own_keys);
   free(r->own_segs);
+  free(r->cx_block);
   free(r);
 }
 

@@ -183,6 +183,12 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
   }
   if (owner) ps__ubuf_put(ctx, owner, nkeys * sizeof *owner);
   free(count);
+  /* A table with a codec: its pushes' values encoded, its replies decoded (cx.c). */
+  if ((rc = is_push ? (ti.push_codec.kind ? ps__cx_encode_push(ctx, r, &ti) : 0)
+                    : (ti.pull_codec.kind ? ps__cx_setup_pull(r, &ti) : 0))) {
+    ps__req_destroy(r);
+    return rc;
+  }
   *out_req = r;
   return 0;
 }
@@ -277,6 +283,7 @@ static int sparse_start(ps_ctx *ctx, int is_push, uint32_t table, const uint64_t
 typedef struct link_ask {
   ps_ctx *ctx;
   uint32_t target;
+  int encoded; /* the part's values are encoded (a codec): they travel inline */
 } link_ask;
 
 /* The pid of the target's server process if peer-memory frames may go to it, else 0. */
@@ -284,7 +291,7 @@ static int link_takes_pm(void *arg) {
   const link_ask *a = arg;
   ps_ctx *ctx = a->ctx;
   /* Replicated pushes are forwarded inline, and parts are sent again: no peer memory. */
-  if (!ctx->peer_mem || __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) return 0;
+  if (!ctx->peer_mem || a->encoded || __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
   peer *l = ps__link_find(ctx, a->target);
   int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;
@@ -395,7 +402,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     bi += nreg;
     /* A large part to a server on this host goes by peer memory: the frame names the
      * caller's buffers, the server copies from or into them (net/xport.h). */
-    link_ask ask = {ctx, target};
+    link_ask ask = {ctx, target, is_push ? ti.push_codec.kind != PS_CODEC_RAW : ti.pull_codec.kind != PS_CODEC_RAW};
     p->hdr.xport = ps__vx_choose(&p->vx, bytes, deadline, now, link_takes_pm, &ask);
     int pm = p->hdr.xport == PS_XPORT_PEER_MEM;
     regs[1] = uv_buf_init((char *)tail, (unsigned)ps__vx_tail(&p->vx, tail, regs + 2, nseg_of[s]));
@@ -426,6 +433,11 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   free(segs);
   free(segown);
   free(nseg_of);
+  if ((rc = is_push ? (ti.push_codec.kind ? ps__cx_encode_push(ctx, r, &ti) : 0)
+                    : (ti.pull_codec.kind ? ps__cx_setup_pull(r, &ti) : 0))) {
+    ps__req_destroy(r);
+    return rc;
+  }
   *out_req = r;
   return 0;
 }

@@ -94,7 +94,7 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
     return ps__fail(PS_ERR_PROTO, "status %d in a %s request", h->status, ps__frame_type_name(h->type));
   if (in[6] & ~(PS_FLAG_MASK | PS_XPORT_MASK)) return ps__fail(PS_ERR_PROTO, "reserved flag bits set (0x%02x)", in[6]);
   if (h->xport > PS_XPORT_PEER_MEM) return ps__fail(PS_ERR_PROTO, "unknown value transport %u", h->xport);
-  if (h->codec != PS_CODEC_RAW) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
+  if (h->codec >= PS_CODEC__MAX) return ps__fail(PS_ERR_PROTO, "unknown codec %u", h->codec);
   if (h->payload_len > max_payload)
     return ps__fail(PS_ERR_TOO_LARGE, "%s frame payload of %llu bytes exceeds the limit of %llu",
                     ps__frame_type_name(h->type), (unsigned long long)h->payload_len,
@@ -108,9 +108,18 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
     if (kbytes > h->payload_len)
       return ps__fail(PS_ERR_PROTO, "%u keys do not fit a payload of %llu bytes", h->nkeys,
                       (unsigned long long)h->payload_len);
-    if ((h->payload_len - kbytes) % 4u)
+    /* Encoded values (proto/codec.h) are checked against their count where it is known:
+     * by the handler, which knows the table. */
+    if (h->codec == PS_CODEC_RAW && (h->payload_len - kbytes) % 4u)
       return ps__fail(PS_ERR_PROTO, "values of %llu bytes are not whole floats",
                       (unsigned long long)(h->payload_len - kbytes));
+    if (h->codec != PS_CODEC_RAW) {
+      int carries = reply ? (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE) : (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE);
+      if (!carries) return ps__fail(PS_ERR_PROTO, "codec %u on a %s frame", h->codec, ps__frame_type_name(h->type));
+      if (h->xport != PS_XPORT_INLINE)
+        return ps__fail(PS_ERR_PROTO, "codec %u with value transport %u: encoded values travel inline", h->codec,
+                        h->xport);
+    }
     if (ps__frame_is_forward(h->type) && h->xport != PS_XPORT_INLINE)
       return ps__fail(PS_ERR_PROTO, "value transport %u on a %s frame", h->xport, ps__frame_type_name(h->type));
     if ((t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE || t == PS_MSG_FORWARD_DENSE) && !reply && (h->nkeys % 2u))
@@ -125,6 +134,8 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
   } else {
     if (h->xport != PS_XPORT_INLINE && h->status == 0)
       return ps__fail(PS_ERR_PROTO, "value transport %u on a %s frame", h->xport, ps__frame_type_name(h->type));
+    if (h->codec != PS_CODEC_RAW)
+      return ps__fail(PS_ERR_PROTO, "codec %u on a %s frame", h->codec, ps__frame_type_name(h->type));
     if (h->payload_len > PS_CTRL_MAX_BODY)
       return ps__fail(PS_ERR_TOO_LARGE, "%s control body of %llu bytes exceeds %u",
                       ps__frame_type_name(h->type), (unsigned long long)h->payload_len, PS_CTRL_MAX_BODY);

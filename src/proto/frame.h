@@ -74,7 +74,12 @@ enum {
 
 /* Value encodings (hdr.codec): how the values are encoded, wherever they travel. */
 enum {
-  PS_CODEC_RAW = 0       /* little-endian f32 */
+  PS_CODEC_RAW = 0,      /* little-endian f32 */
+  PS_CODEC_FP16 = 1,     /* IEEE binary16, 2 bytes a value (proto/codec.h) */
+  PS_CODEC_BF16 = 2,     /* bfloat16 (the top half of an f32), 2 bytes a value */
+  PS_CODEC_INT8 = 3,     /* per block of 256 values an f32 scale, then one int8 a value */
+  PS_CODEC_TOPK = 4,     /* (u32 index, f32 value) pairs, indices increasing; pushes only */
+  PS_CODEC__MAX = 5
 };
 
 typedef struct ps__frame_hdr {

@@ -15,6 +15,7 @@
 
 #include "common/common.h"
 #include "common/config.h"
+#include "proto/codec.h"
 
 #define MAX_DIM (1u << 20)            /* widest row: sparse dim or dense slice */
 #define MAX_DENSE (1ull << 40)        /* largest dense table, in floats */
@@ -25,12 +26,12 @@
 enum {
   K_OPT, K_LR, K_MOMENTUM, K_BETA1, K_BETA2, K_EPS, K_ACC0, K_L1, K_L2, K_BETA,
   K_UPDATE, K_INIT, K_SEED, K_SLICE, K_MODE, K_EVERY, K_AGG_N, K_AGG_MS, K_REF_BATCH, K_WARMUP,
-  K_DECAY, K_NONFINITE, K_COUNT
+  K_DECAY, K_NONFINITE, K_PUSH_CODEC, K_PULL_CODEC, K_COUNT
 };
 static const char *const key_names[K_COUNT] = {
     "opt", "lr", "momentum", "beta1", "beta2", "eps", "acc0",
     "l1", "l2", "beta", "update", "init", "seed", "slice", "mode", "every", "agg_n", "agg_ms",
-    "ref_batch", "warmup", "decay", "nonfinite",
+    "ref_batch", "warmup", "decay", "nonfinite", "push_codec", "pull_codec",
 };
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -200,6 +201,18 @@ static int apply_option(ps__table_spec *s, int kind, int k, const char *val, uin
       return fail(err, errlen, PS_ERR_CONFIG, "bad value '%s' for option 'nonfinite': expected refuse, skip or allow",
                   val);
     return 0;
+  case K_PUSH_CODEC:
+  case K_PULL_CODEC: {
+    ps__codec *c = k == K_PUSH_CODEC ? &s->push_codec : &s->pull_codec;
+    if (ps__codec_parse(val, c))
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "bad value '%s' for option '%s': expected none, fp16, bf16, int8%s", val, name,
+                  k == K_PUSH_CODEC ? " or topk:F (F < 1 a fraction of the values, F >= 1 a count)" : "");
+    if (k == K_PULL_CODEC && c->kind == PS_CODEC_TOPK)
+      return fail(err, errlen, PS_ERR_CONFIG,
+                  "option 'pull_codec': topk applies to pushes only (a pull must return every value)");
+    return 0;
+  }
   case K_EVERY:
   case K_AGG_N:
   case K_AGG_MS:

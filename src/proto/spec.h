@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/codec.h"
+
 typedef enum { PS__OPT_SGD, PS__OPT_MOMENTUM, PS__OPT_ADAGRAD, PS__OPT_ADAM, PS__OPT_FTRL } ps__opt_kind;
 typedef enum { PS__INIT_ZERO, PS__INIT_CONST, PS__INIT_UNIFORM, PS__INIT_NORMAL } ps__init_kind;
 typedef enum { PS__UPDATE_MEAN, PS__UPDATE_SUM } ps__update_mode;
@@ -59,6 +61,8 @@ typedef struct ps__table_spec {
   float decay_gamma;   /* ... multiply by G; cos: lr_min as a fraction of the peak */
   uint32_t decay_steps;/* cos: steps T of the cosine after warm-up */
   uint32_t nonfinite;  /* PS__NONFINITE_*: what a push holding NaN or Inf gets (refuse) */
+  ps__codec push_codec;/* push_codec=: how workers encode pushes (none: raw f32) */
+  ps__codec pull_codec;/* pull_codec=: how servers encode pull replies (none; never topk) */
 } ps__table_spec;
 
 enum { PS__DECAY_CONST = 0, PS__DECAY_STEP = 1, PS__DECAY_COS = 2 };

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/codec.h"
 #include "server/server_int.h"
 
 /* A sparse pull reply of STREAM_MIN bytes or more is produced STREAM_CHUNK at a time
@@ -153,6 +154,67 @@ oom:
   ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
 }
 
+/* ---------------------------------------------------------------- encoded replies */
+
+typedef struct gather_arg {
+  ps__table *t;
+  float *out;
+} gather_arg;
+
+static int gather_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, uint64_t pos) {
+  gather_arg *a = arg;
+  float *row = ps__shard_row(a->t, slice);
+  if (!row) return PS_ERR_NOMEM;
+  memcpy(a->out + pos, row + within, n * 4);
+  return 0;
+}
+
+/* A pull of a table with a pull codec (spec pull_codec=, proto/codec.h): the values are
+ * gathered as f32 (the engine's rows, as they are now), encoded into a pooled buffer and
+ * sent from there. n: the values the pull asks for. */
+static void answer_encoded(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, ps__table *t,
+                           uint64_t n, ps__frame_hdr *r) {
+  const ps__codec *cx = &t->spec.pull_codec;
+  size_t rawlen = (size_t)n * 4, enclen = ps__codec_size(cx, (size_t)n), len = 0;
+  float *raw = ps__pool_get(s->pool, rawlen ? rawlen : 1);
+  uint8_t *enc = ps__pool_get(s->pool, enclen ? enclen : 1);
+  int rc = raw && enc ? 0 : PS_ERR_NOMEM;
+  if (!rc && t->spec.kind == PS_DENSE) {
+    gather_arg a = {t, raw};
+    ps__shard_flush(t); /* a push being applied finishes first */
+    rc = ps__walk_slices(keys, h->nkeys, t->spec.width, gather_slice, &a);
+  } else if (!rc) {
+    ps__par *par = ps__srv_par(s, h->nkeys);
+    rc = par ? ps__shard_read_huge(t, par, keys, h->nkeys, raw) : ps__shard_read_rows(t, keys, 0, h->nkeys, raw);
+  }
+  if (!rc) rc = ps__codec_encode(cx, raw, (size_t)n, enc, &len, NULL);
+  ps__pool_put(s->pool, raw, rawlen ? rawlen : 1);
+  if (rc) {
+    ps__pool_put(s->pool, enc, enclen ? enclen : 1);
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory for an encoded reply");
+    return;
+  }
+  PS_ASSERT(len == enclen); /* pull codecs have a fixed size */
+  t->pulls++;
+  t->codec_pull_raw += rawlen;
+  t->codec_pull_wire += len;
+  r->codec = (uint8_t)cx->kind;
+  if (!len) {
+    ps__pool_put(s->pool, enc, 1);
+    ps__conn_send_ctrl(c, r, NULL, 0);
+    return;
+  }
+  ps__srv_reply_pooled(s, c, r, enc, len);
+}
+
+/* Values a (checked) pull asks for. */
+static uint64_t pull_count(const ps__frame_hdr *h, const uint8_t *keys, const ps__table *t) {
+  if (t->spec.kind != PS_DENSE) return (uint64_t)h->nkeys * t->spec.width;
+  uint64_t n = 0;
+  for (uint32_t i = 0; i + 1 < h->nkeys; i += 2) n += ps__get_u64(keys + 8 * (size_t)(i + 1));
+  return n;
+}
+
 /* ---------------------------------------------------------------- answering */
 
 ps__frame_hdr ps__srv_pull_reply_hdr(ps__server *s, ps__table *t, const ps__frame_hdr *h) {
@@ -175,6 +237,10 @@ void ps__srv_answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, con
     return;
   }
   ps__frame_hdr r = ps__srv_pull_reply_hdr(s, t, h);
+  if (t->spec.pull_codec.kind != PS_CODEC_RAW && h->xport == PS_XPORT_INLINE) {
+    answer_encoded(s, c, h, body, t, pull_count(h, body, t), &r);
+    return;
+  }
   if (t->spec.kind == PS_DENSE) {
     if (send_rows(c, h, body, blen, t, &r)) {
       ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "proto/codec.h"
 #include "server/server_int.h"
 
 ps__table *ps__srv_table_of(ps__server *s, ps__conn *c, const ps__frame_hdr *h, int kind) {
@@ -154,7 +155,78 @@ void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__
   }
 }
 
+/* The values an encoded push must decode to: keys x dim, or the segments' counts. 0 or
+ * -1 (answered) when they cannot be counted or would not fit a frame as f32. */
+static int encoded_count(ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys, int dense,
+                         uint64_t *n) {
+  uint64_t total = 0, limit = c->max_payload / 4u;
+  if (!dense) {
+    total = (uint64_t)h->nkeys * t->spec.width;
+  } else {
+    for (uint32_t i = 0; i + 1 < h->nkeys && total <= limit; i += 2) {
+      uint64_t cnt = ps__get_u64(keys + 8 * (size_t)(i + 1));
+      total += cnt > limit ? limit + 1 : cnt;
+    }
+  }
+  if (total > limit || 8u * (uint64_t)h->nkeys + 4u * total > c->max_payload) {
+    ps__srv_reply_err(c, h, PS_ERR_TOO_LARGE, "encoded push of table '%s' decodes past the frame limit of %llu bytes",
+                      t->decl.name, (unsigned long long)c->max_payload);
+    return -1;
+  }
+  *n = total;
+  return 0;
+}
+
+/* A push whose values are encoded (hdr.codec): decoded into a pooled body of the raw
+ * form, keys then f32 values, so that everything after this (the shape checks, the
+ * engine, a replica's forward) sees one kind of push. Only the table's own push codec
+ * is taken. NULL (answered, nothing changed) if it cannot be decoded. */
+static void *decode_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int dense,
+                         uint64_t *nvals, size_t *len) {
+  ps__table *t = ps__srv_table_of(s, c, h, dense ? PS_DENSE : PS_SPARSE);
+  if (!t) return NULL;
+  if (h->codec != t->spec.push_codec.kind) {
+    ps__srv_reply_err(c, h, PS_ERR_INVALID, "push encoded as %s to table '%s', whose push codec is %s",
+                      ps__codec_name(h->codec), t->decl.name,
+                      t->spec.push_codec.kind ? ps__codec_name(t->spec.push_codec.kind) : "none");
+    return NULL;
+  }
+  size_t kb = 8u * (size_t)h->nkeys, vb = (size_t)h->payload_len - kb;
+  uint64_t n;
+  if (encoded_count(c, h, t, b->buf, dense, &n)) return NULL;
+  *len = kb + 4u * (size_t)n;
+  uint8_t *buf = ps__pool_get(s->pool, *len ? *len : 1);
+  if (!buf) {
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory decoding a push");
+    return NULL;
+  }
+  memcpy(buf, b->buf, kb);
+  if (ps__codec_decode(h->codec, (const uint8_t *)b->buf + kb, vb, (float *)(void *)(buf + kb), (size_t)n)) {
+    ps__pool_put(s->pool, buf, *len ? *len : 1);
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "push to table '%s': %s", t->decl.name, ps_errmsg());
+    return NULL;
+  }
+  t->codec_push_raw += 4u * n;
+  t->codec_push_wire += vb;
+  *nvals = n;
+  return buf;
+}
+
 void ps__srv_on_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
+  if (h->codec != PS_CODEC_RAW) {
+    uint64_t n;
+    size_t len;
+    void *buf = decode_push(s, c, h, b, dense, &n, &len);
+    if (!buf) return;
+    ps__frame_hdr raw = *h;
+    raw.codec = PS_CODEC_RAW;
+    raw.payload_len = len;
+    ps__push p = ps__srv_push_of(&raw, buf, n);
+    ps__owned body = {buf, len ? len : 1};
+    ps__srv_push(s, c, &raw, &p, &body, dense);
+    if (body.buf) ps__pool_put(s->pool, buf, len ? len : 1);
+    return;
+  }
   uint64_t nvals = (h->payload_len - 8u * h->nkeys) / 4u;
   ps__push p = ps__srv_push_of(h, b->buf, nvals);
   ps__owned body = {b->buf, b->len};

@@ -6,6 +6,7 @@
 
 #include "common/common.h"
 #include "common/fault.h"
+#include "proto/codec.h"
 #include "server/server_int.h"
 
 static void hist_line(ps__wbuf *w, const char *name, const uint64_t *hist, int64_t max) {
@@ -45,6 +46,17 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                      (unsigned long long)t->rejected, (double)t->last_lr, t->last_batch,
                      (unsigned long long)t->nonfinite);
     ps__wbuf_bytes(&w, line, (size_t)m);
+    if (t->spec.push_codec.kind || t->spec.pull_codec.kind) { /* value bytes as f32 and as sent */
+      char pc[PS_CODEC_NAME_MAX], lc[PS_CODEC_NAME_MAX];
+      ps__codec_format(&t->spec.push_codec, pc, sizeof pc);
+      ps__codec_format(&t->spec.pull_codec, lc, sizeof lc);
+      m = snprintf(line, sizeof line,
+                   "codec %zu name=%s push=%s push_raw_bytes=%llu push_wire_bytes=%llu pull=%s pull_raw_bytes=%llu "
+                   "pull_wire_bytes=%llu\n",
+                   i, t->decl.name, pc, (unsigned long long)t->codec_push_raw, (unsigned long long)t->codec_push_wire,
+                   lc, (unsigned long long)t->codec_pull_raw, (unsigned long long)t->codec_pull_wire);
+      ps__wbuf_bytes(&w, line, (size_t)m);
+    }
   }
   int64_t minc, maxc;
   ps__shard_live_clocks(sh, &minc, &maxc);

@@ -135,6 +135,8 @@ struct ps__table {
   ps__pending_apply pend;
   /* counters */
   uint64_t pushes, pulls, dropped, rejected, applied;
+  /* value bytes of a table with a codec (server/push.c, pull.c): as f32 and as encoded */
+  uint64_t codec_push_raw, codec_push_wire, codec_pull_raw, codec_pull_wire;
   uint64_t nonfinite;   /* pushes refused or dropped for a NaN or an infinity */
   size_t params_bytes;  /* ps__rowmap_bytes(params) as counted in the engine's mem_used */
   float last_lr;        /* learning rate of the last update */

@@ -53,14 +53,20 @@ static void check_header(const uint8_t *in, const ps__frame_hdr *h, uint64_t max
   CHECK((t > 0 && t < PS_MSG__MAX) || ps__frame_is_auth(t));
   CHECK(strcmp(ps__frame_type_name(h->type), "unknown") != 0);
   CHECK(h->status >= 0 && h->status < PS_ERR__COUNT);
-  CHECK(h->codec == PS_CODEC_RAW);
+  CHECK(h->codec < PS_CODEC__MAX);
   CHECK(h->xport == PS_XPORT_INLINE || h->xport == PS_XPORT_PEER_MEM);
   CHECK((h->flags & ~PS_FLAG_MASK) == 0);
   CHECK(h->payload_len <= max_payload);
   if (ps__frame_is_data(h->type) && h->status == 0) {
     uint64_t kbytes = (uint64_t)h->nkeys * 8u;
     CHECK(kbytes <= h->payload_len);
-    CHECK((h->payload_len - kbytes) % 4u == 0);
+    if (h->codec == PS_CODEC_RAW) {
+      CHECK((h->payload_len - kbytes) % 4u == 0);
+    } else { /* encoded values: push requests and pull replies, inline */
+      CHECK((h->type & PS_FRAME_REPLY) ? (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE)
+                                       : (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE));
+      CHECK(h->xport == PS_XPORT_INLINE);
+    }
     if (h->type & PS_FRAME_REPLY) CHECK(h->nkeys == 0);
     else if (t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE) CHECK(h->nkeys % 2u == 0);
     if (h->xport == PS_XPORT_PEER_MEM) {
@@ -71,6 +77,7 @@ static void check_header(const uint8_t *in, const ps__frame_hdr *h, uint64_t max
     }
   } else {
     CHECK(h->xport == PS_XPORT_INLINE || h->status != 0);
+    CHECK(h->codec == PS_CODEC_RAW);
     CHECK(h->payload_len <= PS_CTRL_MAX_BODY);
     CHECK(h->nkeys == 0);
   }

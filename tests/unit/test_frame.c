@@ -366,12 +366,44 @@ Test(frame, rejects_unknown_type) {
 }
 
 Test(frame, rejects_unknown_codec) {
-  uint8_t codecs[] = {1, 2, 0x80, 0xff};
+  uint8_t codecs[] = {PS_CODEC__MAX, 7, 0x80, 0xff};
   for (size_t i = 0; i < sizeof codecs; i++) {
     ps__frame_hdr h = hdr_of(PS_MSG_PUSH);
     h.codec = codecs[i];
-    expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "codec");
+    expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "unknown codec");
   }
+}
+
+/* Encoded values ride on push requests and pull replies, inline, in any length (the
+ * handler checks it against the count); anywhere else a codec is refused. */
+Test(frame, codecs_only_where_values_are_encoded) {
+  ps__frame_hdr h = hdr_of(PS_MSG_PUSH);
+  h.codec = PS_CODEC_INT8;
+  h.nkeys = 1;
+  h.payload_len = 8 + 4 + 3; /* one int8 block of 3 values: not whole floats */
+  expect_accept(&h, BIG_LIMIT);
+  h = hdr_of(PS_MSG_PULL_DENSE | PS_FRAME_REPLY);
+  h.codec = PS_CODEC_FP16;
+  h.payload_len = 6;
+  expect_accept(&h, BIG_LIMIT);
+  h = hdr_of(PS_MSG_PULL);
+  h.codec = PS_CODEC_FP16;
+  h.nkeys = 1;
+  h.payload_len = 8;
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "codec 1 on a");
+  h = hdr_of(PS_MSG_STATS);
+  h.codec = PS_CODEC_BF16;
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "codec 2 on a");
+  h = hdr_of(PS_MSG_PUSH_DENSE);
+  h.codec = PS_CODEC_FP16;
+  h.xport = PS_XPORT_PEER_MEM;
+  h.nkeys = 2;
+  h.payload_len = 16 + 16;
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "travel inline");
+  h = hdr_of(PS_MSG_PUSH);
+  h.nkeys = 1;
+  h.payload_len = 8 + 3; /* raw values must still be whole floats */
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "whole floats");
 }
 
 /* The flags byte: four flag bits, the value transport in bits 4-5, bits 6-7 reserved. */
