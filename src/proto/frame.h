@@ -46,7 +46,8 @@ enum {
   PS_MSG_CHECKPOINT = 20,/* anyone -> scheduler: take a checkpoint at a clock; reply when it is complete */
   PS_MSG_FORWARD = 21,   /* server -> next server of a chain: a sparse push applied by the sender (ps__fwd) */
   PS_MSG_FORWARD_DENSE = 22, /* the same for a dense push */
-  PS_MSG__MAX = 23
+  PS_MSG_FORWARD_AGG = 23,   /* server -> next server of a chain: an aggregation buffer applied by the sender */
+  PS_MSG__MAX = 24
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,
@@ -111,7 +112,7 @@ static inline int ps__frame_is_push_req(uint8_t type) {
 }
 static inline int ps__frame_is_forward(uint8_t type) {
   uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
-  return t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE;
+  return t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE || t == PS_MSG_FORWARD_AGG;
 }
 
 /* A FORWARD request's body starts with this prefix, then the push's keys and values:
@@ -127,6 +128,17 @@ typedef struct ps__fwd {
   uint64_t step;
 } ps__fwd;
 static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f);
+/* A FORWARD_AGG request's body: the ps__fwd prefix (worker 0, the step the buffer was
+ * applied with), then u32 nids, u32 per_row (rows divide by their weight sum), f64 the
+ * global batch; nids push identities of PS_FWD_AGG_ID bytes each (u32 worker, u32 seq,
+ * u64 incarnation, u32 chain, u32 zero: the pushes the buffer combined, each with the
+ * chain of its keys: ring route, or 0x80000000 | the dense run); then the header's
+ * nkeys keys (u64: row ids, or a dense table's slices) and their rows, width + 1 floats
+ * each (the weighted sums, then the weight sum). The header carries the table and the
+ * rate the buffer was applied with. */
+#define PS_FWD_AGG_PREFIX 16u
+#define PS_FWD_AGG_ID 24u
+#define PS_FWD_DENSE_CHAIN 0x80000000u
 static inline void ps__fwd_get(const uint8_t *p, ps__fwd *f);
 const char *ps__frame_type_name(uint8_t type);
 

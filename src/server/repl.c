@@ -36,6 +36,7 @@ struct srv_fwd {
   size_t len;
   uint64_t born_ms;
   int sent;
+  srv_fwd_group *grp;   /* an aggregation buffer's forward: its answer goes to the group (repl_agg.c) */
 };
 
 /* Another server, as a destination of forwards. */
@@ -47,6 +48,8 @@ struct srv_peer {
   ps__conn *conn;
   int connecting;
 };
+
+static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg);
 
 #define FWD_ABANDON_MS 60000 /* a forward unanswered this long is forgotten (its worker re-sent it) */
 
@@ -71,7 +74,7 @@ int ps__srv_server_alive(ps__server *s, uint32_t id) {
 /* ------------------------------------------------------------------ which requests are ours */
 
 /* The chain's first live member, and the live member after `self` (0: none). */
-static void chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
+void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
   *head = 0, *has_self = 0, *next = 0;
   for (size_t k = 0; k < n; k++) {
     if (!ps__srv_server_alive(s, c[k])) continue;
@@ -88,7 +91,7 @@ static int chain_ok(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__tabl
                     uint32_t *next, const char *what, unsigned long long which) {
   uint32_t head;
   int mine;
-  chain_places(s, ch, n, &head, &mine, next);
+  ps__srv_chain_places(s, ch, n, &head, &mine, next);
   int fwd = ps__frame_is_forward(h->type);
   if (mine && (fwd ? head != s->id : head == s->id)) return 0;
   ps__srv_reply_err(c, h, PS_ERR_MOVED, "%s %llu of table '%s' is not %s on this server (epoch %llu; its head is server %u)",
@@ -181,6 +184,7 @@ void ps__srv_repl_tick(ps__server *s) {
       continue;
     }
     *pp = f->next;
+    if (f->grp) fwd_answer(s, f, PS_ERR_TIMEOUT, "the next copy of these keys did not answer; send again");
     ps__pool_put(s->pool, f->buf, f->len);
     free(f);
   }
@@ -189,7 +193,12 @@ void ps__srv_repl_tick(ps__server *s) {
 /* ------------------------------------------------------------------ forwards */
 
 static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg) {
-  (void)s;
+  if (f->grp) {
+    srv_fwd_group *g = f->grp;
+    f->grp = NULL;
+    ps__srv_fwd_group_answer(s, g, status, msg);
+    return;
+  }
   if (!f->up) return;
   if (status)
     ps__srv_reply_err(f->up, &f->up_hdr, status, "%s", msg);
@@ -296,6 +305,34 @@ static void peer_connect(ps__server *s, srv_peer *p) {
   }
 }
 
+int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
+                          srv_fwd_group *g) {
+  srv_peer *pe = peer_of(s, to);
+  srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
+  if (!f) {
+    ps__pool_put(s->pool, buf, len);
+    return ps__fail(PS_ERR_NOMEM, "out of memory forwarding to server %u", to);
+  }
+  f->req_id = ++s->fwd_seq;
+  f->to = to;
+  f->buf = buf;
+  f->len = len;
+  f->born_ms = uv_now(&s->loop);
+  f->grp = g;
+  f->hdr = *hdr;
+  f->hdr.sender = s->id;
+  f->hdr.req_id = f->req_id;
+  f->hdr.payload_len = len;
+  f->next = s->fwds;
+  s->fwds = f;
+  s->forwards++;
+  if (pe->conn)
+    fwd_send(s, pe, f);
+  else if (!pe->connecting)
+    peer_connect(s, pe);
+  return 0;
+}
+
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to,
                     float lr, uint64_t step) {
   srv_peer *pe = peer_of(s, to);
@@ -393,9 +430,11 @@ int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
 void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c) {
   for (srv_fwd *f = s->fwds; f; f = f->next)
     if (f->up == c) f->up = NULL;
+  ps__srv_agg_conn_closed(s, c);
 }
 
 void ps__srv_repl_free(ps__server *s) {
+  ps__srv_agg_free(s);
   while (s->fwds) {
     srv_fwd *f = s->fwds;
     s->fwds = f->next;

@@ -24,6 +24,8 @@ typedef struct srv_ckpt srv_ckpt;       /* a checkpoint being written (ckpt.c) *
 typedef struct srv_restore srv_restore; /* the checkpoint restored from (ckpt.c) */
 typedef struct srv_fwd srv_fwd;         /* a push forwarded down its chain (repl.c) */
 typedef struct srv_peer srv_peer;       /* another server, as a forward's destination (repl.c) */
+typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
+typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
 
 /* A pull waiting for its table to reach its clock, holding its request body. */
 typedef struct pending_pull {
@@ -84,6 +86,10 @@ struct ps__server {
   uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
   uint64_t last_tick_ms; /* the last heartbeat tick (uv_now) */
   uint32_t next_hop;     /* set by the ring checks of the request being served (R >= 2) */
+  srv_aggw *aggw;        /* pushes in aggregation buffers, answered once a buffer reached every copy */
+  srv_fwd_group *groups; /* aggregation buffers being forwarded */
+  srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
+  int agg_taken;         /* ... which was applied and forwarded with it */
   int fenced;            /* stood still: serves no data request for now */
   uint64_t fenced_at;
 };
@@ -178,6 +184,32 @@ int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, p
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to, float lr,
                     uint64_t step);
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+/* Send a frame of len body bytes (pooled, taken) to server `to` down a chain; its
+ * answer goes to group g. Header fields sender, req_id and payload_len are set here.
+ * 0 or PS_ERR_NOMEM (buf given back, nothing sent). */
+int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
+                          srv_fwd_group *g);
+/* A chain's first live member, whether this server is in it, and the live member after
+ * this server (0: none). */
+void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next);
+
+/* ---- replication of aggregation buffers (repl_agg.c) */
+/* The engine's agg_applied hook: forward the buffer down the chains of its rows. */
+void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per_row, float lr, double gb,
+                         uint64_t step);
+/* Around the engine's push of p to table t (which aggregates) at the head of its chain
+ * under R >= 2: before, note the push (it may fill the buffer, which then carries it);
+ * after, with the engine's verdict, keep it to answer once the buffer it went into was
+ * applied and reached every live copy. ps__srv_agg_after returns 1 when the push is
+ * handled so (answered, or to be answered), 0 when the caller answers it (refused) or
+ * forwards it on its own (a copy of a push applied earlier). */
+void ps__srv_agg_before(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p);
+int ps__srv_agg_after(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__verdict *v);
+void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* A forward of group g was answered (status 0: applied by every copy after this one). */
+void ps__srv_fwd_group_answer(ps__server *s, srv_fwd_group *g, int status, const char *msg);
+void ps__srv_agg_conn_closed(ps__server *s, ps__conn *c);
+void ps__srv_agg_free(ps__server *s);
 /* Does this server hold back data requests (it stood still and may have been replaced)? */
 int ps__srv_fenced(ps__server *s);
 void ps__srv_repl_tick(ps__server *s);

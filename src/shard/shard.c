@@ -38,6 +38,7 @@ static void table_free(ps__shard *sh, ps__table *t) {
   ps__rowmap_free(t->params);
   free(t->dirty);
   ps__rowmap_free(t->agg);
+  ps__rowmap_free(t->agg_rep);
   for (int i = 0; i < PS__ROUND_WINDOW; i++) {
     ps__rowmap_free(t->rounds[i].acc);
     free(t->rounds[i].pushers);
