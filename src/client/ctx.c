@@ -336,6 +336,7 @@ void ps_ctx_close(ps_ctx *ctx) {
   pthread_mutex_destroy(&ctx->lend_mu);
   pthread_cond_destroy(&ctx->lend_cv);
   free(ctx->tables);
+  ps__keep_free(ctx); /* the loop has stopped */
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
   free(ctx);

@@ -37,71 +37,7 @@ struct srv_aggw {
   uint32_t chain;  /* the chain of its keys (PS_FWD_AGG_ID) */
 };
 
-struct srv_fwd_group {
-  srv_fwd_group *next; /* in s->groups */
-  unsigned out;        /* frames not answered yet */
-  int building;        /* frames still being made */
-  int status;          /* the first error answered */
-  char msg[240];
-  srv_aggw *waiters;   /* at the head: the pushes the buffer combined */
-  ps__conn *up;        /* at a member: where the frame it got came from (NULL: closed) */
-  ps__frame_hdr up_hdr;
-};
 
-/* ------------------------------------------------------------------ chains of rows */
-
-typedef struct chains {
-  ps__server *s;
-  ps__table *t;
-  size_t S, nroutes;
-  uint64_t nsl;
-  uint32_t *order; /* dense: the table's run order */
-} chains;
-
-static int chains_init(chains *x, ps__server *s, ps__table *t) {
-  memset(x, 0, sizeof *x);
-  x->s = s, x->t = t;
-  x->S = ps__ring_size(s->ring);
-  x->nroutes = ps__ring_nroutes(s->ring);
-  if (t->spec.kind == PS_DENSE) {
-    x->nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
-    x->order = ps__malloc(x->S * sizeof *x->order);
-    if (!x->order || !ps__ring_dense_order(s->ring, t->id, x->order)) {
-      free(x->order);
-      x->order = NULL;
-      return ps__fail(PS_ERR_NOMEM, "out of memory");
-    }
-  }
-  return 0;
-}
-
-static void chains_free(chains *x) { free(x->order); }
-
-/* The chain of a row: its ring route, or PS_FWD_DENSE_CHAIN | its dense run. */
-static uint32_t row_chain(const chains *x, uint64_t key) {
-  if (x->order) return PS_FWD_DENSE_CHAIN | (uint32_t)ps__dense_run(key < x->nsl ? key : x->nsl - 1, x->nsl, x->S);
-  return (uint32_t)ps__ring_route_index(x->s->ring, x->t->id, key);
-}
-
-/* A chain's servers into ch (n, 0 for a chain number that is not one). */
-static size_t chain_servers(const chains *x, uint32_t ck, uint32_t *ch) {
-  if (x->order) return (ck & PS_FWD_DENSE_CHAIN) && (ck & ~PS_FWD_DENSE_CHAIN) < x->S
-                           ? ps__ring_dense_chain(x->s->ring, x->order, ck & ~PS_FWD_DENSE_CHAIN, ch)
-                           : 0;
-  return ck < x->nroutes ? ps__ring_route(x->s->ring, ck, ch) : 0;
-}
-
-/* This server's place in chain ck: 1 at its head, 2 after it, 0 not in it (or not a
- * chain); *next the live member after this server (0: none). */
-static int chain_place(const chains *x, uint32_t ck, uint32_t *next) {
-  uint32_t ch[PS_MAX_REPLICAS], head;
-  int mine;
-  *next = 0;
-  size_t n = chain_servers(x, ck, ch);
-  if (!n) return 0;
-  ps__srv_chain_places(x->s, ch, n, &head, &mine, next);
-  return !mine ? 0 : head == x->s->id ? 1 : 2;
-}
 
 /* A small cache of chain -> next member: a buffer's rows are of a few chains. */
 typedef struct next_cache {
@@ -110,13 +46,13 @@ typedef struct next_cache {
   unsigned n;
 } next_cache;
 
-static int cached_place(const chains *x, next_cache *nc, uint32_t ck, uint32_t *next) {
+static int cached_place(const ps__srv_chains *x, next_cache *nc, uint32_t ck, uint32_t *next) {
   for (unsigned i = 0; i < nc->n; i++)
     if (nc->ck[i] == ck) {
       *next = nc->next[i];
       return nc->place[i];
     }
-  int p = chain_place(x, ck, next);
+  int p = ps__srv_chain_place(x, ck, next);
   if (nc->n < 16) nc->ck[nc->n] = ck, nc->next[nc->n] = *next, nc->place[nc->n++] = p;
   return p;
 }
@@ -133,7 +69,7 @@ static void reply_to(ps__conn *c, const ps__frame_hdr *h, int status, const char
 
 /* Finish g once no frame of it is being made or awaited: answer its pushes (head) or
  * the frame it came from (member). 1 when g was finished and freed. */
-static int group_maybe_done(ps__server *s, srv_fwd_group *g) {
+int ps__srv_group_maybe_done(ps__server *s, srv_fwd_group *g) {
   if (g->building || g->out) return 0;
   for (srv_aggw *w = g->waiters, *n; w; w = n) {
     n = w->next;
@@ -141,6 +77,7 @@ static int group_maybe_done(ps__server *s, srv_fwd_group *g) {
     free(w);
   }
   reply_to(g->up, &g->up_hdr, g->status, g->msg);
+  if (g->done) g->done(s, g);
   for (srv_fwd_group **pp = &s->groups; *pp; pp = &(*pp)->next)
     if (*pp == g) {
       *pp = g->next;
@@ -156,10 +93,10 @@ void ps__srv_fwd_group_answer(ps__server *s, srv_fwd_group *g, int status, const
     g->status = status;
     snprintf(g->msg, sizeof g->msg, "%s", msg ? msg : ps_strerror(status));
   }
-  group_maybe_done(s, g);
+  ps__srv_group_maybe_done(s, g);
 }
 
-static srv_fwd_group *group_new(ps__server *s) {
+srv_fwd_group *ps__srv_group_new(ps__server *s) {
   srv_fwd_group *g = ps__calloc(1, sizeof *g);
   if (!g) return NULL;
   g->building = 1;
@@ -245,11 +182,11 @@ static int send_to(ps__server *s, ps__table *t, const agg_rows *a, const uint32_
  * chain this server is not so placed in; or an error code (g's status says it). */
 static int agg_send(ps__server *s, ps__table *t, const agg_rows *a, const uint8_t *ids, uint32_t nids, int place,
                     float lr, int per_row, double gb, uint64_t step, srv_fwd_group *g, uint64_t *moved) {
-  chains x;
-  if (chains_init(&x, s, t)) return PS_ERR_NOMEM;
+  ps__srv_chains x;
+  if (ps__srv_chains_init(&x, s, t)) return PS_ERR_NOMEM;
   uint32_t *nexts = ps__malloc((a->n + nids + 1) * sizeof *nexts);
   if (!nexts) {
-    chains_free(&x);
+    ps__srv_chains_free(&x);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
   uint32_t *id_next = nexts + a->n;
@@ -261,7 +198,7 @@ static int agg_send(ps__server *s, ps__table *t, const agg_rows *a, const uint8_
       *moved = key, rc = -1;
       break;
     }
-    if (cached_place(&x, &nc, row_chain(&x, key), &nexts[i]) != place) *moved = key, rc = -1;
+    if (cached_place(&x, &nc, ps__srv_row_chain(&x, key), &nexts[i]) != place) *moved = key, rc = -1;
   }
   for (uint32_t i = 0; i < nids && !rc; i++) {
     uint32_t ck = ps__get_u32(ids + (size_t)i * PS_FWD_AGG_ID + 16);
@@ -276,7 +213,7 @@ static int agg_send(ps__server *s, ps__table *t, const agg_rows *a, const uint8_
     if (!seen) rc = send_to(s, t, a, nexts, ids, id_next, nids, to, lr, per_row, gb, step, g);
   }
   free(nexts);
-  chains_free(&x);
+  ps__srv_chains_free(&x);
   if (rc > 0 && !g->status) {
     g->status = rc;
     snprintf(g->msg, sizeof g->msg, "%s", ps_errmsg());
@@ -289,10 +226,10 @@ static int agg_send(ps__server *s, ps__table *t, const agg_rows *a, const uint8_
 static uint32_t push_chain(ps__server *s, ps__table *t, const ps__push *p) {
   if (!p->nkeys) return 0;
   if (t->spec.kind == PS_DENSE) {
-    chains x;
-    if (chains_init(&x, s, t)) return 0;
-    uint32_t ck = row_chain(&x, ps__get_u64(p->keys) / t->spec.width);
-    chains_free(&x);
+    ps__srv_chains x;
+    if (ps__srv_chains_init(&x, s, t)) return 0;
+    uint32_t ck = ps__srv_row_chain(&x, ps__get_u64(p->keys) / t->spec.width);
+    ps__srv_chains_free(&x);
     return ck;
   }
   return (uint32_t)ps__ring_route_index(s->ring, t->id, ps__get_u64(p->keys));
@@ -371,7 +308,7 @@ void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per
     mine = w;
     nids++;
   }
-  srv_fwd_group *g = s->ring && ps__ring_size(s->ring) > 1 ? group_new(s) : NULL;
+  srv_fwd_group *g = s->ring && ps__ring_size(s->ring) > 1 ? ps__srv_group_new(s) : NULL;
   if (!g) {
     for (srv_aggw *w = mine, *n; w; w = n) {
       n = w->next;
@@ -404,7 +341,7 @@ void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per
     free(ids);
   }
   g->building = 0;
-  group_maybe_done(s, g);
+  ps__srv_group_maybe_done(s, g);
 }
 
 /* ------------------------------------------------------------------ a member */
@@ -450,11 +387,11 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   }
   const uint8_t *ids = body + head, *keys = ids + (size_t)nids * PS_FWD_AGG_ID;
   const float *rows = (const float *)(const void *)(keys + 8 * (size_t)h->nkeys);
-  srv_fwd_group *g = group_new(s);
+  srv_fwd_group *g = ps__srv_group_new(s);
   ps__push_id *pid = ps__malloc(((size_t)nids + 1) * sizeof *pid);
   if (!g || !pid) {
     free(pid);
-    if (g) g->building = 0, group_maybe_done(s, g);
+    if (g) g->building = 0, ps__srv_group_maybe_done(s, g);
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
     return;
   }
@@ -464,23 +401,23 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   uint64_t moved = 0;
   int rc = 0;
   {
-    chains x;
-    if (chains_init(&x, s, t)) {
+    ps__srv_chains x;
+    if (ps__srv_chains_init(&x, s, t)) {
       rc = PS_ERR_NOMEM;
     } else {
       next_cache nc = {.n = 0};
       for (size_t i = 0; i < a.n && !rc; i++) {
         uint64_t key = rows_key(&a, i);
         uint32_t nx;
-        if ((x.order && key >= x.nsl) || cached_place(&x, &nc, row_chain(&x, key), &nx) != 2) moved = key, rc = -1;
+        if ((x.order && key >= x.nsl) || cached_place(&x, &nc, ps__srv_row_chain(&x, key), &nx) != 2) moved = key, rc = -1;
       }
-      chains_free(&x);
+      ps__srv_chains_free(&x);
     }
   }
   if (rc) {
     free(pid);
     g->building = 0;
-    group_maybe_done(s, g);
+    ps__srv_group_maybe_done(s, g);
     if (rc < 0)
       ps__srv_reply_err(c, h, PS_ERR_MOVED, "row %llu of table '%s' is not replicated on this server (epoch %llu)",
                         (unsigned long long)moved, t->decl.name, (unsigned long long)s->epoch);
@@ -497,7 +434,7 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
       PS__APPLIED) {
     free(pid);
     g->building = 0;
-    group_maybe_done(s, g);
+    ps__srv_group_maybe_done(s, g);
     ps__srv_reply_verdict(c, h, &v);
     return;
   }
@@ -506,7 +443,7 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   g->up_hdr = *h;
   (void)agg_send(s, t, &a, ids, nids, 2, h->lr, (int)per_row, gb, fw.step, g, &moved);
   g->building = 0;
-  group_maybe_done(s, g);
+  ps__srv_group_maybe_done(s, g);
 }
 
 /* ------------------------------------------------------------------ lifetime */

@@ -126,6 +126,12 @@ struct ps__table {
   /* async and ssp: buffered pushes (server-side aggregation) */
   ps__rowmap *agg;      /* key -> sum of weighted gradients (width floats) + weight sum (1 float) */
   ps__rowmap *agg_rep;  /* a buffer forwarded by the chain's head, while it is applied here */
+  ps__rowmap *round_rep; /* a sync round forwarded by the chain's head, while it is applied here */
+  /* sync under replication (the owner's): rounds before `durable` are on every copy (a
+   * pull waits for them too; INT64_MAX: no limit), and while `hold` is set no round is
+   * applied and no pull answered (a failover's catch-up) */
+  int64_t durable;
+  int hold;
   uint32_t agg_count;
   double agg_batch;     /* sum of the buffered pushes' batches */
   float agg_lr;
@@ -187,6 +193,12 @@ typedef struct ps__shard_hooks {
    * applied with. Called before the buffer is cleared. */
   void (*agg_applied)(void *arg, ps__table *t, const ps__rowmap *agg, int per_row, float lr, double gb,
                       uint64_t step);
+  /* Sync round `round` of t was applied (replication forwards it down the chains): acc
+   * its rows as applied (NULL: this server had none), which a copy applies with
+   * ps__shard_apply_round_at and the same lr, denom and batch. Called for every round
+   * the version passes, with or without rows, before the accumulator is cleared. */
+  void (*round_applied)(void *arg, ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom,
+                        double batch);
 } ps__shard_hooks;
 
 /* The consistency model of a table (one per ps__mode_kind). */
@@ -464,6 +476,16 @@ typedef struct ps__push_id {
 int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
                           int per_row, float lr, double gb, uint64_t step, const ps__push_id *ids, uint32_t nids,
                           ps__verdict *v);
+/* Apply acc as sync round `round` of t (its step, round + 1; lr < 0: the schedule's at
+ * that step for batch): the same call on every copy of the rows gives the same result. */
+void ps__shard_apply_round_at(ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom, double batch);
+/* Apply n rows of width floats under keys (little-endian u64) as sync round `round`, as
+ * its chain's head applied them (ps__shard_apply_round_at). PS__APPLIED or REJECTED. */
+int ps__shard_round_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
+                            int64_t round, float lr, double denom, double batch, ps__verdict *v);
+/* The identity check of push p alone (shard/once.h): PS__APPLIED (new: after applying it
+ * elsewhere, record it with ps__shard_push_done), APPLIED with v->dup, or REJECTED. */
+int ps__shard_push_identity(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v);
 /* Does t buffer pushes (async or ssp with agg_n > 1 or agg_ms)? */
 static inline int ps__table_aggregates(const ps__table *t) {
   return !(t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M) &&
