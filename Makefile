@@ -8,10 +8,15 @@ JOBS        ?= $(shell nproc)
 PYTHON      := /usr/bin/python3
 # What building (and so `make demo`) needs.
 APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl-dev libcriterion-dev \
-                zlib1g-dev
+                zlib1g-dev libzstd-dev
 # What `make test`, the Python examples and the benchmarks add.
-APT_TEST_PACKAGES := python3-pytest python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
+APT_TEST_PACKAGES := python3-pytest python3-yaml zstd python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
                 python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
+# What `make fuzz` adds: clang with libFuzzer, and llvm-profdata and llvm-cov.
+APT_FUZZ_PACKAGES := clang llvm libclang-rt-dev
+# A one-host Slurm for tests/integration/test_slurm.py (`make deps-slurm`; `make test`
+# tries it too, and the test skips, saying why, where it cannot be installed or started).
+APT_SLURM_PACKAGES := slurmctld slurmd slurm-client munge
 # apt-get waits this long (seconds) for another apt or dpkg to release its lock.
 APT_LOCK_TIMEOUT ?= 600
 
@@ -23,8 +28,8 @@ PREFIX      ?= /usr/local
 # The ASan runtime must be loaded first when Python loads the sanitized libpshard.so.
 ASAN_PRELOAD = LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0
 
-.PHONY: all deps deps-test build build-asan test test-unit test-asan test-integration test-python test-python-slow \
-        example-fashion-mnist example-movielens install demo demo-data bench clean
+.PHONY: all deps deps-test deps-slurm build build-asan test test-unit test-asan test-integration test-python test-python-slow \
+        example-fashion-mnist example-movielens install demo demo-data bench fuzz clean
 
 all: build
 
@@ -48,6 +53,10 @@ deps:
 
 deps-test: deps
 	$(call apt_install,$(APT_TEST_PACKAGES),)
+	-@$(MAKE) --no-print-directory deps-slurm || echo "Slurm could not be installed: tests/integration/test_slurm.py will skip"
+
+deps-slurm:
+	$(call apt_install,$(APT_SLURM_PACKAGES),--no-install-recommends)
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -109,6 +118,14 @@ demo-data: build
 bench: deps-test build
 	bash bench/run.sh $(CURDIR)/$(BUILD)
 	$(PYTHON) bench/modes.py
+
+# libFuzzer on every fuzz target for FUZZ_SECONDS each (tests/fuzz/run.sh): new inputs
+# that add coverage are merged into tests/fuzz/corpus/<target>, crashes kept in
+# tests/fuzz/crashes/<target> (both replayed by make test); prints execs and coverage.
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	$(call apt_install,$(APT_FUZZ_PACKAGES),--no-install-recommends)
+	FUZZ_SECONDS=$(FUZZ_SECONDS) bash tests/fuzz/run.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD) $(BUILD_ASAN)

@@ -8,8 +8,9 @@
  * anything is allocated for them. Integers in binary files are little-endian and
  * encoded with explicit put/get helpers.
  *
- * A gzip-compressed file (recognised by its magic bytes, whatever its name) is read
- * through zlib and holds either format. An uncompressed text file can also be read by
+ * A gzip- or zstd-compressed file (recognised by its magic bytes, whatever its name) is
+ * read through zlib or libzstd and holds either format; a zstd file may hold several
+ * frames (as `zstd` and `cat a.zst b.zst` write them) and must end with a whole one. An uncompressed text file can also be read by
  * byte range: the range [begin, end) holds the lines whose first byte lies in it, so
  * ranges that tile a file read each line exactly once, however long the lines are.
  */
@@ -26,6 +27,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #define TEXT_CHUNK (1u << 20)     /* read size and initial text buffer */
 #define MAX_LINE (64u << 20)      /* longest accepted text line */
@@ -202,6 +204,12 @@ struct ctr_reader {
   char *path;
   int fd;         /* -1 once a gzip stream owns the descriptor */
   gzFile gz;      /* gzip-compressed file, else NULL */
+  ZSTD_DStream *zs; /* zstd-compressed file (read from fd), else NULL */
+  unsigned char *zin; /* compressed bytes read, zin[zin_pos .. zin_len) not yet decoded */
+  size_t zin_cap, zin_pos, zin_len;
+  int zeof;         /* the compressed file is at its end */
+  int zwhole;       /* the last zstd frame decoded is complete */
+  const char *zmsg; /* libzstd's message for the last error, else NULL */
   int format;
   int err;        /* sticky: once set, every call fails with it */
   char *errsave;  /* the message that goes with err */
@@ -229,18 +237,55 @@ struct ctr_reader {
   int done;
 };
 
-/* One read from the file (decompressing a gzip file): bytes read, 0 at end, or -1 with
- * errno set (EIO for a gzip error, whose text is in gz_msg). */
+static ssize_t raw_read(int fd, void *buf, size_t n) {
+  ssize_t k;
+  do k = read(fd, buf, n);
+  while (k < 0 && errno == EINTR);
+  return k;
+}
+
+/* Decode zstd into buf: bytes out (> 0), 0 at the end of the last whole frame, or -1
+ * with errno set (EIO with r->zmsg for a corrupt or truncated stream). */
+static ssize_t zstd_read(ctr_reader *r, void *buf, size_t n) {
+  ZSTD_outBuffer out = {buf, n, 0};
+  while (out.pos == 0 && n > 0) {
+    if (r->zin_pos == r->zin_len) {
+      if (r->zeof) {
+        if (r->zwhole) return 0;
+        r->zmsg = "truncated zstd stream (the last frame is not complete)";
+        errno = EIO;
+        return -1;
+      }
+      ssize_t k = raw_read(r->fd, r->zin, r->zin_cap);
+      if (k < 0) return -1;
+      r->zin_pos = 0;
+      r->zin_len = (size_t)k;
+      r->zeof = k == 0;
+      continue;
+    }
+    ZSTD_inBuffer in = {r->zin, r->zin_len, r->zin_pos};
+    size_t ret = ZSTD_decompressStream(r->zs, &out, &in);
+    r->zin_pos = in.pos;
+    if (ZSTD_isError(ret)) {
+      r->zmsg = ZSTD_getErrorName(ret);
+      errno = EIO;
+      return -1;
+    }
+    r->zwhole = ret == 0;
+  }
+  return (ssize_t)out.pos;
+}
+
+/* One read from the file (decompressing a gzip or zstd file): bytes read, 0 at end, or
+ * -1 with errno set (EIO for a decompression error, whose text r_strerror gives). */
 static ssize_t r_read(ctr_reader *r, void *buf, size_t n) {
   if (r->gz) {
     int k = gzread(r->gz, buf, (unsigned)(n > (1u << 30) ? (1u << 30) : n));
     if (k < 0) errno = EIO;
     return k;
   }
-  ssize_t k;
-  do k = read(r->fd, buf, n);
-  while (k < 0 && errno == EINTR);
-  return k;
+  if (r->zs) return zstd_read(r, buf, n);
+  return raw_read(r->fd, buf, n);
 }
 
 static ssize_t r_read_full(ctr_reader *r, void *buf, size_t n) {
@@ -254,8 +299,9 @@ static ssize_t r_read_full(ctr_reader *r, void *buf, size_t n) {
   return (ssize_t)got;
 }
 
-/* strerror, or zlib's message for a gzip stream. */
+/* strerror, or zlib's or libzstd's message for a compressed stream. */
 static const char *r_strerror(ctr_reader *r) {
+  if (r->zs && r->zmsg) return r->zmsg;
   if (r->gz) {
     int zerr;
     const char *m = gzerror(r->gz, &zerr);
@@ -378,6 +424,23 @@ int ctr_reader_open(const char *path, ctr_reader **out) {
       rc = fail(CTR_ERR_IO, "cannot read %s: %s", path, r_strerror(r));
       goto bad;
     }
+  } else if (n >= 4 && h[0] == 0x28 && h[1] == 0xb5 && h[2] == 0x2f && h[3] == 0xfd) {
+    /* zstd: the bytes read so far are the first input of the decoder, so a pipe works. */
+    r->zs = ZSTD_createDStream();
+    r->zin_cap = ZSTD_DStreamInSize();
+    r->zin = r->zs ? malloc(r->zin_cap > sizeof h ? r->zin_cap : sizeof h) : NULL;
+    if (!r->zin || ZSTD_isError(ZSTD_initDStream(r->zs))) {
+      rc = fail(CTR_ERR_NOMEM, "out of memory");
+      goto bad;
+    }
+    memcpy(r->zin, h, (size_t)n);
+    r->zin_len = (size_t)n;
+    r->size = UINT64_MAX;
+    n = r_read_full(r, h, sizeof h);
+    if (n < 0) {
+      rc = fail(CTR_ERR_IO, "cannot read %s: %s", path, r_strerror(r));
+      goto bad;
+    }
   }
   r->pos = (uint64_t)n;
   if (n >= 4 && !memcmp(h, BIN_MAGIC, 4)) {
@@ -410,6 +473,8 @@ void ctr_reader_close(ctr_reader *r) {
   if (!r) return;
   if (r->fd >= 0) close(r->fd);
   if (r->gz) gzclose(r->gz);
+  ZSTD_freeDStream(r->zs);
+  free(r->zin);
   free(r->path);
   free(r->errsave);
   free(r->buf);
@@ -428,7 +493,7 @@ int ctr_reader_open_range(const char *path, uint64_t begin, uint64_t end, ctr_re
     *out = r;
     return CTR_OK;
   }
-  if (r->format != CTR_FMT_LIBSVM || r->gz || r->size == UINT64_MAX) {
+  if (r->format != CTR_FMT_LIBSVM || r->gz || r->zs || r->size == UINT64_MAX) {
     ctr_reader_close(r);
     return fail(CTR_ERR_INVALID, "%s: only an uncompressed libsvm text file can be read by byte range", path);
   }
@@ -459,8 +524,9 @@ int ctr_file_probe(const char *path, ctr_file_info *info) {
   struct stat st;
   info->format = r->format;
   info->gzip = r->gz != NULL;
+  info->zstd = r->zs != NULL;
   if (stat(path, &st) == 0) info->size = (uint64_t)st.st_size;
-  info->splittable = r->format == CTR_FMT_LIBSVM && !r->gz && r->size != UINT64_MAX;
+  info->splittable = r->format == CTR_FMT_LIBSVM && !r->gz && !r->zs && r->size != UINT64_MAX;
   ctr_reader_close(r);
   return CTR_OK;
 }

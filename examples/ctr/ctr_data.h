@@ -15,8 +15,8 @@
  *    corrupt file is always detected. README.md describes the bytes.
  *
  * The reader detects the format from the first bytes, so callers open both the same
- * way, whatever the file's name; a gzip-compressed file of either format is read
- * through zlib. Batches are CSR (row offsets into one id and one value array).
+ * way, whatever the file's name; a gzip- or zstd-compressed file of either format is read
+ * through zlib or libzstd. Batches are CSR (row offsets into one id and one value array).
  *
  * This library does not depend on pshard. Errors: every function that can fail returns
  * a ctr_err code; ctr_errmsg() gives the message of the calling thread's last failure,
@@ -101,6 +101,7 @@ int ctr_reader_open_range(const char *path, uint64_t begin, uint64_t end, ctr_re
 typedef struct ctr_file_info {
   int format;     /* CTR_FMT_LIBSVM or CTR_FMT_BIN */
   int gzip;       /* 1 if gzip-compressed */
+  int zstd;       /* 1 if zstd-compressed */
   int splittable; /* 1 if ctr_reader_open_range can cut it (uncompressed regular text file) */
   uint64_t size;  /* bytes on disk */
 } ctr_file_info;

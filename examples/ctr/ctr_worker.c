@@ -689,7 +689,7 @@ static void usage(FILE *f) {
           "usage: ctr_worker --data DIR|FILE|'GLOB' [options]   (run under `pshard run`)\n"
           "  --data X        training data: a directory's train* files, one file, or a quoted glob\n"
           "                  ('data/day-*.svm.gz'); libsvm text or the ctr binary format, found by\n"
-          "                  content whatever the name, either of them gzip-compressed (.gz)\n"
+          "                  content whatever the name, either of them gzip- or zstd-compressed\n"
           "  --test FILE     test set, any of those formats (default DIR/test* when --data is a\n"
           "                  directory; needed otherwise)\n"
           "  --parts N       cut the data into about N partitions, the unit a worker takes: an\n"

@@ -116,6 +116,9 @@ static void sched_usage(FILE *f) {
           "  --port P                  port to bind, 0 = any (0) [PSHARD_PORT]\n"
           "  --heartbeat-ms N          check period (200) [PSHARD_HEARTBEAT_MS]\n"
           "  --heartbeat-timeout-ms N  a silent node is dead after N ms (3000) [PSHARD_HEARTBEAT_TIMEOUT_MS]\n"
+          "  --stall-timeout-ms N      a worker that holds a sync round back N ms while others wait is\n"
+          "                            removed (60000; 0 = never; a worker that never clocked: after\n"
+          "                            the heartbeat timeout) [PSHARD_STALL_TIMEOUT_MS]\n"
           "  --addr-file F             also write HOST:PORT to F\n"
           "  --exit-when-done          stop (and stop the servers) once every worker has left;\n"
           "                            exit 1 if a worker died instead of leaving\n"
@@ -143,7 +146,7 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"servers", required_argument, 0, 's'}, {"workers", required_argument, 0, 'w'},
       {"host", required_argument, 0, 'H'},    {"port", required_argument, 0, 'p'},
       {"heartbeat-ms", required_argument, 0, 'b'}, {"heartbeat-timeout-ms", required_argument, 0, 't'},
-      {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
+      {"stall-timeout-ms", required_argument, 0, 'S'}, {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},          {"exit-when-done", no_argument, 0, 'x'},
       {"checkpoint-dir", required_argument, 0, 'C'}, {"checkpoint-keep", required_argument, 0, 'K'},
       {"checkpoint-full-every", required_argument, 0, 'F'},
@@ -153,7 +156,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   auth_flags af = {0};
   int exit_when_done = 0;
   uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 1,
-           vnodes = 128;
+           vnodes = 128, stall = 60000;
   const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
   const char *state_dir = getenv("PSHARD_STATE_DIR");
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
@@ -163,6 +166,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   env_uint("PSHARD_PORT", &port);
   env_uint("PSHARD_HEARTBEAT_MS", &hb);
   env_uint("PSHARD_HEARTBEAT_TIMEOUT_MS", &hbt);
+  env_uint("PSHARD_STALL_TIMEOUT_MS", &stall);
   env_uint("PSHARD_CHECKPOINT_KEEP", &keep);
   env_uint("PSHARD_CHECKPOINT_FULL_EVERY", &full_every);
   env_uint("PSHARD_REPLICAS", &replicas);
@@ -178,6 +182,7 @@ int ps_cli_scheduler(int argc, char **argv) {
     case 'p': if (parse_uint_flag("--port", optarg, 65535, &port)) return 2; break;
     case 'b': if (parse_uint_flag("--heartbeat-ms", optarg, 600000, &hb) || !hb) return 2; break;
     case 't': if (parse_uint_flag("--heartbeat-timeout-ms", optarg, 86400000, &hbt) || !hbt) return 2; break;
+    case 'S': if (parse_uint_flag("--stall-timeout-ms", optarg, 86400000, &stall)) return 2; break;
     case 'a': addr_file = optarg; break;
     case 'x': exit_when_done = 1; break;
     case 'C': ckpt_dir = optarg; break;
@@ -232,6 +237,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   pthread_t st = start_signal_thread(&sc);
   ps__sched_opts o = {.host = host, .port = (int)port, .servers = (uint32_t)servers, .workers = (uint32_t)workers,
                       .heartbeat_ms = (uint32_t)hb, .heartbeat_timeout_ms = (uint32_t)hbt,
+                      .stall_timeout_ms = stall ? (uint32_t)(stall > UINT32_MAX - 1 ? UINT32_MAX - 1 : stall) : UINT32_MAX,
                       .exit_when_done = exit_when_done,
                       .checkpoint_dir = ckpt_dir && *ckpt_dir ? ckpt_dir : NULL,
                       .checkpoint_keep = (unsigned)keep,

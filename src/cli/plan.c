@@ -13,6 +13,7 @@
 #include "cli/cli.h"
 #include "common/common.h"
 #include "cli/plan_model.h"
+#include "proto/spec.h"
 
 static const char usage_text[] =
     "usage: pshard plan [options]\n"
@@ -31,11 +32,22 @@ static const char usage_text[] =
     "                        (default: the recipe's); P is fp64|fp32|tf32|fp16|bf16|\n"
     "                        fp8|int8\n"
     "  --gradient SIZE       one worker's push per step, instead of P x gradient bytes\n"
+    "sparse tables (embeddings; repeat --sparse for several)\n"
+    "  --sparse ROWSxDIM[:OPT]  a table of ROWS rows of DIM floats (1e9x64:adagrad);\n"
+    "                        OPT is sgd (default), momentum, adagrad, adam, ftrl, or a\n"
+    "                        table option string ('opt=adam lr=0.001')\n"
+    "  --rows-per-batch N[,N...]  distinct rows one worker's step touches, one for all\n"
+    "                        tables or one per --sparse in order\n"
+    "  --zipf S              ... or from ids drawn Zipf(S) over the rows (0: uniform),\n"
+    "                        --batch examples of --ids-per-example ids (default 1)\n"
+    "  --ids-per-example N   ids per example and table, for --zipf\n"
     "cluster\n"
     "  --servers S           servers (default 1)\n"
+    "  --replicas R          copies of every key range (default 1; R <= S)\n"
     "  --workers K           workers (default 1)\n"
     "  --link RATE           link rate of every node: 100Gbit/s = 100Gb/s = 12.5GB/s\n"
-    "  --server-mem SIZE     memory per server for training state (80GB, 64GiB)\n"
+    "  --server-mem SIZE     memory per server for training state and tables (80GB,\n"
+    "                        64GiB): gives the servers needed\n"
     "compute (one worker; K workers ideally take 1/K of it)\n"
     "  --step-time T         one worker's compute time for one step (250ms, 1.5s)\n"
     "  --job-time T          one worker's compute time for the whole job (64d)\n"
@@ -66,6 +78,10 @@ static const char usage_text[] =
     "  push + pull per step = 2 K G         each worker pushes its gradient and pulls\n"
     "                                       the parameters back at the same precision\n"
     "  per server = 2 K G / S               keys spread evenly over the servers\n"
+    "  sparse row = 4 DIM (1 + state) + 8 key + its share of the hash index (12 B\n"
+    "                                       slots, load <= 3/4); G adds rows x (8 + 4 DIM)\n"
+    "  with R replicas a server holds R / S of everything and its link carries\n"
+    "  max(G, R K G / S) for the pushes (down the chain) and max(G, K G / S) for pulls\n"
     "  one push = G / link                  on an otherwise idle link\n"
     "  communication per step = 2 max(G, K G / S) / link\n"
     "                                       the busiest link: each worker's while K <= S,\n"
@@ -213,6 +229,8 @@ static void row_v(const char *label, double v, const char *value, const char *ne
 
 typedef struct plan_opts {
   ps__plan_in in;
+  char sparse_opt[PS__PLAN_MAX_SPARSE][64]; /* each sparse table's optimiser, as given */
+  const char *rows_per_batch;               /* --rows-per-batch, parsed after the tables */
   const ps__plan_recipe *recipe;
   const char *weight_prec, *grad_prec;
   int state_overridden;
@@ -227,9 +245,10 @@ static void print_inputs(const plan_opts *po) {
   if (in->params > 0) {
     snprintf(v, sizeof v, "%s", fmt_int(a, sizeof a, in->params));
     row("parameters P", v);
-  } else {
+  } else if (in->nsparse == 0) {
     row("parameters P", "not given (--params)");
   }
+  if (in->nsparse && in->params <= 0) goto cluster; /* the recipe is for dense parameters */
   if (po->state_overridden)
     snprintf(v, sizeof v, "custom: %g B/param (weights %s, gradients %s)", in->state_bytes,
              po->weight_prec, po->grad_prec);
@@ -237,34 +256,110 @@ static void print_inputs(const plan_opts *po) {
     snprintf(v, sizeof v, "%s: %g B/param = %s", po->recipe->name, in->state_bytes,
              po->recipe->breakdown);
   row("recipe", v);
+cluster:
   snprintf(v, sizeof v, "S = %g, K = %g", in->servers, in->workers);
-  row("servers, workers", v);
+  if (in->replicas > 1) snprintf(v + strlen(v), sizeof v - strlen(v), ", R = %g", in->replicas);
+  row(in->replicas > 1 ? "servers, workers, replicas" : "servers, workers", v);
+  for (size_t t = 0; t < in->nsparse; t++) {
+    char l[64];
+    snprintf(l, sizeof l, "sparse table %zu", t + 1);
+    snprintf(v, sizeof v, "%s rows x %g, %s", fmt_int(a, sizeof a, in->sparse[t].rows),
+             in->sparse[t].dim, po->sparse_opt[t]);
+    row(l, v);
+  }
   row("link", in->link > 0 ? fmt_rate(r, sizeof r, in->link) : "not given (--link)");
+}
+
+/* One block per sparse table: its row, its share of each server, its rows per step. */
+static void print_sparse(const plan_opts *po, const ps__plan_out *o) {
+  const ps__plan_in *in = &po->in;
+  char v[512], a[64], b[64], c[64], l[128];
+  int bin = po->binary;
+  for (size_t t = 0; t < in->nsparse; t++) {
+    const ps__plan_sparse *sp = &in->sparse[t];
+    const ps__plan_sparse_out *so = &o->sparse[t];
+    printf("\nsparse table %zu: %s rows x %g, %s\n", t + 1, fmt_int(a, sizeof a, sp->rows),
+           sp->dim, po->sparse_opt[t]);
+    snprintf(v, sizeof v, "%g floats (%g x dim)", sp->nstate * sp->dim, sp->nstate);
+    row("optimiser state per row", v);
+    if (so->row_floats == 1)
+      snprintf(v, sizeof v, "%s (8 B key + 4 B slot number + index slots of 16 B holding the value)",
+               fmt_bytes(a, sizeof a, so->row_bytes, 0));
+    else
+      snprintf(v, sizeof v, "%s = %s payload + 8 B key + %s index", fmt_bytes(a, sizeof a, so->row_bytes, 0),
+               fmt_bytes(b, sizeof b, so->payload_bytes, 0),
+               fmt_bytes(c, sizeof c, so->row_bytes - so->payload_bytes - 8, 0));
+    row("bytes per row, in the row map", v);
+    snprintf(l, sizeof l, "rows per server (S = %g, R = %g)", in->servers, in->replicas);
+    row(l, fmt_int(v, sizeof v, so->rows_per_server));
+    snprintf(v, sizeof v, "%s (%s while its index doubles)", fmt_bytes(a, sizeof a, so->bytes_per_server, bin),
+             fmt_bytes(b, sizeof b, so->peak_per_server, bin));
+    row("memory per server", v);
+    if (!isnan(so->touched)) {
+      if (sp->touched > 0)
+        snprintf(v, sizeof v, "%s (given)", fmt_int(a, sizeof a, so->touched));
+      else
+        snprintf(v, sizeof v, "%s (Zipf %g, %s draws)", fmt_int(a, sizeof a, round(so->touched)),
+                 in->zipf, fmt_int(b, sizeof b, in->batch * in->ids_per_example));
+    }
+    row_v("rows touched per worker step", so->touched, v, "--rows-per-batch, or --zipf and --batch");
+    if (!isnan(so->push_bytes))
+      snprintf(v, sizeof v, "%s each (rows x (8 + 4 x %g) B)", fmt_bytes(a, sizeof a, so->push_bytes, bin),
+               sp->dim);
+    row_v("push, and pull, per worker step", so->push_bytes, v, "--rows-per-batch, or --zipf and --batch");
+  }
 }
 
 static void print_memory_traffic(const plan_opts *po, const ps__plan_out *o) {
   const ps__plan_in *in = &po->in;
   char v[512], a[64], l[128];
   int bin = po->binary;
+  int dense = in->nsparse == 0 || in->params > 0; /* dense rows, or n/a naming --params */
   printf("\nmemory\n");
   snprintf(l, sizeof l, "weights only (%s)", po->weight_prec);
-  row_v(l, o->weights_bytes, fmt_bytes(v, sizeof v, o->weights_bytes, bin), "--params");
+  if (dense) row_v(l, o->weights_bytes, fmt_bytes(v, sizeof v, o->weights_bytes, bin), "--params");
   snprintf(l, sizeof l, "training state (%g B/param)", in->state_bytes);
-  row_v(l, o->state_bytes, fmt_bytes(v, sizeof v, o->state_bytes, bin), "--params");
-  snprintf(l, sizeof l, "state per server (S = %g)", in->servers);
-  row_v(l, o->state_per_server, fmt_bytes(v, sizeof v, o->state_per_server, bin), "--params");
-  if (in->server_mem > 0) {
-    snprintf(l, sizeof l, "servers needed (%s each)", fmt_bytes(a, sizeof a, in->server_mem, bin));
-    row_v(l, o->servers_needed, fmt_int(v, sizeof v, o->servers_needed), "--params");
+  if (dense) row_v(l, o->state_bytes, fmt_bytes(v, sizeof v, o->state_bytes, bin), "--params");
+  if (in->replicas > 1)
+    snprintf(l, sizeof l, "state per server (S = %g, R = %g)", in->servers, in->replicas);
+  else
+    snprintf(l, sizeof l, "state per server (S = %g)", in->servers);
+  if (dense)
+    row_v(l, o->state_per_server, fmt_bytes(v, sizeof v, o->state_per_server, bin), "--params");
+  if (in->nsparse) {
+    char p[64];
+    snprintf(v, sizeof v, "%s (%s while an index doubles)",
+             fmt_bytes(a, sizeof a, o->sparse_per_server, bin),
+             fmt_bytes(p, sizeof p, o->sparse_peak_per_server, bin));
+    row("sparse tables per server", v);
+    if (in->params > 0) row("memory per server, all", fmt_bytes(v, sizeof v, o->memory_per_server, bin));
   }
+  if (in->server_mem > 0) {
+    if (in->replicas > 1)
+      snprintf(l, sizeof l, "servers needed (%s each, R = %g)", fmt_bytes(a, sizeof a, in->server_mem, bin),
+               in->replicas);
+    else
+      snprintf(l, sizeof l, "servers needed (%s each)", fmt_bytes(a, sizeof a, in->server_mem, bin));
+    row_v(l, o->servers_needed, fmt_int(v, sizeof v, o->servers_needed),
+          in->nsparse ? "fewer than 10^15 servers" : "--params");
+  }
+  print_sparse(po, o);
 
   printf("\ntraffic per step\n");
   snprintf(l, sizeof l, "push, one worker (G, %s)", in->push_bytes > 0 ? "given" : po->grad_prec);
-  row_v(l, o->push_bytes, fmt_bytes(v, sizeof v, o->push_bytes, bin), "--params or --gradient");
-  row_v("push + pull, all workers (2 K G)", o->traffic_bytes,
-        fmt_bytes(v, sizeof v, o->traffic_bytes, bin), "--params or --gradient");
-  row_v("push + pull, per server (2 K G / S)", o->traffic_per_server,
-        fmt_bytes(v, sizeof v, o->traffic_per_server, bin), "--params or --gradient");
+  if (in->nsparse && in->params <= 0 && in->push_bytes <= 0) snprintf(l, sizeof l, "push, one worker (G, sparse rows)");
+  row_v(l, o->push_bytes, fmt_bytes(v, sizeof v, o->push_bytes, bin),
+        in->nsparse ? "--rows-per-batch, or --zipf and --batch" : "--params or --gradient");
+  const char *needs = in->nsparse ? "--rows-per-batch, or --zipf and --batch"
+                                   : "--params or --gradient";
+  if (in->nsparse && (in->params > 0 || in->push_bytes > 0))
+    row_v("of which sparse rows", o->sparse_push_bytes,
+          fmt_bytes(v, sizeof v, o->sparse_push_bytes, bin), needs);
+  int r1 = in->replicas == 1;
+  row_v(r1 ? "push + pull, all workers (2 K G)" : "push, forwards, pull ((R + 1) K G)",
+        o->traffic_bytes, fmt_bytes(v, sizeof v, o->traffic_bytes, bin), needs);
+  row_v(r1 ? "push + pull, per server (2 K G / S)" : "per server ((R + 1) K G / S)",
+        o->traffic_per_server, fmt_bytes(v, sizeof v, o->traffic_per_server, bin), needs);
 }
 
 static void print_time(const plan_opts *po, const ps__plan_out *o) {
@@ -372,6 +467,27 @@ static void print_json(const plan_opts *po, const ps__plan_out *o) {
   jnum("state_bytes", o->state_bytes, 0);
   jnum("state_per_server_bytes", o->state_per_server, 0);
   jnum("servers_needed", o->servers_needed, 0);
+  jnum("replicas", in->replicas, 0);
+  jnum("sparse_bytes_per_server", o->sparse_per_server, 0);
+  jnum("sparse_peak_bytes_per_server", o->sparse_peak_per_server, 0);
+  jnum("memory_per_server_bytes", o->memory_per_server, 0);
+  jnum("sparse_push_bytes", o->sparse_push_bytes, 0);
+  printf("  \"sparse\": [");
+  for (size_t t = 0; t < in->nsparse; t++) {
+    const ps__plan_sparse *sp = &in->sparse[t];
+    const ps__plan_sparse_out *so = &o->sparse[t];
+    printf("%s\n    {\"rows\": %.15g, \"dim\": %.15g, \"opt\": \"%s\", \"state_floats_per_row\": %.15g, "
+           "\"payload_bytes_per_row\": %.15g, \"bytes_per_row\": %.15g, \"rows_per_server\": %.15g, "
+           "\"bytes_per_server\": %.15g, \"peak_bytes_per_server\": %.15g, ",
+           t ? "," : "", sp->rows, sp->dim, po->sparse_opt[t], sp->nstate * sp->dim, so->payload_bytes,
+           so->row_bytes, so->rows_per_server, so->bytes_per_server, so->peak_per_server);
+    if (isnan(so->touched))
+      printf("\"rows_touched_per_step\": null, \"push_bytes\": null, \"pull_bytes\": null}");
+    else
+      printf("\"rows_touched_per_step\": %.15g, \"push_bytes\": %.15g, \"pull_bytes\": %.15g}",
+             so->touched, so->push_bytes, so->pull_bytes);
+  }
+  printf("%s],\n", in->nsparse ? "\n  " : "");
   jnum("push_bytes", o->push_bytes, 0);
   jnum("traffic_bytes_per_step", o->traffic_bytes, 0);
   jnum("traffic_per_server_bytes_per_step", o->traffic_per_server, 0);
@@ -437,6 +553,72 @@ static int parse_value(const char *name, int kind, const char *val, double *dst)
   return 0;
 }
 
+/* --sparse ROWSxDIM[:OPT] into the next table of po->in. 0, or 2 (said why). */
+static int parse_sparse(plan_opts *po, const char *val) {
+  ps__plan_in *in = &po->in;
+  char buf[256], options[256], err[160];
+  if (in->nsparse == PS__PLAN_MAX_SPARSE) {
+    fprintf(stderr, "pshard plan: --sparse: at most %d tables\n", PS__PLAN_MAX_SPARSE);
+    return 2;
+  }
+  ps__plan_sparse *sp = &in->sparse[in->nsparse];
+  snprintf(buf, sizeof buf, "%s", val);
+  char *opt = strchr(buf, ':'), *x = strpbrk(buf, "xX");
+  if (opt) *opt++ = '\0';
+  if (x && (!opt || x < opt)) *x++ = '\0';
+  if (strlen(val) >= sizeof buf || !x || parse_number(buf, 1, 0, &sp->rows) ||
+      parse_number(x, 1, 0, &sp->dim) || sp->rows > 1e15 || sp->dim > 1e9) {
+    fprintf(stderr,
+            "pshard plan: --sparse: cannot parse '%s': expected ROWSxDIM[:OPT] such as "
+            "1e9x64:adagrad\n",
+            val);
+    return 2;
+  }
+  /* The optimiser through the tables' own parser: its state is what the servers store. */
+  if (!opt || !*opt) opt = "sgd";
+  snprintf(options, sizeof options, strchr(opt, '=') ? "%s" : "opt=%s", opt);
+  ps__table_spec spec;
+  if (ps__table_spec_parse(&spec, "plan", PS_SPARSE, (uint64_t)sp->dim, options, err, sizeof err)) {
+    fprintf(stderr, "pshard plan: --sparse %s: %s\n", val, err);
+    return 2;
+  }
+  sp->nstate = ps__optim_nstate(spec.opt.kind);
+  const char *eq = strstr(options, "opt=");
+  snprintf(po->sparse_opt[in->nsparse], sizeof po->sparse_opt[0], "%.*s",
+           eq ? (int)strcspn(eq + 4, " ") : 3, eq ? eq + 4 : "sgd");
+  in->nsparse++;
+  return 0;
+}
+
+/* --rows-per-batch N[,N...]: one value for every table, or one per table. */
+static int parse_rows_per_batch(plan_opts *po) {
+  ps__plan_in *in = &po->in;
+  char buf[512];
+  double v[PS__PLAN_MAX_SPARSE];
+  size_t n = 0;
+  snprintf(buf, sizeof buf, "%s", po->rows_per_batch);
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (n == PS__PLAN_MAX_SPARSE || parse_number(t, 1, 0, &v[n])) {
+      fprintf(stderr, "pshard plan: --rows-per-batch: cannot parse '%s': expected whole "
+              "numbers >= 1, separated by commas\n", po->rows_per_batch);
+      return 2;
+    }
+    n++;
+  }
+  if (in->nsparse == 0 || (n != 1 && n != in->nsparse)) {
+    fprintf(stderr, "pshard plan: --rows-per-batch: %zu value%s for %zu --sparse table%s "
+            "(give one for all, or one per table)\n", n, n == 1 ? "" : "s", in->nsparse,
+            in->nsparse == 1 ? "" : "s");
+    return 2;
+  }
+  if (in->zipf >= 0) {
+    fprintf(stderr, "pshard plan: --rows-per-batch: give it or --zipf, not both\n");
+    return 2;
+  }
+  for (size_t t = 0; t < in->nsparse; t++) in->sparse[t].touched = v[n == 1 ? 0 : t];
+  return 0;
+}
+
 /* The flags into po; --recipe into *recipe, --bytes-per-param into *state_bytes. -1 to
  * go on, or the exit status. */
 static int plan_parse_flags(int argc, char **argv, plan_opts *po, const char **recipe, double *state_bytes) {
@@ -459,6 +641,9 @@ static int plan_parse_flags(int argc, char **argv, plan_opts *po, const char **r
       {"--samples", V_COUNT, &in->samples},
       {"--warmup-epochs", V_NONNEG, &in->warmup_epochs},
       {"--warmup-steps", V_COUNT, &in->warmup_steps},
+      {"--replicas", V_COUNT, &in->replicas},
+      {"--zipf", V_NONNEG, &in->zipf},
+      {"--ids-per-example", V_COUNT, &in->ids_per_example},
   };
   const size_t nnum = sizeof numeric / sizeof numeric[0];
   for (int i = 1; i < argc; i++) {
@@ -486,9 +671,12 @@ static int plan_parse_flags(int argc, char **argv, plan_opts *po, const char **r
     name[nlen] = '\0';
     if (eq) val = eq + 1;
 
+    const char *sparse = NULL;
     const char **sval = !strcmp(name, "--recipe")             ? recipe
                         : !strcmp(name, "--weight-precision") ? &po->weight_prec
                         : !strcmp(name, "--grad-precision")   ? &po->grad_prec
+                        : !strcmp(name, "--rows-per-batch")   ? &po->rows_per_batch
+                        : !strcmp(name, "--sparse")           ? &sparse
                                                               : NULL;
     size_t k = 0;
     if (!sval)
@@ -500,13 +688,15 @@ static int plan_parse_flags(int argc, char **argv, plan_opts *po, const char **r
     }
     if (sval) *sval = val;
     else if (parse_value(name, numeric[k].kind, val, numeric[k].dst)) return 2;
+    if (sparse && parse_sparse(po, sparse)) return 2;
   }
-  return -1;
+  return po->rows_per_batch && parse_rows_per_batch(po) ? 2 : -1;
 }
 
 /* The recipe and the precisions, defaults filled in. -1 to go on, or the exit status. */
 static int plan_resolve(plan_opts *po, const char *recipe, double state_bytes) {
   ps__plan_in *in = &po->in;
+  if (in->zipf >= 0 && in->nsparse == 0) return usage_error("--zipf needs a --sparse table");
   po->recipe = ps__plan_recipe_find(recipe);
   if (!po->recipe) {
     fprintf(stderr, "pshard plan: --recipe: unknown recipe '%s' (known:", recipe);

@@ -46,7 +46,132 @@ void ps__plan_in_init(ps__plan_in *in) {
   memset(in, 0, sizeof *in);
   in->servers = 1;
   in->workers = 1;
+  in->replicas = 1;
   in->warmup_epochs = 5;
+  in->zipf = -1;
+  in->ids_per_example = 1;
+}
+
+/* ---------------------------------------------------------------- sparse tables */
+
+/* The row map's layout (src/store/rowmap.c, its header comment and SLOT, SLOT1,
+ * MIN_INDEX, MAX_ROWS): the one place the plan knows it. */
+#define MAP_SLOT 12.0        /* key + row number */
+#define MAP_SLOT_IN_INDEX 16.0 /* key + row number + the one-float row */
+#define MAP_MIN_INDEX 16.0
+#define MAP_KEY 8.0          /* each row's key, beside it in its chunk */
+#define MAP_SLOT_NO 4.0      /* rows in the index: each row's slot number, in its chunk */
+#define MAP_MAX_ROWS 4294967295.0 /* rows of one map (row numbers are 32-bit) */
+
+double ps__plan_rowmap_bytes(double n, double row_floats, double *peak) {
+  if (!(n > 0)) {
+    if (peak) *peak = 0;
+    return 0;
+  }
+  int in_index = row_floats == 1; /* a sparse sgd table of dim 1 */
+  double slot = in_index ? MAP_SLOT_IN_INDEX : MAP_SLOT;
+  double per_row = in_index ? MAP_KEY + MAP_SLOT_NO : 4 * row_floats + MAP_KEY;
+  double icap = MAP_MIN_INDEX; /* rebuilt at twice the size when the load would pass 3/4 */
+  while (n * 4 > icap * 3) icap *= 2;
+  double bytes = n * per_row + icap * slot;
+  if (peak) *peak = bytes + (icap > MAP_MIN_INDEX ? icap / 2 * slot : 0);
+  return bytes;
+}
+
+/* 1 - (1 - p)^n without cancellation. */
+static double hit(double p, double n) { return -expm1(n * log1p(-p)); }
+
+double ps__plan_zipf_distinct(double rows, double s, double draws) {
+  if (!(rows >= 1) || !(draws > 0) || !(s >= 0)) return 0;
+  const double head = fmin(rows, 10000);
+  /* H = sum of i^-s: exact over the head, the integral over the tail (with the
+   * midpoint correction: sum_{a<i<=b} f(i) ~ integral from a + 1/2 to b + 1/2). */
+  double h = 0;
+  for (double i = 1; i <= head; i++) h += pow(i, -s);
+  const double a = head + 0.5, b = rows + 0.5;
+  if (rows > head)
+    h += fabs(s - 1) < 1e-12 ? log(b / a) : (pow(b, 1 - s) - pow(a, 1 - s)) / (1 - s);
+  double d = 0;
+  for (double i = 1; i <= head; i++) d += hit(pow(i, -s) / h, draws);
+  if (rows > head) {
+    /* Simpson's rule in u = ln x over [ln a, ln b]: the integrand x (1 - (1 - p(x))^n)
+     * is smooth there, and even panels in u follow its scale. */
+    const int panels = 4000;
+    double u0 = log(a), step = (log(b) - u0) / panels, sum = 0;
+    for (int k = 0; k <= panels; k++) {
+      double x = exp(u0 + k * step);
+      double f = x * hit(pow(x, -s) / h, draws);
+      sum += (k == 0 || k == panels ? 1 : k % 2 ? 4 : 2) * f;
+    }
+    d += sum * step / 3;
+  }
+  return fmin(d, fmin(rows, draws));
+}
+
+/* Memory and traffic of the sparse tables. Returns their push bytes per worker step:
+ * 0 without tables, NaN if some table's touched rows are unknown. */
+static double plan_sparse(const ps__plan_in *in, ps__plan_out *o) {
+  const double S = in->servers, R = in->replicas, nan = NAN;
+  double push = 0, bytes = 0, extra = 0;
+  for (size_t t = 0; t < in->nsparse; t++) {
+    const ps__plan_sparse *sp = &in->sparse[t];
+    ps__plan_sparse_out *so = &o->sparse[t];
+    so->row_floats = sp->dim * (1 + sp->nstate);
+    so->payload_bytes = 4 * so->row_floats;
+    so->rows_per_server = ceil(R * sp->rows / S);
+    so->bytes_per_server = ps__plan_rowmap_bytes(so->rows_per_server, so->row_floats,
+                                                 &so->peak_per_server);
+    so->row_bytes = so->bytes_per_server / so->rows_per_server;
+    bytes += so->bytes_per_server;
+    extra = fmax(extra, so->peak_per_server - so->bytes_per_server);
+    so->touched = sp->touched > 0 ? sp->touched
+                  : in->zipf >= 0 && in->batch > 0
+                      ? ps__plan_zipf_distinct(sp->rows, in->zipf, in->batch * in->ids_per_example)
+                      : nan;
+    so->push_bytes = so->touched * (MAP_KEY + 4 * sp->dim);
+    so->pull_bytes = so->push_bytes;
+    push += so->push_bytes;
+  }
+  if (in->nsparse) {
+    o->sparse_push_bytes = push;
+    o->sparse_per_server = bytes;
+    o->sparse_peak_per_server = bytes + extra;
+  }
+  return in->nsparse ? push : 0;
+}
+
+/* Does the job fit S servers of server_mem each? Dense state R/S each, the sparse
+ * tables' maps at their peak, and no map above the row limit. */
+static int fits(const ps__plan_in *in, double state, double S) {
+  const double R = in->replicas;
+  double bytes = state > 0 ? R * state / S : 0, extra = 0;
+  for (size_t t = 0; t < in->nsparse; t++) {
+    const ps__plan_sparse *sp = &in->sparse[t];
+    double n = ceil(R * sp->rows / S), peak;
+    if (n > MAP_MAX_ROWS) return 0;
+    double b = ps__plan_rowmap_bytes(n, sp->dim * (1 + sp->nstate), &peak);
+    bytes += b;
+    extra = fmax(extra, peak - b);
+  }
+  return bytes + extra <= in->server_mem;
+}
+
+/* The fewest servers (at least R) that hold everything: per-server memory only falls
+ * as S grows, so a search between powers of two. NaN beyond 10^15 servers. */
+static double servers_for(const ps__plan_in *in, double state) {
+  double lo = in->replicas, hi = lo;
+  if (fits(in, state, lo)) return lo;
+  while (!fits(in, state, hi)) {
+    lo = hi;
+    hi *= 2;
+    if (hi > 1e15) return NAN;
+  }
+  while (hi - lo > 1) { /* fits(hi), !fits(lo) */
+    double mid = floor((lo + hi) / 2);
+    if (fits(in, state, mid)) hi = mid;
+    else lo = mid;
+  }
+  return hi;
 }
 
 static int bad(const char *what, double v) {
@@ -71,6 +196,7 @@ static int check_inputs(const ps__plan_in *in) {
       {"batch", in->batch},           {"reference batch", in->ref_batch},
       {"reference learning rate", in->ref_lr}, {"samples", in->samples},
       {"warm-up epochs", in->warmup_epochs},   {"warm-up steps", in->warmup_steps},
+      {"replicas", in->replicas},     {"ids per example", in->ids_per_example},
   };
   for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++)
     if (!isfinite(fields[i].v) || fields[i].v < 0) return bad(fields[i].name, fields[i].v);
@@ -80,6 +206,24 @@ static int check_inputs(const ps__plan_in *in) {
   if (!is_count(in->workers))
     return ps__fail(PS_ERR_INVALID, "plan: workers must be a whole number >= 1, not %g",
                     in->workers);
+  if (!is_count(in->replicas) || in->replicas > in->servers)
+    return ps__fail(PS_ERR_INVALID,
+                    "plan: replicas must be a whole number from 1 to the servers (%g), not %g",
+                    in->servers, in->replicas);
+  if (!isfinite(in->zipf)) return bad("zipf exponent", in->zipf);
+  if (in->nsparse > PS__PLAN_MAX_SPARSE)
+    return ps__fail(PS_ERR_INVALID, "plan: at most %d sparse tables", PS__PLAN_MAX_SPARSE);
+  for (size_t t = 0; t < in->nsparse; t++) {
+    const ps__plan_sparse *sp = &in->sparse[t];
+    if (!is_count(sp->rows) || !is_count(sp->dim) || !isfinite(sp->nstate) || sp->nstate < 0 ||
+        !isfinite(sp->touched) || sp->touched < 0)
+      return ps__fail(PS_ERR_INVALID,
+                      "plan: sparse table %zu needs whole rows and dim >= 1 (up to 1e15)", t + 1);
+    if (sp->touched > sp->rows)
+      return ps__fail(PS_ERR_INVALID,
+                      "plan: sparse table %zu: %g rows touched per batch, but it has %g rows",
+                      t + 1, sp->touched, sp->rows);
+  }
   if (in->step_time > 0 && in->job_time > 0 && in->steps > 0)
     return ps__fail(PS_ERR_INVALID,
                     "plan: give at most two of step time, job time and steps (the third "
@@ -89,25 +233,38 @@ static int check_inputs(const ps__plan_in *in) {
 
 /* Memory and traffic. Returns G, one worker's push per step (NaN if unknown). */
 static double plan_memory_traffic(const ps__plan_in *in, ps__plan_out *o) {
-  const double S = in->servers, K = in->workers, nan = NAN;
+  const double S = in->servers, K = in->workers, R = in->replicas, nan = NAN;
   if (in->params > 0) {
     if (in->weight_bytes > 0) o->weights_bytes = in->params * in->weight_bytes;
     if (in->state_bytes > 0) {
       o->state_bytes = in->params * in->state_bytes;
-      o->state_per_server = o->state_bytes / S;
-      if (in->server_mem > 0) o->servers_needed = ceil(o->state_bytes / in->server_mem);
+      o->state_per_server = R * o->state_bytes / S;
+      if (in->server_mem > 0 && in->nsparse == 0)
+        o->servers_needed = fmax(R, ceil(R * o->state_bytes / in->server_mem));
     }
   }
-  double G = in->push_bytes > 0 ? in->push_bytes
-             : in->params > 0 && in->grad_bytes > 0 ? in->params * in->grad_bytes
-                                                    : nan;
+  double sparse = plan_sparse(in, o);
+  if (in->nsparse) {
+    o->memory_per_server = (isnan(o->state_per_server) ? 0 : o->state_per_server) +
+                           o->sparse_per_server;
+    if (in->server_mem > 0) {
+      o->servers_for_sparse = servers_for(in, isnan(o->state_bytes) ? 0 : o->state_bytes);
+      o->servers_needed = o->servers_for_sparse;
+    }
+  }
+  /* G: the dense gradient (if any) and the sparse rows' keys and gradients. */
+  double dense = in->push_bytes > 0 ? in->push_bytes
+                 : in->params > 0 && in->grad_bytes > 0 ? in->params * in->grad_bytes
+                 : in->nsparse ? 0
+                               : nan;
+  double G = dense + sparse;
   if (!isnan(G)) {
     o->push_bytes = G;
-    o->traffic_bytes = 2 * K * G;
-    o->traffic_per_server = 2 * K * G / S;
+    o->traffic_bytes = (R + 1) * K * G; /* pushes, their R - 1 forwards, pulls */
+    o->traffic_per_server = (R + 1) * K * G / S;
     if (in->link > 0) {
       o->push_time = G / in->link;
-      o->comm_time = 2 * fmax(G, K * G / S) / in->link;
+      o->comm_time = (fmax(G, R * K * G / S) + fmax(G, K * G / S)) / in->link;
     }
   }
   return G;
@@ -134,11 +291,19 @@ static void plan_time(const ps__plan_in *in, double G, ps__plan_out *o) {
   o->job_serial = o->steps * o->step_serial;
   o->job_overlap = o->steps * o->step_overlap;
 
-  /* comm(K) = 2G/L while K <= S, 2GK/(SL) beyond; compute(K) = T1/K. The crossing is
-   * at Ka = T1 L / 2G if that is <= S, else at sqrt(S Ka). */
+  /* comm(K) = (G/L) (max(1, RK/S) + max(1, K/S)); compute(K) = T1/K. comm grows with K
+   * and compute falls, so they cross once: at Ka = T1 L / 2G if that is <= S/R; else
+   * where (G/L)(RK/S + 1) = T1/K if that is <= S; else at sqrt(2 S Ka / (R + 1)). With
+   * R = 1: Ka if Ka <= S, else sqrt(S Ka). */
   if (!isnan(o->step_time_1) && !isnan(G) && G > 0 && in->link > 0) {
-    double ka = o->step_time_1 * in->link / (2 * G);
-    o->k_comm = ka <= S ? ka : sqrt(S * ka);
+    const double R = in->replicas, a = G / in->link, T1 = o->step_time_1;
+    double ka = T1 / (2 * a);
+    if (ka <= S / R) {
+      o->k_comm = ka;
+    } else {
+      double q = a * R / S, k2 = (-a + sqrt(a * a + 4 * q * T1)) / (2 * q);
+      o->k_comm = k2 <= S ? k2 : sqrt(2 * S * ka / (R + 1));
+    }
   }
 }
 
@@ -181,6 +346,8 @@ int ps__plan_compute(const ps__plan_in *in, ps__plan_out *out) {
       .job_serial = nan,    .job_overlap = nan,  .steps = nan,
       .k_comm = nan,        .global_batch = nan, .lr = nan,
       .steps_per_epoch = nan, .warmup_epochs = nan, .warmup_steps = nan,
+      .sparse_push_bytes = nan, .sparse_per_server = nan, .sparse_peak_per_server = nan,
+      .memory_per_server = nan, .servers_for_sparse = nan,
   };
   double G = plan_memory_traffic(in, &o);
   plan_time(in, G, &o);

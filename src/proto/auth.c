@@ -61,13 +61,16 @@ static int side_mac(const ps__hs *hs, const char *label, uint8_t *out) {
 
 static int role_ok(uint8_t r) { return r >= 1 && r <= PS_AUTH_ROLE_TOOL; }
 
-int ps__hs_client_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node, ps__hs_out *out) {
+/* The client's first step, its nonce either given or drawn (nonce NULL). */
+static int client_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node, const uint8_t *nonce,
+                        ps__hs_out *out) {
   memset(hs, 0, sizeof *hs);
   memset(out, 0, sizeof *out);
   hs->key = k;
   hs->self_role = hs->role_c = role;
   hs->self_node = hs->node_c = node;
-  if (ps__random_bytes(hs->nonce_c, PS_AUTH_NONCE)) return fail(hs, "no random bytes for a nonce");
+  if (nonce) memcpy(hs->nonce_c, nonce, PS_AUTH_NONCE);
+  else if (ps__random_bytes(hs->nonce_c, PS_AUTH_NONCE)) return fail(hs, "no random bytes for a nonce");
   out->type = PS_MSG_AUTH_HELLO;
   out->body[0] = PS_AUTH_VERSION;
   out->body[1] = role;
@@ -78,12 +81,28 @@ int ps__hs_client_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_
   return 0;
 }
 
+int ps__hs_client_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node, ps__hs_out *out) {
+  return client_start(hs, k, role, node, NULL, out);
+}
+
+int ps__hs_client_start_nonce(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node,
+                              const uint8_t nonce[PS_AUTH_NONCE], ps__hs_out *out) {
+  return client_start(hs, k, role, node, nonce, out);
+}
+
 void ps__hs_server_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node) {
   memset(hs, 0, sizeof *hs);
   hs->key = k;
   hs->self_role = hs->role_s = role;
   hs->self_node = hs->node_s = node;
   hs->state = PS_HS_S_WAIT_HELLO;
+}
+
+void ps__hs_server_start_nonce(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node,
+                               const uint8_t nonce[PS_AUTH_NONCE]) {
+  ps__hs_server_start(hs, k, role, node);
+  memcpy(hs->nonce_s, nonce, PS_AUTH_NONCE);
+  hs->nonce_given = 1;
 }
 
 static int on_hello(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *out) {
@@ -93,7 +112,7 @@ static int on_hello(ps__hs *hs, const uint8_t *b, size_t len, ps__hs_out *out) {
   hs->role_c = b[1];
   hs->node_c = ps__get_u32(b + 2);
   memcpy(hs->nonce_c, b + 6, PS_AUTH_NONCE);
-  if (ps__random_bytes(hs->nonce_s, PS_AUTH_NONCE)) return fail(hs, "no random bytes for a nonce");
+  if (!hs->nonce_given && ps__random_bytes(hs->nonce_s, PS_AUTH_NONCE)) return fail(hs, "no random bytes for a nonce");
   out->type = PS_MSG_AUTH_HELLO | PS_FRAME_REPLY;
   out->body[0] = hs->role_s;
   ps__put_u32(out->body + 1, hs->node_s);

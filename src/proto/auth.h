@@ -77,6 +77,7 @@ typedef struct ps__hs {
   uint8_t nonce_c[PS_AUTH_NONCE], nonce_s[PS_AUTH_NONCE];
   uint8_t role_c, role_s;
   uint32_t node_c, node_s;
+  int nonce_given; /* the server's nonce was given at the start (ps__hs_server_start_nonce) */
   char why[128]; /* why it failed, for the local log */
 } ps__hs;
 
@@ -92,6 +93,13 @@ typedef struct ps__hs_out {
 int ps__hs_client_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node, ps__hs_out *out);
 /* The accepting side: waits for AUTH_HELLO. */
 void ps__hs_server_start(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node);
+/* Both starts with this side's nonce given instead of drawn from the OS: for tests and
+ * fuzzing only, where an exchange must be the same on every run (a fixed nonce makes
+ * a recorded exchange replayable, so nothing else may call these). */
+int ps__hs_client_start_nonce(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node,
+                              const uint8_t nonce[PS_AUTH_NONCE], ps__hs_out *out);
+void ps__hs_server_start_nonce(ps__hs *hs, const ps__auth_key *k, uint8_t role, uint32_t node,
+                               const uint8_t nonce[PS_AUTH_NONCE]);
 /* A frame arrived (its type and body): 0 with out set to what to send next (out->type
  * 0: nothing), the handshake complete when hs->state is PS_HS_DONE (peer_role and
  * peer_node are then the peer's authenticated identity); or PS_ERR_AUTH (state

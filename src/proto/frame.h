@@ -46,6 +46,7 @@ enum {
   PS_MSG_CHECKPOINT = 20,/* anyone -> scheduler: take a checkpoint at a clock; reply when it is complete */
   PS_MSG_FORWARD = 21,   /* server -> next server of a chain: a sparse push applied by the sender (ps__fwd) */
   PS_MSG_FORWARD_DENSE = 22, /* the same for a dense push */
+  PS_MSG_STALL = 23,     /* server -> scheduler: workers holding a sync round back (ps__stall; no reply) */
   PS_MSG_FORWARD_AGG = 24,   /* server -> next server of a chain: an aggregation buffer applied by the sender */
   PS_MSG_FORWARD_ROUND = 25, /* server -> next server of a chain: a sync round applied by the sender */
   PS_MSG_REPLAYED = 26,      /* worker -> server: the pushes to a dead server not known to be on every copy */

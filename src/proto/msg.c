@@ -179,6 +179,41 @@ int ps__ckpt_done_decode(const void *p, size_t n, ps__ckpt_done *d) {
   return 0;
 }
 
+void ps__stall_encode(ps__wbuf *w, const ps__stall *v, size_t n) {
+  ps__wbuf_u32(w, (uint32_t)n);
+  for (size_t i = 0; i < n; i++) {
+    ps__wbuf_u32(w, v[i].worker);
+    ps__wbuf_u32(w, v[i].table);
+    ps__wbuf_u64(w, (uint64_t)v[i].round);
+    ps__wbuf_u64(w, v[i].held_ms);
+    ps__wbuf_u32(w, v[i].clocked ? 1u : 0u);
+    ps__wbuf_u32(w, 0);
+  }
+}
+
+int ps__stall_decode(const void *p, size_t len, ps__stall *out, size_t *n) {
+  ps__rbuf r;
+  ps__rbuf_init(&r, p, len);
+  *n = 0;
+  uint32_t count = ps__rbuf_u32(&r);
+  if (r.err || count > PS_STALL_MAX || len - r.off != (size_t)count * 32u)
+    return ps__fail(PS_ERR_PROTO, "malformed stall report");
+  for (uint32_t i = 0; i < count; i++) {
+    out[i].worker = ps__rbuf_u32(&r);
+    out[i].table = ps__rbuf_u32(&r);
+    out[i].round = (int64_t)ps__rbuf_u64(&r);
+    out[i].held_ms = ps__rbuf_u64(&r);
+    uint32_t clocked = ps__rbuf_u32(&r), zero = ps__rbuf_u32(&r);
+    if (clocked > 1 || zero) {
+      *n = 0;
+      return ps__fail(PS_ERR_PROTO, "malformed stall report");
+    }
+    out[i].clocked = clocked;
+  }
+  *n = count;
+  return 0;
+}
+
 void ps__ckpt_info_encode(ps__wbuf *w, const ps__ckpt_info *i) {
   ps__wbuf_u64(w, i->id);
   ps__wbuf_str(w, i->dir);

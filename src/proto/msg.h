@@ -102,6 +102,25 @@ typedef struct ps__ckpt_info {
   char dir[PS_CKPT_DIR_MAX];
 } ps__ckpt_info;
 
+/* STALL body (server -> scheduler, no reply): u32 count, then per entry u32 worker,
+ * u32 table, i64 round, u64 held_ms, u32 clocked, u32 zero. Each entry is a live worker
+ * whose clock the server's sync round `round` of `table` has waited for, while another
+ * worker had passed it, for held_ms; clocked: the worker has clocked before (a
+ * straggler, not a node that never takes part). The scheduler removes a worker that
+ * never clocked once held longer than its heartbeat timeout, and a straggler once held
+ * longer than its stall timeout. */
+#define PS_STALL_MAX 256
+typedef struct ps__stall {
+  uint32_t worker, table;
+  int64_t round;
+  uint64_t held_ms;
+  uint32_t clocked;
+} ps__stall;
+
+void ps__stall_encode(ps__wbuf *w, const ps__stall *v, size_t n);
+/* 0 with *n entries in out (room for PS_STALL_MAX), or PS_ERR_PROTO. */
+int ps__stall_decode(const void *p, size_t len, ps__stall *out, size_t *n);
+
 void ps__ckpt_req_encode(ps__wbuf *w, const ps__ckpt_req *q);
 int ps__ckpt_req_decode(const void *p, size_t n, ps__ckpt_req *q);
 void ps__ckpt_done_encode(ps__wbuf *w, const ps__ckpt_done *d);

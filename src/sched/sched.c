@@ -514,6 +514,43 @@ static void on_metric(ps__sched *s, node *n, const ps__frame_hdr *h, const ps__b
   m->count = 1;
 }
 
+/* A server's report of the workers its sync rounds wait for (proto/msg.h, ps__stall).
+ * One that held a round longer than the heartbeat timeout while another worker waited
+ * is removed as a dead worker is: it is told why, its connection closes, the new
+ * membership takes it out of every round's expected set, and what it sends later is
+ * refused (a server refuses its pushes, this scheduler its rejoin). */
+static void on_stall(ps__sched *s, node *from, const ps__body *b) {
+  ps__stall v[PS_STALL_MAX];
+  size_t k;
+  if (ps__stall_decode(b->buf, b->len, v, &k)) {
+    ps__log(PS_LOG_WARN, "server %u: %s", from->m.id, ps_errmsg());
+    return;
+  }
+  for (size_t i = 0; i < k; i++) {
+    uint32_t limit = v[i].clocked ? s->o.stall_timeout_ms : s->o.heartbeat_timeout_ms;
+    if (limit == UINT32_MAX || v[i].held_ms <= limit) continue;
+    node *w = NULL;
+    for (size_t j = 0; j < s->nnodes && !w; j++)
+      if (s->nodes[j].m.id == v[i].worker) w = &s->nodes[j];
+    if (!w || !w->m.alive || w->m.role != PS_ROLE_WORKER) continue;
+    char why[200];
+    snprintf(why, sizeof why, "stalled: round %lld of table %u on server %u waited %llu ms for its clock (%s %u ms)",
+             (long long)v[i].round, v[i].table, from->m.id, (unsigned long long)v[i].held_ms,
+             v[i].clocked ? "stall timeout" : "it never clocked; heartbeat timeout", limit);
+    if (w->conn) { /* it hears why, then the close */
+      char msg[320];
+      int len = snprintf(msg, sizeof msg, "worker %u removed from the job: %s", w->m.id, why);
+      ps__frame_hdr e = {.type = PS_MSG_ERROR, .status = PS_ERR_UNAVAILABLE};
+      ps__conn_send_ctrl(w->conn, &e, msg, (size_t)len);
+      task_drop_waiters(s, w->conn, 0);
+      w->conn->udata = NULL;
+      ps__conn_close_after_flush(w->conn, PS_ERR_UNAVAILABLE);
+      w->conn = NULL;
+    }
+    mark_dead(s, w, why);
+  }
+}
+
 static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf w;
   char line[256];
@@ -564,7 +601,7 @@ static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   switch (h->type) {
   case PS_MSG_HELLO: case PS_MSG_HEARTBEAT: case PS_MSG_DECLARE: case PS_MSG_BARRIER:
   case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS: case PS_MSG_TASK_INIT:
-  case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE: case PS_MSG_CHECKPOINT:
+  case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE: case PS_MSG_CHECKPOINT: case PS_MSG_STALL:
     return 0;
   default:
     return ps__fail(PS_ERR_PROTO, "%s frame not accepted by the scheduler", ps__frame_type_name(h->type));
@@ -618,6 +655,9 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     break;
   case PS_MSG_METRIC:
     on_metric(s, n, h, b);
+    break;
+  case PS_MSG_STALL:
+    if (n->m.role == PS_ROLE_SERVER) on_stall(s, n, b);
     break;
   case PS_MSG_LEAVE:
     mark_dead(s, n, "left the job");
@@ -713,6 +753,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.host) s->o.host = "127.0.0.1";
   if (!s->o.heartbeat_ms) s->o.heartbeat_ms = 200;
   if (!s->o.heartbeat_timeout_ms) s->o.heartbeat_timeout_ms = 3000;
+  if (!s->o.stall_timeout_ms) s->o.stall_timeout_ms = 60000;
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
   if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
   if (!s->o.checkpoint_full_every) s->o.checkpoint_full_every = 1;

@@ -18,6 +18,10 @@ typedef struct ps__sched_opts {
   uint32_t servers, workers; /* expected counts before the job starts */
   uint32_t heartbeat_ms;     /* check period */
   uint32_t heartbeat_timeout_ms;
+  /* A worker that clocked before and holds a sync round back this long while another
+   * worker waits is removed (0 = 60000; UINT32_MAX: never). One that never clocked is
+   * removed after heartbeat_timeout_ms. */
+  uint32_t stall_timeout_ms;
   uint64_t max_payload;
   const char *state_dir;     /* keep the scheduler's state there and take it back at a
                               * restart (src/sched/state.c); NULL or "": in memory only */

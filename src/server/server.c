@@ -327,10 +327,28 @@ static void agent_detached(void *arg, const char *msg) {
   ps__log(PS_LOG_WARN, "%s; serving on, waiting up to %u ms for it to come back", msg, s->o.rejoin_ms);
 }
 
-/* Each heartbeat: unmap the workers' shared buffers they freed; the replication fence. */
+/* Tell the scheduler which live workers have held a sync round back for a heartbeat
+ * period or more: it removes one held longer than its heartbeat timeout (a worker that
+ * registered and heartbeats but never clocks must not stall the job). */
+static void report_laggards(ps__server *s) {
+  ps__stall v[PS_STALL_MAX];
+  if (!s->agent.conn || s->agent.rejoining || !s->id) return;
+  size_t n = ps__sync_laggards(s->sh, ps__now_ms(), s->o.heartbeat_ms, v, PS_STALL_MAX);
+  if (!n) return;
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__stall_encode(&w, v, n);
+  ps__frame_hdr h = {.type = PS_MSG_STALL, .sender = s->id};
+  if (!w.oom) ps__conn_send_ctrl(s->agent.conn, &h, w.data, w.len);
+  ps__wbuf_free(&w);
+}
+
+/* Each heartbeat: unmap the workers' shared buffers they freed; the replication fence;
+ * the workers holding sync rounds back. */
 static void agent_tick(void *arg) {
   ps__shm_sweep(((ps__server *)arg)->shm);
   ps__srv_repl_tick(arg);
+  report_laggards(arg);
 }
 
 /* Frames of the scheduler's beyond what the agent handles: a checkpoint's requests. */

@@ -232,6 +232,7 @@ static ps__worker *add_worker(ps__shard *sh, uint32_t id, int64_t clock, int liv
   w->alive = live;
   w->pending = !live;
   w->clock = clock;
+  w->clocked_ms = ps__now_ms();
   return w;
 }
 
@@ -246,6 +247,7 @@ void ps__shard_member(ps__shard *sh, uint32_t id, int alive) {
     ps__shard_live_clocks(sh, &minc, &maxc);
     w->pending = 0;
     w->alive = 1;
+    w->clocked_ms = ps__now_ms(); /* a round waits for it from now on */
     if (sh->started && w->clock < minc) w->clock = minc;
   }
   if (w && !alive && (w->alive || w->pending)) {
@@ -264,7 +266,11 @@ void ps__shard_clock(ps__shard *sh, uint32_t id, int64_t clock) {
   ps__worker *w = ps__shard_worker(sh, id);
   if (!w) w = add_worker(sh, id, 0, 0);
   if (!w || (!w->alive && !w->pending)) return;
-  if (clock > w->clock) w->clock = clock;
+  if (clock > w->clock) {
+    w->clock = clock;
+    w->clocked_ms = ps__now_ms();
+    w->clocked = 1;
+  }
   ps__shard_advance(sh);
 }
 

@@ -123,6 +123,8 @@ struct ps__table {
   /* sync and sync:M */
   int64_t version;      /* rounds applied; round r covers clocks [r*every, (r+1)*every) */
   ps__round rounds[PS__ROUND_WINDOW];
+  uint64_t blocked_ms;  /* when a live worker's clock first passed round `version` while the round
+                         * still waited for others (ps__now_ms); 0: no worker waits */
   /* async and ssp: buffered pushes (server-side aggregation) */
   ps__rowmap *agg;      /* key -> sum of weighted gradients (width floats) + weight sum (1 float) */
   ps__rowmap *agg_rep;  /* a buffer forwarded by the chain's head, while it is applied here */
@@ -163,6 +165,8 @@ typedef struct ps__worker {
   int alive;    /* in the live set: rounds wait for its clock */
   int pending;  /* seen in a frame, not (yet) in the membership: never waited for */
   int64_t clock;
+  uint64_t clocked_ms; /* when its clock last advanced, or it joined the live set (ps__now_ms) */
+  int clocked;         /* its clock advanced here at least once (a straggler, if late; not a phantom) */
 } ps__worker;
 
 /* What the engine asks of its owner. Every hook is called on the owner's thread, from
@@ -277,6 +281,11 @@ void ps__shard_set_started(ps__shard *sh, int started);
 void ps__shard_clock(ps__shard *sh, uint32_t id, int64_t clock);
 /* Apply every sync round that is complete. */
 void ps__shard_advance(ps__shard *sh);
+/* The live workers that hold a sync round back: for each table whose next round waits
+ * while some worker has passed it, the workers it waits for, with how long the round
+ * has waited for them (since the later of their last clock and the first arrival), if
+ * at least min_ms. One entry per worker (its longest wait), at most cap; the count. */
+size_t ps__sync_laggards(ps__shard *sh, uint64_t now_ms, uint64_t min_ms, ps__stall *out, size_t cap);
 
 /* ---------------------------------------------------------------- requests */
 

@@ -115,19 +115,34 @@ static void apply_round(ps__table *t, ps__round *r) {
   ps__shard_apply_acc(t, r->acc, denom, 0, r->has_lr ? r->lr : -1.0f, batch);
 }
 
+/* Live workers past round t->version, and how many must be for it to be applied. */
+static size_t round_past(const ps__shard *sh, const ps__table *t, size_t alive, size_t *quorum) {
+  int64_t need = (t->version + 1) * (int64_t)t->spec.every; /* clocks past the round's last clock */
+  size_t past = 0;
+  *quorum = alive;
+  if (t->spec.mode == PS__MODE_SYNC_M && t->spec.mode_param < alive) *quorum = t->spec.mode_param;
+  for (size_t k = 0; k < sh->nworkers; k++) past += sh->workers[k].alive && sh->workers[k].clock >= need;
+  return past;
+}
+
 static void sync_advance(ps__shard *sh, ps__table *t) {
   if (t->hold) return;
   int64_t minc, maxc;
   size_t alive = ps__shard_live_clocks(sh, &minc, &maxc);
-  if (alive == 0) return;
+  if (alive == 0) {
+    t->blocked_ms = 0;
+    return;
+  }
   int64_t every = (int64_t)t->spec.every;
-  size_t quorum = alive;
-  if (t->spec.mode == PS__MODE_SYNC_M && t->spec.mode_param < alive) quorum = t->spec.mode_param;
   for (;;) {
-    int64_t need = (t->version + 1) * every; /* clocks past the round's last clock */
-    size_t past = 0;
-    for (size_t k = 0; k < sh->nworkers; k++) past += sh->workers[k].alive && sh->workers[k].clock >= need;
-    if (past < quorum) break;
+    size_t quorum, past = round_past(sh, t, alive, &quorum);
+    if (past < quorum) {
+      /* Someone waits for this round from now on (or did already). */
+      if (past == 0) t->blocked_ms = 0;
+      else if (!t->blocked_ms) t->blocked_ms = ps__now_ms();
+      break;
+    }
+    t->blocked_ms = 0;
     ps__round *r = &t->rounds[t->version % PS__ROUND_WINDOW];
     void *token = NULL;
     int have = r->round == t->version;
@@ -157,6 +172,38 @@ static int sync_pull_ready(ps__shard *sh, ps__table *t, int64_t c) {
   (void)sh;
   int64_t need = c / (int64_t)t->spec.every;
   return t->version >= need && t->durable >= need && !t->hold;
+}
+
+size_t ps__sync_laggards(ps__shard *sh, uint64_t now_ms, uint64_t min_ms, ps__stall *out, size_t cap) {
+  int64_t minc, maxc;
+  size_t alive = ps__shard_live_clocks(sh, &minc, &maxc), n = 0;
+  if (!sh->started || alive == 0) return 0;
+  for (size_t i = 0; i < sh->ntables; i++) {
+    ps__table *t = sh->tables[i];
+    size_t quorum;
+    if (!t || !ps__table_is_sync(t) || !t->blocked_ms) continue;
+    size_t past = round_past(sh, t, alive, &quorum);
+    if (past == 0 || past >= quorum) continue;
+    int64_t need = (t->version + 1) * (int64_t)t->spec.every;
+    for (size_t k = 0; k < sh->nworkers; k++) {
+      const ps__worker *w = &sh->workers[k];
+      if (!w->alive || w->clock >= need) continue;
+      uint64_t since = w->clocked_ms > t->blocked_ms ? w->clocked_ms : t->blocked_ms;
+      uint64_t held = now_ms > since ? now_ms - since : 0;
+      if (held < min_ms) continue;
+      size_t j = 0;
+      while (j < n && out[j].worker != w->id) j++;
+      if (j == n) {
+        if (n == cap) continue;
+        n++;
+      } else if (out[j].held_ms >= held) {
+        continue;
+      }
+      out[j] = (ps__stall){.worker = w->id, .table = t->id, .round = t->version, .held_ms = held,
+                           .clocked = (uint32_t)w->clocked};
+    }
+  }
+  return n;
 }
 
 const ps__mode_ops ps__mode_sync = {"sync", sync_admit, sync_push, sync_pull_ready, sync_advance};

@@ -9,7 +9,8 @@
  *  - a decoded header is rejected with PS_ERR_TOO_LARGE under a limit one byte smaller
  *    than its payload, and accepted again under exactly its payload length;
  *  - a body that decodes as hello, membership, declare or a checkpoint body re-encodes to a body that
- *    decodes to the same values (fields compared, strings up to their NUL);
+ *    decodes to the same values (fields compared, strings up to their NUL); a stall
+ *    report re-encodes to the same bytes;
  *  - failed membership decodes leave no member array behind;
  *  - the handshake (proto/auth.c) takes every body as a hello, a challenge and a
  *    proof: a step either fails with PS_ERR_AUTH and leaves the handshake failed, or
@@ -170,6 +171,23 @@ static void check_ckpt(const uint8_t *p, size_t n) {
   }
 }
 
+/* A stall report: a decoded one re-encodes to the same bytes (the decoder takes only
+ * bodies of exactly count entries). */
+static void check_stall(const uint8_t *p, size_t n) {
+  ps__stall v[PS_STALL_MAX];
+  size_t k = 99;
+  if (ps__stall_decode(p, n, v, &k) != 0) {
+    CHECK(k == 0);
+    return;
+  }
+  CHECK(k <= PS_STALL_MAX && n == 4 + 32 * k);
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__stall_encode(&w, v, k);
+  CHECK(!w.oom && w.len == n && memcmp(w.data, p, n) == 0);
+  ps__wbuf_free(&w);
+}
+
 /* The metric body as the scheduler reads it: str name (< 64) then f64 value. */
 static void check_metric(const uint8_t *p, size_t n) {
   ps__rbuf r;
@@ -278,6 +296,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   check_declare(body, blen);
   check_metric(body, blen);
   check_ckpt(body, blen);
+  check_stall(body, blen);
   check_strings(body, blen);
   check_auth(typed, type, body, blen);
   return 0;

@@ -1,17 +1,20 @@
 /*
  * gen_corpus.c - write the seed corpus for the frame and connection fuzz targets.
  *
- * Usage: fuzz_gen_corpus DIR. Writes one valid frame of each request and reply type
- * (bodies built with the real encoders), plus a few multi-frame streams for the
- * connection target: a session, a dense push large enough for the direct-read path,
+ * Usage: fuzz_gen_corpus DIR [AUTH_DIR]. Writes one valid frame of each request and
+ * reply type (bodies built with the real encoders), plus a few multi-frame streams for
+ * the connection target: a session, a dense push large enough for the direct-read path,
  * and a valid frame followed by garbage. The output is committed under
- * tests/fuzz/corpus/frame; rerun after a wire change and commit the difference.
+ * tests/fuzz/corpus/frame; rerun after a wire change and commit the difference. With
+ * AUTH_DIR, also the handshake target's seeds (fuzz_auth.h), into tests/fuzz/corpus/auth.
+ * The handshake runs under fixed nonces, so every run writes the same bytes.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "fuzz_auth.h"
 #include "proto/auth.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
@@ -67,10 +70,113 @@ static ps__frame_hdr hdr(uint8_t type, uint64_t req_id) {
   return h;
 }
 
+/* ---------------------------------------------------------------- handshake seeds */
+
+static void put(stream *s, uint8_t b) { append(s, &b, 1); }
+
+/* A step delivering a whole frame of the fuzzer's (fuzz_auth.h). */
+static void put_frame(stream *s, int to, uint8_t type, const void *body, size_t len) {
+  put(s, (uint8_t)(FUZZ_AUTH_OP_FRAME | to));
+  put(s, type);
+  put(s, (uint8_t)len);
+  append(s, body, len);
+}
+
+static void save_auth(const char *name, stream *s) {
+  save(name, s);
+  free(s->p);
+  s->p = NULL;
+  s->len = 0;
+}
+
+static void auth_seeds(void) {
+  static ps__auth_key key = {.secret = FUZZ_AUTH_SECRET, .len = sizeof FUZZ_AUTH_SECRET - 1, .job = FUZZ_AUTH_JOB};
+  uint8_t nc[PS_AUTH_NONCE], ns[PS_AUTH_NONCE], cfg = (uint8_t)((PS_ROLE_WORKER - 1) | (PS_ROLE_SERVER - 1) << 2);
+  ps__hs c, s;
+  ps__hs_out hello, chal, proof, ok;
+  stream x = {0};
+  fuzz_auth_nonces(nc, ns);
+  if (ps__hs_client_start_nonce(&c, &key, PS_ROLE_WORKER, FUZZ_AUTH_NODE_C, nc, &hello)) exit(1);
+  ps__hs_server_start_nonce(&s, &key, PS_ROLE_SERVER, FUZZ_AUTH_NODE_S, ns);
+  if (ps__hs_recv(&s, hello.type, hello.body, hello.len, &chal) || ps__hs_recv(&c, chal.type, chal.body, chal.len, &proof) ||
+      ps__hs_recv(&s, proof.type, proof.body, proof.len, &ok) || ps__hs_recv(&c, ok.type, ok.body, ok.len, &ok))
+    exit(1);
+  int S = FUZZ_AUTH_TO_SERVER, C = FUZZ_AUTH_TO_CLIENT;
+  /* The whole exchange relayed, and spelled out frame by frame. */
+  put(&x, cfg);
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | C), put(&x, FUZZ_AUTH_OP_RELAY | S),
+      put(&x, FUZZ_AUTH_OP_RELAY | C);
+  save_auth("relay-all.bin", &x);
+  put(&x, cfg);
+  put_frame(&x, S, hello.type, hello.body, hello.len);
+  put_frame(&x, C, chal.type, chal.body, chal.len);
+  put_frame(&x, S, proof.type, proof.body, proof.len);
+  put_frame(&x, C, PS_MSG_AUTH_PROOF | PS_FRAME_REPLY, NULL, 0);
+  save_auth("frames-all.bin", &x);
+  /* Every role on both sides, relayed. */
+  for (unsigned r = 0; r < 16; r++) {
+    char name[64];
+    put(&x, (uint8_t)r);
+    for (int i = 0; i < 4; i++) put(&x, (uint8_t)(FUZZ_AUTH_OP_RELAY | (i & 1)));
+    snprintf(name, sizeof name, "roles-%u-%u.bin", (r & 3) + 1, (r >> 2) + 1);
+    save_auth(name, &x);
+  }
+  /* Another secret, another job: the server's challenge fails on the client. */
+  put(&x, (uint8_t)(cfg | FUZZ_AUTH_OTHER_KEY));
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | C);
+  save_auth("other-secret.bin", &x);
+  put(&x, (uint8_t)(cfg | FUZZ_AUTH_OTHER_JOB_ID));
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | C);
+  save_auth("other-job.bin", &x);
+  /* One byte of each frame changed: the hello's version, the challenge's MAC, the proof. */
+  put(&x, cfg);
+  put(&x, FUZZ_AUTH_OP_CORRUPT | S), put(&x, 0), put(&x, 0x02);
+  save_auth("corrupt-hello.bin", &x);
+  put(&x, cfg);
+  put(&x, FUZZ_AUTH_OP_RELAY | S);
+  put(&x, FUZZ_AUTH_OP_CORRUPT | C), put(&x, PS_AUTH_CHALLENGE_LEN - 1), put(&x, 0x80);
+  save_auth("corrupt-challenge.bin", &x);
+  put(&x, cfg);
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | C);
+  put(&x, FUZZ_AUTH_OP_CORRUPT | S), put(&x, 7), put(&x, 0x01);
+  save_auth("corrupt-proof.bin", &x);
+  /* Out of order: a proof first, a challenge to the server, a replayed hello. */
+  put(&x, cfg);
+  put_frame(&x, S, proof.type, proof.body, proof.len);
+  save_auth("proof-first.bin", &x);
+  put(&x, cfg);
+  put_frame(&x, S, chal.type, chal.body, chal.len);
+  put_frame(&x, C, hello.type, hello.body, hello.len);
+  save_auth("swapped.bin", &x);
+  put(&x, cfg);
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | S);
+  save_auth("hello-twice.bin", &x);
+  /* After the end: one more frame each way. */
+  put(&x, cfg);
+  for (int i = 0; i < 4; i++) put(&x, (uint8_t)(FUZZ_AUTH_OP_RELAY | (i & 1)));
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | C);
+  save_auth("after-end.bin", &x);
+  /* Wrong lengths: a short hello, a long proof. */
+  put(&x, cfg);
+  put_frame(&x, S, hello.type, hello.body, hello.len - 1);
+  save_auth("short-hello.bin", &x);
+  put(&x, cfg);
+  put(&x, FUZZ_AUTH_OP_RELAY | S), put(&x, FUZZ_AUTH_OP_RELAY | C);
+  uint8_t longer[PS_AUTH_PROOF_LEN + 1];
+  memcpy(longer, proof.body, PS_AUTH_PROOF_LEN);
+  longer[PS_AUTH_PROOF_LEN] = 0;
+  put_frame(&x, S, proof.type, longer, sizeof longer);
+  save_auth("long-proof.bin", &x);
+}
+
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: %s DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    fprintf(stderr, "usage: %s DIR [AUTH_DIR]\n", argv[0]);
     return 2;
+  }
+  if (argc == 3) {
+    dir = argv[2];
+    auth_seeds();
   }
   dir = argv[1];
   stream session = {0};
@@ -105,11 +211,13 @@ int main(int argc, char **argv) {
 
   /* The handshake: a whole exchange under a fixed key (auth-*.bin). */
   {
-    static ps__auth_key key = {.secret = "fuzz-secret-0123456789", .len = 22, .job = "fuzz"};
+    static ps__auth_key key = {.secret = FUZZ_AUTH_SECRET, .len = sizeof FUZZ_AUTH_SECRET - 1, .job = FUZZ_AUTH_JOB};
     ps__hs c, s;
     ps__hs_out hello, chal, proof, ok;
-    if (ps__hs_client_start(&c, &key, PS_ROLE_WORKER, 2, &hello)) return 1;
-    ps__hs_server_start(&s, &key, PS_ROLE_SERVER, 1);
+    uint8_t nc[PS_AUTH_NONCE], ns[PS_AUTH_NONCE];
+    fuzz_auth_nonces(nc, ns);
+    if (ps__hs_client_start_nonce(&c, &key, PS_ROLE_WORKER, FUZZ_AUTH_NODE_C, nc, &hello)) return 1;
+    ps__hs_server_start_nonce(&s, &key, PS_ROLE_SERVER, FUZZ_AUTH_NODE_S, ns);
     if (ps__hs_recv(&s, hello.type, hello.body, hello.len, &chal) || ps__hs_recv(&c, chal.type, chal.body, chal.len, &proof) ||
         ps__hs_recv(&s, proof.type, proof.body, proof.len, &ok))
       return 1;
@@ -117,6 +225,17 @@ int main(int argc, char **argv) {
     one("auth-challenge.bin", hdr(chal.type, 1), chal.body, chal.len, NULL);
     one("auth-proof.bin", hdr(proof.type, 1), proof.body, proof.len, NULL);
     one("auth-ok.bin", hdr(ok.type, 1), NULL, 0, NULL);
+  }
+
+  /* stall: a server's sync round waits for two workers. */
+  {
+    ps__stall v[2] = {{.worker = 4, .table = 1, .round = 0, .held_ms = 1184}, {.worker = 5, .table = 2, .round = 7, .held_ms = 200}};
+    ps__wbuf_init(&w);
+    ps__stall_encode(&w, v, 2);
+    ps__frame_hdr sh = hdr(PS_MSG_STALL, 0);
+    sh.sender = 1;
+    one("stall.bin", sh, w.data, w.len, NULL);
+    ps__wbuf_free(&w);
   }
 
   /* membership: two servers and a dead worker. */

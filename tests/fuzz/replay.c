@@ -109,7 +109,7 @@ static int add_path(const char *path) {
     names[n++] = strdup(e->d_name);
   }
   closedir(d);
-  qsort(names, n, sizeof *names, cmp_str); /* readdir order is not stable */
+  if (n) qsort(names, n, sizeof *names, cmp_str); /* readdir order is not stable */
   int rc = 0;
   for (size_t i = 0; i < n; i++) {
     char full[4096];

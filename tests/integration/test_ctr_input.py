@@ -1,5 +1,6 @@
 """Bringing your own data to the click-through worker: one libsvm file under any name
-cut into byte-range partitions for several workers, a glob of files, a gzip file,
+cut into byte-range partitions for several workers, a glob of files, a gzip file, a zstd
+file (several frames, found by its magic whatever its name),
 --predict output in liblinear's format, epoch lines computed at each epoch's end, and
 the warning when there are fewer partitions than workers."""
 import gzip
@@ -116,6 +117,57 @@ def test_gzip_file_and_predict_output(data):
     # a missing file for --predict is refused before training
     r = pshard_run(1, ["--data", gz, "--test", test_gz, "--predict", os.path.join(d, "missing"), "--out", pred], 60)
     assert r.returncode == 2 and "--predict" in r.stdout + r.stderr
+
+
+def zstd_cli():
+    z = shutil.which("zstd")
+    if not z:
+        pytest.fail("no zstd command (Debian package zstd, in the Makefile's APT_TEST_PACKAGES)")
+    return z
+
+
+def test_zstd_file_trains_like_the_text(data):
+    """The training parts compressed one by one and concatenated (a zstd file of three
+    frames), the test set compressed under a name without .zst: one worker in sync mode
+    learns exactly what it learns from the uncompressed text read as one partition."""
+    d, _ = data
+    z = zstd_cli()
+    zst = os.path.join(d, "train.data.zst")
+    with open(zst, "wb") as out:
+        for p in sorted(f for f in os.listdir(d) if f.startswith("train-")):
+            out.write(subprocess.run([z, "-q", "-c", os.path.join(d, p)], capture_output=True, check=True,
+                                     timeout=60).stdout)
+    test_z = os.path.join(d, "test-set")
+    with open(test_z, "wb") as out:
+        out.write(subprocess.run([z, "-q", "-c", os.path.join(d, "test.txt")], capture_output=True, check=True,
+                                 timeout=60).stdout)
+    assert open(zst, "rb").read(4) == b"\x28\xb5\x2f\xfd"
+    r = pshard_run(1, ["--data", zst, "--test", test_z, "--epochs", "2", "--batch", "200"])
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert sum(trained(out).values()) == 2 * ROWS, out
+    plain = pshard_run(1, ["--data", os.path.join(d, "all.svm"), "--test", os.path.join(d, "test.txt"),
+                           "--epochs", "2", "--batch", "200", "--parts", "1"])  # one partition, as a .zst
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    got = [e[:4] for e in EPOCH.findall(out)]
+    assert len(got) == 2 and got == [e[:4] for e in EPOCH.findall(plain.stdout + plain.stderr)], (got, plain.stdout)
+    assert float(got[-1][2]) > 0.6, got  # it learned the planted model
+
+    # A truncated file and a damaged frame header are clear errors, not crashes.
+    blob = open(zst, "rb").read()
+    cut = os.path.join(d, "cut.zst")
+    open(cut, "wb").write(blob[: len(blob) // 2])
+    r = pshard_run(1, ["--data", cut, "--test", test_z], 60)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert re.search(re.escape(cut) + r":\d+: read error: truncated zstd stream", out), out
+    bad = os.path.join(d, "bad.zst")
+    open(bad, "wb").write(blob[:4] + b"\xff" * 8 + blob[12:])
+    r = pshard_run(1, ["--data", bad, "--test", test_z], 60)
+    assert r.returncode != 0
+    out = r.stdout + r.stderr
+    assert "ctr_worker: cannot read %s: " % bad in out, out
+    assert "Aborted" not in out and "Sanitizer" not in out, out
 
 
 def test_epoch_lines_carry_their_own_figures_and_fewer_parts_warn(data):

@@ -118,3 +118,101 @@ def test_help():
     p = plan("--help")
     assert p.returncode == 0
     assert "2 K G" in p.stdout and "Goyal" in p.stdout
+
+
+# ---------------------------------------------------------------- sparse tables
+
+def rowmap_bytes(rows, row_floats):
+    """The row store by hand (src/store/rowmap.c): each row's floats and its 8-byte key
+    in a chunk, and 12-byte index slots, a power of two >= 16 at load <= 3/4; the old
+    index is still held while it doubles."""
+    icap = 16
+    while rows * 4 > icap * 3:
+        icap *= 2
+    steady = rows * (4 * row_floats + 8) + icap * 12
+    return steady, steady + icap // 2 * 12
+
+
+def test_a_billion_rows_of_dim_64_with_adagrad():
+    gib = 2 ** 30
+    j = plan_json("--sparse", "1e9x64:adagrad", "--server-mem", "64GiB", "--servers", "9",
+                  "--rows-per-batch", "20000")
+    t = j["sparse"][0]
+    assert t["state_floats_per_row"] == 64  # adagrad: one accumulator per parameter
+    assert t["payload_bytes_per_row"] == 4 * 64 * 2
+    rows = -(-10 ** 9 // 9)  # 111,111,112
+    steady, peak = rowmap_bytes(rows, 128)
+    assert t["rows_per_server"] == rows
+    assert t["bytes_per_server"] == steady
+    assert t["peak_bytes_per_server"] == peak
+    assert math.isclose(t["bytes_per_row"], steady / rows, rel_tol=1e-12)
+    # The fewest servers whose peak fits 64 GiB, by hand: 8 do not, 9 do.
+    s = 1
+    while rowmap_bytes(-(-10 ** 9 // s), 128)[1] > 64 * gib:
+        s += 1
+    assert s == 9 and j["servers_needed"] == 9
+    assert t["push_bytes"] == t["pull_bytes"] == 20000 * (8 + 4 * 64)
+    assert j["push_bytes"] == 20000 * (8 + 4 * 64)
+
+    # The table says the same, and names the answer.
+    _, r = table("--sparse", "1e9x64:adagrad", "--server-mem", "64GiB", "--binary")
+    assert r["servers needed (64 GiB each)"] == "9"
+    assert r["optimiser state per row"] == "64 floats (1 x dim)"
+
+    # Two copies of every row: twice the rows per server, 17 servers.
+    j = plan_json("--sparse", "1e9x64:adagrad", "--server-mem", "64GiB", "--replicas", "2",
+                  "--servers", "2")
+    s = 2
+    while rowmap_bytes(-(-2 * 10 ** 9 // s), 128)[1] > 64 * gib:
+        s += 1
+    assert j["servers_needed"] == s == 17
+
+
+@pytest.mark.parametrize("opt, nstate", [("sgd", 0), ("momentum", 1), ("adagrad", 1),
+                                         ("adam", 2), ("ftrl", 2), ("opt=adam lr=0.001", 2)])
+def test_optimiser_state_per_row(opt, nstate):
+    j = plan_json("--sparse", f"1000x16:{opt}")
+    assert j["sparse"][0]["state_floats_per_row"] == nstate * 16
+    assert j["sparse"][0]["bytes_per_server"] == rowmap_bytes(1000, 16 * (1 + nstate))[0]
+
+
+def test_sparse_traffic_in_the_step_time():
+    # Dense 1e6 fp32 parameters plus two tables, 4 workers, 2 servers, 1 GB/s.
+    j = plan_json("--params", "1e6", "--recipe", "fp32-adam", "--sparse", "1e8x32:adam",
+                  "--sparse", "1e6x8", "--rows-per-batch", "5000,300", "--workers", "4",
+                  "--servers", "2", "--link", "1GB/s", "--step-time", "1s")
+    g = 1e6 * 4 + 5000 * (8 + 128) + 300 * (8 + 32)
+    assert j["sparse_push_bytes"] == 5000 * (8 + 128) + 300 * (8 + 32)
+    assert j["push_bytes"] == g
+    assert j["traffic_bytes_per_step"] == 2 * 4 * g
+    assert math.isclose(j["comm_time_per_step_s"], 2 * max(g, 4 * g / 2) / 1e9, rel_tol=1e-12)
+    # K > S: 1 / K = 2 K G / (S L)  ->  K = sqrt(S L / 2 G)
+    assert math.isclose(j["comm_dominates_above_k"], math.sqrt(2 * 1e9 / (2 * g)), rel_tol=1e-12)
+
+
+def test_zipf_rows_per_batch():
+    # 1000 rows, 64 draws of Zipf(1.1): the expected number of distinct ids by hand.
+    h = sum(i ** -1.1 for i in range(1, 1001))
+    want = sum(1 - (1 - i ** -1.1 / h) ** 64 for i in range(1, 1001))
+    j = plan_json("--sparse", "1000x4", "--zipf", "1.1", "--batch", "16", "--ids-per-example", "4")
+    assert math.isclose(j["sparse"][0]["rows_touched_per_step"], want, rel_tol=1e-9)
+    j = plan_json("--sparse", "1000x4", "--zipf", "1.1")
+    assert j["sparse"][0]["rows_touched_per_step"] is None  # needs --batch
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--sparse", "1e9"], "--sparse"),
+    (["--sparse", "1e9x64:adamw"], "--sparse"),
+    (["--sparse", "0x64"], "--sparse"),
+    (["--sparse", "10x4", "--rows-per-batch", "11"], "rows touched"),
+    (["--sparse", "10x4", "--rows-per-batch", "1,2"], "--rows-per-batch"),
+    (["--rows-per-batch", "5"], "--rows-per-batch"),
+    (["--sparse", "10x4", "--rows-per-batch", "5", "--zipf", "1"], "--zipf"),
+    (["--zipf", "1"], "--zipf"),
+    (["--replicas", "2"], "replicas"),
+])
+def test_sparse_usage_errors(args, flag):
+    p = plan(*args)
+    assert p.returncode == 2, p.stdout
+    assert flag in p.stderr
+    assert p.stdout == ""

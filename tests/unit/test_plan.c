@@ -4,13 +4,16 @@
  * are 14 GB of fp16 weights and 112 GB of state at 16 B/param, 28 GB per server on 4
  * servers; 64 days on 1 worker are 4 days on 16; a 140 GB gradient takes 11.2 s on
  * 100 Gbit/s; 32 workers x 32 local batch is a global batch of 1,024 and a learning
- * rate of 0.4 from a 256 / 0.1 baseline.
+ * rate of 0.4 from a 256 / 0.1 baseline. Sparse tables: the row map's bytes against a
+ * real map, Zipf's distinct ids against a brute-force sum, and 10^9 rows of dim 64 with
+ * Adagrad needing 9 servers of 64 GiB.
  */
 #include <criterion/criterion.h>
 #include <math.h>
 
 #include "common/common.h"
 #include "cli/plan_model.h"
+#include "store/store.h" /* the real row map, to hold the plan's figure to */
 
 #define DAY 86400.0
 
@@ -377,4 +380,101 @@ Test(plan_parse, duration_rejections) {
                   bad[i] ? bad[i] : "(null)", v);
     cr_assert_eq(v, 123);
   }
+}
+
+/* ---------------------------------------------------------------- sparse tables */
+
+/* The plan's figure for a row map is the real map's: fill maps of a few shapes and
+ * compare with ps__rowmap_bytes. What the plan leaves out is the last chunk's unused
+ * rows (at most one chunk, <= 2 MiB) and a few hundred bytes of bookkeeping. */
+Test(plan_sparse, rowmap_bytes_match_the_store) {
+  const struct {
+    size_t row_floats, rows;
+    int in_index;
+  } cases[] = {{128, 200000, 0}, {16, 300000, 0}, {1, 300000, 1}, {3, 1000, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    ps__rowmap *m = cases[c].in_index ? ps__rowmap_new_in_index(cases[c].row_floats)
+                                      : ps__rowmap_new(cases[c].row_floats);
+    cr_assert_not_null(m);
+    for (size_t i = 0; i < cases[c].rows; i++) {
+      int created;
+      cr_assert_not_null(ps__rowmap_upsert(m, i * 0x9E3779B97F4A7C15ull, &created));
+    }
+    double real = (double)ps__rowmap_bytes(m), peak;
+    double plan = ps__plan_rowmap_bytes((double)cases[c].rows, (double)cases[c].row_floats, &peak);
+    double slack = (double)((size_t)2 << 20) + 4096;
+    cr_assert(plan <= real && real - plan <= slack,
+              "%zu rows of %zu floats: plan %.0f B, the map holds %.0f B", cases[c].rows,
+              cases[c].row_floats, plan, real);
+    cr_assert(peak > plan);
+    ps__rowmap_free(m);
+  }
+}
+
+/* Zipf over a small domain summed by brute force, against the head-and-tail sum. */
+Test(plan_sparse, zipf_distinct_against_brute_force) {
+  const double rows = 200000, draws = 5000;
+  const double exps[] = {0, 0.8, 1.0, 1.2};
+  for (size_t e = 0; e < sizeof exps / sizeof exps[0]; e++) {
+    double s = exps[e], h = 0, d = 0;
+    for (double i = 1; i <= rows; i++) h += pow(i, -s);
+    for (double i = 1; i <= rows; i++) d += 1 - pow(1 - pow(i, -s) / h, draws);
+    double got = ps__plan_zipf_distinct(rows, s, draws);
+    cr_assert(fabs(got - d) <= 1e-3 * d, "s = %g: %.3f distinct, brute force %.3f", s, got, d);
+  }
+  /* Uniform: N (1 - (1 - 1/N)^n). */
+  double u = 1e9 * -expm1(1e6 * log1p(-1e-9));
+  cr_assert(fabs(ps__plan_zipf_distinct(1e9, 0, 1e6) - u) <= 1e-3 * u);
+}
+
+/* 10^9 rows of dim 64 with Adagrad on servers of 64 GiB: 520 B per row in chunks,
+ * and on S = 9 servers 111,111,112 rows each need an index of 2^28 slots of 12 B,
+ * 61.0 GB, 62.6 GB while the index doubles (64 GiB = 68.7 GB): 9 servers; on 8 the
+ * peak would be 69.8 GB. */
+Test(plan_sparse, a_billion_rows_of_dim_64_with_adagrad) {
+  ps__plan_in in;
+  ps__plan_in_init(&in);
+  in.nsparse = 1;
+  in.sparse[0] = (ps__plan_sparse){.rows = 1e9, .dim = 64, .nstate = 1, .touched = 20000};
+  in.server_mem = 64.0 * (1u << 30);
+  in.servers = 9;
+  ps__plan_out o = run(&in);
+  double n = 111111112, idx = 268435456.0 * 12;
+  near(o.sparse[0].rows_per_server, n);
+  near(o.sparse[0].bytes_per_server, n * 520 + idx);
+  near(o.sparse[0].peak_per_server, n * 520 + idx * 1.5);
+  near(o.servers_needed, 9);
+  near(o.push_bytes, 20000 * (8 + 256));
+  in.servers = 8;
+  o = run(&in);
+  cr_assert(125000000.0 * 520 + idx * 1.5 > in.server_mem); /* why 8 are not enough */
+  near(o.servers_needed, 9);
+  in.replicas = 2;
+  in.servers = 17;
+  o = run(&in);
+  near(o.servers_needed, 17);
+  near(o.sparse[0].rows_per_server, ceil(2e9 / 17));
+}
+
+/* R = 1 leaves the communication term as it was; R copies make a server's push
+ * share R K G / S. */
+Test(plan_sparse, replicas_in_the_comm_term) {
+  ps__plan_in in;
+  ps__plan_in_init(&in);
+  in.push_bytes = 1e9;
+  in.link = 1e9;
+  in.servers = 4;
+  in.workers = 8;
+  in.step_time = 100;
+  ps__plan_out o = run(&in);
+  near(o.comm_time, 2 * 8 / 4.0);
+  near(o.k_comm, sqrt(4 * 50.0));
+  in.replicas = 2;
+  o = run(&in);
+  near(o.comm_time, (2 * 8 / 4.0) + 8 / 4.0);
+  near(o.traffic_per_server, 3 * 8e9 / 4);
+  /* K > S: T1 / K = (R + 1) K G / (S L) -> K = sqrt(S T1 L / ((R + 1) G)). */
+  near(o.k_comm, sqrt(4 * 100 / 3.0));
+  in.replicas = 5;
+  cr_assert_neq(ps__plan_compute(&in, &o), 0);
 }
