@@ -16,7 +16,14 @@
  * killed server by its closed connection; the heartbeat settings (stated in the output)
  * matter only for a server that stops without closing it.
  *
- * Usage: bench_repl [--iters N] [--kills N] [--part cost|failover|all]
+ * Part 3 (sync): two jobs of S = 2 servers and K = 2 workers (threads of this process),
+ * a sync table of 1 MiB (256 Ki floats), R = 1 and R = 2 in the same run: rounds per
+ * second of pull, push and clock of the whole table by every worker, and their ratio
+ * (replication after aggregation: one combined update per round goes down the chain,
+ * and a pull waits until its round is on both copies), over TCP for both, then with the
+ * same-host transports R = 1 can use and R = 2 does not.
+ *
+ * Usage: bench_repl [--iters N] [--kills N] [--rounds N] [--part cost|failover|sync|all]
  * Needs the pshard binary (PSHARD_BIN, else the build's).
  */
 #include <pthread.h>
@@ -95,6 +102,74 @@ static void part_cost(int iters) {
   printf("  %-28s %12.1f %12.1f %9.2fx\n", "dense 1 MiB push (MiB/s)", a.dense_mbs, b.dense_mbs, b.dense_mbs / a.dense_mbs);
   printf("  %-28s %12.0f %12.0f %9.2fx\n", "sparse push (rows/s)", a.sparse_rows_s, b.sparse_rows_s,
          b.sparse_rows_s / a.sparse_rows_s);
+}
+
+/* ------------------------------------------------------------------ sync rounds */
+
+typedef struct sync_arg {
+  const bench_cluster *c;
+  int rounds;
+  const char *xport;
+  double secs;
+} sync_arg;
+
+static void *sync_worker(void *arg) {
+  sync_arg *a = arg;
+  const uint64_t n = 256u * 1024u;
+  ps_ctx *ctx = bench_open(a->c, 0, 2, a->xport, "sync");
+  uint32_t t;
+  bench_check(ps_table_declare(ctx, "model", PS_DENSE, n, "opt=sgd lr=0.001 mode=sync", &t), "declare model");
+  float *w = calloc(n, sizeof *w), *g = calloc(n, sizeof *g);
+  for (uint64_t i = 0; i < n; i++) g[i] = 1e-3f * (float)(i % 7);
+  for (int r = 0; r < 5; r++) { /* warm-up */
+    bench_check(ps_pull_range(ctx, t, 0, n, w, -1), "pull");
+    bench_check(ps_push_range(ctx, t, 0, n, g, 1, -1, -1), "push");
+    bench_check(ps_clock(ctx), "clock");
+  }
+  double t0 = bench_now();
+  for (int r = 0; r < a->rounds; r++) {
+    bench_check(ps_pull_range(ctx, t, 0, n, w, -1), "pull");
+    bench_check(ps_push_range(ctx, t, 0, n, g, 1, -1, -1), "push");
+    bench_check(ps_clock(ctx), "clock");
+  }
+  bench_check(ps_pull_range(ctx, t, 0, n, w, -1), "pull");
+  a->secs = bench_now() - t0;
+  ps_ctx_close(ctx);
+  free(w);
+  free(g);
+  return NULL;
+}
+
+static double sync_rounds_s(int R, int rounds, const char *xport) {
+  bench_cluster c;
+  set_replicas(R);
+  bench_cluster_start(&c, 2, 2, xport);
+  sync_arg a[2] = {{&c, rounds, xport, 0}, {&c, rounds, xport, 0}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, sync_worker, &a[i]);
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  bench_cluster_stop(&c);
+  double s = a[0].secs > a[1].secs ? a[0].secs : a[1].secs;
+  return rounds / s;
+}
+
+static void part_sync(int rounds) {
+  printf("sync rounds, replicated after aggregation (S = 2, K = 2 workers, 1 MiB table, %d rounds, median of 3)\n",
+         rounds);
+  printf("  %-34s %10s %10s %10s\n", "rounds per second", "R = 1", "R = 2", "R2 / R1");
+  /* tcp: the same transport for both; auto: R = 1 also takes the same-host transports
+   * (shared memory for dense values, caller-thread I/O), which R >= 2 does not use */
+  const char *xports[2] = {"tcp", "auto"};
+  for (int x = 0; x < 2; x++) {
+    double r1[3], r2[3];
+    for (int k = 0; k < 3; k++) { /* alternated, medians: the machine is noisy */
+      r1[k] = sync_rounds_s(1, rounds, xports[x]);
+      r2[k] = sync_rounds_s(2, rounds, xports[x]);
+    }
+    double m1 = bench_median(r1, 3), m2 = bench_median(r2, 3);
+    printf("  %-34s %10.1f %10.1f %9.2fx   (target >= 0.85x)\n",
+           x ? "transport auto (same host)" : "transport tcp", m1, m2, m2 / m1);
+  }
 }
 
 /* ------------------------------------------------------------------ failover */
@@ -185,23 +260,26 @@ static void part_failover(int kills) {
 }
 
 int main(int argc, char **argv) {
-  int iters = 5000, kills = 20;
+  int iters = 5000, kills = 20, rounds = 200;
   const char *part = "all";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--kills")) kills = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--part")) part = argv[i + 1];
+    else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
     else {
-      fprintf(stderr, "usage: bench_repl [--iters N] [--kills N] [--part cost|failover|all]\n");
+      fprintf(stderr, "usage: bench_repl [--iters N] [--kills N] [--rounds N] [--part cost|failover|sync|all]\n");
       return 2;
     }
   }
-  if (iters < 100 || kills < 1) {
-    fprintf(stderr, "bench_repl: --iters must be at least 100 and --kills at least 1\n");
+  if (iters < 100 || kills < 1 || rounds < 10) {
+    fprintf(stderr, "bench_repl: --iters must be at least 100, --kills at least 1 and --rounds at least 10\n");
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
-  if (strcmp(part, "failover")) part_cost(iters);
-  if (strcmp(part, "cost")) part_failover(kills);
+  int all = !strcmp(part, "all");
+  if (all || !strcmp(part, "cost")) part_cost(iters);
+  if (all || !strcmp(part, "sync")) part_sync(rounds);
+  if (all || !strcmp(part, "failover")) part_failover(kills);
   return 0;
 }

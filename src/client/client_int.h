@@ -47,6 +47,7 @@
 typedef struct peer peer;
 typedef struct part part;
 typedef struct ps__cx_table ps__cx_table; /* cx.c: a table's residuals and codec counters */
+typedef struct kept kept; /* a copy of a push to a replicated sync table (keep.c) */
 
 struct part {
   ps_req *req;
@@ -77,6 +78,7 @@ struct part {
   uint32_t chain[PS_MAX_REPLICAS];
   unsigned nchain;
   uint64_t retry_at_ms;    /* on ctx->delayed: send again at this time */
+  uint32_t keep;           /* a push or pull of a replicated sync table: its clocks per round (keep.c) */
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
   int64_t reply_clock;     /* hdr.clock of the reply */
   char *stats_buf;         /* control reply body destination (STATS text, CHECKPOINT info),
@@ -161,6 +163,8 @@ typedef struct table_info {
   ps__update_mode update;
   ps__codec push_codec, pull_codec; /* spec push_codec=, pull_codec= */
   ps__cx_table *cx;        /* residuals and counters of a table with a codec (cx.c), else NULL */
+  int sync;                /* sync or sync:M */
+  uint32_t every;          /* clocks per round */
 } table_info;
 
 struct ps_ctx {
@@ -188,6 +192,9 @@ struct ps_ctx {
   uint32_t push_seq;       /* the last push sequence number given (atomic): one counter per
                             * worker, so a part sent again to another server keeps its identity */
   unsigned replicas;       /* R of the job (membership; atomic) */
+  kept *kept;              /* copies of pushes to replicated sync tables (loop; keep.c) */
+  size_t kept_bytes;
+  int any_keep;            /* a push to a replicated sync table was kept (loop) */
 
   /* shared state under mu */
   pthread_mutex_t mu;
@@ -384,5 +391,16 @@ void ps__cx_pull_done(ps_req *r);
 /* ---- control.c */
 /* One request with a single control part to target carrying body (copied). */
 ps_req *ps__ctrl_req(ps_ctx *ctx, uint32_t target, uint8_t type, const void *body, size_t len, uint64_t deadline);
+
+/* ---- copies of pushes to replicated sync tables (keep.c), on the loop */
+/* A push part with keep answered (h): keep its copy, let go of those now on every copy. */
+void ps__keep_push(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
+/* A pull part with keep answered (h): let go of the copies of rounds before its clock. */
+void ps__keep_pull(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
+/* Server `dead` left the job; moving: its parts being sent to their chains' next members. */
+void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmoving);
+void ps__keep_free(ps_ctx *ctx);
+/* Send a control frame to every live server, after the parts queued on each link. */
+void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len);
 
 #endif

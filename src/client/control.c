@@ -132,6 +132,8 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
     pthread_mutex_unlock(&ctx->mu);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
+  ctx->tables[id].sync = spec.mode == PS__MODE_SYNC || spec.mode == PS__MODE_SYNC_M;
+  ctx->tables[id].every = spec.every ? spec.every : 1;
   pthread_mutex_unlock(&ctx->mu);
   if (id_out) *id_out = id;
   return 0;

@@ -499,6 +499,15 @@ static part *inflight_find(peer *l, uint64_t req_id) {
  * once (the windows of shard/once.h apply a push there once, should l have forwarded
  * it already); the others fail. */
 static void link_fail_over(ps_ctx *ctx, peer *l, const char *why) {
+  /* The pushes to replicated sync tables among them: the new heads wait for them. */
+  size_t nkeep = 0, ki = 0;
+  for (part *p = l->queue_head; p; p = p->next) nkeep += p->keep && ps__frame_is_push_req(p->hdr.type);
+  for (part *p = l->inflight; p; p = p->next) nkeep += p->keep && ps__frame_is_push_req(p->hdr.type);
+  part **keeps = nkeep ? ps__malloc(nkeep * sizeof *keeps) : NULL;
+  for (part *p = l->queue_head; keeps && p; p = p->next)
+    if (p->keep && ps__frame_is_push_req(p->hdr.type)) keeps[ki++] = p;
+  for (part *p = l->inflight; keeps && p; p = p->next)
+    if (p->keep && ps__frame_is_push_req(p->hdr.type)) keeps[ki++] = p;
   part *moved = NULL;
   while (l->queue_head) {
     part *p = l->queue_head;
@@ -539,6 +548,9 @@ static void link_fail_over(ps_ctx *ctx, peer *l, const char *why) {
     if (!ps__part_reroute(ctx, v[i], 0)) ps__part_fail(v[i], PS_ERR_UNAVAILABLE, why);
   if (k) ps__log(PS_LOG_WARN, "%s; sending %zu request%s to the next copy", why, k, k == 1 ? "" : "s");
   free(v);
+  /* (the parts' headers are read before any of them could finish: on this thread) */
+  ps__keep_fail_over(ctx, l->id, keeps, ki);
+  free(keeps);
 }
 
 void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
@@ -672,10 +684,12 @@ void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
     while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&ctx->bytes_pulled, ps__vx_written(&p->vx, h) ? p->recv_len : h->payload_len, __ATOMIC_RELAXED);
+    if (p->keep) ps__keep_pull(ctx, p, h);
   } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
     /* One push goes to every server as one part each: count the push, not its parts. */
     if ((h->flags & PS_FLAG_DROPPED) && !__atomic_exchange_n(&p->req->dropped, 1, __ATOMIC_RELAXED))
       __atomic_add_fetch(&ctx->dropped_pushes, 1, __ATOMIC_RELAXED);
+    if (p->keep) ps__keep_push(ctx, p, h);
   }
 }
 
@@ -767,13 +781,29 @@ void ps__sched_on_link(void *arg, ps__conn *c, int status) {
 
 /* Fire-and-forget frames (clock, metric). Ordered after earlier parts on each link:
  * a link still connecting gets the frame queued as a part of a detached request. */
+static void fire_links(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *fh, const void *body, size_t len);
+
+void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len) {
+  fire_links(ctx, SCHED_LINK + 1, h, body, len);
+}
+
 void ps__mail_fire(void *arg) {
   fire *f = arg;
   ps_ctx *ctx = f->ctx;
   if (f->h.type == PS_MSG_CLOCK) ps__clock_sent(ctx, f->h.clock);
+  fire_links(ctx, f->target, &f->h, f->body, f->len);
+  __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
+  free(f);
+}
+
+static void fire_links(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *fh, const void *body, size_t len) {
+  struct {
+    const void *body;
+    size_t len;
+  } fb = {body, len}, *f = &fb;
   for (peer *l = ctx->links; l; l = l->next) {
-    if (f->target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
-    ps__frame_hdr h = f->h;
+    if (target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
+    ps__frame_hdr h = *fh;
     h.sender = ctx->id;
     if (l->conn && link_take(ctx, l) && !l->queue_head) {
       ps__conn_send_ctrl(l->conn, &h, f->body, f->len);
@@ -806,6 +836,4 @@ void ps__mail_fire(void *arg) {
       ps__part_submit(ctx, p);
     }
   }
-  __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
-  free(f);
 }

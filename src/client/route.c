@@ -155,6 +155,7 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
     if (repl) {
       memcpy(p->chain, chain, nch * sizeof *chain);
       p->nchain = (unsigned)nch;
+      if (ti.sync) p->keep = ti.every; /* keep.c */
     }
     p->hdr.nkeys = (uint32_t)n;
     p->hdr.clock = clock;
@@ -378,6 +379,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
       size_t j = 0;
       while (order[j] != s) j++;
       p->nchain = (unsigned)ps__ring_dense_chain(ring, order, j, p->chain);
+      if (ti.sync) p->keep = ti.every; /* keep.c */
     }
     p->hdr.clock = clock;
     p->hdr.nkeys = (uint32_t)(2 * nseg_of[s]);

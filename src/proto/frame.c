@@ -20,7 +20,8 @@ static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_TASK_NEXT] = "task-next", [PS_MSG_TASK_DONE] = "task-done",
     [PS_MSG_CKPT] = "ckpt",       [PS_MSG_CHECKPOINT] = "checkpoint",
     [PS_MSG_FORWARD] = "forward", [PS_MSG_FORWARD_DENSE] = "forward-dense",
-    [PS_MSG_STALL] = "stall",
+    [PS_MSG_STALL] = "stall", [PS_MSG_FORWARD_AGG] = "forward-agg", [PS_MSG_FORWARD_ROUND] = "forward-round",
+    [PS_MSG_REPLAYED] = "replayed",
 };
 
 const char *ps__frame_type_name(uint8_t type) {
@@ -33,7 +34,8 @@ const char *ps__frame_type_name(uint8_t type) {
 int ps__frame_is_data(uint8_t type) {
   uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
   return t == PS_MSG_PUSH || t == PS_MSG_PULL || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE ||
-         t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE;
+         t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE || t == PS_MSG_FORWARD_AGG ||
+         t == PS_MSG_FORWARD_ROUND;
 }
 
 void ps__frame_encode(const ps__frame_hdr *h, uint8_t *o) {

@@ -47,7 +47,10 @@ enum {
   PS_MSG_FORWARD = 21,   /* server -> next server of a chain: a sparse push applied by the sender (ps__fwd) */
   PS_MSG_FORWARD_DENSE = 22, /* the same for a dense push */
   PS_MSG_STALL = 23,     /* server -> scheduler: workers holding a sync round back (ps__stall; no reply) */
-  PS_MSG__MAX = 24
+  PS_MSG_FORWARD_AGG = 24,   /* server -> next server of a chain: an aggregation buffer applied by the sender */
+  PS_MSG_FORWARD_ROUND = 25, /* server -> next server of a chain: a sync round applied by the sender */
+  PS_MSG_REPLAYED = 26,      /* worker -> server: the pushes to a dead server not known to be on every copy */
+  PS_MSG__MAX = 27
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,
@@ -117,7 +120,7 @@ static inline int ps__frame_is_push_req(uint8_t type) {
 }
 static inline int ps__frame_is_forward(uint8_t type) {
   uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
-  return t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE;
+  return t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE || t == PS_MSG_FORWARD_AGG || t == PS_MSG_FORWARD_ROUND;
 }
 
 /* A FORWARD request's body starts with this prefix, then the push's keys and values:
@@ -133,6 +136,28 @@ typedef struct ps__fwd {
   uint64_t step;
 } ps__fwd;
 static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f);
+/* A FORWARD_AGG request's body: the ps__fwd prefix (worker 0, the step the buffer was
+ * applied with), then u32 nids, u32 per_row (rows divide by their weight sum), f64 the
+ * global batch; nids push identities of PS_FWD_AGG_ID bytes each (u32 worker, u32 seq,
+ * u64 incarnation, u32 chain, u32 zero: the pushes the buffer combined, each with the
+ * chain of its keys: ring route, or 0x80000000 | the dense run); then the header's
+ * nkeys keys (u64: row ids, or a dense table's slices) and their rows, width + 1 floats
+ * each (the weighted sums, then the weight sum). The header carries the table and the
+ * rate the buffer was applied with. */
+#define PS_FWD_AGG_PREFIX 16u
+/* A FORWARD_ROUND request's body: the ps__fwd prefix (worker 0, the round's step), then
+ * i64 round, f64 denominator, f64 global batch, u32 nchains, u32 zero; nchains u32 chain
+ * names (padded with a zero to a multiple of two: the rows' chains, whose copies are at
+ * this round once the frame is applied; only the last frame of a round names them, the
+ * frames before it carry rows only); then the header's nkeys keys (row ids, or a dense
+ * table's slices) and their rows, width floats each, as applied by the head. */
+#define PS_FWD_ROUND_PREFIX 32u
+/* A REPLAYED body: u32 the dead server, u32 n, then n entries of PS_REPLAYED_ENTRY bytes:
+ * u32 table, u32 batch, i64 clock, u64 incarnation, u32 seq, u32 nchain, u32 chain[3]
+ * (the push's chain, by server ids), u32 zero. */
+#define PS_REPLAYED_ENTRY 48u
+#define PS_FWD_AGG_ID 24u
+#define PS_FWD_DENSE_CHAIN 0x80000000u
 static inline void ps__fwd_get(const uint8_t *p, ps__fwd *f);
 const char *ps__frame_type_name(uint8_t type);
 

@@ -133,11 +133,25 @@ void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__
   if (!t || ps__srv_push_shape(s, c, h, t, p, dense)) return;
   ps__verdict v;
   uint32_t next = s->next_hop;
-  if (ps__shard_push(s->sh, p, body, &v) != PS__APPLIED) {
+  int sync_repl = s->replicas > 1 && ps__table_is_sync(t);
+  if (sync_repl && ps__srv_sync_push(s, c, h, t, p)) return; /* a failover's catch-up took it */
+  int agg = s->replicas > 1 && !p->replica && ps__table_aggregates(t);
+  if (agg) ps__srv_agg_before(s, c, h, t, p);
+  int st = ps__shard_push(s->sh, p, body, &v);
+  if (agg && ps__srv_agg_after(s, c, h, t, &v)) {
+    /* Replicated after aggregation (repl_agg.c): answered once its buffer was applied
+     * here and reached the tail (this server, when its chain has no other live copy). */
+  } else if (st != PS__APPLIED) {
     ps__srv_reply_verdict(c, h, &v);
     return;
-  }
-  if (next) {
+  } else if (sync_repl) {
+    /* Replicated after aggregation (repl_sync.c): the round goes down the chain once it
+     * is applied; the answer says up to which clock every round is on every copy. */
+    ps__frame_hdr r = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
+                       .clock = ps__srv_sync_durable_clock(s, t), .flags = v.status == PS__DROPPED ? PS_FLAG_DROPPED : 0};
+    ps__conn_send_ctrl(c, &r, NULL, 0);
+    ps__srv_sync_pushed(s, t);
+  } else if (next) {
     /* Replicated: the next member applies it too, and the answer comes back from the
      * tail. A push applied here before (sent again) is forwarded again: the tail may
      * not have it yet. The rate and step go with it (none for a duplicate or an empty

@@ -36,6 +36,9 @@ struct srv_fwd {
   size_t len;
   uint64_t born_ms;
   int sent;
+  srv_fwd_group *grp;   /* frames sent together: the answer goes to the group (repl_agg.c) */
+  unsigned attempts;    /* times the group redirected it */
+  uint64_t retry_at;    /* unsent: send it again at this time (uv_now) */
 };
 
 /* Another server, as a destination of forwards. */
@@ -48,7 +51,14 @@ struct srv_peer {
   int connecting;
 };
 
-#define FWD_ABANDON_MS 60000 /* a forward unanswered this long is forgotten (its worker re-sent it) */
+static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg);
+static void fwd_resend_due(ps__server *s);
+static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f);
+static void peer_connect(ps__server *s, srv_peer *p);
+
+#define FWD_ABANDON_MS 60000
+#define FWD_MAX_REDIRECTS 100 /* a frame re-addressed this often is answered with its last error */
+#define FWD_REDIRECT_MS 20    /* and waits this long before it is sent again */ /* a forward unanswered this long is forgotten (its worker re-sent it) */
 
 static srv_peer *peer_of(ps__server *s, uint32_t id) {
   for (size_t i = 0; i < s->npeers; i++)
@@ -71,7 +81,7 @@ int ps__srv_server_alive(ps__server *s, uint32_t id) {
 /* ------------------------------------------------------------------ which requests are ours */
 
 /* The chain's first live member, and the live member after `self` (0: none). */
-static void chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
+void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
   *head = 0, *has_self = 0, *next = 0;
   for (size_t k = 0; k < n; k++) {
     if (!ps__srv_server_alive(s, c[k])) continue;
@@ -88,7 +98,7 @@ static int chain_ok(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__tabl
                     uint32_t *next, const char *what, unsigned long long which) {
   uint32_t head;
   int mine;
-  chain_places(s, ch, n, &head, &mine, next);
+  ps__srv_chain_places(s, ch, n, &head, &mine, next);
   int fwd = ps__frame_is_forward(h->type);
   if (mine && (fwd ? head != s->id : head == s->id)) return 0;
   ps__srv_reply_err(c, h, PS_ERR_MOVED, "%s %llu of table '%s' is not %s on this server (epoch %llu; its head is server %u)",
@@ -146,6 +156,53 @@ int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, p
   return chain_ok(s, c, h, t, ch, n, next, "slice", (unsigned long long)first);
 }
 
+/* ------------------------------------------------------------------ chains of rows (repl_agg.c, repl_sync.c) */
+
+int ps__srv_chains_init(ps__srv_chains *x, ps__server *s, ps__table *t) {
+  memset(x, 0, sizeof *x);
+  x->s = s, x->t = t;
+  x->S = ps__ring_size(s->ring);
+  x->nroutes = ps__ring_nroutes(s->ring);
+  if (t->spec.kind == PS_DENSE) {
+    x->nsl = (t->spec.size + t->spec.width - 1) / t->spec.width;
+    x->order = ps__malloc(x->S * sizeof *x->order);
+    if (!x->order || !ps__ring_dense_order(s->ring, t->id, x->order)) {
+      free(x->order);
+      x->order = NULL;
+      return ps__fail(PS_ERR_NOMEM, "out of memory");
+    }
+  }
+  return 0;
+}
+
+void ps__srv_chains_free(ps__srv_chains *x) { free(x->order); }
+
+/* The chain of a row: its ring route, or PS_FWD_DENSE_CHAIN | its dense run. */
+uint32_t ps__srv_row_chain(const ps__srv_chains *x, uint64_t key) {
+  if (x->order) return PS_FWD_DENSE_CHAIN | (uint32_t)ps__dense_run(key < x->nsl ? key : x->nsl - 1, x->nsl, x->S);
+  return (uint32_t)ps__ring_route_index(x->s->ring, x->t->id, key);
+}
+
+/* A chain's servers into ch (n, 0 for a chain number that is not one). */
+size_t ps__srv_chain_servers(const ps__srv_chains *x, uint32_t ck, uint32_t *ch) {
+  if (x->order) return (ck & PS_FWD_DENSE_CHAIN) && (ck & ~PS_FWD_DENSE_CHAIN) < x->S
+                           ? ps__ring_dense_chain(x->s->ring, x->order, ck & ~PS_FWD_DENSE_CHAIN, ch)
+                           : 0;
+  return ck < x->nroutes ? ps__ring_route(x->s->ring, ck, ch) : 0;
+}
+
+/* This server's place in chain ck: 1 at its head, 2 after it, 0 not in it (or not a
+ * chain); *next the live member after this server (0: none). */
+int ps__srv_chain_place(const ps__srv_chains *x, uint32_t ck, uint32_t *next) {
+  uint32_t ch[PS_MAX_REPLICAS], head;
+  int mine;
+  *next = 0;
+  size_t n = ps__srv_chain_servers(x, ck, ch);
+  if (!n) return 0;
+  ps__srv_chain_places(x->s, ch, n, &head, &mine, next);
+  return !mine ? 0 : head == x->s->id ? 1 : 2;
+}
+
 /* ------------------------------------------------------------------ the fence */
 
 /* A server whose loop stood still for fence_ms (stopped, or stalled) may have been
@@ -173,6 +230,8 @@ void ps__srv_repl_tick(ps__server *s) {
     s->fenced = 0;
     ps__log(PS_LOG_INFO, "the scheduler still lists this server; serving again");
   }
+  fwd_resend_due(s);
+  ps__srv_sync_tick(s);
   /* Forwards nobody will answer (a frame lost on the way; the worker sent its push again). */
   for (srv_fwd **pp = &s->fwds; *pp;) {
     srv_fwd *f = *pp;
@@ -181,6 +240,7 @@ void ps__srv_repl_tick(ps__server *s) {
       continue;
     }
     *pp = f->next;
+    if (f->grp) fwd_answer(s, f, PS_ERR_TIMEOUT, "the next copy of these keys did not answer; send again");
     ps__pool_put(s->pool, f->buf, f->len);
     free(f);
   }
@@ -189,7 +249,12 @@ void ps__srv_repl_tick(ps__server *s) {
 /* ------------------------------------------------------------------ forwards */
 
 static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg) {
-  (void)s;
+  if (f->grp) {
+    srv_fwd_group *g = f->grp;
+    f->grp = NULL;
+    ps__srv_fwd_group_answer(s, g, status, msg);
+    return;
+  }
   if (!f->up) return;
   if (status)
     ps__srv_reply_err(f->up, &f->up_hdr, status, "%s", msg);
@@ -211,16 +276,50 @@ static void fwd_free(ps__server *s, srv_fwd *f) {
   free(f);
 }
 
+/* A frame of a group that re-addresses its frames (a sync round's) that could not be
+ * delivered: 1 when the group sent it elsewhere or will send it again (re-stamped with
+ * the current epoch, after FWD_REDIRECT_MS), 0 when it is to be answered. */
+static int fwd_redirect(ps__server *s, srv_fwd *f, int status) {
+  srv_fwd_group *g = f->grp;
+  uint32_t to;
+  if (!g || !g->redirect || f->attempts >= FWD_MAX_REDIRECTS || !g->redirect(s, g, f->buf, f->len, status, &to))
+    return 0;
+  f->attempts++;
+  f->to = to;
+  f->sent = 0;
+  f->req_id = ++s->fwd_seq;
+  f->hdr.req_id = f->req_id;
+  ps__put_u64(f->buf, s->epoch); /* the ps__fwd prefix's epoch */
+  f->retry_at = uv_now(&s->loop) + FWD_REDIRECT_MS;
+  return 1;
+}
+
 /* Fail every forward to server id (gone, or its connection lost): the worker sends its
- * push again, to the chain's new head if need be, and the windows apply it once. */
+ * push again, to the chain's new head if need be, and the windows apply it once; a
+ * sync round's frame is re-addressed by its group. */
 static void fwd_fail_to(ps__server *s, uint32_t id, const char *why) {
   char msg[200];
   snprintf(msg, sizeof msg, "server %u, the next copy of these keys, %s; send again", id, why);
   for (srv_fwd *f = s->fwds, *next; f; f = next) {
     next = f->next;
     if (f->to != id) continue;
+    if (fwd_redirect(s, f, PS_ERR_UNAVAILABLE)) continue;
     fwd_answer(s, f, PS_ERR_UNAVAILABLE, msg);
     fwd_free(s, f);
+  }
+}
+
+/* Send the re-addressed frames whose wait is over (each tick, and on a new membership). */
+static void fwd_resend_due(ps__server *s) {
+  uint64_t now = uv_now(&s->loop);
+  for (srv_fwd *f = s->fwds; f; f = f->next) {
+    if (f->sent || !f->retry_at || f->retry_at > now) continue;
+    srv_peer *p = peer_of(s, f->to);
+    if (!p || !p->alive) continue; /* the next membership fails it over */
+    if (p->conn)
+      fwd_send(s, p, f);
+    else if (!p->connecting)
+      peer_connect(s, p);
   }
 }
 
@@ -245,6 +344,7 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR || !(h->type & PS_FRAME_REPLY)) return;
   for (srv_fwd *f = s->fwds; f; f = f->next) {
     if (f->req_id != h->req_id) continue;
+    if ((h->status == PS_ERR_MOVED || h->status == PS_ERR_UNAVAILABLE) && fwd_redirect(s, f, h->status)) return;
     char msg[300];
     snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
     fwd_answer(s, f, h->status, msg[0] ? msg : ps_strerror(h->status));
@@ -296,6 +396,35 @@ static void peer_connect(ps__server *s, srv_peer *p) {
   }
 }
 
+int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
+                          srv_fwd_group *g) {
+  srv_peer *pe = peer_of(s, to);
+  srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
+  if (!f) {
+    ps__pool_put(s->pool, buf, len);
+    return ps__fail(PS_ERR_NOMEM, "out of memory forwarding to server %u", to);
+  }
+  f->req_id = ++s->fwd_seq;
+  f->to = to;
+  f->buf = buf;
+  f->len = len;
+  f->born_ms = uv_now(&s->loop);
+  f->grp = g;
+  f->hdr = *hdr;
+  f->hdr.sender = s->id;
+  f->hdr.req_id = f->req_id;
+  f->hdr.payload_len = len;
+  f->next = s->fwds;
+  s->fwds = f;
+  s->forwards++;
+  s->forward_bytes += len;
+  if (pe->conn)
+    fwd_send(s, pe, f);
+  else if (!pe->connecting)
+    peer_connect(s, pe);
+  return 0;
+}
+
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to,
                     float lr, uint64_t step) {
   srv_peer *pe = peer_of(s, to);
@@ -324,6 +453,7 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
   f->next = s->fwds;
   s->fwds = f;
   s->forwards++;
+  s->forward_bytes += len;
   if (pe->conn)
     fwd_send(s, pe, f);
   else if (!pe->connecting)
@@ -361,6 +491,7 @@ void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
 /* ------------------------------------------------------------------ membership */
 
 int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
+  ps__srv_sync_before(s);
   for (uint32_t i = 0; i < m->n; i++) {
     const ps__member *x = &m->m[i];
     if (x->role != PS_ROLE_SERVER || x->id == s->id) continue;
@@ -387,15 +518,20 @@ int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
     p->alive = x->alive;
   }
   s->replicas = m->replicas ? m->replicas : 1;
+  ps__srv_sync_after(s);
+  fwd_resend_due(s);
   return 0;
 }
 
 void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c) {
   for (srv_fwd *f = s->fwds; f; f = f->next)
     if (f->up == c) f->up = NULL;
+  ps__srv_agg_conn_closed(s, c);
 }
 
 void ps__srv_repl_free(ps__server *s) {
+  ps__srv_agg_free(s);
+  ps__srv_sync_free(s);
   while (s->fwds) {
     srv_fwd *f = s->fwds;
     s->fwds = f->next;

@@ -153,17 +153,7 @@ static void on_create(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const 
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "%s", why);
     return;
   }
-  if (!existed && s->replicas > 1 &&
-      (ps__table_is_sync(nt) || nt->spec.agg_n > 1 || nt->spec.agg_ms > 0)) {
-    /* Replication forwards each push as it is applied: a sync round, or a buffer
-     * flushed by count or time, would be combined differently on each copy. */
-    char msg[300];
-    snprintf(msg, sizeof msg, "table '%s': mode %s%s is not replicated yet (replicas=%u); use async or ssp without agg_n/agg_ms",
-             d.name, ps__table_mode_name(nt), ps__table_is_sync(nt) ? "" : " with aggregation", s->replicas);
-    ps__shard_drop(s->sh, d.id);
-    ps__srv_reply_err(c, h, PS_ERR_INVALID, "%s", msg);
-    return;
-  }
+  if (!existed) ps__srv_sync_table(s, nt); /* replicated sync rounds (repl_sync.c) */
   /* A restored job: a new table's rows come from the checkpoint. A table that cannot be
    * restored is dropped again (it has no timer yet: nothing was pushed to it). */
   int rc = existed ? 0 : ps__srv_restore_table(s, ps__shard_table(s->sh, d.id));
@@ -215,11 +205,21 @@ static void on_forward_sparse(ps__server *s, ps__conn *c, const ps__frame_hdr *h
 static void on_forward_dense(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__srv_on_forward(s, c, h, b, 1);
 }
+static void on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_forward_agg(s, c, h, b);
+}
+static void on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_forward_round(s, c, h, b);
+}
+static void on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_replayed(s, c, h, b);
+}
 
 static const frame_handler dispatch[PS_MSG__MAX] = {
     [PS_MSG_CREATE] = on_create_frame, [PS_MSG_PUSH] = on_push_sparse,  [PS_MSG_PUSH_DENSE] = on_push_dense,
     [PS_MSG_PULL] = on_pull_sparse,    [PS_MSG_PULL_DENSE] = on_pull_dense, [PS_MSG_CLOCK] = on_clock,
     [PS_MSG_STATS] = on_stats,         [PS_MSG_FORWARD] = on_forward_sparse, [PS_MSG_FORWARD_DENSE] = on_forward_dense,
+    [PS_MSG_FORWARD_AGG] = on_forward_agg, [PS_MSG_FORWARD_ROUND] = on_forward_round, [PS_MSG_REPLAYED] = on_replayed,
 };
 
 static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
@@ -422,7 +422,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   s->pool = ps__pool_new(1ull << 30);
   ps__shard_hooks hooks = {.arg = s, .alloc = hook_alloc, .release = hook_release, .arm_flush = hook_arm_flush,
                            .par = hook_par, .round_apply = ps__srv_round_apply, .round_done = ps__srv_round_done,
-                           .cut = ps__srv_cut};
+                           .cut = ps__srv_cut, .agg_applied = ps__srv_agg_applied,
+                           .round_applied = ps__srv_round_applied};
   s->sh = ps__shard_new(&hooks);
   s->mail = ps__mailbox_new(&s->loop);
   uv_idle_init(&s->loop, &s->apply_idle);

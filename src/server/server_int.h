@@ -24,6 +24,9 @@ typedef struct srv_ckpt srv_ckpt;       /* a checkpoint being written (ckpt.c) *
 typedef struct srv_restore srv_restore; /* the checkpoint restored from (ckpt.c) */
 typedef struct srv_fwd srv_fwd;         /* a push forwarded down its chain (repl.c) */
 typedef struct srv_peer srv_peer;       /* another server, as a forward's destination (repl.c) */
+typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
+typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
+typedef struct srv_sync srv_sync;       /* a sync table's replication state (repl_sync.c) */
 
 /* A pull waiting for its table to reach its clock, holding its request body. */
 typedef struct pending_pull {
@@ -82,8 +85,15 @@ struct ps__server {
   srv_fwd *fwds;         /* forwards awaiting their answer */
   uint64_t fwd_seq;      /* req_id of the last forward */
   uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
+  uint64_t forward_bytes; /* bodies of the frames sent down the chains */
   uint64_t last_tick_ms; /* the last heartbeat tick (uv_now) */
   uint32_t next_hop;     /* set by the ring checks of the request being served (R >= 2) */
+  srv_aggw *aggw;        /* pushes in aggregation buffers, answered once a buffer reached every copy */
+  srv_fwd_group *groups; /* aggregation buffers being forwarded */
+  srv_sync *syncs;       /* sync tables under R >= 2: versions per chain, rounds in flight, catch-ups */
+  uint64_t catchups;     /* failovers of sync tables caught up */
+  srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
+  int agg_taken;         /* ... which was applied and forwarded with it */
   int fenced;            /* stood still: serves no data request for now */
   uint64_t fenced_at;
 };
@@ -178,6 +188,103 @@ int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, p
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to, float lr,
                     uint64_t step);
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+/* Send a frame of len body bytes (pooled, taken) to server `to` down a chain; its
+ * answer goes to group g. Header fields sender, req_id and payload_len are set here.
+ * 0 or PS_ERR_NOMEM (buf given back, nothing sent). */
+int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
+                          srv_fwd_group *g);
+/* A chain's first live member, whether this server is in it, and the live member after
+ * this server (0: none). */
+void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next);
+
+/* The chains of a table's rows, under the server's ring (repl.c). A chain is named by
+ * its ring route (sparse), or PS_FWD_DENSE_CHAIN | its run (dense). */
+typedef struct ps__srv_chains {
+  ps__server *s;
+  ps__table *t;
+  size_t S, nroutes;
+  uint64_t nsl;
+  uint32_t *order; /* dense: the table's run order */
+} ps__srv_chains;
+int ps__srv_chains_init(ps__srv_chains *x, ps__server *s, ps__table *t); /* 0 or PS_ERR_NOMEM */
+void ps__srv_chains_free(ps__srv_chains *x);
+/* The chain of a row (a sparse key, or a dense slice). */
+uint32_t ps__srv_row_chain(const ps__srv_chains *x, uint64_t key);
+/* A chain's servers into ch (n; 0 for a name that is no chain). */
+size_t ps__srv_chain_servers(const ps__srv_chains *x, uint32_t ck, uint32_t *ch);
+/* This server's place in chain ck: 1 its head, 2 after it, 0 not in it; *next the live
+ * member after this server (0: none). */
+int ps__srv_chain_place(const ps__srv_chains *x, uint32_t ck, uint32_t *next);
+/* The table's chains: 0 .. n-1 as names, and back. */
+static inline size_t ps__srv_nchains(const ps__srv_chains *x) { return x->order ? x->S : x->nroutes; }
+static inline uint32_t ps__srv_chain_name(const ps__srv_chains *x, size_t i) {
+  return x->order ? PS_FWD_DENSE_CHAIN | (uint32_t)i : (uint32_t)i;
+}
+static inline size_t ps__srv_chain_index(const ps__srv_chains *x, uint32_t ck) {
+  return x->order ? (ck & ~PS_FWD_DENSE_CHAIN) : ck;
+}
+
+/* Frames sent down the chains together (repl_agg.c): answered as one, to the workers'
+ * pushes they carry (waiters), to the frame they came in (up), or to done. */
+struct srv_fwd_group {
+  srv_fwd_group *next; /* in s->groups */
+  unsigned out;        /* frames not answered yet */
+  int building;        /* frames still being made */
+  int status;          /* the first error answered */
+  char msg[240];
+  srv_aggw *waiters;   /* at the head: the pushes the buffer combined */
+  ps__conn *up;        /* at a member: where the frame it got came from (NULL: closed) */
+  ps__frame_hdr up_hdr;
+  /* a sync round's frames (repl_sync.c): done is called when the group finishes, and
+   * redirect when one of its frames could not be delivered to `to` (status): 1 with
+   * *to set to send the frame (re-stamped) there instead, 0 to answer it with status */
+  void (*done)(ps__server *s, srv_fwd_group *g);
+  int (*redirect)(ps__server *s, srv_fwd_group *g, const uint8_t *buf, size_t len, int status, uint32_t *to);
+  void *arg;
+  int64_t round;
+};
+srv_fwd_group *ps__srv_group_new(ps__server *s); /* building set: clear it, then ps__srv_group_maybe_done */
+/* Finish g once no frame of it is being made or awaited; 1 when g was freed. */
+int ps__srv_group_maybe_done(ps__server *s, srv_fwd_group *g);
+
+/* ---- replication of aggregation buffers (repl_agg.c) */
+/* The engine's agg_applied hook: forward the buffer down the chains of its rows. */
+void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per_row, float lr, double gb,
+                         uint64_t step);
+/* Around the engine's push of p to table t (which aggregates) at the head of its chain
+ * under R >= 2: before, note the push (it may fill the buffer, which then carries it);
+ * after, with the engine's verdict, keep it to answer once the buffer it went into was
+ * applied and reached every live copy. ps__srv_agg_after returns 1 when the push is
+ * handled so (answered, or to be answered), 0 when the caller answers it (refused) or
+ * forwards it on its own (a copy of a push applied earlier). */
+void ps__srv_agg_before(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p);
+int ps__srv_agg_after(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__verdict *v);
+void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* A forward of group g was answered (status 0: applied by every copy after this one). */
+void ps__srv_fwd_group_answer(ps__server *s, srv_fwd_group *g, int status, const char *msg);
+void ps__srv_agg_conn_closed(ps__server *s, ps__conn *c);
+
+/* ---- replication of sync rounds (repl_sync.c) */
+/* A sync table created under R >= 2: its copies' versions start at its version. */
+void ps__srv_sync_table(ps__server *s, ps__table *t);
+/* The engine's round_applied hook: forward the round down the chains of its rows. */
+void ps__srv_round_applied(void *arg, ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom,
+                           double batch);
+void ps__srv_on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* The clock before which every round of sync table t is on every copy (push answers
+ * carry it). */
+int64_t ps__srv_sync_durable_clock(ps__server *s, ps__table *t);
+/* A push (validated) to a sync table while a failover's catch-up runs: 1 when served
+ * here (answered), 0 when the engine takes it as usual (then ps__srv_sync_pushed). */
+int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p);
+void ps__srv_sync_pushed(ps__server *s, ps__table *t);
+/* Around a membership: which chains this server followed, and which it now heads. */
+void ps__srv_sync_before(ps__server *s);
+void ps__srv_sync_after(ps__server *s);
+void ps__srv_sync_tick(ps__server *s);
+void ps__srv_sync_free(ps__server *s);
+void ps__srv_agg_free(ps__server *s);
 /* Does this server hold back data requests (it stood still and may have been replaced)? */
 int ps__srv_fenced(ps__server *s);
 void ps__srv_repl_tick(ps__server *s);

@@ -79,9 +79,9 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                (unsigned long long)sh->mem_refused, (unsigned long long)s->fb.limit, (unsigned long long)s->fb.used,
                (unsigned long long)s->fb.peak, (unsigned long long)s->fb.refused, (unsigned long long)s->fb.expired);
   ps__wbuf_bytes(&w, line, (size_t)m);
-  m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforwards_refused %llu\nfenced %d\n",
-               s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forwards_refused,
-               s->fenced);
+  m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforward_bytes %llu\nforwards_refused %llu\nfenced %d\ncatchups %llu\n",
+               s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forward_bytes,
+               (unsigned long long)s->forwards_refused, s->fenced, (unsigned long long)s->catchups);
   ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);

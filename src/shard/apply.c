@@ -39,6 +39,8 @@ static float apply_begin(ps__table *t, float lr, double global_batch, uint64_t *
   *step = ps__table_is_sync(t) ? (uint64_t)t->version + 1 : t->step + 1;
   /* A forwarded push (replication) takes the step its head applied it with. */
   if (t->sh->replay_step && !ps__table_is_sync(t)) *step = t->sh->replay_step > t->step ? t->sh->replay_step : *step;
+  /* A sync round applied out of the version's order (a copy's, or a catch-up's) names its step. */
+  if (t->sh->replay_step && ps__table_is_sync(t)) *step = t->sh->replay_step;
   t->step = *step;
   if (lr < 0) lr = ps__lr_at(&t->spec, *step, global_batch);
   t->last_lr = lr;
@@ -79,6 +81,34 @@ void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_ro
     if (ps__shard_apply_row(t, ps__rowmap_key_at(acc, i), g, per_row_denom ? g[width] : denom, lr, step)) return;
   }
   t->applied++;
+}
+
+void ps__shard_apply_round_at(ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom, double batch) {
+  t->sh->replay_step = (uint64_t)round + 1;
+  ps__shard_apply_acc(t, acc, denom, 0, lr, batch);
+  t->sh->replay_step = 0;
+}
+
+int ps__shard_round_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
+                            int64_t round, float lr, double denom, double batch, ps__verdict *v) {
+  v->status = PS__APPLIED;
+  v->later = v->dup = 0;
+  if (!ps__table_is_sync(t)) return ps__shard_reject(sh, t, v, PS_ERR_INVALID, "table '%s' is not synchronous", t->decl.name);
+  size_t w = t->spec.width;
+  if (!t->round_rep && !(t->round_rep = ps__rowmap_new(w)))
+    return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+  for (uint32_t i = 0; i < n; i++) {
+    int created;
+    float *r = ps__rowmap_upsert(t->round_rep, ps__get_u64(keys + 8 * (size_t)i), &created);
+    if (!r) {
+      ps__rowmap_clear(t->round_rep);
+      return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+    }
+    for (size_t j = 0; j < w; j++) r[j] += rows[(size_t)i * w + j];
+  }
+  ps__shard_apply_round_at(t, t->round_rep, round, lr, denom, batch);
+  ps__rowmap_clear(t->round_rep);
+  return PS__APPLIED;
 }
 
 int ps__shard_round_begin(ps__table *t, ps__round *r, float *lr, uint64_t *step, double *denom) {

@@ -31,7 +31,12 @@ void ps__shard_agg_flush(ps__table *t) {
   int64_t minc, maxc;
   size_t k = ps__shard_live_clocks(sh, &minc, &maxc);
   double gb = t->agg_batch / t->agg_count * (double)(k ? k : 1);
-  ps__shard_apply_acc(t, t->agg, 1.0, t->spec.update == PS__UPDATE_MEAN, t->agg_has_lr ? t->agg_lr : -1.0f, gb);
+  int per_row = t->spec.update == PS__UPDATE_MEAN;
+  uint64_t applied = t->applied;
+  ps__shard_apply_acc(t, t->agg, 1.0, per_row, t->agg_has_lr ? t->agg_lr : -1.0f, gb);
+  /* The buffer as applied: rows divided in place by their weights already take none. */
+  if (t->applied != applied && sh->hooks.agg_applied)
+    sh->hooks.agg_applied(sh->hooks.arg, t, t->agg, per_row && !ps__shard_acc_divided(t), t->last_lr, gb, t->step);
   t->agg_batch = 0;
   ps__rowmap_clear(t->agg);
   t->agg_count = 0;
@@ -40,7 +45,9 @@ void ps__shard_agg_flush(ps__table *t) {
 
 int ps__async_push(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v) {
   const ps__table_spec *sp = &t->spec;
-  if (sp->agg_n == 1 || (sp->agg_n == 0 && sp->agg_ms == 0)) return ps__shard_apply_direct(sh, t, p, body, v);
+  /* A push forwarded by its chain's head on its own (a copy sent again after a failure:
+   * the buffers it was combined into travel as ps__shard_agg_replica) is applied at once. */
+  if (!ps__table_aggregates(t) || p->replica) return ps__shard_apply_direct(sh, t, p, body, v);
   /* Buffered: rows carry one more float, the row's weight sum. */
   if (!t->agg && !(t->agg = ps__rowmap_new((size_t)sp->width + 1)))
     return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
@@ -60,6 +67,36 @@ int ps__async_push(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *bo
     sh->hooks.arm_flush(sh->hooks.arg, t, sp->agg_ms);
     t->agg_armed = 1;
   }
+  return PS__APPLIED;
+}
+
+int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
+                          int per_row, float lr, double gb, uint64_t step, const ps__push_id *ids, uint32_t nids,
+                          ps__verdict *v) {
+  v->status = PS__APPLIED;
+  v->later = v->dup = 0;
+  if (!ps__table_aggregates(t))
+    return ps__shard_reject(sh, t, v, PS_ERR_INVALID, "table '%s' does not aggregate pushes", t->decl.name);
+  size_t w = (size_t)t->spec.width + 1;
+  if (!t->agg_rep && !(t->agg_rep = ps__rowmap_new(w))) return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+  for (uint32_t i = 0; i < n; i++) {
+    int created;
+    float *r = ps__rowmap_upsert(t->agg_rep, ps__get_u64(keys + 8 * (size_t)i), &created);
+    if (!r) {
+      ps__rowmap_clear(t->agg_rep);
+      return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+    }
+    for (size_t j = 0; j < w; j++) r[j] += rows[(size_t)i * w + j]; /* a key twice: combined */
+  }
+  sh->replay_step = step;
+  ps__shard_apply_acc(t, t->agg_rep, 1.0, per_row, lr, gb);
+  sh->replay_step = 0;
+  ps__rowmap_clear(t->agg_rep);
+  for (uint32_t i = 0; i < nids; i++) {
+    ps__once *o = ps__once_get(&sh->once, ids[i].worker);
+    if (o && ps__once_check(o, ids[i].inc, ids[i].seq) == PS__ONCE_NEW) ps__once_mark(o, ids[i].inc, ids[i].seq);
+  }
+  t->pushes += nids;
   return PS__APPLIED;
 }
 

@@ -38,6 +38,8 @@ static void table_free(ps__shard *sh, ps__table *t) {
   ps__rowmap_free(t->params);
   free(t->dirty);
   ps__rowmap_free(t->agg);
+  ps__rowmap_free(t->agg_rep);
+  ps__rowmap_free(t->round_rep);
   for (int i = 0; i < PS__ROUND_WINDOW; i++) {
     ps__rowmap_free(t->rounds[i].acc);
     free(t->rounds[i].pushers);
@@ -129,6 +131,7 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
   t->decl = *d;
   for (int i = 0; i < PS__ROUND_WINDOW; i++) t->rounds[i].round = -1;
   t->cut_at = -1;
+  t->durable = INT64_MAX;
   /* A table created after the job ran starts at the current round. */
   int64_t minc, maxc;
   ps__shard_live_clocks(sh, &minc, &maxc);
@@ -390,6 +393,13 @@ static int push_nonfinite(ps__shard *sh, ps__table *t, const ps__push *p, ps__ve
 /* The checks every push passes before it changes anything: its identity, its values
  * (finite), the batch of a mean-mode table, the sender, and the clock against the
  * table's mode. */
+int ps__shard_push_identity(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v) {
+  v->status = PS__APPLIED;
+  v->later = v->dup = 0;
+  if (p->inc && !push_window(sh, t, p, v)) return v->status;
+  return PS__APPLIED;
+}
+
 static ps__table *push_admit(ps__shard *sh, const ps__push *p, ps__verdict *v) {
   ps__table *t = ps__shard_table(sh, p->table);
   v->status = PS__APPLIED;

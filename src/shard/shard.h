@@ -127,6 +127,13 @@ struct ps__table {
                          * still waited for others (ps__now_ms); 0: no worker waits */
   /* async and ssp: buffered pushes (server-side aggregation) */
   ps__rowmap *agg;      /* key -> sum of weighted gradients (width floats) + weight sum (1 float) */
+  ps__rowmap *agg_rep;  /* a buffer forwarded by the chain's head, while it is applied here */
+  ps__rowmap *round_rep; /* a sync round forwarded by the chain's head, while it is applied here */
+  /* sync under replication (the owner's): rounds before `durable` are on every copy (a
+   * pull waits for them too; INT64_MAX: no limit), and while `hold` is set no round is
+   * applied and no pull answered (a failover's catch-up) */
+  int64_t durable;
+  int hold;
   uint32_t agg_count;
   double agg_batch;     /* sum of the buffered pushes' batches */
   float agg_lr;
@@ -186,6 +193,18 @@ typedef struct ps__shard_hooks {
   /* A sync table reached the clock of the cut asked for with ps__shard_cut_at: take its
    * snapshot now (ps__shard_snap), before the next round changes it. */
   void (*cut)(void *arg, ps__table *t);
+  /* An aggregation buffer of t was applied (replication forwards it down the chains):
+   * its rows (width + 1 floats: the weighted sums, then the weight sum), per_row (each
+   * row is divided by its weight sum), and the rate, global batch and step it was
+   * applied with. Called before the buffer is cleared. */
+  void (*agg_applied)(void *arg, ps__table *t, const ps__rowmap *agg, int per_row, float lr, double gb,
+                      uint64_t step);
+  /* Sync round `round` of t was applied (replication forwards it down the chains): acc
+   * its rows as applied (NULL: this server had none), which a copy applies with
+   * ps__shard_apply_round_at and the same lr, denom and batch. Called for every round
+   * the version passes, with or without rows, before the accumulator is cleared. */
+  void (*round_applied)(void *arg, ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom,
+                        double batch);
 } ps__shard_hooks;
 
 /* The consistency model of a table (one per ps__mode_kind). */
@@ -440,8 +459,13 @@ int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr
 void ps__shard_stale(uint64_t *hist, int64_t *max, int64_t v);
 int ps__shard_reject(ps__shard *sh, ps__table *t, ps__verdict *v, int err, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
-/* Apply a whole accumulator as one step; per_row_denom: each row's last float is its denominator. */
+/* Apply a whole accumulator as one step; per_row_denom: each row's last float is its
+ * denominator. Rows other than sgd's are divided in place (sgd scales its rate instead),
+ * so afterwards the accumulator holds what was applied: see ps__shard_acc_divided. */
 void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr, double global_batch);
+/* After ps__shard_apply_acc with per-row denominators, are t's accumulator rows already
+ * divided by them (applying them again takes denominator 1)? */
+static inline int ps__shard_acc_divided(const ps__table *t) { return t->spec.opt.kind != PS__OPT_SGD; }
 /* Accumulate p's gradients, weighted, into acc (count_weight: rows carry their weight sum). */
 int ps__shard_accumulate(ps__table *t, ps__rowmap *acc, const ps__push *p, float weight, int count_weight);
 /* async.c's admission and push path, shared with ssp.c. */
@@ -449,6 +473,35 @@ int ps__async_admit(ps__shard *sh, ps__table *t, ps__worker *w, const ps__push *
 int ps__async_push(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v);
 /* A sync push's round accumulator, with its pusher and rate recorded (sync.c). */
 ps__rowmap *ps__sync_round_acc(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v);
+/* A push combined into an aggregation buffer, as its identity travels with the buffer. */
+typedef struct ps__push_id {
+  uint32_t worker, seq;
+  uint64_t inc;
+} ps__push_id;
+/* Apply an aggregation buffer as its chain's head applied it (replication): n rows of
+ * width + 1 floats under keys (little-endian u64: row ids, or slices of a dense table),
+ * with the head's rate, global batch and step, as ps__shard_agg_flush did there; then
+ * record the pushes it combined (ids) in their windows, so a copy of one of them sent
+ * here later is answered as applied. PS__APPLIED, or REJECTED (out of memory, or t is a
+ * table without aggregation). */
+int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
+                          int per_row, float lr, double gb, uint64_t step, const ps__push_id *ids, uint32_t nids,
+                          ps__verdict *v);
+/* Apply acc as sync round `round` of t (its step, round + 1; lr < 0: the schedule's at
+ * that step for batch): the same call on every copy of the rows gives the same result. */
+void ps__shard_apply_round_at(ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom, double batch);
+/* Apply n rows of width floats under keys (little-endian u64) as sync round `round`, as
+ * its chain's head applied them (ps__shard_apply_round_at). PS__APPLIED or REJECTED. */
+int ps__shard_round_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
+                            int64_t round, float lr, double denom, double batch, ps__verdict *v);
+/* The identity check of push p alone (shard/once.h): PS__APPLIED (new: after applying it
+ * elsewhere, record it with ps__shard_push_done), APPLIED with v->dup, or REJECTED. */
+int ps__shard_push_identity(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v);
+/* Does t buffer pushes (async or ssp with agg_n > 1 or agg_ms)? */
+static inline int ps__table_aggregates(const ps__table *t) {
+  return !(t->spec.mode == PS__MODE_SYNC || t->spec.mode == PS__MODE_SYNC_M) &&
+         !(t->spec.agg_n == 1 || (t->spec.agg_n == 0 && t->spec.agg_ms == 0));
+}
 /* Apply a push on its own, at once (async and ssp without aggregation). */
 int ps__shard_apply_direct(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v);
 /* The global batch of a push applied on its own: its batch times the live workers. */

@@ -126,6 +126,7 @@ static size_t round_past(const ps__shard *sh, const ps__table *t, size_t alive, 
 }
 
 static void sync_advance(ps__shard *sh, ps__table *t) {
+  if (t->hold) return;
   int64_t minc, maxc;
   size_t alive = ps__shard_live_clocks(sh, &minc, &maxc);
   if (alive == 0) {
@@ -145,10 +146,18 @@ static void sync_advance(ps__shard *sh, ps__table *t) {
     ps__round *r = &t->rounds[t->version % PS__ROUND_WINDOW];
     void *token = NULL;
     int have = r->round == t->version;
+    double batch = have ? r->batch_sum / (double)every : 0, denom = t->spec.update == PS__UPDATE_MEAN ? batch : 1.0;
     if (have) {
+      uint64_t applied = t->applied;
       if (!sh->hooks.round_apply || !sh->hooks.round_apply(sh->hooks.arg, t, r, &token)) apply_round(t, r);
+      /* rows divided in place by the denominator (ps__shard_acc_divided) take none again */
+      if (sh->hooks.round_applied)
+        sh->hooks.round_applied(sh->hooks.arg, t, t->applied != applied ? r->acc : NULL, t->version, t->last_lr,
+                                ps__shard_acc_divided(t) ? 1.0 : denom, batch);
       r->round = -1;
       ps__rowmap_clear(r->acc);
+    } else if (sh->hooks.round_applied) {
+      sh->hooks.round_applied(sh->hooks.arg, t, NULL, t->version, 0, 1.0, 0);
     }
     t->version++;
     if (have && sh->hooks.round_done) sh->hooks.round_done(sh->hooks.arg, t, token);
@@ -161,7 +170,8 @@ static void sync_advance(ps__shard *sh, ps__table *t) {
 
 static int sync_pull_ready(ps__shard *sh, ps__table *t, int64_t c) {
   (void)sh;
-  return t->version >= c / (int64_t)t->spec.every;
+  int64_t need = c / (int64_t)t->spec.every;
+  return t->version >= need && t->durable >= need && !t->hold;
 }
 
 size_t ps__sync_laggards(ps__shard *sh, uint64_t now_ms, uint64_t min_ms, ps__stall *out, size_t cap) {

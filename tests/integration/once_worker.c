@@ -4,8 +4,9 @@
  * the exactly-once tests (test_once.py).
  *
  * One sparse table "count" (dim 1, sgd with lr 1, update=sum, zero init, the mode of
- * --mode) and keys 1..--keys (spread over the servers by the ring). Each push sends
- * the gradient -1 for every key. In sync mode each push is followed by ps_clock and a
+ * --mode, and the options of --opts) and keys 1..--keys (spread over the servers by the
+ * ring); with --dense, a dense table "count" of --keys floats in slices of 2 instead
+ * (spread over the servers by runs). Each push sends the gradient -1 for every key. In sync mode each push is followed by ps_clock and a
  * pull (which waits for the round). After
  * --pushes pushes (rc printed for each that failed), a barrier, then a pull of every
  * key. Output, one line each:
@@ -31,9 +32,14 @@ static double now_ms(void) {
 }
 
 int main(int argc, char **argv) {
-  const char *mode = "async";
-  int pushes = 10, nkeys = 8, sleep_ms = 0;
+  const char *mode = "async", *extra = "";
+  int pushes = 10, nkeys = 8, sleep_ms = 0, dense = 0;
   for (int i = 1; i < argc; i += 2) {
+    if (!strcmp(argv[i], "--dense")) {
+      dense = 1;
+      i--;
+      continue;
+    }
     if (i + 1 >= argc) {
       fprintf(stderr, "once_worker: %s needs a value\n", argv[i]);
       return 2;
@@ -42,6 +48,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--pushes")) pushes = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--keys")) nkeys = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--opts")) extra = argv[i + 1];
     else {
       fprintf(stderr, "once_worker: unknown option %s\n", argv[i]);
       return 2;
@@ -58,10 +65,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "once_worker: ps_ctx_open_env: %s: %s\n", ps_err_name(rc), ps_errmsg());
     return 1;
   }
-  char opts[128];
+  char opts[384];
   uint32_t t;
-  snprintf(opts, sizeof opts, "opt=sgd lr=1 init=zero update=sum mode=%s", mode);
-  if ((rc = ps_table_declare(ctx, "count", PS_SPARSE, 1, opts, &t))) {
+  snprintf(opts, sizeof opts, "opt=sgd lr=1 init=zero update=sum mode=%s%s%s", mode, dense ? " slice=2 " : " ", extra);
+  if ((rc = ps_table_declare(ctx, "count", dense ? PS_DENSE : PS_SPARSE, dense ? (uint64_t)nkeys : 1, opts, &t))) {
     fprintf(stderr, "once_worker: ps_table_declare: %s: %s\n", ps_err_name(rc), ps_errmsg());
     ps_ctx_close(ctx);
     return 1;
@@ -72,13 +79,15 @@ int main(int argc, char **argv) {
   int acked = 0;
   for (int i = 0; i < pushes; i++) {
     double t0 = now_ms();
-    rc = ps_push(ctx, t, keys, (size_t)nkeys, grads, 1, PS_LR_SCHEDULE, -1);
+    rc = dense ? ps_push_range(ctx, t, 0, (uint64_t)nkeys, grads, 1, PS_LR_SCHEDULE, -1)
+               : ps_push(ctx, t, keys, (size_t)nkeys, grads, 1, PS_LR_SCHEDULE, -1);
     if (rc == 0) acked++;
     else printf("push %d rc=%s ms=%.0f msg=%s\n", i, ps_err_name(rc), now_ms() - t0, ps_errmsg());
     /* BSP: the pull of the next clock waits for this round, so no worker runs ahead of
      * the rounds the servers hold (8). */
     if (sync && (rc = ps_clock(ctx))) printf("clock %d rc=%s msg=%s\n", i, ps_err_name(rc), ps_errmsg());
-    if (sync && !rc && (rc = ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1)))
+    if (sync && !rc &&
+        (rc = dense ? ps_pull_range(ctx, t, 0, (uint64_t)nkeys, vals, -1) : ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1)))
       printf("pull %d rc=%s msg=%s\n", i, ps_err_name(rc), ps_errmsg());
     if (sleep_ms) {
       struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
@@ -88,7 +97,8 @@ int main(int argc, char **argv) {
   }
   printf("acked %d\n", acked);
   fflush(stdout);
-  if ((rc = ps_barrier(ctx, -1)) || (rc = ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1))) {
+  if ((rc = ps_barrier(ctx, -1)) ||
+      (rc = dense ? ps_pull_range(ctx, t, 0, (uint64_t)nkeys, vals, -1) : ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1))) {
     fprintf(stderr, "once_worker: final barrier or pull: %s: %s\n", ps_err_name(rc), ps_errmsg());
     ps_ctx_close(ctx);
     return 1;

@@ -11,16 +11,24 @@ the workers saw acknowledged.
    (it fences itself, and forwards of its old epoch are refused): counts are exact.
 3. Forwards dropped or duplicated by fault injection: nothing lost, nothing applied twice.
 4. R > S is refused with a clear error.
+5. Tables that aggregate pushes (agg_n, agg_ms), sparse and dense: each applied buffer
+   is forwarded, not each push (fewer forwards than pushes), a push is acknowledged
+   once its buffer reached the tail, and a server SIGKILLed mid-run, or forwards of
+   buffers dropped and duplicated, lose and double nothing.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
+import pytest
 import re
 import signal
 import subprocess
 import time
 
 from cluster import Cluster, binary
-from test_once import KEYS, RUN, SCALE, outcome, server_stat
+from test_once import KEYS, RUN, SCALE, outcome, server_port, server_stat, stats
+
+
+AGG = ["--opts", "agg_n=4 agg_ms=25"]  # tables that aggregate pushes (once_worker --opts)
 
 
 def counted(c, workers, pushes):
@@ -36,9 +44,9 @@ def counted(c, workers, pushes):
     return total
 
 
-def start_workers(c, workers, pushes, sleep_ms):
+def start_workers(c, workers, pushes, sleep_ms, extra=()):
     return [c.worker([binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", str(KEYS),
-                      "--sleep-ms", str(sleep_ms)], f"w{i}") for i in range(workers)]
+                      "--sleep-ms", str(sleep_ms)] + list(extra), f"w{i}") for i in range(workers)]
 
 
 def test_a_server_killed_mid_run_loses_no_acknowledged_push():
@@ -55,10 +63,11 @@ def test_a_server_killed_mid_run_loses_no_acknowledged_push():
         assert sum(server_stat(c, i, "forwards") for i in (0, 2)) > 0
 
 
-def test_a_head_stopped_past_the_heartbeat_timeout_applies_nothing_afterwards():
+@pytest.mark.parametrize("extra", [[], AGG], ids=["each-push", "aggregated"])
+def test_a_head_stopped_past_the_heartbeat_timeout_applies_nothing_afterwards(extra):
     hbt = int(1000 * SCALE)
     with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=hbt, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
-        ps = start_workers(c, 2, 150, 10)
+        ps = start_workers(c, 2, 150, 10, extra)
         time.sleep(0.6)
         victim = c.server_procs[0]
         os.kill(victim.pid, signal.SIGSTOP)
@@ -167,3 +176,49 @@ def test_a_checkpoint_after_a_failover_holds_every_range(tmp_path):
     again = ckpt_run(tmp, "restored-r2", 3, more, replicas=2, env={"PSHARD_RESTORE": ckpt}, kill_after=0.4,
                      step_ms=400)
     assert again == ref_more
+
+
+
+def forwards(c, alive):
+    return sum(server_stat(c, i, "forwards") for i in alive)
+
+
+@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
+def test_aggregated_buffers_are_forwarded_and_survive_a_server_kill(dense):
+    extra = AGG + (["--dense"] if dense else [])
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 150, 10, extra)
+        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        assert all(p.poll() is None for p in ps), "the workers finished before the kill"
+        os.killpg(c.server_procs[1].pid, signal.SIGKILL)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
+        counted(c, 2, 150)
+        assert "removed" in c.log("scheduler")
+        assert forwards(c, (0, 2)) > 0
+
+
+def test_an_aggregated_buffer_is_one_forward_not_one_per_push():
+    # Four workers push every key 40 times; a head answers a buffer's pushes only once
+    # the buffer reached the tail, so the workers' next pushes arrive together and fill
+    # the next buffer of 4 by count. Each head forwards one frame per buffer: about a
+    # quarter of the pushes it took. The table's push count sums the pushes the heads
+    # took and the identities the tails recorded (twice the pushes, under R = 2).
+    with Cluster(3, 4, replicas=2) as c:
+        ps = start_workers(c, 4, 40, 0, ["--opts", "agg_n=4 agg_ms=100"])
+        assert c.wait(ps, RUN) == [0] * 4, "".join(c.log(f"w{i}") for i in range(4))
+        counted(c, 4, 40)
+        taken = sum(int(re.search(r"^table \d+ name=count .*? pushes=(\d+)", stats(server_port(c, i)), re.M).group(1))
+                    for i in range(3))
+        sent = forwards(c, range(3))
+        assert 0 < sent and sent * 4 <= taken, (sent, taken)
+
+
+def test_dropped_and_duplicated_buffer_forwards_lose_nothing_and_apply_nothing_twice():
+    env = {"PSHARD_FAULT": "drop:type=forward-agg:every=5:dir=out:node=server;dup:type=forward-agg:every=3:node=server",
+           "PSHARD_RETRY_MS": "150"}
+    with Cluster(3, 2, replicas=2, extra_env=env) as c:
+        ps = start_workers(c, 2, 40, 0, AGG)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 40)
+        logs = "".join(c.log(f"server{i}") for i in range(3))
+        assert "dropped sent forward-agg frame" in logs and "duplicated received forward-agg frame" in logs, logs[-3000:]

@@ -1115,3 +1115,109 @@ Test(shard, past_the_memory_budget_only_requests_for_new_rows_are_refused) {
   ps__shard_drop(SH, 1);
   cr_assert(lt(u64, SH->mem_used, before - 200 * 1024));
 }
+
+/* ---------------------------------------------------------------- replication after aggregation */
+
+/* The agg_applied hook of a head: each applied buffer, as it would be forwarded. */
+typedef struct agg_copy {
+  uint8_t keys[8 * 16];
+  float rows[16 * 8];
+  uint32_t n;
+  int per_row;
+  float lr;
+  double gb;
+  uint64_t step;
+} agg_copy;
+static agg_copy AGG[64];
+static int naggs;
+static void t_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per_row, float lr, double gb,
+                          uint64_t step) {
+  (void)arg;
+  cr_assert(lt(int, naggs, 64));
+  agg_copy *a = &AGG[naggs++];
+  size_t w = (size_t)t->spec.width + 1;
+  a->n = (uint32_t)ps__rowmap_count(agg);
+  cr_assert(le(u32, a->n, 16));
+  cr_assert(le(sz, w * a->n, 16 * 8));
+  for (uint32_t i = 0; i < a->n; i++) {
+    put_keys(a->keys + 8 * i, (uint64_t[]){ps__rowmap_key_at(agg, i)}, 1);
+    memcpy(a->rows + i * w, ps__rowmap_row_at(agg, i), 4 * w);
+  }
+  a->per_row = per_row, a->lr = lr, a->gb = gb, a->step = step;
+}
+
+/* The head is SH with the hook; the copy a second engine. In mean mode with a schedule
+ * (warm-up), the rate, the global batch, the step and the per-row weights must all
+ * travel for the copy to come out equal. */
+static void copy_equals_head(const char *opts) {
+  ps__shard_hooks h = {.alloc = t_alloc, .release = t_release, .agg_applied = t_agg_applied};
+  ps__shard_snap_release(SH, &CUT);
+  ps__shard_free(SH);
+  SH = ps__shard_new(&h);
+  ps__shard *copy = ps__shard_new(&(ps__shard_hooks){.alloc = t_alloc, .release = t_release});
+  cr_assert(SH && copy);
+  ps__table *t = create(1, PS_SPARSE, 3, opts);
+  ps__declare d = {.id = 1, .kind = PS_SPARSE, .size = 3};
+  snprintf(d.name, sizeof d.name, "t1");
+  snprintf(d.options, sizeof d.options, "%s", opts);
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_create(copy, &d, &v), PS__APPLIED));
+  ps__table *ct = ps__shard_table(copy, 1);
+  start(3);
+  naggs = 0;
+  uint32_t seq = 0;
+  for (int i = 0; i < 30; i++) {
+    uint64_t keys[2] = {(uint64_t)(i % 5), (uint64_t)(7 + i % 3)};
+    uint8_t kb[16];
+    put_keys(kb, keys, 2);
+    float g[6];
+    for (int j = 0; j < 6; j++) g[j] = (float)((i * 7 + j * 3) % 11) / 7.0f - 0.6f;
+    ps__push p = {.table = 1, .sender = 1 + (uint32_t)(i % 3), .batch = 4 + (uint32_t)(i % 5), .clock = 0,
+                  .lr = -1.0f, .keys = kb, .nkeys = 2, .vals = g, .nvals = 6, .inc = 9, .seq = ++seq};
+    cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED), "%s", v.msg);
+  }
+  cr_assert(eq(int, naggs, 10), "one buffer per 3 pushes");
+  for (int i = 0; i < naggs; i++) {
+    /* every push identity of the buffer (3 per buffer, in order) */
+    ps__push_id ids[3];
+    for (int j = 0; j < 3; j++) ids[j] = (ps__push_id){.worker = 1 + (uint32_t)((3 * i + j) % 3), .seq = (uint32_t)(3 * i + j + 1), .inc = 9};
+    cr_assert(eq(int,
+                 ps__shard_agg_replica(copy, ct, AGG[i].keys, AGG[i].rows, AGG[i].n, AGG[i].per_row, AGG[i].lr,
+                                       AGG[i].gb, AGG[i].step, ids, 3, &v),
+                 PS__APPLIED), "%s", v.msg);
+  }
+  cr_assert(eq(u64, ct->step, t->step));
+  cr_assert(eq(sz, ps__rowmap_count(ct->params), ps__rowmap_count(t->params)));
+  size_t rf = ps__spec_row_floats(&t->spec);
+  for (size_t i = 0; i < ps__rowmap_count(t->params); i++) {
+    uint64_t key = ps__rowmap_key_at(t->params, i);
+    float *a = ps__rowmap_get(t->params, key), *b = ps__rowmap_get(ct->params, key);
+    cr_assert(b != NULL, "row %llu on the copy", (unsigned long long)key);
+    cr_assert(eq(int, memcmp(a, b, 4 * rf), 0), "row %llu differs", (unsigned long long)key);
+  }
+  /* A push the buffers combined, sent again to the copy on its own, is a duplicate. */
+  uint8_t kb[8];
+  put_keys(kb, (uint64_t[]){0}, 1);
+  float g[3] = {1, 1, 1};
+  ps__push p = {.table = 1, .sender = 2, .batch = 1, .lr = -1.0f, .keys = kb, .nkeys = 1, .vals = g, .nvals = 3,
+                .inc = 9, .seq = 5, .replica = 1};
+  cr_assert(eq(int, ps__shard_push(copy, &p, NULL, &v), PS__APPLIED));
+  cr_assert(v.dup, "answered from the window");
+  float *row0 = ps__rowmap_get(ct->params, 0);
+  cr_assert(eq(int, memcmp(row0, ps__rowmap_get(t->params, 0), 4 * rf), 0), "nothing applied");
+  /* A table without aggregation refuses a buffer. */
+  cr_assert(eq(int, ps__shard_create(copy, &(ps__declare){.id = 2, .kind = PS_SPARSE, .size = 1, .name = "t2"}, &v),
+               PS__APPLIED));
+  cr_assert(eq(int, ps__shard_agg_replica(copy, ps__shard_table(copy, 2), AGG[0].keys, AGG[0].rows, 0, 0, 0.1f, 1.0,
+                                          1, NULL, 0, &v),
+               PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_INVALID));
+  ps__shard_free(copy);
+}
+
+Test(shard, a_buffer_applied_on_a_copy_gives_the_same_rows_and_optimiser_state_bit_for_bit) {
+  /* Adam divides its rows by their weights in place; sgd scales its rate instead. */
+  copy_equals_head("opt=adam lr=0.1 warmup=5 init=uniform:0.5 seed=3 mode=async agg_n=3");
+  copy_equals_head("opt=sgd lr=0.1 warmup=5 init=uniform:0.5 seed=3 mode=ssp:4 agg_n=3");
+  copy_equals_head("opt=adagrad lr=0.1 update=sum init=uniform:0.5 seed=3 mode=async agg_n=3");
+}

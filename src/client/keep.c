@@ -1,0 +1,185 @@
+/*
+ * keep.c - a worker's copies of its pushes to replicated sync tables, until every copy
+ * of their keys holds their round.
+ *
+ * Under R >= 2 the head of a chain answers a sync push once it is in the round's
+ * accumulator, and forwards the round only when it is applied (server/repl_sync.c).
+ * Until then the head holds the only copy of the round's pushes, besides the workers.
+ * So each worker keeps a copy of every push it sent to a sync table (its frame: header
+ * and body) until a server's answer says the push's round is on every copy: a push
+ * answer's clock is the clock before which every round of the table is on every copy
+ * there, and a pull answered at clock c says the same of the rounds before c's.
+ *
+ * When a server dies, the pushes kept for it are sent again to their chains' new heads,
+ * with their identities, and every live server is told, in a REPLAYED frame, which
+ * pushes to the dead server this worker had not seen reach every copy (those kept, and
+ * those in flight): the new heads wait for them to rebuild the rounds the dead server
+ * had not handed on. Everything here runs on the loop thread.
+ */
+#include <string.h>
+
+#include "client/client_int.h"
+
+struct kept {
+  kept *next;
+  uint32_t server;   /* the server that answered it */
+  uint32_t every;    /* the table's clocks per round */
+  ps__frame_hdr hdr; /* as sent: type, table, batch, clock, nkeys, lr, identity */
+  uint32_t chain[PS_MAX_REPLICAS];
+  unsigned nchain;
+  uint8_t *body;
+  size_t len;
+};
+
+#define KEEP_MAX_BYTES ((size_t)1 << 30) /* beyond this, the oldest copies are let go (logged) */
+
+static void keep_drop(ps_ctx *ctx, kept **pp) {
+  kept *k = *pp;
+  *pp = k->next;
+  ctx->kept_bytes -= k->len;
+  free(k->body);
+  free(k);
+}
+
+/* Let go of the copies of table's pushes answered by server whose round is before
+ * `round_clock` (a clock; rounds before its round are on every copy). */
+static void keep_release(ps_ctx *ctx, uint32_t server, uint32_t table, int64_t clock) {
+  for (kept **pp = &ctx->kept; *pp;) {
+    kept *k = *pp;
+    int64_t e = k->every ? (int64_t)k->every : 1;
+    if (k->server == server && k->hdr.table == table && k->hdr.clock / e < clock / e)
+      keep_drop(ctx, pp);
+    else
+      pp = &k->next;
+  }
+}
+
+void ps__keep_push(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
+  if (!p->keep) return;
+  ctx->any_keep = 1;
+  if (!(h->flags & PS_FLAG_DROPPED)) {
+    size_t len = 0;
+    for (unsigned i = 0; i < p->nsend; i++) len += p->send[i].len;
+    kept *k = ps__calloc(1, sizeof *k);
+    uint8_t *body = k ? ps__malloc(len ? len : 1) : NULL;
+    if (!body) {
+      free(k);
+      ps__log(PS_LOG_WARN, "out of memory keeping a copy of a push: a failover may miss it");
+    } else {
+      size_t o = 0;
+      for (unsigned i = 0; i < p->nsend; i++) memcpy(body + o, p->send[i].base, p->send[i].len), o += p->send[i].len;
+      k->server = p->target;
+      k->every = p->keep;
+      k->hdr = p->hdr;
+      memcpy(k->chain, p->chain, sizeof k->chain);
+      k->nchain = p->nchain;
+      k->body = body;
+      k->len = len;
+      k->next = ctx->kept;
+      ctx->kept = k;
+      ctx->kept_bytes += len;
+      while (ctx->kept_bytes > KEEP_MAX_BYTES && ctx->kept) {
+        kept **pp = &ctx->kept;
+        while ((*pp)->next) pp = &(*pp)->next; /* the oldest */
+        ps__log(PS_LOG_WARN, "more than %zu MiB of pushes kept for a failover: letting the oldest go",
+                KEEP_MAX_BYTES >> 20);
+        keep_drop(ctx, pp);
+      }
+    }
+  }
+  keep_release(ctx, p->target, p->hdr.table, h->clock);
+}
+
+void ps__keep_pull(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
+  if (p->keep) keep_release(ctx, p->target, p->hdr.table, h->clock);
+}
+
+/* Send a kept push again, as a request nobody waits for, to its chain's head. */
+static void keep_resend(ps_ctx *ctx, kept *k) {
+  ps_req *r = ps__calloc(1, sizeof *r);
+  if (r) {
+    r->parts = ps__calloc(1, sizeof *r->parts);
+    r->bufs = ps__calloc(1, sizeof *r->bufs);
+  }
+  if (!r || !r->parts || !r->bufs) {
+    if (r) free(r->parts), free(r->bufs);
+    free(r);
+    free(k->body);
+    ps__log(PS_LOG_WARN, "out of memory sending a push again after a failover");
+    return;
+  }
+  r->ctx = ctx;
+  r->nparts = r->remaining = 1;
+  r->kind = 1;
+  pthread_mutex_init(&r->mu, NULL);
+  pthread_cond_init(&r->cv, NULL);
+  r->canceled = 2; /* detached: freed by the loop when done */
+  r->own_keys = k->body; /* taken */
+  r->bufs[0] = uv_buf_init((char *)k->body, (unsigned)k->len);
+  part *p = &r->parts[0];
+  p->req = r;
+  p->hdr = k->hdr;
+  p->hdr.req_id = __atomic_add_fetch(&ctx->next_req_id, 1, __ATOMIC_RELAXED);
+  p->target = k->chain[0];
+  memcpy(p->chain, k->chain, sizeof p->chain);
+  p->nchain = k->nchain;
+  p->keep = k->every;
+  p->send = r->bufs;
+  p->nsend = 1;
+  p->deadline_ms = ps__now_ms() + ctx->timeout_ms;
+  ps__part_submit(ctx, p);
+}
+
+static void put_entry(uint8_t *q, const ps__frame_hdr *h, const uint32_t *chain, unsigned nchain) {
+  memset(q, 0, PS_REPLAYED_ENTRY);
+  ps__put_u32(q, h->table);
+  ps__put_u32(q + 4, h->batch);
+  ps__put_u64(q + 8, (uint64_t)h->clock);
+  ps__put_u64(q + 16, h->inc);
+  ps__put_u32(q + 24, h->seq);
+  ps__put_u32(q + 28, nchain);
+  for (unsigned i = 0; i < nchain && i < PS_MAX_REPLICAS; i++) ps__put_u32(q + 32 + 4 * i, chain[i]);
+}
+
+void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmoving) {
+  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) < 2) return;
+  size_t n = 0;
+  for (kept *k = ctx->kept; k; k = k->next) n += k->server == dead;
+  for (size_t i = 0; i < nmoving; i++) n += moving[i]->keep != 0;
+  if (!n && !ctx->any_keep) return; /* this worker never pushed to a replicated sync table */
+  size_t len = 8 + n * PS_REPLAYED_ENTRY;
+  uint8_t *body = ps__malloc(len);
+  if (!body) {
+    ps__log(PS_LOG_WARN, "out of memory telling the servers which pushes to server %u to wait for", dead);
+    return;
+  }
+  ps__put_u32(body, dead);
+  ps__put_u32(body + 4, (uint32_t)n);
+  size_t e = 0;
+  for (size_t i = 0; i < nmoving; i++)
+    if (moving[i]->keep) put_entry(body + 8 + PS_REPLAYED_ENTRY * e++, &moving[i]->hdr, moving[i]->chain, moving[i]->nchain);
+  size_t resent = 0;
+  for (kept **pp = &ctx->kept; *pp;) {
+    kept *k = *pp;
+    if (k->server != dead) {
+      pp = &k->next;
+      continue;
+    }
+    put_entry(body + 8 + PS_REPLAYED_ENTRY * e++, &k->hdr, k->chain, k->nchain);
+    *pp = k->next;
+    ctx->kept_bytes -= k->len;
+    keep_resend(ctx, k); /* takes k->body */
+    free(k);
+    resent++;
+  }
+  if (resent) ps__log(PS_LOG_INFO, "server %u left the job; sending %zu push%s of unfinished rounds again", dead, resent,
+                      resent == 1 ? "" : "es");
+  /* to every live server: the new heads of the dead server's chains wait for it */
+  ps__frame_hdr h = {.type = PS_MSG_REPLAYED, .sender = ctx->id};
+  ps__fire_servers(ctx, &h, body, len);
+  free(body);
+}
+
+void ps__keep_free(ps_ctx *ctx) {
+  while (ctx->kept) keep_drop(ctx, &ctx->kept);
+}

@@ -1,0 +1,86 @@
+/*
+ * repl_sync_worker.c - a sync training loop whose model says, bit for bit, whether a
+ * run was disturbed: for the replicated sync tests (test_repl_sync.py).
+ *
+ * Two tables, mode sync (or --mode): a dense "w" of 48 floats in slices of 4 (Adam) and
+ * a sparse "e" of dim 4 (Adagrad), every key of which every worker touches each round,
+ * so every server takes part in every round. Each round: pull both, a gradient that
+ * depends on the values pulled, the worker's rank and the round (so any difference
+ * carries on), push both with batch 8 + rank, clock. After --rounds rounds: a barrier,
+ * a pull of both, and one line per table with every value in hex ("%a"):
+ *   model w 0x1.8p-3,...
+ *   model e ...
+ * A failed call prints "fail ROUND CALL rc=NAME msg=..." and the worker exits 1.
+ * Exit status 0 when the script ran, 2 bad usage. Connection settings from PSHARD_*.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "pshard.h"
+
+#define NW 48
+#define NK 40
+#define DIM 4
+
+static int fail(int round, const char *call, int rc) {
+  printf("fail %d %s rc=%s msg=%s\n", round, call, ps_err_name(rc), ps_errmsg());
+  fflush(stdout);
+  return 1;
+}
+
+int main(int argc, char **argv) {
+  int rounds = 20, sleep_ms = 0;
+  const char *mode = "sync";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
+    else {
+      fprintf(stderr, "repl_sync_worker: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  if (argc % 2 == 0 || rounds < 1) {
+    fprintf(stderr, "usage: repl_sync_worker [--rounds N] [--sleep-ms MS] [--mode MODE]\n");
+    return 2;
+  }
+  ps_ctx *ctx;
+  int rc = ps_ctx_open_env(&ctx);
+  if (rc) return fail(-1, "open", rc);
+  char ow[160], oe[160];
+  snprintf(ow, sizeof ow, "opt=adam lr=0.05 init=uniform:0.3 seed=7 slice=4 mode=%s", mode);
+  snprintf(oe, sizeof oe, "opt=adagrad lr=0.1 init=uniform:0.2 seed=5 mode=%s", mode);
+  uint32_t tw, te;
+  if ((rc = ps_table_declare(ctx, "w", PS_DENSE, NW, ow, &tw))) return fail(-1, "declare w", rc);
+  if ((rc = ps_table_declare(ctx, "e", PS_SPARSE, DIM, oe, &te))) return fail(-1, "declare e", rc);
+  int rank = ps_ctx_rank(ctx);
+  uint64_t keys[NK];
+  for (int k = 0; k < NK; k++) keys[k] = (uint64_t)k * 7919u + 1;
+  float w[NW], gw[NW], e[NK * DIM], ge[NK * DIM];
+  for (int c = 0; c < rounds; c++) {
+    if ((rc = ps_pull_range(ctx, tw, 0, NW, w, -1))) return fail(c, "pull w", rc);
+    if ((rc = ps_pull(ctx, te, keys, NK, e, -1))) return fail(c, "pull e", rc);
+    for (int i = 0; i < NW; i++) gw[i] = (w[i] - 0.1f * (float)(i % 5)) * (1.0f + 0.25f * (float)rank) + 0.01f * sinf((float)(c + i));
+    for (int i = 0; i < NK * DIM; i++) ge[i] = e[i] * 0.5f - 0.02f * (float)((i + c + rank) % 7);
+    if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
+    if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
+    if ((rc = ps_clock(ctx))) return fail(c, "clock", rc);
+    if (sleep_ms) {
+      struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+  }
+  if ((rc = ps_barrier(ctx, -1))) return fail(rounds, "barrier", rc);
+  if ((rc = ps_pull_range(ctx, tw, 0, NW, w, -1))) return fail(rounds, "pull w", rc);
+  if ((rc = ps_pull(ctx, te, keys, NK, e, -1))) return fail(rounds, "pull e", rc);
+  printf("model w");
+  for (int i = 0; i < NW; i++) printf("%c%a", i ? ',' : ' ', (double)w[i]);
+  printf("\nmodel e");
+  for (int i = 0; i < NK * DIM; i++) printf("%c%a", i ? ',' : ' ', (double)e[i]);
+  printf("\n");
+  ps_ctx_close(ctx);
+  return 0;
+}
