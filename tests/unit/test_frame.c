@@ -326,7 +326,7 @@ Test(frame, type_names_and_data_predicate) {
   for (unsigned t = 0; t < 256; t++) {
     unsigned b = t & 0x7fu;
     int want = b == PS_MSG_PUSH || b == PS_MSG_PULL || b == PS_MSG_PUSH_DENSE || b == PS_MSG_PULL_DENSE ||
-               b == PS_MSG_FORWARD || b == PS_MSG_FORWARD_DENSE;
+               b == PS_MSG_FORWARD || b == PS_MSG_FORWARD_DENSE || b == PS_MSG_FORWARD_AGG || b == PS_MSG_FORWARD_ROUND;
     cr_assert(eq(int, ps__frame_is_data((uint8_t)t), want), "type %u", t);
   }
 }
