@@ -5,7 +5,8 @@
  * R = 1 and one with R = 2, measured in the same run: the latency of a 4 KiB dense push
  * (1024 floats, one chain: p50 and p99 over --iters pushes), the throughput of 1 MiB
  * dense pushes (the whole table, every chain) and of sparse pushes of 4096 rows of 16
- * floats, and the ratio R = 2 / R = 1 of each.
+ * floats, and the ratio R = 2 / R = 1 of each; with the transport `auto` (R = 1 then
+ * also uses the same-host transports, which R >= 2 does not) and over TCP for both.
  *
  * Part 2 (failover): --kills jobs of S = 3, R = 3 per position of the victim in the
  * chain (head, middle, tail). In each, one worker pushes a single row of one chain in a
@@ -48,12 +49,12 @@ typedef struct cost {
   double p50_us, p99_us, dense_mbs, sparse_rows_s;
 } cost;
 
-static cost measure(int R, int iters) {
+static cost measure(int R, int iters, const char *xport) {
   cost out;
   bench_cluster c;
   set_replicas(R);
-  bench_cluster_start(&c, 2, 1, "auto");
-  ps_ctx *ctx = bench_open(&c, 0, 1, "auto", "async");
+  bench_cluster_start(&c, 2, 1, xport);
+  ps_ctx *ctx = bench_open(&c, 0, 1, xport, "async");
   uint32_t small, big, sp;
   const uint64_t nbig = 256u * 1024u; /* 1 MiB of floats */
   bench_check(ps_table_declare(ctx, "small", PS_DENSE, 1024, "opt=sgd lr=0.001", &small), "declare small");
@@ -94,14 +95,20 @@ static cost measure(int R, int iters) {
 }
 
 static void part_cost(int iters) {
-  cost a = measure(1, iters), b = measure(2, iters);
-  printf("cost of R = 2 against R = 1 (S = 2, one worker, async, same run)\n");
-  printf("  %-28s %12s %12s %10s\n", "", "R = 1", "R = 2", "R2 / R1");
-  printf("  %-28s %12.1f %12.1f %+9.1f us\n", "4 KiB push p50 (us)", a.p50_us, b.p50_us, b.p50_us - a.p50_us);
-  printf("  %-28s %12.1f %12.1f %+9.1f us\n", "4 KiB push p99 (us)", a.p99_us, b.p99_us, b.p99_us - a.p99_us);
-  printf("  %-28s %12.1f %12.1f %9.2fx\n", "dense 1 MiB push (MiB/s)", a.dense_mbs, b.dense_mbs, b.dense_mbs / a.dense_mbs);
-  printf("  %-28s %12.0f %12.0f %9.2fx\n", "sparse push (rows/s)", a.sparse_rows_s, b.sparse_rows_s,
-         b.sparse_rows_s / a.sparse_rows_s);
+  /* auto: R = 1 also takes the same-host transports (shared memory for dense values,
+   * caller-thread I/O), which R >= 2 does not use; tcp: the same transport for both */
+  const char *xports[2] = {"auto", "tcp"};
+  for (int x = 0; x < 2; x++) {
+    cost a = measure(1, iters, xports[x]), b = measure(2, iters, xports[x]);
+    printf("cost of R = 2 against R = 1 (S = 2, one worker, async, same run, transport %s)\n", xports[x]);
+    printf("  %-28s %12s %12s %10s\n", "", "R = 1", "R = 2", "R2 / R1");
+    printf("  %-28s %12.1f %12.1f %+9.1f us\n", "4 KiB push p50 (us)", a.p50_us, b.p50_us, b.p50_us - a.p50_us);
+    printf("  %-28s %12.1f %12.1f %+9.1f us\n", "4 KiB push p99 (us)", a.p99_us, b.p99_us, b.p99_us - a.p99_us);
+    printf("  %-28s %12.1f %12.1f %9.2fx\n", "dense 1 MiB push (MiB/s)", a.dense_mbs, b.dense_mbs,
+           b.dense_mbs / a.dense_mbs);
+    printf("  %-28s %12.0f %12.0f %9.2fx\n", "sparse push (rows/s)", a.sparse_rows_s, b.sparse_rows_s,
+           b.sparse_rows_s / a.sparse_rows_s);
+  }
 }
 
 /* ------------------------------------------------------------------ sync rounds */
