@@ -233,6 +233,7 @@ static ps__worker *add_worker(ps__shard *sh, uint32_t id, int64_t clock, int liv
   w->pending = !live;
   w->clock = clock;
   w->clocked_ms = ps__now_ms();
+  w->clocked = 0;
   return w;
 }
 
