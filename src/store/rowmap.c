@@ -57,7 +57,8 @@
 #define ARENA_BYTES ((size_t)64 << 20) /* address space reserved per arena */
 #define ARENA_MIN_CHUNK ((size_t)256 << 10) /* chunks this large come from arenas */
 #define KEY_BYTES 8u                   /* a record's key, before its row */
-#define MIGRATE_STEP 8                 /* rows moved to a new index per insert */
+#define MIGRATE_EVERY 32               /* inserts between two steps of a move */
+#define MIGRATE_STEP 64                /* rows moved to the new index per step */
 
 /* An index: cap 4-byte entries. */
 typedef struct rowidx {
@@ -92,8 +93,13 @@ struct ps__rowmap {
   arena *arenas;      /* for large chunks; the last one is being filled */
   size_t narenas;
   rowidx cur;         /* the index new rows go into */
-  rowidx old;         /* the index being replaced (cap 0: none): rows [mig, old_n) */
-  size_t mig, old_n;
+  rowidx old;         /* the index being replaced (cap 0: none) */
+  size_t ostart;      /* an empty entry of the old index: its entries move from the next one on */
+  size_t mig;         /* old entries looked at (moved if not empty), from ostart + 1 on */
+  size_t safe;        /* the first mig entries up to an empty one: whole runs moved */
+  size_t old_n, moved; /* rows the old index holds, rows of it moved */
+  rowidx next;        /* the index to grow into, being faulted in (cap 0: none) */
+  size_t touched;     /* bytes of next faulted in */
 };
 
 /* Rows held by chunk c. */
@@ -244,36 +250,104 @@ static inline uint32_t ix_candidate(const rowidx *x, uint64_t h) {
   }
 }
 
-static inline uint32_t find_h(const ps__rowmap *m, uint64_t key, uint64_t h) {
-  if (m->count == 0) return NONE;
-  if (m->old.cap) __builtin_prefetch(&m->old.e[ix_home(&m->old, h)]); /* both misses at once */
-  uint32_t r = ix_find(m, &m->cur, key, h);
-  if (r == NONE && m->old.cap) r = ix_find(m, &m->old, key, h);
-  return r;
+/* Whether the old index's entry for hash h, if there is one, has surely moved to the
+ * current index. The old index moves in order of position, from just after the empty
+ * entry ostart round to it; a key's entry is in the run of entries (up to an empty one)
+ * that holds its home, after the home, so once a run has moved whole (it lies before
+ * m->safe), so have the entries of every key whose home is in it. The old index never
+ * changes while rows move, so an entry that has moved is still found there too. */
+static inline int old_moved(const ps__rowmap *m, uint64_t h) {
+  size_t ho = ix_home(&m->old, h), q = ho > m->ostart ? ho - m->ostart - 1 : ho + m->old.cap - m->ostart - 1;
+  return q < m->safe;
 }
 
-/* Move up to k rows of the old index into the current one; the old one is freed once
- * all have moved. The keys are read in row order, the entries written are prefetched a
- * batch ahead. */
-static void migrate(ps__rowmap *m, size_t k) {
-  enum { BATCH = 16 };
+/* While rows move, a key whose old entry has not moved is looked up in the old index
+ * (where the rows from before the growth are) and then in the current one (rows since);
+ * any other key only in the current one. */
+static inline uint32_t find_h(const ps__rowmap *m, uint64_t key, uint64_t h) {
+  if (m->count == 0) return NONE;
+  if (m->old.cap && !old_moved(m, h)) {
+    __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)]); /* both misses at once */
+    uint32_t r = ix_find(m, &m->old, key, h);
+    if (r != NONE) return r;
+  }
+  return ix_find(m, &m->cur, key, h);
+}
+
+/* Rows [0, count) into the current index, which holds none of them. */
+static void put_all(ps__rowmap *m) {
+  enum { BATCH = 32 };
   uint64_t hs[BATCH];
-  while (k && m->mig < m->old_n) {
-    size_t n = m->old_n - m->mig;
-    if (n > BATCH) n = BATCH;
-    if (n > k) n = k;
+  for (size_t i = 0; i < m->count; i += BATCH) {
+    size_t n = m->count - i < BATCH ? m->count - i : BATCH;
     for (size_t j = 0; j < n; j++) {
-      hs[j] = ps__mix64(rec_key(rec_at(m, m->mig + j)));
+      hs[j] = ps__mix64(rec_key(rec_at(m, i + j)));
       __builtin_prefetch(&m->cur.e[ix_home(&m->cur, hs[j])], 1);
     }
-    for (size_t j = 0; j < n; j++) ix_put(&m->cur, hs[j], (uint32_t)(m->mig + j));
-    m->mig += n;
-    k -= n;
+    for (size_t j = 0; j < n; j++) ix_put(&m->cur, hs[j], (uint32_t)(i + j));
   }
-  if (m->mig == m->old_n && m->old.cap) {
+}
+
+/* Move k rows (or all that are left) of the old index into the current one; the old
+ * index is freed once all have moved. The
+ * old entries are read in order and the records of a batch of them prefetched (their
+ * keys give the hashes); since a position is the hash scaled to the capacity, the
+ * entries written to the current index go in order too, from line to line. */
+static void migrate(ps__rowmap *m, size_t k) {
+  enum { BATCH = 32 };
+  uint32_t rows[BATCH];
+  uint64_t hs[BATCH];
+  const rowidx *o = &m->old;
+  size_t moved = 0;
+  while (moved < k && m->mig < o->cap) {
+    size_t n = 0;
+    while (n < BATCH && moved + n < k && m->mig < o->cap) {
+      size_t p = m->ostart + 1 + m->mig;
+      uint32_t e = o->e[p >= o->cap ? p - o->cap : p];
+      m->mig++;
+      if (e) {
+        rows[n] = ix_row(o, e);
+        __builtin_prefetch(rec_at(m, rows[n]));
+        n++;
+      } else {
+        m->safe = m->mig; /* a run has moved whole */
+      }
+    }
+    for (size_t j = 0; j < n; j++) hs[j] = ps__mix64(rec_key(rec_at(m, rows[j])));
+    for (size_t j = 0; j < n; j++) ix_put(&m->cur, hs[j], rows[j]);
+    moved += n;
+  }
+  m->moved += moved;
+  if (m->mig == o->cap) {
     ix_free(&m->old);
-    m->mig = m->old_n = 0;
+    m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
   }
+}
+
+static size_t next_cap(const ps__rowmap *m) { return m->cur.cap ? 2 * m->cur.cap : MIN_INDEX; }
+
+/* Fault in the pages of next [touched, to): one write per 4 KiB page (a 2 MiB page
+ * faults whole on its first write). */
+static void touch_next(ps__rowmap *m, size_t to) {
+  volatile unsigned char *p = (volatile unsigned char *)m->next.e;
+  for (size_t b = m->touched; b < to; b += 4096) p[b] = 0;
+  if (to > m->touched) m->touched = to;
+}
+
+/* The last PREP_SHARE of the rows the current index holds: the next index is allocated
+ * and its pages faulted in a little per insert, so that the first inserts into it,
+ * which land all over it, do not fault in (zero) the whole index at once: at 10^7 rows
+ * that was a pause of 50-200 ms. */
+#define PREP_SHARE 64
+static void prepare(ps__rowmap *m) {
+  size_t max = m->cur.max_rows, start = max - max / PREP_SHARE;
+  if (m->old.cap || m->count < start || m->count >= max || max < 4096) return;
+  if (!m->next.cap) {
+    if (ix_make(&m->next, next_cap(m))) return; /* out of memory: grow() tries again */
+    m->touched = m->next.mapped ? 0 : m->next.cap * sizeof(uint32_t); /* calloc'd: zeroed */
+  }
+  size_t bytes = m->next.cap * sizeof(uint32_t), left = max - m->count;
+  if (m->touched < bytes) touch_next(m, m->touched + (bytes - m->touched + left - 1) / left);
 }
 
 /* Room in the index for one more row: a bigger index when the current one is full,
@@ -283,8 +357,13 @@ static int grow(ps__rowmap *m) {
   rowidx nx;
   if (m->count < m->cur.max_rows) return 0;
   if (m->old.cap) migrate(m, SIZE_MAX);
-  size_t cap = m->cur.cap ? m->cur.cap + m->cur.cap / 2 : MIN_INDEX;
-  if (ix_make(&nx, cap)) return -1;
+  if (m->next.cap) {
+    nx = m->next;
+    memset(&m->next, 0, sizeof m->next);
+    m->touched = 0;
+  } else if (ix_make(&nx, next_cap(m))) {
+    return -1;
+  }
   if (m->count == 0) { /* nothing to move */
     if (m->cur.cap) ix_free(&m->cur);
     m->cur = nx;
@@ -292,7 +371,9 @@ static int grow(ps__rowmap *m) {
   }
   m->old = m->cur;
   m->cur = nx;
-  m->mig = 0;
+  m->ostart = 0;
+  while (m->old.e[m->ostart]) m->ostart++; /* there is one: the load is at most 7/8 */
+  m->mig = m->moved = m->safe = 0;
   m->old_n = m->count;
   return 0;
 }
@@ -305,12 +386,12 @@ int ps__rowmap_reserve(ps__rowmap *m, size_t rows) {
   if (cap < MIN_INDEX) cap = MIN_INDEX;
   if (ix_make(&nx, cap)) return -1;
   if (m->old.cap) ix_free(&m->old);
+  if (m->next.cap) ix_free(&m->next);
+  m->touched = 0;
   if (m->cur.cap) ix_free(&m->cur);
   m->cur = nx;
-  m->mig = 0;
-  m->old_n = m->count;
-  migrate(m, SIZE_MAX); /* every row, at once: the caller asked for the pause */
-  m->mig = m->old_n = 0;
+  m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
+  put_all(m); /* every row, at once: the caller asked for the pause */
   return 0;
 }
 
@@ -336,6 +417,7 @@ void ps__rowmap_free(ps__rowmap *m) {
   free(m->chunks);
   if (m->cur.cap) ix_free(&m->cur);
   if (m->old.cap) ix_free(&m->old);
+  if (m->next.cap) ix_free(&m->next);
   free(m);
 }
 
@@ -391,13 +473,13 @@ static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uin
       uint64_t h = ps__mix64(k64 ? k64[t] : key_le(kle + 8 * t));
       hring[t & (FM_RING - 1)] = h;
       __builtin_prefetch(&cx->e[ix_home(cx, h)]);
-      if (ox) __builtin_prefetch(&ox->e[ix_home(ox, h)]);
+      if (ox && !old_moved(m, h)) __builtin_prefetch(&ox->e[ix_home(ox, h)]);
     }
     size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);
     if (t >= FM_SLOT_AHEAD - FM_ROW_AHEAD && b < n) {
       uint64_t h = hring[b & (FM_RING - 1)];
-      uint32_t r = ix_candidate(cx, h);
-      if (r == NONE && ox) r = ix_candidate(ox, h);
+      uint32_t r = ox && !old_moved(m, h) ? ix_candidate(ox, h) : NONE;
+      if (r == NONE) r = ix_candidate(cx, h);
       rring[b & (FM_RING - 1)] = r;
       if (r != NONE) prefetch_rec(m, rec_at(m, r));
     }
@@ -438,14 +520,14 @@ void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
   if (!m->cur.cap) return;
   uint64_t h = ps__mix64(key);
   __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)]);
-  if (m->old.cap) __builtin_prefetch(&m->old.e[ix_home(&m->old, h)]);
+  if (m->old.cap && !old_moved(m, h)) __builtin_prefetch(&m->old.e[ix_home(&m->old, h)]);
 }
 
 void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key) {
   if (m->count == 0) return;
   uint64_t h = ps__mix64(key);
-  uint32_t r = ix_candidate(&m->cur, h);
-  if (r == NONE && m->old.cap) r = ix_candidate(&m->old, h);
+  uint32_t r = m->old.cap && !old_moved(m, h) ? ix_candidate(&m->old, h) : NONE;
+  if (r == NONE) r = ix_candidate(&m->cur, h);
   if (r != NONE) prefetch_rec(m, rec_at(m, r));
 }
 
@@ -503,7 +585,11 @@ static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32
   memcpy(rec, &key, sizeof key);
   ix_put(&m->cur, h, r);
   m->count++;
-  if (m->old.cap) migrate(m, MIGRATE_STEP);
+  if (m->old.cap) {
+    if (m->count % MIGRATE_EVERY == 0) migrate(m, MIGRATE_STEP);
+  } else {
+    prepare(m);
+  }
   float *row = rec_row(rec);
   if (zero) memset(row, 0, m->row_bytes);
   if (idx) *idx = r;
@@ -531,7 +617,7 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
   return rec_row(rec_at(m, i));
 }
 
-size_t ps__rowmap_moving(const ps__rowmap *m) { return m->old.cap ? m->old_n - m->mig : 0; }
+size_t ps__rowmap_moving(const ps__rowmap *m) { return m->old.cap ? m->old_n - m->moved : 0; }
 
 /* A map whose index is much larger than its rows (an accumulator that once held a huge
  * round, then small ones) is cleared entry by entry: each row's entry is found first
@@ -557,7 +643,7 @@ static int clear_rows(ps__rowmap *m) {
 void ps__rowmap_clear(ps__rowmap *m) {
   if (m->old.cap) { /* rows being moved: the old index goes, the new one is wiped whole */
     ix_free(&m->old);
-    m->mig = m->old_n = 0;
+    m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
     memset(m->cur.e, 0, m->cur.cap * sizeof *m->cur.e);
   } else if (m->count && (m->count * 16 >= m->cur.cap || clear_rows(m))) {
     memset(m->cur.e, 0, m->cur.cap * sizeof *m->cur.e);
@@ -569,13 +655,14 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u) {
   u->rows = m->count;
   u->payload = m->count * m->row_bytes;
   u->keys = m->count * KEY_BYTES;
-  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t);
+  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + (m->next.cap ? m->touched : 0);
   u->total = ps__rowmap_bytes(m);
   u->spare = u->total - u->payload - u->keys - u->index;
 }
 
 size_t ps__rowmap_bytes(const ps__rowmap *m) {
-  return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes + (m->cur.cap + m->old.cap) * sizeof(uint32_t);
+  return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes + (m->cur.cap + m->old.cap) * sizeof(uint32_t) +
+         (m->next.cap ? m->touched : 0);
 }
 
 /* ---------------------------------------------------------------- views */
