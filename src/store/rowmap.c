@@ -16,22 +16,27 @@
  * and only a matching tag costs the access to the record, whose key decides; so a hit
  * costs the entry's cache line and the record's (the record is the row itself: the
  * access brings the row), and a miss costs the entries' line or two, a wrong tag match
- * (1 in 2^tag_bits entries scanned) a record more. The capacity is any number of
- * entries (a position is the hash times the capacity, shifted: multiply-shift range
- * reduction, no power of two needed), the load is at most 7/8, and the index grows by
- * half when it is reached, so its load stays between 7/12 and 7/8. Memory per row:
- * row_floats * 4 + 8 + 4 / load, e.g. 16.6-18.9 bytes for one-float rows.
+ * (1 in 2^tag_bits entries scanned) a record more. A position is the hash times the
+ * capacity, shifted (multiply-shift range reduction: any capacity works, as
+ * ps__rowmap_reserve asks for, and positions keep the order of the hashes); the load is
+ * at most 7/8 and the index doubles when it is reached, so its load stays between 7/16
+ * and 7/8. Memory per row: row_floats * 4 + 8 + 4 / load, e.g. 16.6-21.1 bytes for
+ * one-float rows (and the old index, half the size, while rows move to a new one).
  *
- * Growth without a pause (as Redis's dict does it): the bigger index is allocated
- * (zero pages from mmap, so nothing is written up front), new rows go into it, and
- * every insert after that moves MIGRATE_STEP rows of the old index into it, in row
- * order, reading each row's key from its record (a sequential walk through the
- * chunks). Until every row has moved, a lookup that misses in the new index looks in
- * the old one, which does not change meanwhile. The move ends long before the new
- * index fills (a third of the way), and a clear drops the old index. Lookups never
- * write, so two threads may look keys up at once (shard/apply.c's huge requests).
- * Callers walking many keys hide the misses with ps__rowmap_find_many, or with
- * ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
+ * Growth without a pause (as Redis's dict does it, for open addressing): the new index
+ * replaces the old one at once, new rows go into it, and every MIGRATE_EVERY inserts
+ * MIGRATE_STEP rows of the old index move to it, in order of position, each key read
+ * from its record (a batch of records prefetched together). Positions keep the hash
+ * order, so the writes into the new index go in order too. The old index does not
+ * change meanwhile: a key whose home lies in a stretch of it that has moved whole (up to
+ * an empty entry) is looked up in the new index only, any other in the old one and then
+ * the new one. The move ends halfway to the next growth; a clear drops the old index.
+ * A fresh index is zero pages from mmap, and the first inserts into it land all over
+ * it: to keep them from faulting it in whole at once, the next index is allocated and
+ * faulted in a little per insert over the last 1/64 of the rows before the growth.
+ * Lookups never write, so two threads may look keys up at once (shard/apply.c's huge
+ * requests). Callers walking many keys hide the misses with ps__rowmap_find_many, or
+ * with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
  *
  * Huge pages. A large index and the large chunks live in 2 MiB-aligned mappings
  * advised for transparent huge pages (THP is "madvise" on Debian): with 4 KiB pages a

@@ -57,8 +57,8 @@ typedef struct ps__rowmap ps__rowmap;
  * row of row_floats floats. Rows are numbered 0..count-1 in insertion order and never
  * move: a row pointer and a row number stay valid until the map is cleared or freed.
  * Memory per row: the row, its 8-byte key and 4 / load bytes of index (load between
- * 7/12 and 7/8; rowmap.c). The index grows by half when full, without a pause: rows
- * move to the bigger index a few per insert (ps__rowmap_moving). Not thread-safe,
+ * 7/16 and 7/8; rowmap.c). The index doubles when full, without a pause: rows move to
+ * the bigger index a few per insert (ps__rowmap_moving). Not thread-safe,
  * except that lookups (get, find_many, index, prefetch) write nothing and may run on
  * several threads at once when no thread changes the map. Returns NULL on allocation
  * failure or a row too large. */
