@@ -231,15 +231,19 @@ static inline void ix_put(rowidx *x, uint64_t h, uint32_t r) {
   x->e[s] = ((r + 1) << x->tb) | ix_tag(x, h);
 }
 
-/* The row of key (hash h) in x, or NONE. */
-static inline uint32_t ix_find(const ps__rowmap *m, const rowidx *x, uint64_t key, uint64_t h) {
+/* The row of key (hash h) in x, or NONE; its record into *rec when found. */
+static inline uint32_t ix_find(const ps__rowmap *m, const rowidx *x, uint64_t key, uint64_t h, char **rec) {
   uint32_t tag = ix_tag(x, h);
   for (size_t s = ix_home(x, h);; s = ix_next(x, s)) {
     uint32_t e = x->e[s];
     if (!e) return NONE;
     if ((e & x->tmask) == tag) {
       uint32_t r = ix_row(x, e);
-      if (rec_key(rec_at(m, r)) == key) return r;
+      char *p = rec_at(m, r);
+      if (rec_key(p) == key) {
+        *rec = p;
+        return r;
+      }
     }
   }
 }
@@ -269,14 +273,14 @@ static inline int old_moved(const ps__rowmap *m, uint64_t h) {
 /* While rows move, a key whose old entry has not moved is looked up in the old index
  * (where the rows from before the growth are) and then in the current one (rows since);
  * any other key only in the current one. */
-static inline uint32_t find_h(const ps__rowmap *m, uint64_t key, uint64_t h) {
+static inline uint32_t find_h(const ps__rowmap *m, uint64_t key, uint64_t h, char **rec) {
   if (m->count == 0) return NONE;
   if (m->old.cap && !old_moved(m, h)) {
     __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)]); /* both misses at once */
-    uint32_t r = ix_find(m, &m->old, key, h);
+    uint32_t r = ix_find(m, &m->old, key, h, rec);
     if (r != NONE) return r;
   }
-  return ix_find(m, &m->cur, key, h);
+  return ix_find(m, &m->cur, key, h, rec);
 }
 
 /* Rows [0, count) into the current index, which holds none of them. */
@@ -427,12 +431,14 @@ void ps__rowmap_free(ps__rowmap *m) {
 }
 
 float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
-  uint32_t r = find_h(m, key, ps__mix64(key));
-  return r == NONE ? NULL : rec_row(rec_at(m, r));
+  char *rec;
+  uint32_t r = find_h(m, key, ps__mix64(key), &rec);
+  return r == NONE ? NULL : rec_row(rec);
 }
 
 size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key) {
-  uint32_t r = find_h(m, key, ps__mix64(key));
+  char *rec;
+  uint32_t r = find_h(m, key, ps__mix64(key), &rec);
   return r == NONE ? SIZE_MAX : r;
 }
 
@@ -496,8 +502,8 @@ static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uin
         uint64_t key = k64 ? k64[c] : key_le(kle + 8 * c);
         char *rec = rec_at(m, r);
         if (rec_key(rec) != key) { /* a wrong tag match: look it up in full */
-          r = find_h(m, key, hring[c & (FM_RING - 1)]);
-          rec = r == NONE ? NULL : rec_at(m, r);
+          r = find_h(m, key, hring[c & (FM_RING - 1)], &rec);
+          if (r == NONE) rec = NULL;
         }
         if (rec) row = rec_row(rec);
       }
@@ -574,19 +580,20 @@ static int add_chunk(ps__rowmap *m) {
 
 static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32_t *idx) {
   uint64_t h = ps__mix64(key);
-  uint32_t r = find_h(m, key, h);
+  char *rec;
+  uint32_t r = find_h(m, key, h, &rec);
 
   if (created) *created = 0;
   if (r != NONE) {
     if (idx) *idx = r;
-    return rec_row(rec_at(m, r));
+    return rec_row(rec);
   }
   /* A new row: make room first, so that a failure leaves the map as it was. */
   if (m->count >= MAX_ROWS) return NULL;
   if (m->count == m->row_cap && add_chunk(m)) return NULL;
   if (grow(m)) return NULL;
   r = (uint32_t)m->count;
-  char *rec = rec_at(m, r);
+  rec = rec_at(m, r);
   memcpy(rec, &key, sizeof key);
   ix_put(&m->cur, h, r);
   m->count++;
