@@ -39,12 +39,21 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
     dropped += t->dropped;
     int m = snprintf(line, sizeof line,
                      "table %zu name=%s mode=%s param=%u rows=%zu bytes=%zu pushes=%llu pulls=%llu applied=%llu "
-                     "step=%llu version=%lld dropped=%llu rejected=%llu lr=%.9g global_batch=%.0f nonfinite=%llu\n",
+                     "step=%llu version=%lld dropped=%llu rejected=%llu lr=%.9g global_batch=%.0f nonfinite=%llu",
                      i, t->decl.name, ps__table_mode_name(t), t->spec.mode_param, n, ps__rowmap_bytes(t->params),
                      (unsigned long long)t->pushes, (unsigned long long)t->pulls, (unsigned long long)t->applied,
                      (unsigned long long)t->step, (long long)t->version, (unsigned long long)t->dropped,
                      (unsigned long long)t->rejected, (double)t->last_lr, t->last_batch,
                      (unsigned long long)t->nonfinite);
+    ps__wbuf_bytes(&w, line, (size_t)m);
+    /* The table's memory apart (store.h): parameters, optimiser state, keys, index (both
+     * while rows move to a bigger one), spare chunk room; they sum to bytes=. */
+    ps__rowmap_use u;
+    ps__rowmap_usage(t->params, &u);
+    size_t pb = n * t->spec.width * sizeof(float);
+    m = snprintf(line, sizeof line,
+                 " param_bytes=%zu state_bytes=%zu key_bytes=%zu index_bytes=%zu spare_bytes=%zu moving_rows=%zu\n", pb,
+                 u.payload - pb, u.keys, u.index, u.spare, ps__rowmap_moving(t->params));
     ps__wbuf_bytes(&w, line, (size_t)m);
     if (t->spec.push_codec.kind || t->spec.pull_codec.kind) { /* value bytes as f32 and as sent */
       char pc[PS_CODEC_NAME_MAX], lc[PS_CODEC_NAME_MAX];

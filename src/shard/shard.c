@@ -116,10 +116,7 @@ int ps__shard_create(ps__shard *sh, const ps__declare *d, ps__verdict *v) {
     sh->ntables = n;
   }
   t = ps__calloc(1, sizeof *t);
-  /* Sparse rows of one float live in the index (store.h): every use of such a row
-   * pointer ends before the next insert into the table. */
-  if (!t || !(t->params = spec.kind == PS_SPARSE ? ps__rowmap_new_in_index(ps__spec_row_floats(&spec))
-                                                 : ps__rowmap_new(ps__spec_row_floats(&spec)))) {
+  if (!t || !(t->params = ps__rowmap_new(ps__spec_row_floats(&spec)))) {
     free(t);
     return ps__shard_reject(sh, NULL, v, PS_ERR_NOMEM, "server out of memory");
   }

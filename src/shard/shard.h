@@ -408,8 +408,7 @@ void ps__shard_cut_orphan(ps__table *t);
 /* ---------------------------------------------------------------- the mutation point */
 
 /* The parameter row for key, created from the initialiser on first touch; NULL when out
- * of memory. Sparse rows of one float live in the index (store.h): a pointer is valid
- * until the next row of the table is created. */
+ * of memory. Rows never move (store.h). */
 float *ps__shard_row(ps__table *t, uint64_t key);
 /* The same, with the row's number (its place in the row map) into *idx. */
 float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx);

@@ -84,14 +84,10 @@ struct ps__cut {
   atomic_size_t nsaved;
   atomic_int failed;    /* a row could not be saved: the snapshot is lost */
   ps__rowmap *orphan;   /* the table's map, when the table was dropped during the cut */
-  ps__rowmap *hooked;   /* a map with rows in the index, told to call save_all first */
 };
-
-static void save_all(void *arg);
 
 static void cut_free(ps__cut *c) {
   if (!c) return;
-  if (c->hooked) ps__rowmap_before_rehash(c->hooked, NULL, NULL);
   size_t nch = c->save_rows ? (c->view.n + c->save_rows - 1) / c->save_rows : 0;
   for (size_t i = 0; c->save && i < nch; i++) free(atomic_load_explicit(&c->save[i], memory_order_relaxed));
   free((void *)c->save);
@@ -122,10 +118,6 @@ static ps__cut *cut_new(const ps__rowmap *m, size_t row_floats) {
   if (!c->state || !c->slot || !c->save) {
     cut_free(c);
     return NULL;
-  }
-  if (c->view.idx) { /* rows in the index: saved before they move */
-    c->hooked = (ps__rowmap *)m;
-    ps__rowmap_before_rehash(c->hooked, save_all, c);
   }
   return c;
 }
@@ -194,18 +186,6 @@ static void cut_before_write(ps__cut *c, size_t i) {
   if (i >= c->view.n) return; /* created after the cut */
   if (st_of(atomic_load_explicit(&c->state[i >> 5], memory_order_acquire), i) >= ST_READ) return; /* the common case */
   if (claim(c, i) == ST_FREE) save_row(c, i);
-}
-
-/* A map with rows in the index is about to move them (its index grows): every row the
- * reader has not read yet is saved now, a pause of a copy of those rows, once; the
- * reader then never looks at the old places again. */
-static void save_all(void *arg) {
-  ps__cut *c = arg;
-  for (size_t i = 0; i < c->view.n; i++)
-    if (st_of(atomic_load_explicit(&c->state[i >> 5], memory_order_acquire), i) < ST_READ && claim(c, i) == ST_FREE)
-      save_row(c, i);
-  ps__rowmap_before_rehash(c->hooked, NULL, NULL);
-  c->hooked = NULL;
 }
 
 /* The reader: row i into dst. */

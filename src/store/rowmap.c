@@ -1,28 +1,42 @@
 /*
  * rowmap.c - a map from uint64 keys to fixed-size float rows.
  *
- * Rows are numbered in insertion order and stored in chunks that never move, so a row
- * pointer stays valid until the map is cleared or freed. Each chunk holds its rows
- * (64-byte aligned, so a 16-float row is one cache line) followed by the keys of those
- * rows, which gives key_at() without a second lookup structure. Large chunks hold
- * 1 << shift rows, with shift chosen so a chunk is 1-2 MiB; the first 1 << shift rows
- * go into chunks of 1, 1, 2, 4, ... rows so that a small map (a dense table of a few
- * slices, a round's accumulator) does not reserve megabytes.
+ * Records. Rows are numbered 0, 1, 2, ... in insertion order and stored as records
+ * (the 8-byte key, then the row's floats) in chunks that never move, so a row pointer
+ * and a row number stay valid until the map is cleared or freed, and the key is stored
+ * once, beside its row. Large chunks hold 1 << shift records, with shift chosen so a
+ * chunk is 1-2 MiB; the first 1 << shift rows go into chunks of 1, 1, 2, 4, ... records
+ * so that a small map (a dense table of a few slices, a round's accumulator) does not
+ * reserve megabytes.
  *
- * The index is open addressing with linear probing over packed 12-byte slots holding
- * the key and the row number side by side, so that a lookup in a large map costs one
- * cache miss, not two; row number UINT32_MAX marks an empty slot (so every uint64 is a
- * valid key). Capacity is a power of two and the index is rebuilt at twice the size
- * when the load would exceed 3/4. Memory per row is the payload, the 8-byte key beside
- * it, and 12 bytes per index slot (16-32 bytes per row). Callers walking many keys
- * hide the misses with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
+ * Index. Open addressing with linear probing over 4-byte entries: 0 is a free entry,
+ * anything else is (row number + 1) << tag_bits | tag, where the tag is tag_bits low
+ * bits of the key's hash and tag_bits = 32 - the bits of the largest row number the
+ * index can hold (5 bits for 10^8 rows, more in smaller maps). A probe compares tags,
+ * and only a matching tag costs the access to the record, whose key decides; so a hit
+ * costs the entry's cache line and the record's (the record is the row itself: the
+ * access brings the row), and a miss costs the entries' line or two, a wrong tag match
+ * (1 in 2^tag_bits entries scanned) a record more. A position is the hash times the
+ * capacity, shifted (multiply-shift range reduction: any capacity works, as
+ * ps__rowmap_reserve asks for, and positions keep the order of the hashes); the load is
+ * at most 7/8 and the index doubles when it is reached, so its load stays between 7/16
+ * and 7/8. Memory per row: row_floats * 4 + 8 + 4 / load, e.g. 16.6-21.1 bytes for
+ * one-float rows (and the old index, half the size, while rows move to a new one).
  *
- * In a map made with ps__rowmap_new_in_index, one-float rows (a sparse sgd table of
- * dim 1) live in the index itself, in 16-byte slots (key, row number, value): a lookup then
- * costs one cache miss, not two. Such a row moves when the index is rebuilt, so its
- * pointer is valid only until the next insert; each chunk keeps the slot of each of its
- * rows, for row_at(). Memory per row: the 8-byte key, the 4-byte slot number and 16
- * bytes per index slot (33-55 bytes per row, against 28-44 with the row in a chunk).
+ * Growth without a pause (as Redis's dict does it, for open addressing): the new index
+ * replaces the old one at once, new rows go into it, and every MIGRATE_EVERY inserts
+ * MIGRATE_STEP rows of the old index move to it, in order of position, each key read
+ * from its record (a batch of records prefetched together). Positions keep the hash
+ * order, so the writes into the new index go in order too. The old index does not
+ * change meanwhile: a key whose home lies in a stretch of it that has moved whole (up to
+ * an empty entry) is looked up in the new index only, any other in the old one and then
+ * the new one. The move ends halfway to the next growth; a clear drops the old index.
+ * A fresh index is zero pages from mmap, and the first inserts into it land all over
+ * it: to keep them from faulting it in whole at once, the next index is allocated and
+ * faulted in a little per insert over the last 1/64 of the rows before the growth.
+ * Lookups never write, so two threads may look keys up at once (shard/apply.c's huge
+ * requests). Callers walking many keys hide the misses with ps__rowmap_find_many, or
+ * with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
  *
  * Huge pages. A large index and the large chunks live in 2 MiB-aligned mappings
  * advised for transparent huge pages (THP is "madvise" on Debian): with 4 KiB pages a
@@ -38,27 +52,32 @@
 
 #include "common/common.h"
 
-#define EMPTY UINT32_MAX               /* row number of an empty index slot */
+#define NONE UINT32_MAX                /* row number reported for an absent key */
 #define MAX_ROWS ((size_t)UINT32_MAX)  /* rows are numbered 0 .. MAX_ROWS - 1 */
 #define CHUNK_TARGET ((size_t)2 << 20) /* bytes of a large chunk, at most */
 #define MAX_CHUNK ((size_t)1 << 40)    /* refuse larger allocations outright */
-#define MIN_INDEX 16
+#define MIN_INDEX 16                   /* entries of the first index */
 #define ALIGN 64
 #define HUGE_PAGE ((size_t)2 << 20)    /* THP size on x86-64 */
 #define ARENA_BYTES ((size_t)64 << 20) /* address space reserved per arena */
 #define ARENA_MIN_CHUNK ((size_t)256 << 10) /* chunks this large come from arenas */
+#define KEY_BYTES 8u                   /* a record's key, before its row */
+#define MIGRATE_EVERY 32               /* inserts between two steps of a move */
+#define MIGRATE_STEP 64                /* rows moved to the new index per step */
 
-/* An index slot: the key (8 bytes), the row number (4 bytes, EMPTY if free), packed so
- * that both come in one cache line (SLOT 12 bytes); in a map of one-float rows, also the
- * row itself (SLOT1, 16 bytes, so a slot never straddles two lines). */
-#define SLOT 12u
-#define SLOT1 16u
+/* An index: cap 4-byte entries. */
+typedef struct rowidx {
+  uint32_t *e;
+  size_t cap;
+  size_t max_rows; /* rows it may hold: 7/8 of cap (and at most MAX_ROWS) */
+  unsigned tb;     /* tag bits */
+  uint32_t tmask;  /* (1 << tb) - 1 */
+  size_t mapped;   /* bytes mapped by huge_alloc, 0 if calloc'd */
+} rowidx;
 
 typedef struct chunk {
-  void *mem;       /* as allocated */
-  float *rows;     /* ALIGN-aligned start of the rows (NULL: rows in the index) */
-  uint64_t *keys;  /* the rows' keys, after the rows */
-  uint32_t *slots; /* rows in the index: each row's slot, after the keys */
+  void *mem;  /* as allocated (NULL: carved from an arena) */
+  char *rec;  /* ALIGN-aligned start of the records */
 } chunk;
 
 typedef struct arena {
@@ -69,21 +88,23 @@ typedef struct arena {
 struct ps__rowmap {
   size_t row_floats;
   size_t row_bytes;
-  int in_index;       /* one-float rows, kept in the index slots */
-  size_t slot_bytes;  /* SLOT, or SLOT1 when in_index */
-  unsigned shift;     /* a large chunk holds 1 << shift rows */
+  size_t stride;      /* bytes of a record: KEY_BYTES + row_bytes */
+  unsigned shift;     /* a large chunk holds 1 << shift records */
   size_t count;       /* rows in use */
   size_t row_cap;     /* rows the allocated chunks hold */
   chunk *chunks;
   size_t nchunks, chunks_cap;
   size_t chunk_bytes; /* sum of the chunks' allocation sizes */
-  unsigned char *idx; /* index slots, slot_bytes each */
-  size_t idx_mapped;  /* bytes mapped for idx by huge_alloc, 0 if malloc'd */
   arena *arenas;      /* for large chunks; the last one is being filled */
   size_t narenas;
-  size_t icap;        /* slots, a power of two, or 0 before the first insert */
-  void (*before_rehash)(void *arg); /* told before rows in the index move */
-  void *before_rehash_arg;
+  rowidx cur;         /* the index new rows go into */
+  rowidx old;         /* the index being replaced (cap 0: none) */
+  size_t ostart;      /* an empty entry of the old index: its entries move from the next one on */
+  size_t mig;         /* old entries looked at (moved if not empty), from ostart + 1 on */
+  size_t safe;        /* the first mig entries up to an empty one: whole runs moved */
+  size_t old_n, moved; /* rows the old index holds, rows of it moved */
+  rowidx next;        /* the index to grow into, being faulted in (cap 0: none) */
+  size_t touched;     /* bytes of next faulted in */
 };
 
 /* Rows held by chunk c. */
@@ -110,33 +131,22 @@ static inline size_t locate_in(unsigned shift, size_t i, size_t *off) {
   return c;
 }
 
-static size_t locate(const ps__rowmap *m, size_t i, size_t *off) { return locate_in(m->shift, i, off); }
+static inline char *rec_at(const ps__rowmap *m, size_t i) {
+  size_t off, c = locate_in(m->shift, i, &off);
+  return m->chunks[c].rec + off * m->stride;
+}
 
-static inline unsigned char *slot_at(const ps__rowmap *m, size_t s) { return m->idx + s * m->slot_bytes; }
-static inline uint64_t slot_key(const unsigned char *p) {
+static inline uint64_t rec_key(const char *rec) {
   uint64_t k;
-  memcpy(&k, p, sizeof k);
+  memcpy(&k, rec, sizeof k); /* 4-byte aligned when a row has an odd number of floats */
   return k;
 }
-static inline uint32_t slot_row(const unsigned char *p) {
-  uint32_t r;
-  memcpy(&r, p + 8, sizeof r);
-  return r;
-}
-static inline void slot_set(unsigned char *p, uint64_t key, uint32_t row) {
-  memcpy(p, &key, sizeof key);
-  memcpy(p + 8, &row, sizeof row);
-}
-/* The row kept in slot p of a map of one-float rows. */
-static inline float *slot_val(unsigned char *p) { return (float *)(void *)(p + 12); }
 
-static float *row_ptr(const ps__rowmap *m, size_t i) {
-  size_t off, c = locate(m, i, &off);
-  if (m->in_index) return slot_val(m->idx + (size_t)m->chunks[c].slots[off] * SLOT1);
-  return m->chunks[c].rows + off * m->row_floats;
-}
+static inline float *rec_row(char *rec) { return (float *)(void *)(rec + KEY_BYTES); }
 
-/* n bytes (a multiple of HUGE_PAGE), 2 MiB-aligned and advised for huge pages. */
+/* ---------------------------------------------------------------- memory */
+
+/* n bytes (a multiple of HUGE_PAGE), 2 MiB-aligned, zeroed and advised for huge pages. */
 static void *huge_alloc(size_t n) {
   size_t len = n + HUGE_PAGE;
   char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -173,26 +183,240 @@ static void *arena_take(ps__rowmap *m, size_t n) {
   return p;
 }
 
-static size_t slot_of(uint64_t key, size_t mask) { return (size_t)ps__mix64(key) & mask; }
+/* ---------------------------------------------------------------- the index */
 
-static ps__rowmap *rowmap_new(size_t row_floats, int in_index) {
+static inline size_t ix_home(const rowidx *x, uint64_t h) {
+  return (size_t)(((unsigned __int128)h * x->cap) >> 64);
+}
+
+static inline size_t ix_next(const rowidx *x, size_t s) { return s + 1 == x->cap ? 0 : s + 1; }
+
+static inline uint32_t ix_row(const rowidx *x, uint32_t e) { return (e >> x->tb) - 1; }
+
+static inline uint32_t ix_tag(const rowidx *x, uint64_t h) { return (uint32_t)h & x->tmask; }
+
+/* An empty index of cap entries into *x; 0 or -1. */
+static int ix_make(rowidx *x, size_t cap) {
+  size_t bytes = cap * sizeof(uint32_t), mapped = 0;
+  uint32_t *e;
+  if (cap > SIZE_MAX / sizeof(uint32_t) / 8) return -1;
+  if (bytes >= HUGE_PAGE) {
+    mapped = round_huge(bytes);
+    e = huge_alloc(mapped);
+  } else {
+    e = ps__calloc(cap, sizeof *e);
+  }
+  if (!e) return -1;
+  x->e = e;
+  x->cap = cap;
+  x->mapped = mapped;
+  x->max_rows = cap / 8 * 7 + cap % 8 * 7 / 8;
+  if (x->max_rows > MAX_ROWS) x->max_rows = MAX_ROWS;
+  unsigned rb = (unsigned)(64 - __builtin_clzll((unsigned long long)x->max_rows)); /* holds row + 1 */
+  x->tb = rb >= 32 ? 0 : 32 - rb;
+  x->tmask = x->tb ? ((uint32_t)1 << x->tb) - 1 : 0;
+  return 0;
+}
+
+static void ix_free(rowidx *x) {
+  if (x->mapped) munmap(x->e, x->mapped);
+  else free(x->e);
+  memset(x, 0, sizeof *x);
+}
+
+/* Row r of hash h into x (its key is not there yet). */
+static inline void ix_put(rowidx *x, uint64_t h, uint32_t r) {
+  size_t s = ix_home(x, h);
+  while (x->e[s]) s = ix_next(x, s);
+  x->e[s] = ((r + 1) << x->tb) | ix_tag(x, h);
+}
+
+/* The row of key (hash h) in x, or NONE; its record into *rec when found. */
+static inline uint32_t ix_find(const ps__rowmap *m, const rowidx *x, uint64_t key, uint64_t h, char **rec) {
+  uint32_t tag = ix_tag(x, h);
+  for (size_t s = ix_home(x, h);; s = ix_next(x, s)) {
+    uint32_t e = x->e[s];
+    if (!e) return NONE;
+    if ((e & x->tmask) == tag) {
+      uint32_t r = ix_row(x, e);
+      char *p = rec_at(m, r);
+      if (rec_key(p) == key) {
+        *rec = p;
+        return r;
+      }
+    }
+  }
+}
+
+/* The first row of x whose tag matches h, or NONE: the candidate a pipeline prefetches
+ * (its key is checked when the record is in cache). */
+static inline uint32_t ix_candidate(const rowidx *x, uint64_t h) {
+  uint32_t tag = ix_tag(x, h);
+  for (size_t s = ix_home(x, h);; s = ix_next(x, s)) {
+    uint32_t e = x->e[s];
+    if (!e) return NONE;
+    if ((e & x->tmask) == tag) return ix_row(x, e);
+  }
+}
+
+/* Whether the old index's entry for hash h, if there is one, has surely moved to the
+ * current index. The old index moves in order of position, from just after the empty
+ * entry ostart round to it; a key's entry is in the run of entries (up to an empty one)
+ * that holds its home, after the home, so once a run has moved whole (it lies before
+ * m->safe), so have the entries of every key whose home is in it. The old index never
+ * changes while rows move, so an entry that has moved is still found there too. */
+static inline int old_moved(const ps__rowmap *m, uint64_t h) {
+  size_t ho = ix_home(&m->old, h), q = ho > m->ostart ? ho - m->ostart - 1 : ho + m->old.cap - m->ostart - 1;
+  return q < m->safe;
+}
+
+/* While rows move, a key whose old entry has not moved is looked up in the old index
+ * (where the rows from before the growth are) and then in the current one (rows since);
+ * any other key only in the current one. */
+static inline uint32_t find_h(const ps__rowmap *m, uint64_t key, uint64_t h, char **rec) {
+  if (m->count == 0) return NONE;
+  if (m->old.cap && !old_moved(m, h)) {
+    __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)]); /* both misses at once */
+    uint32_t r = ix_find(m, &m->old, key, h, rec);
+    if (r != NONE) return r;
+  }
+  return ix_find(m, &m->cur, key, h, rec);
+}
+
+/* Rows [0, count) into the current index, which holds none of them. */
+static void put_all(ps__rowmap *m) {
+  enum { BATCH = 32 };
+  uint64_t hs[BATCH];
+  for (size_t i = 0; i < m->count; i += BATCH) {
+    size_t n = m->count - i < BATCH ? m->count - i : BATCH;
+    for (size_t j = 0; j < n; j++) {
+      hs[j] = ps__mix64(rec_key(rec_at(m, i + j)));
+      __builtin_prefetch(&m->cur.e[ix_home(&m->cur, hs[j])], 1);
+    }
+    for (size_t j = 0; j < n; j++) ix_put(&m->cur, hs[j], (uint32_t)(i + j));
+  }
+}
+
+/* Move k rows (or all that are left) of the old index into the current one; the old
+ * index is freed once all have moved. The
+ * old entries are read in order and the records of a batch of them prefetched (their
+ * keys give the hashes); since a position is the hash scaled to the capacity, the
+ * entries written to the current index go in order too, from line to line. */
+static void migrate(ps__rowmap *m, size_t k) {
+  enum { BATCH = 32 };
+  uint32_t rows[BATCH];
+  uint64_t hs[BATCH];
+  const rowidx *o = &m->old;
+  size_t moved = 0;
+  while (moved < k && m->mig < o->cap) {
+    size_t n = 0;
+    while (n < BATCH && moved + n < k && m->mig < o->cap) {
+      size_t p = m->ostart + 1 + m->mig;
+      uint32_t e = o->e[p >= o->cap ? p - o->cap : p];
+      m->mig++;
+      if (e) {
+        rows[n] = ix_row(o, e);
+        __builtin_prefetch(rec_at(m, rows[n]));
+        n++;
+      } else {
+        m->safe = m->mig; /* a run has moved whole */
+      }
+    }
+    for (size_t j = 0; j < n; j++) hs[j] = ps__mix64(rec_key(rec_at(m, rows[j])));
+    for (size_t j = 0; j < n; j++) ix_put(&m->cur, hs[j], rows[j]);
+    moved += n;
+  }
+  m->moved += moved;
+  if (m->mig == o->cap) {
+    ix_free(&m->old);
+    m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
+  }
+}
+
+static size_t next_cap(const ps__rowmap *m) { return m->cur.cap ? 2 * m->cur.cap : MIN_INDEX; }
+
+/* Fault in the pages of next [touched, to): one write per 4 KiB page (a 2 MiB page
+ * faults whole on its first write). */
+static void touch_next(ps__rowmap *m, size_t to) {
+  volatile unsigned char *p = (volatile unsigned char *)m->next.e;
+  for (size_t b = m->touched; b < to; b += 4096) p[b] = 0;
+  if (to > m->touched) m->touched = to;
+}
+
+/* The last PREP_SHARE of the rows the current index holds: the next index is allocated
+ * and its pages faulted in a little per insert, so that the first inserts into it,
+ * which land all over it, do not fault in (zero) the whole index at once: at 10^7 rows
+ * that was a pause of 50-200 ms. */
+#define PREP_SHARE 64
+static void prepare(ps__rowmap *m) {
+  size_t max = m->cur.max_rows, start = max - max / PREP_SHARE;
+  if (m->old.cap || m->count < start || m->count >= max || max < 4096) return;
+  if (!m->next.cap) {
+    if (ix_make(&m->next, next_cap(m))) return; /* out of memory: grow() tries again */
+    m->touched = m->next.mapped ? 0 : m->next.cap * sizeof(uint32_t); /* calloc'd: zeroed */
+  }
+  size_t bytes = m->next.cap * sizeof(uint32_t), left = max - m->count;
+  if (m->touched < bytes) touch_next(m, m->touched + (bytes - m->touched + left - 1) / left);
+}
+
+/* Room in the index for one more row: a bigger index when the current one is full,
+ * the old one finished first if it has not been (only when the map is cleared and
+ * refilled faster than it moves). 0 or -1 (nothing changed). */
+static int grow(ps__rowmap *m) {
+  rowidx nx;
+  if (m->count < m->cur.max_rows) return 0;
+  if (m->old.cap) migrate(m, SIZE_MAX);
+  if (m->next.cap) {
+    nx = m->next;
+    memset(&m->next, 0, sizeof m->next);
+    m->touched = 0;
+  } else if (ix_make(&nx, next_cap(m))) {
+    return -1;
+  }
+  if (m->count == 0) { /* nothing to move */
+    if (m->cur.cap) ix_free(&m->cur);
+    m->cur = nx;
+    return 0;
+  }
+  m->old = m->cur;
+  m->cur = nx;
+  m->ostart = 0;
+  while (m->old.e[m->ostart]) m->ostart++; /* there is one: the load is at most 7/8 */
+  m->mig = m->moved = m->safe = 0;
+  m->old_n = m->count;
+  return 0;
+}
+
+int ps__rowmap_reserve(ps__rowmap *m, size_t rows) {
+  rowidx nx;
+  if (rows > MAX_ROWS) return -1;
+  if (rows <= m->cur.max_rows) return 0;
+  size_t cap = rows / 7 * 8 + (rows % 7 * 8 + 6) / 7; /* ceil(rows * 8 / 7) */
+  if (cap < MIN_INDEX) cap = MIN_INDEX;
+  if (ix_make(&nx, cap)) return -1;
+  if (m->old.cap) ix_free(&m->old);
+  if (m->next.cap) ix_free(&m->next);
+  m->touched = 0;
+  if (m->cur.cap) ix_free(&m->cur);
+  m->cur = nx;
+  m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
+  put_all(m); /* every row, at once: the caller asked for the pause */
+  return 0;
+}
+
+/* ---------------------------------------------------------------- map */
+
+ps__rowmap *ps__rowmap_new(size_t row_floats) {
   ps__rowmap *m;
-  size_t per_row;
   if (row_floats > MAX_CHUNK / sizeof(float)) return NULL;
   m = ps__calloc(1, sizeof *m);
   if (!m) return NULL;
   m->row_floats = row_floats;
   m->row_bytes = row_floats * sizeof(float);
-  m->in_index = in_index && row_floats == 1;
-  m->slot_bytes = m->in_index ? SLOT1 : SLOT;
-  per_row = m->in_index ? sizeof(uint64_t) + sizeof(uint32_t) : m->row_bytes + sizeof(uint64_t);
-  while (m->shift < 30 && ((size_t)2 << m->shift) * per_row <= CHUNK_TARGET) m->shift++;
+  m->stride = KEY_BYTES + m->row_bytes;
+  while (m->shift < 30 && ((size_t)2 << m->shift) * m->stride <= CHUNK_TARGET) m->shift++;
   return m;
 }
-
-ps__rowmap *ps__rowmap_new(size_t row_floats) { return rowmap_new(row_floats, 0); }
-
-ps__rowmap *ps__rowmap_new_in_index(size_t row_floats) { return rowmap_new(row_floats, 1); }
 
 void ps__rowmap_free(ps__rowmap *m) {
   if (!m) return;
@@ -200,27 +424,26 @@ void ps__rowmap_free(ps__rowmap *m) {
   for (size_t a = 0; a < m->narenas; a++) munmap(m->arenas[a].base, m->arenas[a].len);
   free(m->arenas);
   free(m->chunks);
-  if (m->idx_mapped)
-    munmap(m->idx, m->idx_mapped);
-  else
-    free(m->idx);
+  if (m->cur.cap) ix_free(&m->cur);
+  if (m->old.cap) ix_free(&m->old);
+  if (m->next.cap) ix_free(&m->next);
   free(m);
 }
 
 float *ps__rowmap_get(const ps__rowmap *m, uint64_t key) {
-  size_t mask, s;
-  if (m->count == 0) return NULL;
-  mask = m->icap - 1;
-  for (s = slot_of(key, mask);; s = (s + 1) & mask) {
-    unsigned char *p = slot_at(m, s);
-    uint32_t r = slot_row(p);
-    if (r == EMPTY) return NULL;
-    if (slot_key(p) == key) return m->in_index ? slot_val(p) : row_ptr(m, r);
-  }
+  char *rec;
+  uint32_t r = find_h(m, key, ps__mix64(key), &rec);
+  return r == NONE ? NULL : rec_row(rec);
 }
 
-#define FM_SLOT_AHEAD 16 /* keys between hashing (slot prefetch) and emitting */
-#define FM_ROW_AHEAD 8   /* keys between probing (row prefetch) and emitting */
+size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key) {
+  char *rec;
+  uint32_t r = find_h(m, key, ps__mix64(key), &rec);
+  return r == NONE ? SIZE_MAX : r;
+}
+
+#define FM_SLOT_AHEAD 16 /* keys between hashing (entry prefetch) and emitting */
+#define FM_ROW_AHEAD 8   /* keys between probing (record prefetch) and emitting */
 #define FM_RING 32       /* > FM_SLOT_AHEAD, a power of two */
 
 /* A little-endian key: one (unaligned) load, swapped on a big-endian host. */
@@ -233,86 +456,58 @@ static inline uint64_t key_le(const uint8_t *p) {
   return v;
 }
 
-static inline void prefetch_row_lines(const ps__rowmap *m, const char *r) {
-  size_t n = m->row_bytes < 1024 ? m->row_bytes : 1024;
+/* A record's lines (its key and up to 1 KiB of the row): a wide row is copied or updated
+ * whole, so all of its lines are asked for, not just the first two the hardware's
+ * streamer would wait for. */
+static inline void prefetch_rec(const ps__rowmap *m, const char *r) {
+  size_t n = m->stride < 1024 ? m->stride : 1024;
   for (size_t off = 0; off < n; off += 64) __builtin_prefetch(r + off);
+  __builtin_prefetch(r + n - 1);
 }
 
-/* For rows in the index: the probe finds the row, so two stages, the probe
- * SLOT_AHEAD keys after the prefetch. */
-static inline void find_many_in_index(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n,
-                                      float **rows, uint32_t *idx) {
-  size_t sring[FM_RING];
-  const size_t mask = m->icap - 1;
-  for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
-    if (t < n) {
-      size_t s = slot_of(k64 ? k64[t] : key_le(kle + 8 * t), mask);
-      sring[t & (FM_RING - 1)] = s;
-      __builtin_prefetch(m->idx + s * SLOT1);
-    }
-    if (t >= FM_SLOT_AHEAD) {
-      size_t b = t - FM_SLOT_AHEAD;
-      uint64_t key = k64 ? k64[b] : key_le(kle + 8 * b);
-      float *r = NULL;
-      uint32_t x = EMPTY;
-      for (size_t s = sring[b & (FM_RING - 1)];; s = (s + 1) & mask) {
-        unsigned char *p = m->idx + s * SLOT1;
-        if (slot_row(p) == EMPTY) break;
-        if (slot_key(p) == key) {
-          r = slot_val(p);
-          x = slot_row(p);
-          break;
-        }
-      }
-      rows[b] = r;
-      if (idx) idx[b] = x;
-    }
-  }
-}
-
-/* Stage 1 at key t, stage 2 (probe) at t - (SLOT_AHEAD - ROW_AHEAD), emit at
- * t - SLOT_AHEAD; slot and row numbers wait in small rings between stages. */
+/* Stage 1 at key t (hash, prefetch the entries), stage 2 at t - (SLOT_AHEAD -
+ * ROW_AHEAD) (the first entry with the key's tag: prefetch its record), emit at
+ * t - SLOT_AHEAD (the record's key decides; a wrong candidate, rare, is resolved by a
+ * plain lookup). Hashes and candidates wait in small rings between stages. */
 static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows,
                              uint32_t *idx) {
-  size_t sring[FM_RING];
+  uint64_t hring[FM_RING];
   uint32_t rring[FM_RING];
   if (m->count == 0) {
     for (size_t i = 0; i < n; i++) rows[i] = NULL;
-    for (size_t i = 0; idx && i < n; i++) idx[i] = EMPTY;
+    for (size_t i = 0; idx && i < n; i++) idx[i] = NONE;
     return;
   }
-  if (m->in_index) {
-    find_many_in_index(m, k64, kle, n, rows, idx);
-    return;
-  }
-  const size_t mask = m->icap - 1;
+  const rowidx *cx = &m->cur, *ox = m->old.cap ? &m->old : NULL;
   for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
     if (t < n) {
-      uint64_t key = k64 ? k64[t] : key_le(kle + 8 * t);
-      size_t s = slot_of(key, mask);
-      sring[t & (FM_RING - 1)] = s;
-      __builtin_prefetch(m->idx + s * SLOT);
+      uint64_t h = ps__mix64(k64 ? k64[t] : key_le(kle + 8 * t));
+      hring[t & (FM_RING - 1)] = h;
+      __builtin_prefetch(&cx->e[ix_home(cx, h)]);
+      if (ox && !old_moved(m, h)) __builtin_prefetch(&ox->e[ix_home(ox, h)]);
     }
     size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);
     if (t >= FM_SLOT_AHEAD - FM_ROW_AHEAD && b < n) {
-      uint64_t key = k64 ? k64[b] : key_le(kle + 8 * b);
-      uint32_t r = EMPTY;
-      for (size_t s = sring[b & (FM_RING - 1)];; s = (s + 1) & mask) {
-        const unsigned char *p = m->idx + s * SLOT;
-        uint32_t x = slot_row(p);
-        if (x == EMPTY) break;
-        if (slot_key(p) == key) {
-          r = x;
-          break;
-        }
-      }
+      uint64_t h = hring[b & (FM_RING - 1)];
+      uint32_t r = ox && !old_moved(m, h) ? ix_candidate(ox, h) : NONE;
+      if (r == NONE) r = ix_candidate(cx, h);
       rring[b & (FM_RING - 1)] = r;
-      if (r != EMPTY) prefetch_row_lines(m, (const char *)row_ptr(m, r));
+      if (r != NONE) prefetch_rec(m, rec_at(m, r));
     }
     if (t >= FM_SLOT_AHEAD) {
       size_t c = t - FM_SLOT_AHEAD;
       uint32_t r = rring[c & (FM_RING - 1)];
-      rows[c] = r == EMPTY ? NULL : row_ptr(m, r);
+      float *row = NULL;
+      if (r != NONE) {
+        uint64_t key = k64 ? k64[c] : key_le(kle + 8 * c);
+        char *rec = rec_at(m, r);
+        if (rec_key(rec) != key) { /* a wrong tag match: look it up in full */
+          r = find_h(m, key, hring[c & (FM_RING - 1)], &rec);
+          if (r == NONE) rec = NULL;
+        }
+        if (rec) row = rec_row(rec);
+      }
+      rows[c] = row;
       if (idx) idx[c] = r;
     }
   }
@@ -333,29 +528,29 @@ void ps__rowmap_find_many_at(const ps__rowmap *m, const uint64_t *keys64, const 
 }
 
 void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key) {
-  if (m->icap) __builtin_prefetch(slot_at(m, slot_of(key, m->icap - 1)));
+  if (!m->cur.cap) return;
+  uint64_t h = ps__mix64(key);
+  __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)]);
+  if (m->old.cap && !old_moved(m, h)) __builtin_prefetch(&m->old.e[ix_home(&m->old, h)]);
 }
 
 void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key) {
-  const char *r = (const char *)ps__rowmap_get(m, key);
-  if (r) {
-    /* A wide row is copied or updated whole: ask for all of its lines (up to 1 KiB), not
-     * just the first two the hardware's streamer would wait for. */
-    prefetch_row_lines(m, r);
-  }
+  if (m->count == 0) return;
+  uint64_t h = ps__mix64(key);
+  uint32_t r = m->old.cap && !old_moved(m, h) ? ix_candidate(&m->old, h) : NONE;
+  if (r == NONE) r = ix_candidate(&m->cur, h);
+  if (r != NONE) prefetch_rec(m, rec_at(m, r));
 }
 
 /* Allocate the next chunk. 0 or -1 (nothing changed). */
 static int add_chunk(ps__rowmap *m) {
   size_t c = m->nchunks, n = chunk_rows(m, c);
-  size_t rows_bytes, bytes;
+  size_t bytes;
   void *mem;
   uintptr_t at;
 
-  if (m->row_bytes > MAX_CHUNK / n) return -1;
-  rows_bytes = m->in_index ? 0 : (n * m->row_bytes + 7) & ~(size_t)7;
-  if (rows_bytes > MAX_CHUNK - n * sizeof(uint64_t)) return -1;
-  bytes = rows_bytes + n * sizeof(uint64_t) + (m->in_index ? n * sizeof(uint32_t) : 0) + ALIGN - 1;
+  if (m->stride > MAX_CHUNK / n) return -1;
+  bytes = n * m->stride;
   if (m->nchunks == m->chunks_cap) {
     size_t cap = m->chunks_cap ? 2 * m->chunks_cap : 32;
     chunk *cs = ps__realloc(m->chunks, cap * sizeof *cs);
@@ -364,103 +559,52 @@ static int add_chunk(ps__rowmap *m) {
     m->chunks_cap = cap;
   }
   if (bytes >= ARENA_MIN_CHUNK) {
-    bytes = (bytes - (ALIGN - 1) + ALIGN - 1) & ~(size_t)(ALIGN - 1); /* arenas are aligned */
+    bytes = (bytes + ALIGN - 1) & ~(size_t)(ALIGN - 1); /* arenas stay aligned */
     mem = arena_take(m, bytes);
     if (!mem) return -1;
     at = (uintptr_t)mem;
     mem = NULL; /* freed with its arena */
   } else {
+    bytes += ALIGN - 1;
     mem = ps__malloc(bytes);
     if (!mem) return -1;
     at = ((uintptr_t)mem + ALIGN - 1) & ~(uintptr_t)(ALIGN - 1);
   }
   m->chunks[c].mem = mem;
-  m->chunks[c].rows = m->in_index ? NULL : (float *)at;
-  m->chunks[c].keys = (uint64_t *)(at + rows_bytes);
-  m->chunks[c].slots = m->in_index ? (uint32_t *)(m->chunks[c].keys + n) : NULL;
+  m->chunks[c].rec = (char *)at;
   m->nchunks++;
   m->row_cap += n;
   m->chunk_bytes += bytes;
   return 0;
 }
 
-/* Rebuild the index with ncap slots. 0 or -1 (nothing changed). */
-static int rehash(ps__rowmap *m, size_t ncap) {
-  unsigned char *idx;
-  size_t mask = ncap - 1, sb = m->slot_bytes;
-
-  if (ncap > SIZE_MAX / sb) return -1;
-  if (m->in_index && m->before_rehash) m->before_rehash(m->before_rehash_arg);
-  size_t bytes = ncap * sb, mapped = 0;
-  if (bytes >= HUGE_PAGE) {
-    mapped = round_huge(bytes);
-    idx = huge_alloc(mapped);
-  } else {
-    idx = ps__malloc(bytes);
-  }
-  if (!idx) return -1;
-  for (size_t t = 0; t < ncap; t++) slot_set(idx + t * sb, 0, EMPTY);
-  for (size_t s = 0; s < m->icap; s++) {
-    const unsigned char *p = slot_at(m, s);
-    uint32_t r = slot_row(p);
-    size_t t;
-    if (r == EMPTY) continue;
-    for (t = slot_of(slot_key(p), mask); slot_row(idx + t * sb) != EMPTY; t = (t + 1) & mask) {
-    }
-    memcpy(idx + t * sb, p, sb); /* key, row number and, in the index, the row */
-    if (m->in_index) {
-      size_t off, c = locate(m, r, &off);
-      m->chunks[c].slots[off] = (uint32_t)t;
-    }
-  }
-  if (m->idx_mapped)
-    munmap(m->idx, m->idx_mapped);
-  else
-    free(m->idx);
-  m->idx = idx;
-  m->idx_mapped = mapped;
-  m->icap = ncap;
-  return 0;
-}
-
 static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32_t *idx) {
-  size_t mask, s = 0, off, c;
-  float *row;
+  uint64_t h = ps__mix64(key);
+  char *rec;
+  uint32_t r = find_h(m, key, h, &rec);
 
   if (created) *created = 0;
-  if (m->icap) {
-    mask = m->icap - 1;
-    for (s = slot_of(key, mask);; s = (s + 1) & mask) {
-      unsigned char *p = slot_at(m, s);
-      uint32_t r = slot_row(p);
-      if (r == EMPTY) break;
-      if (slot_key(p) == key) {
-        if (idx) *idx = r;
-        return m->in_index ? slot_val(p) : row_ptr(m, r);
-      }
-    }
+  if (r != NONE) {
+    if (idx) *idx = r;
+    return rec_row(rec);
   }
   /* A new row: make room first, so that a failure leaves the map as it was. */
   if (m->count >= MAX_ROWS) return NULL;
   if (m->count == m->row_cap && add_chunk(m)) return NULL;
-  if ((m->count + 1) * 4 > m->icap * 3) {
-    if (rehash(m, m->icap ? 2 * m->icap : MIN_INDEX)) return NULL;
-    mask = m->icap - 1;
-    for (s = slot_of(key, mask); slot_row(slot_at(m, s)) != EMPTY; s = (s + 1) & mask) {
-    }
-  }
-  slot_set(slot_at(m, s), key, (uint32_t)m->count);
-  c = locate(m, m->count, &off);
-  m->chunks[c].keys[off] = key;
-  if (m->in_index) {
-    m->chunks[c].slots[off] = (uint32_t)s;
-    row = slot_val(slot_at(m, s));
-  } else {
-    row = m->chunks[c].rows + off * m->row_floats;
-  }
-  if (zero) memset(row, 0, m->row_bytes);
-  if (idx) *idx = (uint32_t)m->count;
+  if (grow(m)) return NULL;
+  r = (uint32_t)m->count;
+  rec = rec_at(m, r);
+  memcpy(rec, &key, sizeof key);
+  ix_put(&m->cur, h, r);
   m->count++;
+  if (m->old.cap) {
+    if (m->count % MIGRATE_EVERY == 0) migrate(m, MIGRATE_STEP);
+  } else {
+    prepare(m);
+  }
+  float *row = rec_row(rec);
+  if (zero) memset(row, 0, m->row_bytes);
+  if (idx) *idx = r;
   if (created) *created = 1;
   return row;
 }
@@ -476,99 +620,93 @@ float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created) { ret
 size_t ps__rowmap_count(const ps__rowmap *m) { return m->count; }
 
 uint64_t ps__rowmap_key_at(const ps__rowmap *m, size_t i) {
-  size_t off, c;
   PS_ASSERT(i < m->count);
-  c = locate(m, i, &off);
-  return m->chunks[c].keys[off];
+  return rec_key(rec_at(m, i));
 }
 
 float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
   PS_ASSERT(i < m->count);
-  return row_ptr(m, i);
+  return rec_row(rec_at(m, i));
 }
 
+size_t ps__rowmap_moving(const ps__rowmap *m) { return m->old.cap ? m->old_n - m->moved : 0; }
+
 /* A map whose index is much larger than its rows (an accumulator that once held a huge
- * round, then small ones) is cleared slot by slot: each row's slot is found first (all
- * lookups before any slot is emptied, since a probe stops at an empty slot), then
- * emptied, instead of a pass over the whole index on every clear. */
+ * round, then small ones) is cleared entry by entry: each row's entry is found first
+ * (all lookups before any entry is emptied, since a probe stops at an empty entry),
+ * then emptied, instead of a pass over the whole index on every clear. Called with no
+ * old index. */
 static int clear_rows(ps__rowmap *m) {
-  size_t n = m->count, mask = m->icap - 1;
+  size_t n = m->count;
+  rowidx *x = &m->cur;
   size_t *at = ps__malloc(n * sizeof *at);
   if (!at) return -1;
   for (size_t i = 0; i < n; i++) {
-    size_t s = slot_of(ps__rowmap_key_at(m, i), mask);
-    while (slot_row(slot_at(m, s)) != (uint32_t)i) s = (s + 1) & mask;
+    uint64_t h = ps__mix64(rec_key(rec_at(m, i)));
+    size_t s = ix_home(x, h);
+    while (!x->e[s] || ix_row(x, x->e[s]) != (uint32_t)i) s = ix_next(x, s);
     at[i] = s;
   }
-  for (size_t i = 0; i < n; i++) slot_set(slot_at(m, at[i]), 0, EMPTY);
+  for (size_t i = 0; i < n; i++) x->e[at[i]] = 0;
   free(at);
   return 0;
 }
 
 void ps__rowmap_clear(ps__rowmap *m) {
-  if (m->count && (m->count * 16 >= m->icap || clear_rows(m)))
-    for (size_t s = 0; s < m->icap; s++) slot_set(slot_at(m, s), 0, EMPTY);
+  if (m->old.cap) { /* rows being moved: the old index goes, the new one is wiped whole */
+    ix_free(&m->old);
+    m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
+    memset(m->cur.e, 0, m->cur.cap * sizeof *m->cur.e);
+  } else if (m->count && (m->count * 16 >= m->cur.cap || clear_rows(m))) {
+    memset(m->cur.e, 0, m->cur.cap * sizeof *m->cur.e);
+  }
   m->count = 0;
 }
 
-size_t ps__rowmap_bytes(const ps__rowmap *m) {
-  return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes +
-         m->icap * m->slot_bytes;
+void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u) {
+  u->rows = m->count;
+  u->payload = m->count * m->row_bytes;
+  u->keys = m->count * KEY_BYTES;
+  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + (m->next.cap ? m->touched : 0);
+  u->total = ps__rowmap_bytes(m);
+  u->spare = u->total - u->payload - u->keys - u->index;
 }
 
-size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key) {
-  if (m->count == 0) return SIZE_MAX;
-  size_t mask = m->icap - 1;
-  for (size_t s = slot_of(key, mask);; s = (s + 1) & mask) {
-    const unsigned char *p = slot_at(m, s);
-    uint32_t r = slot_row(p);
-    if (r == EMPTY) return SIZE_MAX;
-    if (slot_key(p) == key) return r;
-  }
+size_t ps__rowmap_bytes(const ps__rowmap *m) {
+  return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes + (m->cur.cap + m->old.cap) * sizeof(uint32_t) +
+         (m->next.cap ? m->touched : 0);
 }
 
 /* ---------------------------------------------------------------- views */
 
-void ps__rowmap_before_rehash(ps__rowmap *m, void (*fn)(void *arg), void *arg) {
-  m->before_rehash = fn;
-  m->before_rehash_arg = arg;
-}
-
 int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v) {
   memset(v, 0, sizeof *v);
-  size_t off, nc = m->count ? locate(m, m->count - 1, &off) + 1 : 0;
-  v->idx = m->in_index ? m->idx : NULL;
+  size_t off, nc = m->count ? locate_in(m->shift, m->count - 1, &off) + 1 : 0;
   v->n = m->count;
   v->row_floats = m->row_floats;
+  v->stride = m->stride;
   v->shift = m->shift;
   v->nchunks = nc;
-  v->rows = ps__malloc((nc ? nc : 1) * sizeof *v->rows);
-  v->keys = ps__malloc((nc ? nc : 1) * sizeof *v->keys);
-  if (!v->rows || !v->keys) {
+  v->recs = ps__malloc((nc ? nc : 1) * sizeof *v->recs);
+  if (!v->recs) {
     ps__rowmap_view_free(v);
     return PS_ERR_NOMEM;
   }
-  for (size_t c = 0; c < nc; c++) {
-    /* rows in the index: the chunk's slot numbers stand in for its rows */
-    v->rows[c] = m->in_index ? (float *)(void *)m->chunks[c].slots : m->chunks[c].rows;
-    v->keys[c] = m->chunks[c].keys;
-  }
+  for (size_t c = 0; c < nc; c++) v->recs[c] = m->chunks[c].rec;
   return 0;
 }
 
 void ps__rowmap_view_free(ps__rowmap_view *v) {
-  free(v->rows);
-  free(v->keys);
+  free(v->recs);
   memset(v, 0, sizeof *v);
 }
 
 float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i) {
   size_t off, c = locate_in(v->shift, i, &off);
-  if (v->idx) return slot_val(v->idx + (size_t)((const uint32_t *)(const void *)v->rows[c])[off] * SLOT1);
-  return v->rows[c] + off * v->row_floats;
+  return rec_row(v->recs[c] + off * v->stride);
 }
 
 uint64_t ps__rowmap_view_key(const ps__rowmap_view *v, size_t i) {
   size_t off, c = locate_in(v->shift, i, &off);
-  return v->keys[c][off];
+  return rec_key(v->recs[c] + off * v->stride);
 }

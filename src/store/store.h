@@ -10,7 +10,7 @@
  * full width). A row is `row_floats` contiguous floats: the parameters (width floats)
  * followed by the optimiser state, one block of `width` floats per state variable.
  * Rows live in large chunks that never move, so a row pointer stays valid until the
- * map is cleared or freed, and memory per row is the payload plus the hash index.
+ * map is cleared or freed, and memory per row is the payload, its key and the index.
  */
 #ifndef PS_STORE_H
 #define PS_STORE_H
@@ -53,26 +53,28 @@ void ps__vset(float *restrict y, float a, const float *restrict x, size_t n);
 
 typedef struct ps__rowmap ps__rowmap;
 
-/* A map from uint64 key to a row of row_floats floats. Rows are stored in chunks of
- * (1 << chunk_shift) rows, index entries in one open-addressing array (load <= 0.75).
- * A row pointer stays valid until the map is cleared or freed. Returns NULL on
- * allocation failure. */
+/* A map from uint64 key (every value is a valid key, 0 and UINT64_MAX included) to a
+ * row of row_floats floats. Rows are numbered 0..count-1 in insertion order and never
+ * move: a row pointer and a row number stay valid until the map is cleared or freed.
+ * Memory per row: the row, its 8-byte key and 4 / load bytes of index (load between
+ * 7/16 and 7/8; rowmap.c). The index doubles when full, without a pause: rows move to
+ * the bigger index a few per insert (ps__rowmap_moving). Not thread-safe,
+ * except that lookups (get, find_many, index, prefetch) write nothing and may run on
+ * several threads at once when no thread changes the map. Returns NULL on allocation
+ * failure or a row too large. */
 ps__rowmap *ps__rowmap_new(size_t row_floats);
-/* The same, except that when row_floats == 1 the rows live in the index slots, so a
- * lookup costs one cache miss instead of two; a row pointer is then valid only until
- * the next insert (an upsert that creates a row), which may move every row. */
-ps__rowmap *ps__rowmap_new_in_index(size_t row_floats);
 void ps__rowmap_free(ps__rowmap *m);
 /* The row for key, or NULL if absent. */
 float *ps__rowmap_get(const ps__rowmap *m, uint64_t key);
 /* Rows of keys[0 .. n) into rows[] (NULL where a key is absent), each key hashed once:
- * a software pipeline prefetches the index slot of the key 16 ahead and the row of the
- * key 8 ahead, so a batch of cold keys keeps many misses in flight. keys64 is an array
- * of host-order keys; keys_le the wire's little-endian bytes (8 per key). */
+ * a software pipeline prefetches the index entries of the key 16 ahead and the record
+ * (key and row) of the key 8 ahead, so a batch of cold keys keeps many misses in
+ * flight. keys64 is an array of host-order keys; keys_le the wire's little-endian bytes
+ * (8 per key). */
 void ps__rowmap_find_many(const ps__rowmap *m, const uint64_t *keys64, size_t n, float **rows);
 void ps__rowmap_find_many_le(const ps__rowmap *m, const uint8_t *keys_le, size_t n, float **rows);
 /* Hints for callers walking many keys of a large map, where cache misses rather than
- * work dominate: prefetch the index slot of key; or look key up (its slot prefetched a
+ * work dominate: prefetch the index entries of key; or find key's entry (prefetched a
  * few keys earlier) and prefetch its row. Neither changes the map. */
 void ps__rowmap_prefetch(const ps__rowmap *m, uint64_t key);
 void ps__rowmap_prefetch_row(const ps__rowmap *m, uint64_t key);
@@ -87,10 +89,24 @@ size_t ps__rowmap_count(const ps__rowmap *m);
 /* Key and row of the i-th inserted row (i < count). */
 uint64_t ps__rowmap_key_at(const ps__rowmap *m, size_t i);
 float *ps__rowmap_row_at(const ps__rowmap *m, size_t i);
-/* Remove every row but keep the memory for reuse (used for per-round accumulators). */
+/* Remove every row but keep the memory for reuse (used for per-round accumulators);
+ * an index being replaced is dropped. */
 void ps__rowmap_clear(ps__rowmap *m);
-/* Bytes held: row chunks + index. */
+/* Bytes held: record chunks + index (both indexes while rows move) + bookkeeping. */
 size_t ps__rowmap_bytes(const ps__rowmap *m);
+/* ps__rowmap_bytes, apart: rows, payload = rows x row_floats x 4, keys = rows x 8,
+ * index (both while rows move), spare (chunk room not yet holding rows, bookkeeping);
+ * payload + keys + index + spare = total = ps__rowmap_bytes. */
+typedef struct ps__rowmap_use {
+  size_t rows, payload, keys, index, spare, total;
+} ps__rowmap_use;
+void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u);
+/* An index for at least `rows` rows now, so that the map does not grow its index before
+ * it holds that many (the rows there are moved at once: a pause). 0, or -1 out of memory
+ * or rows > 2^32 - 1 (the map is unchanged then). */
+int ps__rowmap_reserve(ps__rowmap *m, size_t rows);
+/* Rows still to move from the index being replaced to the new one (0: none). */
+size_t ps__rowmap_moving(const ps__rowmap *m);
 /* The same, with each row's number (its place in insertion order; UINT32_MAX where a key
  * is absent) into idx[]: keys64 or, when it is NULL, keys_le. */
 void ps__rowmap_find_many_at(const ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n,
@@ -101,25 +117,19 @@ float *ps__rowmap_upsert_at(ps__rowmap *m, uint64_t key, int *created, uint32_t 
 size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key);
 
 /* The rows [0, n) of a map as they are placed now, readable from another thread while
- * the map's owner goes on inserting (chunks never move, and a row's key never changes):
- * a copy of the chunk pointers, nothing else. Valid until the map is cleared or freed;
- * for a map whose rows live in the index (ps__rowmap_new_in_index, one-float rows), only
- * until its index is rebuilt, which moves them: the owner learns of a rebuild before it
- * happens through ps__rowmap_before_rehash. The rows' contents are the owner's: a reader
- * that races with writes needs its own protocol (shard/snap.c). */
+ * the map's owner goes on inserting (chunks never move, a row's key never changes, and
+ * the index is not read): a copy of the chunk pointers, nothing else. Valid until the
+ * map is cleared or freed. The rows' contents are the owner's: a reader that races
+ * with writes needs its own protocol (shard/snap.c). */
 typedef struct ps__rowmap_view {
   size_t n, row_floats;
+  size_t stride;  /* bytes per record (key, then row) */
   unsigned shift;
   size_t nchunks;
-  float **rows;        /* per chunk (rows in the index: the chunk's slot numbers) */
-  uint64_t **keys;     /* per chunk */
-  unsigned char *idx;  /* rows in the index: the index */
+  char **recs;    /* per chunk: its first record */
 } ps__rowmap_view;
 /* 0 or PS_ERR_NOMEM. */
 int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v);
-/* fn(arg) is called on the owner's thread before the index of a map with rows in the
- * index is rebuilt (while the rows are still where a view says); NULL: nothing. */
-void ps__rowmap_before_rehash(ps__rowmap *m, void (*fn)(void *arg), void *arg);
 void ps__rowmap_view_free(ps__rowmap_view *v);
 float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i);
 uint64_t ps__rowmap_view_key(const ps__rowmap_view *v, size_t i);
