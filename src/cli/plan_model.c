@@ -54,13 +54,13 @@ void ps__plan_in_init(ps__plan_in *in) {
 
 /* ---------------------------------------------------------------- sparse tables */
 
-/* The row map's layout (src/store/rowmap.c, its header comment and SLOT, SLOT1,
- * MIN_INDEX, MAX_ROWS): the one place the plan knows it. */
-#define MAP_SLOT 12.0        /* key + row number */
-#define MAP_SLOT_IN_INDEX 16.0 /* key + row number + the one-float row */
+/* The row map's layout (src/store/rowmap.c, its header comment and KEY_BYTES,
+ * MIN_INDEX, MAX_ROWS): the one place the plan knows it. Records are the key then the
+ * row, in chunks; the index has 4-byte entries at a load of at most 7/8 and doubles when
+ * it is reached; while rows move to a grown index the old one (half the size) stays. */
+#define MAP_ENTRY 4.0        /* an index entry: row number and tag */
 #define MAP_MIN_INDEX 16.0
-#define MAP_KEY 8.0          /* each row's key, beside it in its chunk */
-#define MAP_SLOT_NO 4.0      /* rows in the index: each row's slot number, in its chunk */
+#define MAP_KEY 8.0          /* each row's key, beside it in its record */
 #define MAP_MAX_ROWS 4294967295.0 /* rows of one map (row numbers are 32-bit) */
 
 double ps__plan_rowmap_bytes(double n, double row_floats, double *peak) {
@@ -68,13 +68,11 @@ double ps__plan_rowmap_bytes(double n, double row_floats, double *peak) {
     if (peak) *peak = 0;
     return 0;
   }
-  int in_index = row_floats == 1; /* a sparse sgd table of dim 1 */
-  double slot = in_index ? MAP_SLOT_IN_INDEX : MAP_SLOT;
-  double per_row = in_index ? MAP_KEY + MAP_SLOT_NO : 4 * row_floats + MAP_KEY;
-  double icap = MAP_MIN_INDEX; /* rebuilt at twice the size when the load would pass 3/4 */
-  while (n * 4 > icap * 3) icap *= 2;
-  double bytes = n * per_row + icap * slot;
-  if (peak) *peak = bytes + (icap > MAP_MIN_INDEX ? icap / 2 * slot : 0);
+  double icap = MAP_MIN_INDEX; /* doubled when the rows would pass 7/8 of it */
+  while (n > floor(icap * 7 / 8)) icap *= 2;
+  double bytes = n * (4 * row_floats + MAP_KEY) + icap * MAP_ENTRY;
+  /* the peak: the old index beside the new one while its rows move */
+  if (peak) *peak = bytes + (icap > MAP_MIN_INDEX ? icap / 2 * MAP_ENTRY : 0);
   return bytes;
 }
 

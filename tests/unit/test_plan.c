@@ -390,11 +390,9 @@ Test(plan_parse, duration_rejections) {
 Test(plan_sparse, rowmap_bytes_match_the_store) {
   const struct {
     size_t row_floats, rows;
-    int in_index;
-  } cases[] = {{128, 200000, 0}, {16, 300000, 0}, {1, 300000, 1}, {3, 1000, 0}};
+  } cases[] = {{128, 200000}, {16, 300000}, {1, 300000}, {3, 1000}, {2, 3000000}};
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    ps__rowmap *m = cases[c].in_index ? ps__rowmap_new_in_index(cases[c].row_floats)
-                                      : ps__rowmap_new(cases[c].row_floats);
+    ps__rowmap *m = ps__rowmap_new(cases[c].row_floats);
     cr_assert_not_null(m);
     for (size_t i = 0; i < cases[c].rows; i++) {
       int created;
@@ -403,7 +401,9 @@ Test(plan_sparse, rowmap_bytes_match_the_store) {
     double real = (double)ps__rowmap_bytes(m), peak;
     double plan = ps__plan_rowmap_bytes((double)cases[c].rows, (double)cases[c].row_floats, &peak);
     double slack = (double)((size_t)2 << 20) + 4096;
-    cr_assert(plan <= real && real - plan <= slack,
+    /* while rows still move to a grown index, the old one is there too: the peak */
+    double want = ps__rowmap_moving(m) ? peak : plan;
+    cr_assert(plan <= real && real - want <= slack,
               "%zu rows of %zu floats: plan %.0f B, the map holds %.0f B", cases[c].rows,
               cases[c].row_floats, plan, real);
     cr_assert(peak > plan);
@@ -427,33 +427,34 @@ Test(plan_sparse, zipf_distinct_against_brute_force) {
   cr_assert(fabs(ps__plan_zipf_distinct(1e9, 0, 1e6) - u) <= 1e-3 * u);
 }
 
-/* 10^9 rows of dim 64 with Adagrad on servers of 64 GiB: 520 B per row in chunks,
- * and on S = 9 servers 111,111,112 rows each need an index of 2^28 slots of 12 B,
- * 61.0 GB, 62.6 GB while the index doubles (64 GiB = 68.7 GB): 9 servers; on 8 the
- * peak would be 69.8 GB. */
+/* 10^9 rows of dim 64 with Adagrad on servers of 64 GiB (68.7 GB): 520 B per row in
+ * records (8 B key + 128 floats). On S = 8 servers 125,000,000 rows each need an index
+ * of 2^28 entries of 4 B (2^27 hold only 117,440,512 at 7/8): 66.1 GB, 66.6 GB while the
+ * old index of 2^27 entries is still there: 8 servers; on 7, 142,857,143 rows take
+ * 75.4 GB. With R = 2, 2 x 10^9 rows: 16 servers (15 would hold 133,333,334 each). */
 Test(plan_sparse, a_billion_rows_of_dim_64_with_adagrad) {
   ps__plan_in in;
   ps__plan_in_init(&in);
   in.nsparse = 1;
   in.sparse[0] = (ps__plan_sparse){.rows = 1e9, .dim = 64, .nstate = 1, .touched = 20000};
   in.server_mem = 64.0 * (1u << 30);
-  in.servers = 9;
+  in.servers = 8;
   ps__plan_out o = run(&in);
-  double n = 111111112, idx = 268435456.0 * 12;
+  double n = 125000000, idx = 268435456.0 * 4;
   near(o.sparse[0].rows_per_server, n);
   near(o.sparse[0].bytes_per_server, n * 520 + idx);
   near(o.sparse[0].peak_per_server, n * 520 + idx * 1.5);
-  near(o.servers_needed, 9);
+  near(o.servers_needed, 8);
   near(o.push_bytes, 20000 * (8 + 256));
-  in.servers = 8;
+  in.servers = 7;
   o = run(&in);
-  cr_assert(125000000.0 * 520 + idx * 1.5 > in.server_mem); /* why 8 are not enough */
-  near(o.servers_needed, 9);
+  cr_assert(142857143.0 * 520 + idx > in.server_mem); /* why 7 are not enough */
+  near(o.servers_needed, 8);
   in.replicas = 2;
-  in.servers = 17;
+  in.servers = 16;
   o = run(&in);
-  near(o.servers_needed, 17);
-  near(o.sparse[0].rows_per_server, ceil(2e9 / 17));
+  near(o.servers_needed, 16);
+  near(o.sparse[0].rows_per_server, ceil(2e9 / 16));
 }
 
 /* R = 1 leaves the communication term as it was; R copies make a server's push
