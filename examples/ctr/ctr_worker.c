@@ -1123,7 +1123,7 @@ int main(int argc, char **argv) {
     ps_ctx_stat(m.ctx, "pull_wait_s", &pw);
     ps_ctx_stat(m.ctx, "push_wait_s", &uw);
     ps_ctx_stat(m.ctx, "compute_s", &cs);
-    printf("waits: pull %.3f s  push %.3f s  compute %.3f s  (prefetch %s)\n", pw, uw, cs,
+    printf("waits: pull %.3f s  push %.3f s  compute %.3f s  training %.3f s  (prefetch %s)\n", pw, uw, cs, dt,
            o.prefetch ? "on" : "off");
   }
   if (o.save && rank == 0) {
