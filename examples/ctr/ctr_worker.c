@@ -659,11 +659,12 @@ static void part_close(part_reader *pr) {
 
 /* ------------------------------------------------------------------ prefetching */
 
+/* Wait for a started request and free it; a failure stops the worker with its message. */
 static void req_finish(ps_req **req, const char *what) {
   int rc = ps_req_wait(*req, -1);
+  if (rc) die_ps(what, rc); /* before the free: the message is the wait's */
   ps_req_free(*req);
   *req = NULL;
-  if (rc) die_ps(what, rc);
 }
 
 /* The prefetching pipeline over one partition's batches. The rows of batch k+1 are
