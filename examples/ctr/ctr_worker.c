@@ -10,6 +10,10 @@
  * worker computes the same cut from the files' sizes. The scheduler hands out the
  * partitions as tasks; for each mini-batch the worker pulls only the rows the batch
  * touches, computes the mean logistic-loss gradient, pushes it and advances its clock.
+ * The pull of the next batch's rows starts right after that clock, non-blocking, and
+ * flies while the worker reads and indexes the batch after it and while its push is
+ * acknowledged (two batches in turn: double buffering); in sync mode it thus answers
+ * with the round just closed, and the model is the one --no-prefetch trains.
  *
  * Epochs: rank 0 evaluates test log-loss and AUC at the end of every epoch and prints
  * them beside the planted model's (from DIR/meta.txt when the data came from ctr_gen).
@@ -65,6 +69,7 @@ typedef struct opts {
   const char *save, *load; /* --save DIR, --load DIR */
   long parts;              /* --parts N (0: max(files, 4 x workers)) */
   int shuffle;             /* --shuffle SEED given */
+  int prefetch;            /* pull the next batch's rows during this step (--no-prefetch: 0) */
   uint64_t shuffle_seed;
 } opts;
 
@@ -152,78 +157,120 @@ static float sigmoid(double z) {
   return (float)(1.0 / (1.0 + exp(-z)));
 }
 
-typedef struct model {
-  ps_ctx *ctx;
-  uint32_t table;
+/* A mini-batch's distinct ids and what goes with them: each example's index into the
+ * distinct ids, the weights pulled for them and their gradient. The worker keeps one
+ * for evaluation and two for training, which alternate: while one batch computes, the
+ * other's rows are being pulled (double buffering). */
+typedef struct rows {
   idset ids;
-  uint32_t *col;    /* per nnz: index into ids.uniq */
+  uint32_t *col; /* per nnz: index into ids.uniq */
   size_t col_cap;
   float *w, *g;
   double *gd;
   size_t wcap;
+} rows;
+
+typedef struct model {
+  ps_ctx *ctx;
+  uint32_t table;
+  rows ev;          /* evaluation and prediction */
+  rows tr[2];       /* training: the current batch and the next */
 } model;
 
-static void ensure(model *m, size_t nnz, size_t nuniq) {
-  if (nnz > m->col_cap) {
-    m->col_cap = nnz;
-    m->col = realloc(m->col, nnz * 4);
+static void ensure(rows *r, size_t nnz, size_t nuniq) {
+  if (nnz > r->col_cap) {
+    r->col_cap = nnz;
+    r->col = realloc(r->col, nnz * 4);
   }
-  if (nuniq > m->wcap) {
-    m->wcap = nuniq;
-    m->w = realloc(m->w, nuniq * 4);
-    m->g = realloc(m->g, nuniq * 4);
-    m->gd = realloc(m->gd, nuniq * 8);
+  if (nuniq > r->wcap) {
+    r->wcap = nuniq;
+    r->w = realloc(r->w, nuniq * 4);
+    r->g = realloc(r->g, nuniq * 4);
+    r->gd = realloc(r->gd, nuniq * 8);
   }
-  if (!m->col || !m->w || !m->g || !m->gd) {
+  if ((nnz && !r->col) || !r->w || !r->g || !r->gd) {
     fprintf(stderr, "ctr_worker: out of memory\n");
     exit(1);
   }
 }
 
+static void rows_free(rows *r) {
+  free(r->ids.keys);
+  free(r->ids.idx);
+  free(r->ids.gen);
+  free(r->ids.uniq);
+  free(r->col);
+  free(r->w);
+  free(r->g);
+  free(r->gd);
+}
+
 static void model_free(model *m) {
-  free(m->ids.keys);
-  free(m->ids.idx);
-  free(m->ids.gen);
-  free(m->ids.uniq);
-  free(m->col);
-  free(m->w);
-  free(m->g);
-  free(m->gd);
+  rows_free(&m->ev);
+  rows_free(&m->tr[0]);
+  rows_free(&m->tr[1]);
+}
+
+/* The batch's distinct ids (the bias first) and each example's index into them;
+ * returns their count. */
+static size_t index_batch(rows *r, const ctr_batch *b) {
+  idset_reset(&r->ids, b->nnz + 1);
+  ensure(r, b->nnz, b->nnz + 1);
+  idset_add(&r->ids, BIAS_KEY);
+  for (size_t j = 0; j < b->nnz; j++) r->col[j] = idset_add(&r->ids, b->ids[j]);
+  ensure(r, b->nnz, r->ids.n);
+  return r->ids.n;
+}
+
+/* Probabilities into p from the weights in r->w. */
+static void score(const rows *r, const ctr_batch *b, float *p) {
+  for (size_t i = 0; i < b->rows; i++) {
+    double z = r->w[0];
+    for (uint64_t j = b->offsets[i]; j < b->offsets[i + 1]; j++) z += (double)r->w[r->col[j]] * b->vals[j];
+    p[i] = sigmoid(z);
+  }
 }
 
 /* Pull the batch's weights and compute probabilities into p. Returns unique count. */
 static size_t predict(model *m, const ctr_batch *b, float *p) {
-  idset_reset(&m->ids, b->nnz + 1);
-  ensure(m, b->nnz, b->nnz + 1);
-  idset_add(&m->ids, BIAS_KEY);
-  for (size_t j = 0; j < b->nnz; j++) m->col[j] = idset_add(&m->ids, b->ids[j]);
-  ensure(m, b->nnz, m->ids.n);
-  PS_CHECK("pull", ps_pull(m->ctx, m->table, m->ids.uniq, m->ids.n, m->w, -1));
-  for (size_t i = 0; i < b->rows; i++) {
-    double z = m->w[0];
-    for (uint64_t j = b->offsets[i]; j < b->offsets[i + 1]; j++) z += (double)m->w[m->col[j]] * b->vals[j];
-    p[i] = sigmoid(z);
-  }
-  return m->ids.n;
+  rows *r = &m->ev;
+  index_batch(r, b);
+  PS_CHECK("pull", ps_pull(m->ctx, m->table, r->ids.uniq, r->ids.n, r->w, -1));
+  score(r, b, p);
+  return r->ids.n;
 }
 
-/* One training step on a batch; returns the batch's mean log-loss before the update. */
-static double train_step(model *m, const ctr_batch *b, float **pbuf, size_t *pcap) {
+/* The mean log-loss gradient of the batch into r->g, from the probabilities p. */
+static void gradient(rows *r, const ctr_batch *b, const float *p) {
+  size_t nu = r->ids.n;
+  memset(r->gd, 0, nu * 8);
+  for (size_t i = 0; i < b->rows; i++) {
+    double e = (double)p[i] - b->labels[i];
+    r->gd[0] += e;
+    for (uint64_t j = b->offsets[i]; j < b->offsets[i + 1]; j++) r->gd[r->col[j]] += e * b->vals[j];
+  }
+  for (size_t k = 0; k < nu; k++) r->g[k] = (float)(r->gd[k] / (double)b->rows);
+}
+
+static float *pbuf_for(const ctr_batch *b, float **pbuf, size_t *pcap) {
   if (b->rows > *pcap) {
     *pcap = b->rows;
     *pbuf = realloc(*pbuf, b->rows * 4);
     if (!*pbuf) exit(1);
   }
-  float *p = *pbuf;
-  size_t nu = predict(m, b, p);
-  memset(m->gd, 0, nu * 8);
-  for (size_t i = 0; i < b->rows; i++) {
-    double e = (double)p[i] - b->labels[i];
-    m->gd[0] += e;
-    for (uint64_t j = b->offsets[i]; j < b->offsets[i + 1]; j++) m->gd[m->col[j]] += e * b->vals[j];
-  }
-  for (size_t k = 0; k < nu; k++) m->g[k] = (float)(m->gd[k] / (double)b->rows);
-  PS_CHECK("push", ps_push(m->ctx, m->table, m->ids.uniq, nu, m->g, (uint32_t)b->rows, PS_LR_SCHEDULE, -1));
+  return *pbuf;
+}
+
+/* One training step on a batch, every call blocking (--no-prefetch); returns the
+ * batch's mean log-loss before the update. */
+static double train_step(model *m, const ctr_batch *b, float **pbuf, size_t *pcap) {
+  float *p = pbuf_for(b, pbuf, pcap);
+  rows *r = &m->tr[0];
+  index_batch(r, b);
+  PS_CHECK("pull", ps_pull(m->ctx, m->table, r->ids.uniq, r->ids.n, r->w, -1));
+  score(r, b, p);
+  gradient(r, b, p);
+  PS_CHECK("push", ps_push(m->ctx, m->table, r->ids.uniq, r->ids.n, r->g, (uint32_t)b->rows, PS_LR_SCHEDULE, -1));
   PS_CHECK("clock", ps_clock(m->ctx));
   return ctr_logloss(b->labels, p, b->rows);
 }
@@ -610,6 +657,79 @@ static void part_close(part_reader *pr) {
   pr->r = NULL;
 }
 
+/* ------------------------------------------------------------------ prefetching */
+
+/* Wait for a started request and free it; a failure stops the worker with its message. */
+static void req_finish(ps_req **req, const char *what) {
+  int rc = ps_req_wait(*req, -1);
+  if (rc) die_ps(what, rc); /* before the free: the message is the wait's */
+  ps_req_free(*req);
+  *req = NULL;
+}
+
+/* The prefetching pipeline over one partition's batches. The rows of batch k+1 are
+ * pulled while batch k+2 is read and indexed and while batch k's push travels; the
+ * pull of batch k+1 starts right after the clock of batch k, so that in sync mode it
+ * answers with round k applied, exactly as the blocking pull of --no-prefetch would.
+ * Frames on a connection keep the order of the calls, so the push of batch k (started,
+ * not finished) is in the round that batch k's clock closes. */
+typedef struct pipeline {
+  ctr_batch b[2];   /* the current batch and the next (b[i] goes with m->tr[i]) */
+  ps_req *pull[2], *push;
+  int cur;
+} pipeline;
+
+/* Start the pull of batch i's rows (b[i] holds a batch). */
+static void pipe_pull(model *m, pipeline *pl, int i) {
+  rows *r = &m->tr[i];
+  index_batch(r, &pl->b[i]);
+  PS_CHECK("pull", ps_pull_start(m->ctx, m->table, r->ids.uniq, r->ids.n, r->w, &pl->pull[i]));
+}
+
+/* Read the partition's first batch and start its pull; 1 on a read error. */
+static int pipe_open(model *m, pipeline *pl, part_reader *pr, size_t batch) {
+  pl->cur = 0;
+  if (part_next(pr, batch, &pl->b[0])) return 1;
+  if (pl->b[0].rows) pipe_pull(m, pl, 0);
+  return 0;
+}
+
+/* One step on the current batch (pl->b[pl->cur], rows > 0): read the next batch, wait
+ * for the current rows, compute, push, clock, start the next batch's pull, wait for
+ * the push. Returns the batch's log-loss into *loss; 1 on a read error. The batch
+ * just trained on is pl->b[pl->cur ^ 1] after the call. */
+static int pipe_step(model *m, pipeline *pl, part_reader *pr, size_t batch, float **pbuf, size_t *pcap,
+                     double *loss) {
+  int c = pl->cur, n = c ^ 1;
+  const ctr_batch *b = &pl->b[c];
+  rows *r = &m->tr[c];
+  if (part_next(pr, batch, &pl->b[n])) return 1;
+  if (pl->b[n].rows) index_batch(&m->tr[n], &pl->b[n]);
+  float *p = pbuf_for(b, pbuf, pcap);
+  req_finish(&pl->pull[c], "pull");
+  score(r, b, p);
+  gradient(r, b, p);
+  PS_CHECK("push", ps_push_start(m->ctx, m->table, r->ids.uniq, r->ids.n, r->g, (uint32_t)b->rows,
+                                 PS_LR_SCHEDULE, &pl->push));
+  PS_CHECK("clock", ps_clock(m->ctx));
+  if (pl->b[n].rows)
+    PS_CHECK("pull", ps_pull_start(m->ctx, m->table, m->tr[n].ids.uniq, m->tr[n].ids.n, m->tr[n].w, &pl->pull[n]));
+  req_finish(&pl->push, "push");
+  *loss = ctr_logloss(b->labels, p, b->rows);
+  pl->cur = n;
+  return 0;
+}
+
+static void pipe_free(pipeline *pl) {
+  for (int i = 0; i < 2; i++) {
+    ps_req_free(pl->pull[i]);
+    pl->pull[i] = NULL;
+    ctr_batch_free(&pl->b[i]);
+  }
+  ps_req_free(pl->push);
+  pl->push = NULL;
+}
+
 static int meta_value(const char *dir, const char *key, double *out) {
   char path[4096], line[512];
   snprintf(path, sizeof path, "%s/meta.txt", dir);
@@ -708,6 +828,8 @@ static void usage(FILE *f) {
           "                  score for every example of FILE into OUT as liblinear's `predict -b 1`\n"
           "                  does: a line 'labels 1 0', then 'PREDICTED P(1) P(0)' a line\n"
           "  --quiet         no per-epoch lines from workers other than rank 0\n"
+          "  --no-prefetch   pull each batch's rows when it starts, not during the step before\n"
+          "                  (prefetching gives the same model; this measures what it hides)\n"
           "  --slow-worker I --slow-factor F   worker index I (PSHARD_WORKER_INDEX) takes F times\n"
           "                  as long per step (it sleeps (F-1) x its step time), to study stragglers\n"
           "  --eval-every N  rank 0 prints 'eval t=SECONDS examples=N logloss=X auc=Y' every N of\n"
@@ -738,7 +860,7 @@ static int epoch_line(model *m, const opts *o, int epoch, double t0) {
 
 int main(int argc, char **argv) {
   opts o = {.epochs = 1, .batch = 1000, .opt = "ftrl", .lr = -1, .l1 = 0.003, .l2 = 0.001, .beta = 0.001,
-            .slow_worker = -1, .slow_factor = 1, .eval_rows = 10000};
+            .slow_worker = -1, .slow_factor = 1, .eval_rows = 10000, .prefetch = 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -747,6 +869,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(a, "--quiet")) {
       o.quiet = 1;
+      continue;
+    }
+    if (!strcmp(a, "--no-prefetch")) {
+      o.prefetch = 0;
       continue;
     }
     if (i + 1 >= argc) {
@@ -907,6 +1033,10 @@ int main(int argc, char **argv) {
   ctr_batch b, tmp;
   ctr_batch_init(&b);
   ctr_batch_init(&tmp);
+  pipeline pl;
+  memset(&pl, 0, sizeof pl);
+  ctr_batch_init(&pl.b[0]);
+  ctr_batch_init(&pl.b[1]);
   part_reader pr;
   memset(&pr, 0, sizeof pr);
   float *pbuf = NULL;
@@ -942,11 +1072,21 @@ int main(int argc, char **argv) {
     if (rc == PS_ERR_DONE) break;
     if (rc == PS_ERR_TIMEOUT) continue;
     if (part_open(&pr, &parts[task.partition], &o, task.partition, task.epoch, &tmp)) return 1;
+    if (o.prefetch && pipe_open(&m, &pl, &pr, (size_t)o.batch)) return 1;
     for (;;) {
-      if (part_next(&pr, (size_t)o.batch, &b)) return 1;
-      if (b.rows == 0) break;
-      double ts = now_s();
-      loss_acc += train_step(&m, &b, &pbuf, &pcap);
+      const ctr_batch *bp;
+      double ts = now_s(), loss;
+      if (o.prefetch) {
+        if (pl.b[pl.cur].rows == 0) break;
+        if (pipe_step(&m, &pl, &pr, (size_t)o.batch, &pbuf, &pcap, &loss)) return 1;
+        bp = &pl.b[pl.cur ^ 1];
+      } else {
+        if (part_next(&pr, (size_t)o.batch, &b)) return 1;
+        if (b.rows == 0) break;
+        loss = train_step(&m, &b, &pbuf, &pcap);
+        bp = &b;
+      }
+      loss_acc += loss;
       steps++;
       if (slow) usleep((useconds_t)((now_s() - ts) * (o.slow_factor - 1) * 1e6));
       if (rank == 0 && o.eval_every && steps % (uint64_t)o.eval_every == 0) {
@@ -957,8 +1097,8 @@ int main(int argc, char **argv) {
         fflush(stdout);
       }
       loss_n++;
-      examples += b.rows;
-      ex_since += b.rows;
+      examples += bp->rows;
+      ex_since += bp->rows;
       double t = now_s();
       if (t - last_report >= 0.5) {
         ps_metric(m.ctx, "loss", loss_acc / (double)loss_n);
@@ -979,6 +1119,14 @@ int main(int argc, char **argv) {
   if (o.epochs > 0 && (!o.quiet || rank == 0))
     printf("trained on %llu examples in %.1f s (%.0f examples/s)\n", (unsigned long long)examples, dt,
            (double)examples / dt);
+  if (o.epochs > 0 && (!o.quiet || rank == 0)) {
+    double pw = 0, uw = 0, cs = 0;
+    ps_ctx_stat(m.ctx, "pull_wait_s", &pw);
+    ps_ctx_stat(m.ctx, "push_wait_s", &uw);
+    ps_ctx_stat(m.ctx, "compute_s", &cs);
+    printf("waits: pull %.3f s  push %.3f s  compute %.3f s  training %.3f s  (prefetch %s)\n", pw, uw, cs, dt,
+           o.prefetch ? "on" : "off");
+  }
   if (o.save && rank == 0) {
     /* The whole job's tables, cut at this clock: every worker's pushes are in it. */
     uint64_t id;
@@ -995,6 +1143,7 @@ int main(int argc, char **argv) {
   if (rank == 0 && o.predict && predict_file(&m, o.predict, o.out, 10000)) return 1;
   ctr_batch_free(&b);
   ctr_batch_free(&tmp);
+  pipe_free(&pl);
   ctr_batch_free(&pr.pool);
   free(pr.perm);
   free(pbuf);

@@ -148,3 +148,145 @@ def test_gpu_or_double_parameters_are_refused():
     with pshard.embedded(servers=1) as ps:
         with pytest.raises(pshard.InvalidArgumentError):
             pt.ModelSync(ps, torch.nn.Linear(2, 2).double())
+
+
+# ------------------------------------------------------------------------- overlap
+
+def mlp(seed=0):
+    torch.manual_seed(seed)
+    # 6 -> 3000 -> 5: the first weight and the last (72 KB, 60 KB) include one that lives in
+    # shared memory, pulled in place.
+    return torch.nn.Sequential(torch.nn.Linear(6, 3000), torch.nn.ReLU(), torch.nn.Linear(3000, 5))
+
+
+def train_dense(overlap, wait_at="auto", steps=5, opt="adam"):
+    with pshard.embedded(servers=2, mode="sync") as ps:
+        model = mlp()
+        sync = pt.ModelSync(ps, model, opt=opt, lr=0.01, overlap=overlap, wait_at=wait_at)
+        losses = []
+        for x, y in batches(steps):
+            loss = F.cross_entropy(model(x), y) + 1e-3 * sum((p * p).sum() for p in model.parameters())
+            loss.backward()
+            if overlap:
+                assert len(sync._pushes) == 4, "every gradient is pushed from its hook during backward"
+            else:
+                assert not sync._pushes and all(p.grad is not None for p in model.parameters())
+            sync.step()
+            losses.append(loss.item())
+        sync.wait()
+        out = [p.detach().numpy().copy() for p in model.parameters()]
+        sync.close()
+        return out, losses
+
+
+@pytest.mark.parametrize("wait_at", ["auto", "module", "forward"])
+def test_overlap_is_bit_for_bit_the_blocking_path_in_sync_mode(wait_at):
+    """Pushes from hooks, background pulls and per-module waits change when values
+    move, not which: the parameters and the losses (which read every parameter) are
+    bit for bit those of overlap=False."""
+    ref, ref_losses = train_dense(False)
+    got, losses = train_dense(True, wait_at)
+    assert losses == ref_losses
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and np.array_equal(a, b)
+    first, _ = train_dense(False, steps=1)
+    assert not np.array_equal(first[0], ref[0]), "the training moved the parameters"
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+@pytest.mark.parametrize("model_fn,wait_at,pending_at_first", [
+    (lambda: torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)), "auto", [2, 3]),
+    (lambda: torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2)), "forward", []),
+    (Net, "auto", []),          # a custom forward may read any parameter below it: waits for all
+    (Net, "module", [2, 3]),
+])
+def test_next_forward_waits_for_each_pull_just_before_its_module(model_fn, wait_at, pending_at_first):
+    with pshard.embedded(servers=1, mode="sync") as ps:
+        torch.manual_seed(0)
+        model = model_fn()
+        sync = pt.ModelSync(ps, model, opt="sgd", lr=0.1, wait_at=wait_at)
+        first = list(model.children())[0]
+        seen = []
+        first.register_forward_pre_hook(lambda m, a: seen.append(sync.pending_pulls()))
+        x = torch.randn(8, 4)
+        model(x).sum().backward()
+        sync.step()
+        assert sync.pending_pulls() == [0, 1, 2, 3], "step() starts every pull and returns"
+        out = model(x)
+        assert seen[-1] == pending_at_first
+        assert sync.pending_pulls() == [], "every pull is waited once the forward returns"
+        out.sum().backward()
+        sync.step()
+        sync.close()
+
+
+def test_wait_at_is_checked():
+    with pshard.embedded(servers=1) as ps:
+        with pytest.raises(pshard.InvalidArgumentError):
+            pt.ModelSync(ps, small_model(), wait_at="later")
+
+
+def train_embedding(prefetch, steps=6, early=False):
+    """MF-like model: an Embedding and a dense layer, consecutive batches sharing ids
+    (so a prefetch that did not see the last round would read stale rows)."""
+    with pshard.embedded(servers=2, mode="sync") as ps:
+        torch.manual_seed(0)
+        emb = pt.Embedding(ps, "e", 4, opt="adagrad", lr=0.5, init="normal:0.1", seed=2)
+        model = torch.nn.Sequential(emb, torch.nn.Linear(4, 1))
+        sync = pt.ModelSync(ps, model, opt="sgd", lr=0.1)
+        g = torch.Generator().manual_seed(3)
+        ids = [torch.randint(0, 20, (16,), generator=g) for _ in range(steps)]
+        targets = [torch.randn(16, 1, generator=g) for _ in range(steps)]
+        for t in range(steps):
+            if prefetch and early and t + 1 < steps:
+                emb.prefetch(ids[t + 1])      # before this step's forward: too early to be of use
+            loss = ((model(ids[t]) - targets[t]) ** 2).mean()
+            if prefetch and not early and t + 1 < steps:
+                emb.prefetch(ids[t + 1])      # deferred until step() has clocked
+                assert emb._prefetch.future is None
+            loss.backward()
+            sync.step()
+        rows = emb.table.pull(np.arange(20))
+        w = model[1].weight.detach().numpy().copy()
+        st = sync.stats()
+        sync.close()
+        return rows, w, st
+
+
+def test_embedding_prefetch_gives_the_same_model_in_sync_mode():
+    ref_rows, ref_w, st0 = train_embedding(False)
+    rows, w, st = train_embedding(True)
+    assert np.array_equal(rows, ref_rows) and np.array_equal(w, ref_w)
+    assert st0["prefetch_hits"] == 0
+    assert st["prefetch_hits"] == 5 and st["prefetch_misses"] == 0
+    # A prefetch started before the step's clock would miss the round: it is dropped.
+    rows, w, st = train_embedding(True, early=True)
+    assert np.array_equal(rows, ref_rows) and np.array_equal(w, ref_w)
+    assert st["prefetch_hits"] == 0 and st["prefetch_misses"] == 5
+
+
+def test_embedding_prefetch_without_model_sync_and_other_ids_in_between():
+    with pshard.embedded(servers=1, mode="sync") as ps:
+        emb = pt.Embedding(ps, "e", 2, opt="sgd", lr=1.0, init="const:1")
+        ids = torch.tensor([3, 5, 3])
+        emb(ids).sum().backward()             # gradient 2 for row 3, 1 for row 5: rows -1 and 0
+        emb.prefetch(ids)                     # a training step is open: deferred
+        emb.wait()
+        ps.clock()
+        emb.start_prefetch()
+        with torch.no_grad():
+            emb.eval()
+            np.testing.assert_array_equal(emb(torch.tensor([5])).numpy(), [[0, 0]])
+            emb.train()
+        assert emb.prefetch_hits == 0 and emb._prefetch is not None, "other ids leave the prefetch"
+        out = emb(ids)
+        assert emb.prefetch_hits == 1
+        np.testing.assert_array_equal(out.detach().numpy(), [[-1, -1], [0, 0], [-1, -1]])
