@@ -8,7 +8,7 @@ JOBS        ?= $(shell nproc)
 PYTHON      := /usr/bin/python3
 # What building (and so `make demo`) needs.
 APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl-dev libcriterion-dev \
-                zlib1g-dev
+                zlib1g-dev libmicrohttpd-dev
 # What `make test`, the Python examples and the benchmarks add.
 APT_TEST_PACKAGES := python3-pytest python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
                 python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
