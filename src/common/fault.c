@@ -35,7 +35,7 @@ static const char *const type_names[] = {
     [6] = "barrier",    [7] = "metric",     [8] = "leave",      [9] = "push",      [10] = "pull",
     [11] = "push-dense", [12] = "pull-dense", [13] = "clock",    [14] = "error",    [15] = "stats",
     [16] = "task-init", [17] = "task-next", [18] = "task-done", [19] = "ckpt",     [20] = "checkpoint",
-    [21] = "forward",   [22] = "forward-dense",
+    [21] = "forward",   [22] = "forward-dense", [23] = "node-metrics",
 };
 #define NTYPES (sizeof type_names / sizeof type_names[0])
 #define REPLY_BIT 0x80
@@ -47,7 +47,7 @@ const char *ps__fault_type_name(int type) {
       [9] = "push-reply",       [10] = "pull-reply",      [11] = "push-dense-reply", [12] = "pull-dense-reply",
       [13] = "clock-reply",     [14] = "error-reply",     [15] = "stats-reply",    [16] = "task-init-reply",
       [17] = "task-next-reply", [18] = "task-done-reply", [19] = "ckpt-reply",   [20] = "checkpoint-reply",
-      [21] = "forward-reply",   [22] = "forward-dense-reply",
+      [21] = "forward-reply",   [22] = "forward-dense-reply", [23] = "node-metrics-reply",
   };
   if (type == PS__FAULT_ANY) return "any";
   if (type < 0 || type > 0xff) return NULL;

@@ -20,6 +20,7 @@ static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_TASK_NEXT] = "task-next", [PS_MSG_TASK_DONE] = "task-done",
     [PS_MSG_CKPT] = "ckpt",       [PS_MSG_CHECKPOINT] = "checkpoint",
     [PS_MSG_FORWARD] = "forward", [PS_MSG_FORWARD_DENSE] = "forward-dense",
+    [PS_MSG_NODE_METRICS] = "node-metrics",
 };
 
 const char *ps__frame_type_name(uint8_t type) {

@@ -46,7 +46,8 @@ enum {
   PS_MSG_CHECKPOINT = 20,/* anyone -> scheduler: take a checkpoint at a clock; reply when it is complete */
   PS_MSG_FORWARD = 21,   /* server -> next server of a chain: a sparse push applied by the sender (ps__fwd) */
   PS_MSG_FORWARD_DENSE = 22, /* the same for a dense push */
-  PS_MSG__MAX = 23
+  PS_MSG_NODE_METRICS = 23, /* node -> scheduler: its metrics as Prometheus text, about once a second (no reply) */
+  PS_MSG__MAX = 24
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,
