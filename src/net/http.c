@@ -109,11 +109,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 int ps__http_start(const ps__http_opts *o, ps__http **out) {
   const char *host = o->host && *o->host ? o->host : "127.0.0.1";
   if (o->port < 0 || o->port > 65535) return ps__fail(PS_ERR_CONFIG, "bad HTTP port %d (0 to 65535)", o->port);
-  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+  /* Numeric addresses only (and localhost): starting never waits on a name server. */
+  if (!strcmp(host, "localhost")) host = "127.0.0.1";
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICHOST},
+                  *ai = NULL;
   char port[16];
   snprintf(port, sizeof port, "%d", o->port);
   if (getaddrinfo(host, port, &hints, &ai) || !ai)
-    return ps__fail(PS_ERR_CONFIG, "cannot resolve the HTTP address '%s'", host);
+    return ps__fail(PS_ERR_CONFIG, "bad HTTP address '%s' (a numeric IPv4 or IPv6 address, or localhost)", host);
   ps__http *h = ps__calloc(1, sizeof *h);
   if (!h) {
     freeaddrinfo(ai);

@@ -23,7 +23,7 @@
 typedef struct ps__http ps__http;
 
 typedef struct ps__http_opts {
-  const char *host;     /* address to bind (127.0.0.1): numeric IPv4 or IPv6, or a host name */
+  const char *host;     /* address to bind (127.0.0.1): numeric IPv4 or IPv6, or localhost */
   int port;             /* 0 = ephemeral */
   unsigned max_conns;   /* 0: 64 */
   unsigned timeout_s;   /* idle connections closed after this; 0: 10 */
