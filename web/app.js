@@ -21,8 +21,9 @@ function fmtSec(v) {
   return v < 1e-3 ? (v * 1e6).toFixed(0) + " us" : v < 1 ? (v * 1e3).toFixed(2) + " ms" : v.toFixed(2) + " s";
 }
 
-// Draw (or redraw) plot id with x values t and series [{label, data, color, fill}].
-function draw(id, t, series, axisFmt) {
+// Draw (or redraw) plot id with x values t and series [{label, data, color, fill}]; the
+// y axis starts at 0 (a share of time tops out at 100%: share set).
+function draw(id, t, series, axisFmt, share) {
   const el = document.getElementById(id);
   const live = series.filter(s => s.data.some(v => v != null));
   if (!live.length || t.length < 2) {
@@ -40,8 +41,11 @@ function draw(id, t, series, axisFmt) {
     el.innerHTML = "";
     const opts = {
       width: Math.max(el.clientWidth, 400), height: 240,
-      scales: { x: { time: true } },
-      axes: [{}, { size: 70, values: (u, vals) => vals.map(v => axisFmt ? axisFmt(v) : v) }],
+      scales: {
+        x: { time: true },
+        y: { range: (u, min, max) => [Math.min(0, min), share ? Math.max(1, max) : (max > 0 ? max * 1.1 : 1)] },
+      },
+      axes: [{}, { size: 80, values: (u, vals) => vals.map(v => axisFmt ? axisFmt(v) : v) }],
       series: [{}].concat(live.map((s, i) => ({
         label: s.label, stroke: s.color || COLORS[i % COLORS.length], width: 1.5,
         fill: s.fill || undefined, spanGaps: false,
@@ -94,7 +98,7 @@ function drawHistory(h) {
   const t = h.t;
   draw("plot-throughput", t, total(perNode(h, "worker", "examples_per_s")), v => fmtNum(v, 0));
   draw("plot-loss", t, perNode(h, "worker", "loss"), v => fmtNum(v, 4));
-  draw("plot-split", t, split(h), v => (v * 100).toFixed(0) + "%");
+  draw("plot-split", t, split(h), v => v == null ? "-" : (v * 100).toFixed(0) + "%", true);
   const net = h.nodes.map(n => ({
     label: nodeLabel(n),
     data: n.series.bytes_in_per_s.map((v, k) => v == null && n.series.bytes_out_per_s[k] == null ? null
@@ -106,6 +110,7 @@ function drawHistory(h) {
   updates++;
   document.body.dataset.updates = String(updates);
   document.body.dataset.samples = String(t.length);
+  document.body.dataset.last = String(t.length ? t[t.length - 1] : 0);
 }
 
 function drawSnapshot(s) {
@@ -118,7 +123,7 @@ function drawSnapshot(s) {
   tb.innerHTML = "";
   for (const n of s.nodes) {
     const f = n.figures, tr = document.createElement("tr");
-    const cells = [n.id, n.role, n.rank, n.state, n.addr || n.host, fmtNum(f.examples_per_s, 0), fmtNum(f.pushes_per_s),
+    const cells = [n.id, n.role, n.rank, n.state, n.addr || "-", fmtNum(f.examples_per_s, 0), fmtNum(f.pushes_per_s),
                    fmtNum(f.pulls_per_s), fmtBytes(f.bytes_in_per_s), fmtBytes(f.bytes_out_per_s),
                    fmtBytes(f.resident_bytes), fmtSec(f.push_latency_s),
                    n.metrics_age_s == null ? "-" : n.metrics_age_s.toFixed(1) + " s"];
