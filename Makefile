@@ -11,7 +11,8 @@ APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl
                 zlib1g-dev libmicrohttpd-dev nodejs
 # What `make test`, the Python examples and the benchmarks add.
 APT_TEST_PACKAGES := python3-pytest python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
-                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
+                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server \
+                python3-prometheus-client chromium
 # apt-get waits this long (seconds) for another apt or dpkg to release its lock.
 APT_LOCK_TIMEOUT ?= 600
 
@@ -58,8 +59,10 @@ deps:
 	$(call apt_install,$(APT_PACKAGES),--no-install-recommends)
 	$(call npm_ci,web)
 
+# The browser test drives Debian's chromium with playwright-core (tests/integration/browser).
 deps-test: deps
 	$(call apt_install,$(APT_TEST_PACKAGES),)
+	$(call npm_ci,tests/integration/browser)
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
