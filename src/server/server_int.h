@@ -106,6 +106,7 @@ struct ps__server {
    * served by the HTTP thread from what was rendered last */
   ps__hist lat_push, lat_pull;   /* time a push (or forward), a pull spent in its handler */
   uint64_t *table_in;            /* payload bytes received by table id (PS__MAX_TABLES) */
+  uint64_t *table_out;           /* bytes of pull answers queued, by table id */
   srv_metlink *links;               /* live connections of workers and servers */
   srv_io *io_closed;             /* what closed connections carried, by node */
   size_t nio_closed;

@@ -151,6 +151,7 @@ void ps__srv_metrics_free(ps__server *s) {
   s->http = NULL;
   free(s->io_closed);
   free(s->table_in);
+  free(s->table_out);
 }
 
 static void fam(ps__wbuf *w, const char *name, const char *type, const char *help) { ps__prom_family(w, name, type, help); }
@@ -191,6 +192,9 @@ static uint64_t t_opt_bytes(const ps__server *s, const ps__table *t) {
 static uint64_t t_store_bytes(const ps__server *s, const ps__table *t) { (void)s; return ps__rowmap_bytes(t->params); }
 static uint64_t t_in_bytes(const ps__server *s, const ps__table *t) {
   return s->table_in && t->id < PS__MAX_TABLES ? s->table_in[t->id] : 0;
+}
+static uint64_t t_out_bytes(const ps__server *s, const ps__table *t) {
+  return s->table_out && t->id < PS__MAX_TABLES ? s->table_out[t->id] : 0;
 }
 
 /* The staleness histogram (counts by clocks 0..PS__STALE_BUCKETS-1) in coarse buckets. */
@@ -282,6 +286,7 @@ static void render(ps__server *s, ps__wbuf *w) {
             t_rejected);
   per_table(w, s, "ps_server_table_received_bytes_total", "counter", "Payload bytes of push and pull requests, by table.",
             t_in_bytes);
+  per_table(w, s, "ps_server_table_sent_bytes_total", "counter", "Bytes of pull answers queued, by table.", t_out_bytes);
   per_table(w, s, "ps_server_table_rows", "gauge", "Rows held, by table.", t_rows);
   per_table(w, s, "ps_server_table_parameter_bytes", "gauge", "Bytes of parameter values held, by table.", t_param_bytes);
   per_table(w, s, "ps_server_table_optimizer_bytes", "gauge", "Bytes of optimiser state held (e.g. Adam's moments), by table.",
@@ -347,7 +352,8 @@ void ps__srv_metrics_tick(ps__server *s) {
 static void metrics_timeout(uv_timer_t *t) { ps__srv_metrics_tick(t->data); }
 
 int ps__srv_metrics_start(ps__server *s) {
-  s->table_in = ps__calloc(PS__MAX_TABLES, sizeof *s->table_in); /* without it, no bytes by table */
+  s->table_in = ps__calloc(PS__MAX_TABLES, sizeof *s->table_in); /* without them, no bytes by table */
+  s->table_out = ps__calloc(PS__MAX_TABLES, sizeof *s->table_out);
   if (s->o.http) {
     ps__http_opts o = {.host = s->o.http_host ? s->o.http_host : s->o.host, .port = s->o.http_port};
     int rc = ps__http_start(&o, &s->http);

@@ -205,6 +205,8 @@ def test_server_metrics_are_valid_and_count_the_job(job):
         assert total(f, "ps_server_table_optimizer_bytes", table="emb") == rows * 8 * 4
         assert total(f, "ps_server_table_optimizer_bytes", table="w") == 0
         assert total(f, "ps_server_received_bytes_total") > 0 and total(f, "ps_server_sent_bytes_total") > 0
+        assert total(f, "ps_server_table_sent_bytes_total", table="emb") > 0
+        assert total(f, "ps_server_table_received_bytes_total", table="emb") > 0
 
 
 def test_job_metrics_are_the_sum_of_the_nodes(job):
@@ -230,6 +232,8 @@ def test_job_metrics_are_the_sum_of_the_nodes(job):
     assert total(j, "ps_client_pull_seconds_count") == 2 * 2 * STEPS
     assert total(j, "ps_worker_compute_seconds_total") > 0
     assert total(j, "ps_server_push_requests_total") == 2 * (2 * 2 * STEPS)
+    # The sparse pulls' answers: 64 rows of 8 floats a step and worker, and a header each.
+    assert total(j, "ps_server_table_sent_bytes_total", table="emb") >= 2 * STEPS * 64 * 8 * 4
     info = j["ps_node_info"][1]
     assert sorted(ls["role"] for _, ls, _ in info) == ["server", "server", "worker", "worker"]
     assert sorted(ls["state"] for _, ls, _ in info) == ["alive", "alive", "left", "left"]
