@@ -135,6 +135,9 @@ int ps__http_start(const ps__http_opts *o, ps__http **out) {
     free(h);
     return ps__fail(PS_ERR_IO, "cannot serve HTTP on %s:%d: address in use or not available", host, o->port);
   }
+  if (strcmp(host, "127.0.0.1") && strcmp(host, "::1"))
+    ps__log(PS_LOG_WARN, "HTTP on %s: the metrics (and a scheduler's dashboard) are open to anyone who can connect there",
+            host);
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = di ? di->port : o->port;
   *out = h;

@@ -158,22 +158,28 @@ static int check_sample(const char *p, const char *e, const char *fam, size_t fa
   return *end == '\0' ? 0 : -1;
 }
 
-/* Is text a well-formed exposition of ps_ families (HELP then TYPE then samples),
- * none of them the scheduler's own? 0, or -1 with the reason in why. */
-static int check_text(const char *t, size_t len, const char **why) {
-  const char *p = t, *end = t + len, *fam = NULL;
-  size_t famlen = 0;
-  int have_help = 0;
+int ps__sched_metrics_check(const char *t, size_t len, const char **why) {
+  const char *p = t, *end = t + len, *fam = NULL, *help = NULL;
+  size_t famlen = 0, help_len = 0;
+  int have_help = 0; /* the last line was a HELP: this one must be its TYPE */
   if (len && t[len - 1] != '\n') return *why = "does not end with a newline", -1;
   while (p < end) {
     const char *e = memchr(p, '\n', (size_t)(end - p));
     for (const char *q = p; q < e; q++)
       if ((unsigned char)*q < 0x20 || (unsigned char)*q == 0x7f) return *why = "holds a control character", -1;
     if (e - p > 7 && !memcmp(p, "# HELP ", 7)) {
+      const char *n = p + 7, *sp = memchr(n, ' ', (size_t)(e - n));
+      if (have_help) return *why = "has a HELP line not followed by its TYPE", -1;
+      if (!sp || sp == n) return *why = "has a HELP line without a name and text", -1;
+      help = n;
+      help_len = (size_t)(sp - n);
       have_help = 1;
+      p = e + 1;
+      continue; /* the next line must be its TYPE */
     } else if (e - p > 7 && !memcmp(p, "# TYPE ", 7)) {
       const char *n = p + 7, *sp = memchr(n, ' ', (size_t)(e - n));
-      if (!have_help || !sp) return *why = "has a TYPE line without its HELP", -1;
+      if (!have_help || !sp || (size_t)(sp - n) != help_len || memcmp(n, help, help_len))
+        return *why = "has a TYPE line not right after its family's HELP", -1;
       size_t tl = (size_t)(e - sp - 1);
       if (!((tl == 7 && !memcmp(sp + 1, "counter", 7)) || (tl == 5 && !memcmp(sp + 1, "gauge", 5)) ||
             (tl == 9 && !memcmp(sp + 1, "histogram", 9))))
@@ -186,6 +192,8 @@ static int check_text(const char *t, size_t len, const char **why) {
       for (size_t i = 0; i < famlen; i++)
         if (!name_char(fam[i], i == 0)) return *why = "has a bad family name", -1;
       have_help = 0;
+    } else if (have_help) {
+      return *why = "has a HELP line not followed by its TYPE", -1;
     } else if (e > p && *p == '#') {
       return *why = "has an unknown comment line", -1;
     } else if (!fam || check_sample(p, e, fam, famlen)) {
@@ -193,12 +201,12 @@ static int check_text(const char *t, size_t len, const char **why) {
     }
     p = e + 1;
   }
-  return 0;
+  return have_help ? (*why = "ends with a HELP line", -1) : 0;
 }
 
 void ps__sched_metrics_frame(ps__sched *s, ps__sched_node *n, const ps__body *b) {
   const char *why = "is larger than 1 MiB";
-  if (b->len > PS__NODE_METRICS_MAX || check_text(b->buf, b->len, &why)) {
+  if (b->len > PS__NODE_METRICS_MAX || ps__sched_metrics_check(b->buf, b->len, &why)) {
     if (!s->node_metrics_refused++)
       ps__log(PS_LOG_WARN, "node %u: metrics refused: the text %s (counted as ps_sched_node_metrics_refused_total)",
               n->m.id, why);
@@ -206,7 +214,7 @@ void ps__sched_metrics_frame(ps__sched *s, ps__sched_node *n, const ps__body *b)
   }
   char *t = ps__malloc(b->len ? b->len : 1);
   if (!t) return;
-  memcpy(t, b->buf, b->len);
+  if (b->len) memcpy(t, b->buf, b->len);
   free(n->prom);
   n->prom = t;
   n->prom_len = b->len;

@@ -166,6 +166,10 @@ int ps__sched_metrics_start(ps__sched *s);
 /* A NODE_METRICS frame from node n: keep its text (a malformed one is refused). */
 void ps__sched_metrics_frame(ps__sched *s, ps__sched_node *n, const ps__body *b);
 void ps__sched_metrics_free(ps__sched *s);
+/* Is t (len bytes) a well-formed exposition of ps_ families, each a HELP line, its TYPE
+ * line (counter, gauge or histogram) and its samples, none of them the scheduler's own
+ * nor labelled node? 0, or -1 with the reason in *why. */
+int ps__sched_metrics_check(const char *t, size_t len, const char **why);
 
 /* ------------------------------------------------------------ sched.c for ckpt.c */
 

@@ -9,6 +9,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "common/hist.h"
 #include "net/http.h"
 #include "proto/prom.h"
+#include "sched/sched_int.h"
 
 static char *text_of(ps__wbuf *w) {
   ps__wbuf_bytes(w, "", 1);
@@ -128,4 +130,48 @@ Test(http, serves_what_was_published_and_refuses_the_rest) {
   cr_expect(eq(int, ps__http_start(&o3, &h2), PS_ERR_CONFIG));
   ps__http_stop(h);
   ps__http_stop(NULL);
+}
+
+/* What the scheduler takes from a node as its metrics text, and what it refuses. */
+Test(sched_metrics, check_takes_well_formed_texts_only) {
+  static const char *const good[] = {
+      "",
+      "# HELP ps_a_total A.\n# TYPE ps_a_total counter\nps_a_total 1\nps_a_total{table=\"x \\\" y\"} 2\n",
+      "# HELP ps_h H.\n# TYPE ps_h histogram\nps_h_bucket{le=\"+Inf\"} 0\nps_h_sum 0\nps_h_count 0\n"
+      "# HELP ps_g G.\n# TYPE ps_g gauge\nps_g NaN\n",
+  };
+  static const char *const bad[] = {
+      "ps_a 1\n",                                                       /* no family */
+      "# TYPE ps_a gauge\nps_a 1\n",                                   /* no HELP */
+      "# HELP ps_a A.\nps_a 1\n",                                      /* HELP without TYPE */
+      "# HELP ps_a A.\n# HELP ps_a A.\n# TYPE ps_a gauge\n",           /* HELP twice */
+      "# HELP ps_a A.\n# TYPE ps_b gauge\nps_b 1\n",                  /* TYPE of another name */
+      "# HELP ps_a A.\n# TYPE ps_a summary\nps_a 1\n",                /* not a type we use */
+      "# HELP ps_a A.\n# TYPE ps_a gauge\nps_b 1\n",                  /* a sample of another family */
+      "# HELP ps_a A.\n# TYPE ps_a gauge\nps_a{node=\"1\"} 1\n",    /* the scheduler's label */
+      "# HELP ps_a A.\n# TYPE ps_a gauge\nps_a{x=\"1} 1\n",          /* an open quote */
+      "# HELP ps_a A.\n# TYPE ps_a gauge\nps_a one\n",                /* not a number */
+      "# HELP ps_a A.\n# TYPE ps_a gauge\nps_a 1",                     /* no final newline */
+      "# HELP ps_a A.\n# TYPE ps_a gauge\nps_a\t1\n",                /* a control character */
+      "# HELP ps_sched_x X.\n# TYPE ps_sched_x gauge\nps_sched_x 1\n",/* the scheduler's own */
+      "# HELP other O.\n# TYPE other gauge\nother 1\n",               /* not ps_ */
+      "# HELP ps_a A.\n",                                               /* ends after HELP */
+      "# comment\n",
+  };
+  const char *why = NULL;
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
+    cr_expect(eq(int, ps__sched_metrics_check(good[i], strlen(good[i]), &why), 0), "good text %zu refused: %s", i, why);
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    why = NULL;
+    cr_expect(eq(int, ps__sched_metrics_check(bad[i], strlen(bad[i]), &why), -1), "bad text %zu taken", i);
+    cr_expect(not(eq(ptr, (void *)why, NULL)));
+  }
+  /* Every cut of a good text is refused or taken, never read past its end (ASan). */
+  const char *g = good[2];
+  for (size_t n = 0; n < strlen(g); n++) {
+    char *cut = malloc(n ? n : 1);
+    memcpy(cut, g, n);
+    ps__sched_metrics_check(cut, n, &why);
+    free(cut);
+  }
 }
