@@ -108,9 +108,9 @@ static int parse_uint_flag(const char *flag, const char *v, uint64_t max, uint64
 /* The metrics' HTTP flags, shared by both roles: --http-port N|off (0: ephemeral),
  * --http-host H (127.0.0.1). */
 #define HTTP_LONG_OPTS {"http-port", required_argument, 0, 'W'}, {"http-host", required_argument, 0, 'X'}
-#define HTTP_USAGE(what)                                                                                   \
-  "  --http-port N|off         serve " what " over HTTP on port N, 0 = any (0) [PSHARD_HTTP_PORT]\n"      \
-  "  --http-host H             address of the HTTP server (127.0.0.1) [PSHARD_HTTP_HOST]\n"
+#define HTTP_USAGE(pad, what)                                                                              \
+  "  --http-port N|off  " pad "serve " what " over HTTP on port N, 0 = any (0) [PSHARD_HTTP_PORT]\n"        \
+  "  --http-host H      " pad "address of the HTTP server (127.0.0.1) [PSHARD_HTTP_HOST]\n"
 
 typedef struct http_flags {
   int on, port;
@@ -176,7 +176,7 @@ static void sched_usage(FILE *f) {
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
           "  --verbose                 log registrations and membership changes\n"
-          AUTH_USAGE HTTP_USAGE("the dashboard (/) and the job's metrics (/metrics)")
+          AUTH_USAGE HTTP_USAGE("       ", "the dashboard (/) and the job's metrics (/metrics)")
           "  --help                    this text\n");
 }
 
@@ -352,7 +352,7 @@ static void server_usage(FILE *f) {
           "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --verbose               log table creation and membership changes\n"
-          AUTH_USAGE HTTP_USAGE("the metrics (/metrics)")
+          AUTH_USAGE HTTP_USAGE("     ", "the metrics (/metrics)")
           "  --help                  this text\n\n"
           "limits (environment only):\n"
           "  PSHARD_SERVER_MEMORY_MB   memory budget of the tables' rows (half the machine's memory)\n"

@@ -28,6 +28,7 @@ typedef struct entry {
   char path[64];
   const char *ctype;
   blob *b;
+  uint64_t asked_ms; /* the last request for it (under mu) */
 } entry;
 
 struct ps__http {
@@ -77,9 +78,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   }
   blob *b = NULL;
   const char *ctype = NULL;
+  uint64_t now = ps__now_ms();
   pthread_mutex_lock(&h->mu);
   for (size_t i = 0; i < h->n; i++)
     if (!strcmp(h->e[i].path, url) && h->e[i].b) {
+      h->e[i].asked_ms = now;
       b = h->e[i].b;
       b->refs++;
       ctype = h->e[i].ctype;
@@ -182,6 +185,15 @@ int ps__http_set(ps__http *h, const char *path, const char *ctype, const void *d
   }
   blob_unref(h, old);
   return 0;
+}
+
+uint64_t ps__http_asked_ms(ps__http *h, const char *path) {
+  uint64_t t = 0;
+  pthread_mutex_lock(&h->mu);
+  for (size_t i = 0; i < h->n; i++)
+    if (!strcmp(h->e[i].path, path)) t = h->e[i].asked_ms;
+  pthread_mutex_unlock(&h->mu);
+  return t;
 }
 
 void ps__http_stop(ps__http *h) {

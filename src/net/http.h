@@ -19,6 +19,7 @@
 #define PS_HTTP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ps__http ps__http;
 
@@ -41,6 +42,8 @@ int ps__http_port(const ps__http *h);
  * (it must then live as long as h). Replaces what path served before. 0, or
  * PS_ERR_NOMEM, PS_ERR_RANGE (more than PS__HTTP_PATHS paths). Any thread. */
 int ps__http_set(ps__http *h, const char *path, const char *ctype, const void *data, size_t len, int is_static);
+/* When path was last asked for (ps__now_ms), 0 if never. Any thread. */
+uint64_t ps__http_asked_ms(ps__http *h, const char *path);
 /* Stop serving and free h (waits for the requests being answered). NULL is a no-op. */
 void ps__http_stop(ps__http *h);
 

@@ -26,6 +26,8 @@
 #include "sched/web_assets.h"
 
 #define SAMPLE_MS 1000u
+#define HISTORY_ALWAYS 64         /* nodes up to which /api/history is rendered every second */
+#define HISTORY_WANTED_MS 60000u  /* beyond: while it was asked for within this */
 
 /* ------------------------------------------------------------------ the figures of a node */
 
@@ -337,42 +339,55 @@ static void own_metrics(ps__sched *s, ps__wbuf *w) {
   }
 }
 
+#define MAX_FAMILIES 1024 /* distinct families in the job's text, at most */
+
+static int same_family(const section *a, const section *b) {
+  return a->name_len == b->name_len && !memcmp(a->name, b->name, a->name_len);
+}
+
 static void job_metrics(ps__sched *s, ps__wbuf *w) {
   own_metrics(s, w);
-  size_t nn = s->nnodes;
+  size_t nn = s->nnodes, nf = 0;
   section **secs = ps__calloc(nn ? nn : 1, sizeof *secs);
-  size_t *nsec = ps__calloc(nn ? nn : 1, sizeof *nsec);
-  if (!secs || !nsec) {
-    free(secs);
-    free(nsec);
+  size_t *nsec = ps__calloc(nn ? nn : 1, sizeof *nsec), *cur = ps__calloc(nn ? nn : 1, sizeof *cur);
+  const section **fams = ps__malloc(MAX_FAMILIES * sizeof *fams);
+  if (!secs || !nsec || !cur || !fams) {
     w->oom = 1;
-    return;
+    goto done;
   }
   for (size_t i = 0; i < nn; i++) {
     if (!s->nodes[i].prom) continue;
     secs[i] = ps__malloc(MAX_SECTIONS * sizeof **secs);
     if (secs[i]) nsec[i] = sections_of(s->nodes[i].prom, s->nodes[i].prom_len, secs[i], MAX_SECTIONS);
   }
-  /* Each family once, in the order first seen, with every node's samples of it. */
+  /* The distinct families, in the order first seen (the nodes of a role list theirs in
+   * the same order, so this stays short). */
   for (size_t i = 0; i < nn; i++)
     for (size_t j = 0; j < nsec[i]; j++) {
-      section *f = &secs[i][j];
-      int seen = 0;
-      for (size_t a = 0; a < i && !seen; a++)
-        for (size_t b = 0; b < nsec[a] && !seen; b++)
-          seen = secs[a][b].name_len == f->name_len && !memcmp(secs[a][b].name, f->name, f->name_len);
-      if (seen) continue;
-      ps__wbuf_bytes(w, f->head, f->head_len);
-      for (size_t a = i; a < nn; a++)
-        for (size_t b = 0; b < nsec[a]; b++)
-          if (secs[a][b].name_len == f->name_len && !memcmp(secs[a][b].name, f->name, f->name_len)) {
-            relabel(w, &secs[a][b], s->nodes[a].m.id);
-            break;
-          }
+      size_t k = 0;
+      while (k < nf && !same_family(fams[k], &secs[i][j])) k++;
+      if (k == nf && nf < MAX_FAMILIES) fams[nf++] = &secs[i][j];
     }
-  for (size_t i = 0; i < nn; i++) free(secs[i]);
+  /* Each family once, with every node's samples of it; a node's search for the next
+   * family starts after its last match, where it almost always is. */
+  for (size_t k = 0; k < nf; k++) {
+    ps__wbuf_bytes(w, fams[k]->head, fams[k]->head_len);
+    for (size_t a = 0; a < nn; a++)
+      for (size_t step = 0; step < nsec[a]; step++) {
+        size_t b = (cur[a] + step) % nsec[a];
+        if (same_family(&secs[a][b], fams[k])) {
+          relabel(w, &secs[a][b], s->nodes[a].m.id);
+          cur[a] = b + 1;
+          break;
+        }
+      }
+  }
+done:
+  for (size_t i = 0; secs && i < nn; i++) free(secs[i]);
   free(secs);
   free(nsec);
+  free(cur);
+  free(fams);
 }
 
 /* ------------------------------------------------------------------ JSON */
@@ -512,8 +527,13 @@ static void metrics_tick(uv_timer_t *t) {
   publish(s, "/metrics", PS__PROM_CTYPE, &w);
   snapshot(s, &w, now);
   publish(s, "/api/snapshot", "application/json", &w);
-  history(s, &w);
-  publish(s, "/api/history", "application/json", &w);
+  /* The history of a large job is rendered only while someone reads it. */
+  uint64_t asked = ps__http_asked_ms(s->http, "/api/history");
+  if (s->nnodes <= HISTORY_ALWAYS || (asked && now - asked < HISTORY_WANTED_MS) || !s->history_published) {
+    history(s, &w);
+    publish(s, "/api/history", "application/json", &w);
+    s->history_published = 1;
+  }
   ps__wbuf_free(&w);
 }
 

@@ -154,6 +154,7 @@ struct ps__sched {
   uint64_t *hist_ms;      /* the history's sample times (a ring of PS__HIST_SAMPLES) */
   size_t hist_head, hist_n;
   uint64_t node_metrics, node_metrics_refused; /* NODE_METRICS frames taken, refused */
+  int history_published;  /* /api/history was rendered once */
 };
 
 /* ------------------------------------------------------------ metrics.c */
