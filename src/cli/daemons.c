@@ -109,7 +109,8 @@ static int parse_uint_flag(const char *flag, const char *v, uint64_t max, uint64
  * --http-host H (127.0.0.1). */
 #define HTTP_LONG_OPTS {"http-port", required_argument, 0, 'W'}, {"http-host", required_argument, 0, 'X'}
 #define HTTP_USAGE(pad, what)                                                                              \
-  "  --http-port N|off  " pad "serve " what " over HTTP on port N, 0 = any (0) [PSHARD_HTTP_PORT]\n"        \
+  "  --http-port N|off  " pad "serve " what " over HTTP on port N\n"                                        \
+  "                     " pad "(0 = any, off = none; 0) [PSHARD_HTTP_PORT]\n"                                   \
   "  --http-host H      " pad "address of the HTTP server (127.0.0.1) [PSHARD_HTTP_HOST]\n"
 
 typedef struct http_flags {
@@ -176,7 +177,7 @@ static void sched_usage(FILE *f) {
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
           "  --verbose                 log registrations and membership changes\n"
-          AUTH_USAGE HTTP_USAGE("       ", "the dashboard (/) and the job's metrics (/metrics)")
+          AUTH_USAGE HTTP_USAGE("       ", "the dashboard (/) and the job's /metrics")
           "  --help                    this text\n");
 }
 
@@ -352,7 +353,7 @@ static void server_usage(FILE *f) {
           "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --verbose               log table creation and membership changes\n"
-          AUTH_USAGE HTTP_USAGE("     ", "the metrics (/metrics)")
+          AUTH_USAGE HTTP_USAGE("     ", "/metrics")
           "  --help                  this text\n\n"
           "limits (environment only):\n"
           "  PSHARD_SERVER_MEMORY_MB   memory budget of the tables' rows (half the machine's memory)\n"
