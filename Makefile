@@ -8,10 +8,11 @@ JOBS        ?= $(shell nproc)
 PYTHON      := /usr/bin/python3
 # What building (and so `make demo`) needs.
 APT_PACKAGES := build-essential cmake pkg-config libuv1-dev libxxhash-dev libssl-dev libcriterion-dev \
-                zlib1g-dev libzstd-dev
+                zlib1g-dev libzstd-dev libmicrohttpd-dev nodejs
 # What `make test`, the Python examples and the benchmarks add.
 APT_TEST_PACKAGES := python3-pytest python3-yaml zstd python3-numpy python3-cffi python3-pip python3-setuptools liblinear-tools openmpi-bin libopenmpi-dev \
-                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server
+                python3-torch libopenblas0-pthread dataset-fashion-mnist r-cran-dslabs redis-server \
+                python3-prometheus-client chromium
 # What `make fuzz` adds: clang with libFuzzer, and llvm-profdata and llvm-cov.
 APT_FUZZ_PACKAGES := clang llvm libclang-rt-dev
 # A one-host Slurm for tests/integration/test_slurm.py (`make deps-slurm`; `make test`
@@ -48,11 +49,25 @@ define apt_install
 	fi
 endef
 
+# The dashboard's chart library (web/package-lock.json), embedded into the binary; npm
+# comes with nodejs on some machines and as Debian's npm package on others.
+NPM_CI = npm ci --no-audit --no-fund --ignore-scripts
+define npm_ci
+	@command -v npm >/dev/null || $(call apt_install_cmd,npm)
+	@if [ ! -f $(1)/node_modules/.package-lock.json ] || [ $(1)/package-lock.json -nt $(1)/node_modules/.package-lock.json ]; then \
+	  echo "== npm ci in $(1)"; cd $(1) && $(NPM_CI); \
+	fi
+endef
+apt_install_cmd = { SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; $(APT_GET) update && $(APT_GET) install -y --no-install-recommends $(1); }
+
 deps:
 	$(call apt_install,$(APT_PACKAGES),--no-install-recommends)
+	$(call npm_ci,web)
 
+# The browser test drives Debian's chromium with playwright-core (tests/integration/browser).
 deps-test: deps
 	$(call apt_install,$(APT_TEST_PACKAGES),)
+	$(call npm_ci,tests/integration/browser)
 	-@$(MAKE) --no-print-directory deps-slurm || echo "Slurm could not be installed: tests/integration/test_slurm.py will skip"
 
 deps-slurm:

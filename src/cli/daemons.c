@@ -105,6 +105,54 @@ static int parse_uint_flag(const char *flag, const char *v, uint64_t max, uint64
   return 0;
 }
 
+/* The metrics' HTTP flags, shared by both roles: --http-port N|off (0: ephemeral),
+ * --http-host H (127.0.0.1). */
+#define HTTP_LONG_OPTS {"http-port", required_argument, 0, 'W'}, {"http-host", required_argument, 0, 'X'}
+#define HTTP_USAGE(pad, what)                                                                              \
+  "  --http-port N|off  " pad "serve " what " over HTTP on port N\n"                                        \
+  "                     " pad "(0 = any, off = none; 0) [PSHARD_HTTP_PORT]\n"                                   \
+  "  --http-host H      " pad "address of the HTTP server (127.0.0.1) [PSHARD_HTTP_HOST]\n"
+
+typedef struct http_flags {
+  int on, port;
+  const char *host;
+} http_flags;
+
+/* "off", or a port: 0, or -1 with a message. */
+static int http_port_parse(const char *prog, const char *v, const char *from, http_flags *f) {
+  uint64_t p;
+  if (!strcmp(v, "off")) {
+    f->on = 0;
+    return 0;
+  }
+  if (ps__parse_u64(v, &p) || p > 65535) {
+    fprintf(stderr, "pshard %s: bad value '%s' for %s (a port from 0 to 65535, or off)\n", prog, v, from);
+    return -1;
+  }
+  f->on = 1;
+  f->port = (int)p;
+  return 0;
+}
+
+/* The defaults and the environment: 0, or -1 (a bad PSHARD_HTTP_PORT). */
+static int http_env(const char *prog, http_flags *f) {
+  f->on = 1;
+  f->port = 0;
+  f->host = getenv("PSHARD_HTTP_HOST") && *getenv("PSHARD_HTTP_HOST") ? getenv("PSHARD_HTTP_HOST") : "127.0.0.1";
+  const char *v = getenv("PSHARD_HTTP_PORT");
+  return v && *v ? http_port_parse(prog, v, "PSHARD_HTTP_PORT", f) : 0;
+}
+
+/* One of HTTP_LONG_OPTS into f: 1 if c was one (-1 for a bad value), else 0. */
+static int http_flag(const char *prog, int c, const char *arg, http_flags *f) {
+  if (c == 'W') return http_port_parse(prog, arg, "--http-port", f) ? -1 : 1;
+  if (c == 'X') {
+    f->host = arg;
+    return 1;
+  }
+  return 0;
+}
+
 static void sched_usage(FILE *f) {
   fprintf(f,
           "usage: pshard scheduler --servers S --workers K [options]\n\n"
@@ -132,7 +180,7 @@ static void sched_usage(FILE *f) {
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
           "  --verbose                 log registrations and membership changes\n"
-          AUTH_USAGE
+          AUTH_USAGE HTTP_USAGE("       ", "the dashboard (/) and the job's /metrics")
           "  --help                    this text\n");
 }
 
@@ -152,8 +200,10 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"checkpoint-full-every", required_argument, 0, 'F'},
       {"restore", required_argument, 0, 'R'}, {"state-dir", required_argument, 0, 'D'},
       {"replicas", required_argument, 0, 'r'}, {"vnodes", required_argument, 0, 'n'},
-      AUTH_LONG_OPTS, {0, 0, 0, 0}};
+      AUTH_LONG_OPTS, HTTP_LONG_OPTS, {0, 0, 0, 0}};
   auth_flags af = {0};
+  http_flags hf;
+  if (http_env("scheduler", &hf)) return 2;
   int exit_when_done = 0;
   uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 1,
            vnodes = 128, stall = 60000;
@@ -175,6 +225,9 @@ int ps_cli_scheduler(int argc, char **argv) {
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     if (auth_flag(c, optarg, &af)) continue;
+    int hr = http_flag("scheduler", c, optarg, &hf);
+    if (hr < 0) return 2;
+    if (hr) continue;
     switch (c) {
     case 's': if (parse_uint_flag("--servers", optarg, 4096, &servers)) return 2; have_s = 1; break;
     case 'w': if (parse_uint_flag("--workers", optarg, 4096, &workers)) return 2; have_w = 1; break;
@@ -244,7 +297,8 @@ int ps_cli_scheduler(int argc, char **argv) {
                       .checkpoint_full_every = (unsigned)(full_every ? full_every : 1),
                       .restore_dir = restore && *restore ? restore : NULL,
                       .state_dir = state_dir && *state_dir ? state_dir : NULL,
-                      .replicas = (unsigned)replicas, .vnodes = (unsigned)vnodes};
+                      .replicas = (unsigned)replicas, .vnodes = (unsigned)vnodes,
+                      .http = hf.on, .http_host = hf.host, .http_port = hf.port};
   ps__sched *s;
   if (ps__sched_create(&o, &s)) {
     fprintf(stderr, "pshard scheduler: %s\n", ps_errmsg());
@@ -252,7 +306,17 @@ int ps_cli_scheduler(int argc, char **argv) {
     return 1;
   }
   printf("listening on %s:%d\n", host, ps__sched_port(s));
+  if (ps__sched_http_port(s) >= 0)
+    printf("dashboard on http://%s:%d/ (metrics: /metrics)\n", hf.host, ps__sched_http_port(s));
   fflush(stdout);
+  if (addr_file && ps__sched_http_port(s) >= 0) { /* beside the address: where `pshard run` finds the dashboard */
+    char hp[4096], tmp[4100];
+    snprintf(hp, sizeof hp, "%s.http", addr_file);
+    snprintf(tmp, sizeof tmp, "%s.tmp", hp);
+    FILE *f = fopen(tmp, "w");
+    if (!f || fprintf(f, "%s:%d\n", hf.host, ps__sched_http_port(s)) < 0 || fclose(f) != 0 || rename(tmp, hp) != 0)
+      fprintf(stderr, "pshard scheduler: cannot write %s\n", hp);
+  }
   if (addr_file) {
     char tmp[4096];
     snprintf(tmp, sizeof tmp, "%s.tmp", addr_file);
@@ -295,7 +359,7 @@ static void server_usage(FILE *f) {
           "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --verbose               log table creation and membership changes\n"
-          AUTH_USAGE
+          AUTH_USAGE HTTP_USAGE("     ", "/metrics")
           "  --help                  this text\n\n"
           "limits (environment only):\n"
           "  PSHARD_SERVER_MEMORY_MB   memory budget of the tables' rows (half the machine's memory)\n"
@@ -314,8 +378,10 @@ int ps_cli_server(int argc, char **argv) {
       {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},            {"restore", required_argument, 0, 'R'},
       {"rejoin-ms", required_argument, 0, 'J'},
-      AUTH_LONG_OPTS, {0, 0, 0, 0}};
+      AUTH_LONG_OPTS, HTTP_LONG_OPTS, {0, 0, 0, 0}};
   auth_flags af = {0};
+  http_flags hf;
+  if (http_env("server", &hf)) return 2;
   const char *sched = getenv("PSHARD_SCHEDULER");
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
   const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
@@ -332,6 +398,9 @@ int ps_cli_server(int argc, char **argv) {
   opterr = 0;
   while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     if (auth_flag(c, optarg, &af)) continue;
+    int hr = http_flag("server", c, optarg, &hf);
+    if (hr < 0) return 2;
+    if (hr) continue;
     switch (c) {
     case 'S': sched = optarg; break;
     case 'H': host = optarg; break;
@@ -382,12 +451,16 @@ int ps_cli_server(int argc, char **argv) {
                        .use_unix = strcmp(transport, "tcp") != 0, .heartbeat_ms = (uint32_t)hb,
                        .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto,
                        .poll_us = (uint32_t)poll_us, .restore_dir = restore,
-                       .rejoin_ms = (uint32_t)rejoin};
+                       .rejoin_ms = (uint32_t)rejoin, .http = hf.on, .http_host = hf.host, .http_port = hf.port};
   ps__server *s;
   if (ps__server_create(&o, &s)) {
     fprintf(stderr, "pshard server: %s\n", ps_errmsg());
     end_signal_thread(st);
     return 1;
+  }
+  if (ps__server_http_port(s) >= 0) {
+    printf("metrics on http://%s:%d/metrics\n", hf.host, ps__server_http_port(s));
+    fflush(stdout);
   }
   sc.arg = s;
   __atomic_store_n(&sc.stop, stop_server, __ATOMIC_RELEASE);

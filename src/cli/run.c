@@ -294,6 +294,9 @@ static void run_usage(FILE *f) {
           "      --stats-out FILE          when the workers are done, save the scheduler's counters\n"
           "                                and metrics to FILE (input of `pshard plan --measured`)\n"
           "      --grace-ms N              SIGTERM to SIGKILL grace when stopping (3000)\n"
+          "      --http-port N|off         the scheduler's dashboard and the job's /metrics on port N,\n"
+          "                                0 = any (0); the servers serve theirs on ports of their own\n"
+          "                                (off: no HTTP at all) [PSHARD_HTTP_PORT]\n"
           CKPT_USAGE
           "      --verbose                 servers and scheduler log their events\n"
           "  -h, --help                    this text\n");
@@ -314,6 +317,7 @@ typedef struct run_opts {
   const char *mode;      /* NULL: sync */
   const char *transport;
   const char *stats_out; /* NULL: none */
+  const char *http_port; /* the scheduler's --http-port ("0": any, "off") */
   int verbose, colocate, s_given;
   ckpt_opts ck;
   char **cmd;            /* the worker command, NULL-terminated */
@@ -328,6 +332,7 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
       {"verbose", no_argument, 0, 'v'},       {"help", no_argument, 0, 'h'},
       {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
       {"colocate", no_argument, 0, 'C'},      {"replicas", required_argument, 0, 'r'},
+      {"http-port", required_argument, 0, 'W'},
       CKPT_LONG_OPTS, {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -350,6 +355,15 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
     case 'g': dst = &o->grace; max = 600000; break;
     case 'T': o->transport = optarg; break;
     case 'o': o->stats_out = optarg; break;
+    case 'W': {
+      uint64_t p;
+      if (strcmp(optarg, "off") && (ps__parse_u64(optarg, &p) || p > 65535)) {
+        fprintf(stderr, "pshard run: bad value '%s' for --http-port (a port from 0 to 65535, or off)\n", optarg);
+        return 2;
+      }
+      o->http_port = optarg;
+      break;
+    }
     case 'm': {
       ps__mode m;
       char msg[160];
@@ -464,11 +478,13 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
    * and takes the job back (src/sched/state.c). */
   static char state_dir[96];
   snprintf(state_dir, sizeof state_dir, "%s/state", run_dir);
-  char *sched_argv[24] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
+  char *sched_argv[32] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
                           "--heartbeat-timeout-ms", s_hbt, "--state-dir", state_dir};
   int n = 12;
   sched_argv[n++] = "--replicas";
   sched_argv[n++] = s_r;
+  sched_argv[n++] = "--http-port";
+  sched_argv[n++] = (char *)o->http_port;
   ps__cli_ckpt_sched_args(&o->ck, sched_argv, &n);
   if (o->verbose) sched_argv[n++] = "--verbose";
   sched_argv[n] = NULL;
@@ -494,14 +510,23 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
     stop_all((int)o->grace);
     return procs[0].exited && procs[0].status ? procs[0].status : 1;
   }
+  char http_file[PS_CFG_PATH_MAX + 8], http[128] = "";
+  snprintf(http_file, sizeof http_file, "%s.http", addr_file); /* written before the address */
+  FILE *hf = fopen(http_file, "r");
+  if (hf) {
+    if (fgets(http, sizeof http, hf)) http[strcspn(http, "\n")] = '\0';
+    fclose(hf);
+  }
+  if (http[0]) fprintf(stderr, "[pshard] dashboard: http://%s/ (the job's metrics: http://%s/metrics)\n", http, http);
   return -1;
 }
 
 /* Start the S servers (none when colocated) and the K workers. -1, or the exit status
  * (everything stopped). */
 static int run_nodes(const run_opts *o, const char *exe, char *addr) {
-  char *srv_argv[10] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)o->transport};
-  int n = 6;
+  char *srv_argv[12] = {(char *)exe, "server", "--scheduler", addr, "--transport", (char *)o->transport,
+                        "--http-port", strcmp(o->http_port, "off") ? "0" : "off"};
+  int n = 8;
   if (o->ck.restore) {
     srv_argv[n++] = "--restore";
     srv_argv[n++] = (char *)o->ck.restore;
@@ -745,7 +770,8 @@ static int run_secret(void) {
 }
 
 int ps_cli_run(int argc, char **argv) {
-  run_opts o = {.S = 1, .K = 1, .R = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto"};
+  run_opts o = {.S = 1, .K = 1, .R = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto",
+                .http_port = getenv("PSHARD_HTTP_PORT") && *getenv("PSHARD_HTTP_PORT") ? getenv("PSHARD_HTTP_PORT") : "0"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;
   if ((rc = ps__cli_ckpt_make_dir(&o.ck, "run")) != 0 || (rc = run_prepare()) != 0 || (rc = run_secret()) != 0)

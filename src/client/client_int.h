@@ -36,6 +36,7 @@
 #include "client/client.h"
 #include "common/common.h"
 #include "common/config.h"
+#include "common/hist.h"
 #include "common/ring.h"
 #include "net/net.h"
 #include "net/xport.h"
@@ -118,6 +119,7 @@ struct ps_req {
   int cancel_acked;
   int submit_pending;  /* posted, ps__mail_submit not run yet: the request must stay (r->mu) */
   int kind;                /* 0 pull, 1 push, 2 control: for the wait-time counters */
+  uint64_t t0_ns;          /* a pull or push: when it was started (its latency histogram) */
   int counted;             /* posted to the loop: counted in ctx->outstanding */
   int dropped;             /* a server dropped this push (counted once per request) */
   /* a de-duplicated pull (sparse_start): rows of the distinct keys, copied to out */
@@ -221,6 +223,7 @@ struct ps_ctx {
   uint64_t nreq[3];
   uint64_t dropped_pushes, fast_forwards;
   uint64_t bytes_pushed, bytes_pulled;
+  ps__hist lat[2];         /* 0 pull, 1 push: from start to completion, as the caller sees it */
   uint64_t opened_ns;
   uint64_t spin_ns;        /* ps_req_wait polls this long before sleeping (0: never) */
   /* Caller-side I/O for blocking calls (lent links). */
@@ -402,5 +405,14 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmovin
 void ps__keep_free(ps_ctx *ctx);
 /* Send a control frame to every live server, after the parts queued on each link. */
 void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len);
+/* A pull or push completed: its latency into the context's histogram (any thread). */
+static inline void ps__req_observe(ps_req *r) {
+  if (r->t0_ns && r->kind < 2 && r->status == 0 && !r->canceled)
+    ps__hist_add(&r->ctx->lat[r->kind], ps__now_ns() - r->t0_ns);
+}
+
+/* ---- metrics.c: this worker's metrics as Prometheus text, sent to the scheduler
+ * (PS_MSG_NODE_METRICS) about once a second and once more before leaving (loop). */
+void ps__ctx_send_metrics(ps_ctx *ctx);
 
 #endif

@@ -88,6 +88,7 @@ static void agent_tick(void *arg) {
   if (++ctx->hb_count * ctx->heartbeat_ms >= 1000) {
     ctx->hb_count = 0;
     report_stats(ctx);
+    ps__ctx_send_metrics(ctx);
   }
 }
 
@@ -127,7 +128,10 @@ static void mail_shutdown(void *arg) {
     ps__link_fail_all(l, PS_ERR_CLOSED, "context closed");
     if (l->conn) {
       if (l->id == SCHED_LINK)
+      {
         report_stats(ctx); /* final counters before leaving */
+        ps__ctx_send_metrics(ctx);
+      }
       else
         ps__conn_close(l->conn, 0);
     }

@@ -525,6 +525,7 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
     ps_req *r = reqs[q];
     if (r->status == 0 && direct_again(r)) continue; /* not done: the loop sends the rest again */
     if (r->status == 0) ps__req_rows_done(r);
+    ps__req_observe(r);
     r->done = 1;
   }
   return 1;

@@ -55,6 +55,7 @@ static void req_complete(ps_req *r) {
     return;
   }
   if (r->status == 0 && !r->canceled) ps__req_rows_done(r);
+  ps__req_observe(r);
   pthread_mutex_lock(&r->mu);
   __atomic_store_n(&r->done, 1, __ATOMIC_RELEASE); /* read unlocked by ps_req_wait's poll */
   pthread_cond_broadcast(&r->cv);

@@ -50,7 +50,8 @@ enum {
   PS_MSG_FORWARD_AGG = 24,   /* server -> next server of a chain: an aggregation buffer applied by the sender */
   PS_MSG_FORWARD_ROUND = 25, /* server -> next server of a chain: a sync round applied by the sender */
   PS_MSG_REPLAYED = 26,      /* worker -> server: the pushes to a dead server not known to be on every copy */
-  PS_MSG__MAX = 27
+  PS_MSG_NODE_METRICS = 27, /* node -> scheduler: its metrics as Prometheus text, about once a second (no reply) */
+  PS_MSG__MAX = 28
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,

@@ -602,6 +602,7 @@ static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   case PS_MSG_HELLO: case PS_MSG_HEARTBEAT: case PS_MSG_DECLARE: case PS_MSG_BARRIER:
   case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS: case PS_MSG_TASK_INIT:
   case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE: case PS_MSG_CHECKPOINT: case PS_MSG_STALL:
+  case PS_MSG_NODE_METRICS:
     return 0;
   default:
     return ps__fail(PS_ERR_PROTO, "%s frame not accepted by the scheduler", ps__frame_type_name(h->type));
@@ -660,7 +661,11 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     if (n->m.role == PS_ROLE_SERVER) on_stall(s, n, b);
     break;
   case PS_MSG_LEAVE:
+    n->left = n->m.alive;
     mark_dead(s, n, "left the job");
+    break;
+  case PS_MSG_NODE_METRICS:
+    ps__sched_metrics_frame(s, n, b);
     break;
   case PS_MSG_TASK_INIT:
     on_task_init(s, c, h);
@@ -803,6 +808,13 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
     ps__sched_destroy(s);
     return ps__fail(rc, "%s", msg);
   }
+  rc = ps__sched_metrics_start(s);
+  if (rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ps_errmsg());
+    ps__sched_destroy(s);
+    return ps__fail(rc, "%s", msg);
+  }
   s->hb_last_ms = ps__now_ms();
   uv_timer_start(&s->hb_timer, hb_tick, s->o.heartbeat_ms, s->o.heartbeat_ms);
   *out = s;
@@ -810,6 +822,8 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
 }
 
 int ps__sched_port(const ps__sched *s) { return s->listener.port; }
+
+int ps__sched_http_port(const ps__sched *s) { return s->http ? ps__http_port(s->http) : -1; }
 
 static void walk_close(uv_handle_t *h, void *arg) {
   (void)arg;
@@ -861,6 +875,7 @@ void ps__sched_destroy(ps__sched *s) {
   uv_loop_close(&s->loop);
   ps__auth_self_clear(&s->loop);
   ps__pool_free(s->pool);
+  ps__sched_metrics_free(s);
   free(s->nodes);
   free(s->tables);
   free(s->metrics);

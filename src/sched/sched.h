@@ -37,6 +37,12 @@ typedef struct ps__sched_opts {
    * scheduler needs to know which chains a server's removal would empty. */
   unsigned replicas;
   unsigned vnodes;
+  /* The dashboard (/), its JSON (/api/snapshot, /api/history) and the job's metrics
+   * (/metrics) over HTTP: http 1 serves them on http_host:http_port (127.0.0.1; port
+   * 0 = ephemeral), 0 not. */
+  int http;
+  const char *http_host;
+  int http_port;
 } ps__sched_opts;
 
 /* Bind and set up (replicas beyond PS_MAX_REPLICAS or the expected servers is
@@ -45,6 +51,8 @@ typedef struct ps__sched_opts {
  * an unreadable or bad checkpoint: the reader's PS_ERR_IO or PS_ERR_CORRUPT). */
 int ps__sched_create(const ps__sched_opts *o, ps__sched **out);
 int ps__sched_port(const ps__sched *s);
+/* The port of the dashboard and /metrics, or -1 without HTTP. */
+int ps__sched_http_port(const ps__sched *s);
 /* Run until stopped. Returns 0, or 1 when it stopped on its own (exit_when_done)
  * after a worker failed. */
 int ps__sched_run(ps__sched *s);

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "net/http.h"
 #include "net/net.h"
 #include "proto/msg.h"
 #include "proto/spec.h"
@@ -26,6 +27,12 @@ typedef struct ps__sched_node {
   uint64_t barrier_req;
   uint32_t nmetrics;    /* metric names this node reported (at most PS__METRICS_PER_NODE) */
   int metrics_warned;   /* a name past the cap was logged */
+  int left;             /* it left the job (LEAVE) rather than died */
+  /* its latest metrics (PS_MSG_NODE_METRICS, metrics.c) and their history */
+  char *prom;
+  size_t prom_len;
+  uint64_t prom_ms;     /* when they came */
+  struct ps__node_hist *hist;
 } ps__sched_node;
 
 /* Bounded metric work: names kept per node and in all, and metric lines in a STATS
@@ -140,7 +147,30 @@ struct ps__sched {
   int64_t start_clock; /* the restored checkpoint's clock (0 without a restore) */
   ps__sched_task_restore tk_restore;
   ps__sched_ckpt ck;
+  /* metrics and the dashboard (metrics.c) */
+  ps__http *http;
+  uv_timer_t metrics_timer;
+  uint64_t created_ms;
+  uint64_t *hist_ms;      /* the history's sample times (a ring of PS__HIST_SAMPLES) */
+  size_t hist_head, hist_n;
+  uint64_t node_metrics, node_metrics_refused; /* NODE_METRICS frames taken, refused */
+  int history_published;  /* /api/history was rendered once */
 };
+
+/* ------------------------------------------------------------ metrics.c */
+
+#define PS__HIST_SAMPLES 300        /* the dashboard's history: 5 minutes at one a second */
+#define PS__NODE_METRICS_MAX (1u << 20) /* a node's metrics text, at most */
+
+/* Start the HTTP server (o.http) and the once-a-second sampling. 0 or an error. */
+int ps__sched_metrics_start(ps__sched *s);
+/* A NODE_METRICS frame from node n: keep its text (a malformed one is refused). */
+void ps__sched_metrics_frame(ps__sched *s, ps__sched_node *n, const ps__body *b);
+void ps__sched_metrics_free(ps__sched *s);
+/* Is t (len bytes) a well-formed exposition of ps_ families, each a HELP line, its TYPE
+ * line (counter, gauge or histogram) and its samples, none of them the scheduler's own
+ * nor labelled node? 0, or -1 with the reason in *why. */
+int ps__sched_metrics_check(const char *t, size_t len, const char **why);
 
 /* ------------------------------------------------------------ sched.c for ckpt.c */
 

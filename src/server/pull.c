@@ -225,7 +225,16 @@ ps__frame_hdr ps__srv_pull_reply_hdr(ps__server *s, ps__table *t, const ps__fram
   return r;
 }
 
+static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen);
+
+/* Answer a pull; the bytes it queued are counted for its table (stats.c). */
 void ps__srv_answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
+  uint64_t out0 = c->bytes_out + c->write_queue_bytes;
+  answer_pull(s, c, h, body, blen);
+  if (s->table_out && h->table < PS__MAX_TABLES) s->table_out[h->table] += c->bytes_out + c->write_queue_bytes - out0;
+}
+
+static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   ps__table *t = ps__shard_table(s->sh, h->table);
   if (!t) {
     ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);

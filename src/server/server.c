@@ -236,8 +236,9 @@ static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u stood still and may have been replaced; send again", s->id);
     return;
   }
-  uint64_t out0 = c->bytes_out + c->write_queue_bytes;
+  uint64_t out0 = c->bytes_out + c->write_queue_bytes, t0 = ps__now_ns();
   dispatch[h->type](s, c, h, b); /* on_header let only these types through */
+  ps__srv_metrics_frame(s, c, h, ps__now_ns() - t0);
   s->poll_extra_ns = ps__poll_extra_ns(h->payload_len + (c->bytes_out + c->write_queue_bytes - out0));
 }
 
@@ -247,11 +248,12 @@ static void data_on_close(ps__conn *c, int status) {
   ps__srv_drop_pulls_of(s, c);
   ps__srv_repl_conn_closed(s, c);
   ps__shm_forget(s->shm, c);
+  ps__srv_metrics_close(s, c);
 }
 
 static const ps__conn_ops data_ops = {data_on_header, data_on_frame, data_on_close};
 
-static void on_accept(void *arg, ps__conn *c) { (void)arg; (void)c; }
+static void on_accept(void *arg, ps__conn *c) { ps__srv_metrics_accept(arg, c); }
 
 
 /* ------------------------------------------------------------------ scheduler link (agent/agent.h) */
@@ -387,6 +389,7 @@ static void server_shutdown(ps__server *s, int result) {
   if (s->stopping) return;
   s->stopping = 1;
   s->result = result;
+  if (s->metrics_on) ps__srv_metrics_tick(s); /* the last figures, to the scheduler too */
   if (s->agent_inited) ps__agent_stop(&s->agent, result == 0); /* a requested stop leaves the job cleanly */
   ps__listener_close(&s->tcp);
   if (s->unix_path[0]) ps__listener_close(&s->unix_l);
@@ -449,6 +452,7 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
     }
   }
   if (s->o.restore_dir && s->o.restore_dir[0] && (rc = ps__srv_restore_open(s, s->o.restore_dir))) goto fail;
+  if ((rc = ps__srv_metrics_start(s))) goto fail;
   if ((rc = agent_begin(s))) goto fail;
   *out = s;
   return 0;
@@ -462,6 +466,8 @@ fail: {
 }
 
 int ps__server_port(const ps__server *s) { return s->tcp.port; }
+
+int ps__server_http_port(const ps__server *s) { return s->http ? ps__http_port(s->http) : -1; }
 
 /* With poll_us, the loop does not sleep for poll_us after a worker's frame: it polls
  * (epoll with no wait). A worker's next request usually follows within that (the other
@@ -503,6 +509,7 @@ void ps__server_destroy(ps__server *s) {
   ps__srv_repl_free(s);
   ps__srv_ckpt_stop(s);
   ps__srv_restore_free(s);
+  ps__srv_metrics_free(s);
   for (size_t i = 0; s->sh && i < s->sh->ntables; i++)
     if (s->sh->tables[i]) free(s->sh->tables[i]->owner); /* its timer was closed with the loop */
   ps__shard_free(s->sh);

@@ -35,6 +35,11 @@ typedef struct ps__server_opts {
   uint64_t frame_budget;     /* bytes of partial frames in flight (a quarter of memory_budget,
                               * at least max_payload) */
   uint32_t frame_deadline_ms;/* a frame begun must arrive within this (60000) */
+  /* Metrics over HTTP (GET /metrics, Prometheus text): http 1 serves them on
+   * http_host:http_port (127.0.0.1; port 0 = ephemeral), 0 not. */
+  int http;
+  const char *http_host;
+  int http_port;
 } ps__server_opts;
 
 int ps__server_create(const ps__server_opts *o, ps__server **out);
@@ -43,5 +48,7 @@ int ps__server_run(ps__server *s);
 void ps__server_stop(ps__server *s);
 void ps__server_destroy(ps__server *s);
 int ps__server_port(const ps__server *s);
+/* The port /metrics is served on, or -1 without HTTP. */
+int ps__server_http_port(const ps__server *s);
 
 #endif

@@ -13,8 +13,10 @@
 #include <stdint.h>
 
 #include "agent/agent.h"
+#include "common/hist.h"
 #include "common/par.h"
 #include "common/ring.h"
+#include "net/http.h"
 #include "net/net.h"
 #include "net/xport.h"
 #include "server/server.h"
@@ -27,6 +29,20 @@ typedef struct srv_peer srv_peer;       /* another server, as a forward's destin
 typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
 typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
 typedef struct srv_sync srv_sync;       /* a sync table's replication state (repl_sync.c) */
+
+/* A worker (or forwarding server) connection, for the metrics by peer (stats.c): its
+ * conn's udata. node is the sender of its first frame (0 until then). */
+typedef struct srv_metlink {
+  struct srv_metlink *next, *prev;
+  ps__conn *conn;
+  uint32_t node;
+} srv_metlink;
+
+/* Bytes and frames of the connections already closed, by peer node. */
+typedef struct srv_io {
+  uint32_t node;
+  uint64_t bytes_in, bytes_out, frames_in, frames_out;
+} srv_io;
 
 /* A pull waiting for its table to reach its clock, holding its request body. */
 typedef struct pending_pull {
@@ -96,6 +112,17 @@ struct ps__server {
   int agg_taken;         /* ... which was applied and forwarded with it */
   int fenced;            /* stood still: serves no data request for now */
   uint64_t fenced_at;
+  /* metrics (stats.c): counted on the loop, rendered on the loop once a second,
+   * served by the HTTP thread from what was rendered last */
+  ps__hist lat_push, lat_pull;   /* time a push (or forward), a pull spent in its handler */
+  uint64_t *table_in;            /* payload bytes received by table id (PS__MAX_TABLES) */
+  uint64_t *table_out;           /* bytes of pull answers queued, by table id */
+  srv_metlink *links;               /* live connections of workers and servers */
+  srv_io *io_closed;             /* what closed connections carried, by node */
+  size_t nio_closed;
+  ps__http *http;                /* /metrics, or NULL */
+  uv_timer_t metrics_timer;
+  int metrics_on;
 };
 
 /* ---- limits (budget.c) */
@@ -322,5 +349,26 @@ static inline int ps__srv_rows_key(const ps__srv_rows *r, uint32_t table, uint64
 
 /* ---- statistics (stats.c) */
 void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);
+/* The metrics: start the HTTP server (o.http) and the once-a-second render; 0, or an
+ * error with a message (the HTTP address cannot be bound). */
+int ps__srv_metrics_start(ps__server *s);
+/* Render now: serve the text and send it to the scheduler (also the last one, at stop). */
+void ps__srv_metrics_tick(ps__server *s);
+/* A frame handled: count its time (data requests) and its table's bytes. */
+static inline void ps__srv_metrics_frame(ps__server *s, ps__conn *c, const ps__frame_hdr *h, uint64_t ns) {
+  srv_metlink *l = c->udata;
+  if (l && !l->node) l->node = h->sender;
+  uint8_t t = h->type;
+  if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE)
+    ps__hist_add(&s->lat_push, ns);
+  else if (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE)
+    ps__hist_add(&s->lat_pull, ns);
+  else
+    return;
+  if (s->table_in && h->table < PS__MAX_TABLES) s->table_in[h->table] += h->payload_len;
+}
+void ps__srv_metrics_accept(ps__server *s, ps__conn *c);
+void ps__srv_metrics_close(ps__server *s, ps__conn *c);
+void ps__srv_metrics_free(ps__server *s);
 
 #endif /* PS_SERVER_INT_H */

@@ -5,6 +5,7 @@ cluster is closed, whatever happened. Ports are ephemeral: the scheduler binds p
 and writes its address to a file.
 """
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -19,6 +20,16 @@ def binary(name):
     if not os.path.exists(path):
         raise RuntimeError(f"{path} is missing: build first (make build) or set PSHARD_BUILD")
     return path
+
+
+def data_ports(ports, log):
+    """A server's TCP listening ports less its HTTP one (the port its log names in
+    `metrics on http://HOST:PORT/metrics`), or None while that line is not there yet.
+    The data port is bound first, so a single port is always it."""
+    if len(ports) <= 1:
+        return ports
+    m = re.search(r"metrics on http://\S+:(\d+)/metrics", log)
+    return [p for p in ports if p != int(m.group(1))] if m else None
 
 
 class Cluster:

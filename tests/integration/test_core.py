@@ -29,7 +29,7 @@ import time
 
 import pytest
 
-from cluster import Cluster, binary
+from cluster import Cluster, binary, data_ports
 
 SCALE = 3.0 if os.environ.get("PSHARD_SANITIZED") else 1.0
 RUN_TIMEOUT = 30 * SCALE  # seconds for one whole worker run
@@ -212,7 +212,7 @@ def tcp_listen_ports(pid):
 def server_port(c, index=0):
     deadline = time.time() + 10 * SCALE
     while time.time() < deadline:
-        ports = tcp_listen_ports(c.server_procs[index].pid)
+        ports = data_ports(tcp_listen_ports(c.server_procs[index].pid), c.log(f"server{index}"))
         if ports:
             assert len(ports) == 1, f"server listens on several TCP ports: {ports}"
             return ports[0]

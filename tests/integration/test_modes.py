@@ -31,7 +31,7 @@ import time
 
 import pytest
 
-from cluster import Cluster, binary
+from cluster import Cluster, binary, data_ports
 
 SCALE = 3.0 if os.environ.get("PSHARD_SANITIZED") else 1.0
 RUN_TIMEOUT = 25 * SCALE  # seconds for one whole job
@@ -580,7 +580,7 @@ def raw_session(c):
     ports = []
     deadline = time.time() + 10 * SCALE
     while not ports and time.time() < deadline:
-        ports = tcp_listen_ports(c.server_procs[0].pid)
+        ports = data_ports(tcp_listen_ports(c.server_procs[0].pid), c.log("server0"))
         time.sleep(0.02)
     assert len(ports) == 1, ports
     r = Raw(ports[0])
