@@ -36,7 +36,7 @@ static const char *const type_names[] = {
     [11] = "push-dense", [12] = "pull-dense", [13] = "clock",    [14] = "error",    [15] = "stats",
     [16] = "task-init", [17] = "task-next", [18] = "task-done", [19] = "ckpt",     [20] = "checkpoint",
     [21] = "forward",   [22] = "forward-dense", [23] = "stall",     [24] = "forward-agg", [25] = "forward-round",
-    [26] = "replayed",
+    [26] = "replayed",  [27] = "sync-rows",  [28] = "sync-done", [29] = "synced",
 };
 #define NTYPES (sizeof type_names / sizeof type_names[0])
 #define REPLY_BIT 0x80
@@ -49,7 +49,8 @@ const char *ps__fault_type_name(int type) {
       [13] = "clock-reply",     [14] = "error-reply",     [15] = "stats-reply",    [16] = "task-init-reply",
       [17] = "task-next-reply", [18] = "task-done-reply", [19] = "ckpt-reply",   [20] = "checkpoint-reply",
       [21] = "forward-reply",   [22] = "forward-dense-reply", [23] = "stall-reply", [24] = "forward-agg-reply",
-      [25] = "forward-round-reply", [26] = "replayed-reply",
+      [25] = "forward-round-reply", [26] = "replayed-reply", [27] = "sync-rows-reply", [28] = "sync-done-reply",
+      [29] = "synced-reply",
   };
   if (type == PS__FAULT_ANY) return "any";
   if (type < 0 || type > 0xff) return NULL;

@@ -35,6 +35,8 @@ typedef struct ps__server_opts {
   uint64_t frame_budget;     /* bytes of partial frames in flight (a quarter of memory_budget,
                               * at least max_payload) */
   uint32_t frame_deadline_ms;/* a frame begun must arrive within this (60000) */
+  int join;                  /* register as the replacement of a dead server of a running
+                              * job (its id and rank), and copy its rows (server/repair.c) */
 } ps__server_opts;
 
 int ps__server_create(const ps__server_opts *o, ps__server **out);
