@@ -358,6 +358,9 @@ static void server_usage(FILE *f) {
           "  --restore DIR           load this server's rows of every table from the checkpoint in DIR\n"
           "                          (a checkpoint's directory, or the newest complete one under DIR);\n"
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
+          "  --join                  replace a dead server of a running job with replicas >= 2: take its\n"
+          "                          id and copy its rows from the other copies; refused when no server\n"
+          "                          is dead [PSHARD_JOIN=1]\n"
           "  --verbose               log table creation and membership changes\n"
           AUTH_USAGE HTTP_USAGE("     ", "/metrics")
           "  --help                  this text\n\n"
@@ -377,13 +380,22 @@ int ps_cli_server(int argc, char **argv) {
       {"max-frame-mb", required_argument, 0, 'm'}, {"connect-timeout-ms", required_argument, 0, 'c'},
       {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},            {"restore", required_argument, 0, 'R'},
-      {"rejoin-ms", required_argument, 0, 'J'},
+      {"rejoin-ms", required_argument, 0, 'J'}, {"join", no_argument, 0, 'X'},
       AUTH_LONG_OPTS, HTTP_LONG_OPTS, {0, 0, 0, 0}};
   auth_flags af = {0};
   http_flags hf;
   if (http_env("server", &hf)) return 2;
   const char *sched = getenv("PSHARD_SCHEDULER");
   const char *host = getenv("PSHARD_HOST") ? getenv("PSHARD_HOST") : "127.0.0.1";
+  const char *join_env = getenv("PSHARD_JOIN");
+  int join = 0;
+  if (join_env && *join_env) {
+    if (strcmp(join_env, "0") && strcmp(join_env, "1")) {
+      fprintf(stderr, "pshard server: bad PSHARD_JOIN '%s' (0 or 1)\n", join_env);
+      return 2;
+    }
+    join = join_env[0] == '1';
+  }
   const char *transport = getenv("PSHARD_TRANSPORT") ? getenv("PSHARD_TRANSPORT") : "auto";
   const char *restore = getenv("PSHARD_RESTORE") && *getenv("PSHARD_RESTORE") ? getenv("PSHARD_RESTORE") : NULL;
   uint64_t port = 0, hb = 200, vnodes = 128, maxmb = 2048, cto = 60000, poll_us = 50, rejoin = PS__REJOIN_MS;
@@ -413,6 +425,7 @@ int ps_cli_server(int argc, char **argv) {
     case 'P': if (parse_uint_flag("--poll-us", optarg, 1000000, &poll_us)) return 2; break;
     case 'R': restore = optarg; break;
     case 'J': if (parse_uint_flag("--rejoin-ms", optarg, 86400000, &rejoin)) return 2; break;
+    case 'X': join = 1; break;
     case 'v': verbose = 1; break;
     case 'h': server_usage(stdout); return 0;
     default:
@@ -443,6 +456,10 @@ int ps_cli_server(int argc, char **argv) {
     server_usage(stderr);
     return 2;
   }
+  if (join && restore) {
+    fprintf(stderr, "pshard server: --join copies its rows from the running job; it takes no --restore\n");
+    return 2;
+  }
   ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
   if (auth_apply(&af, "server")) return 2;
   sigctx sc = {0};
@@ -451,7 +468,8 @@ int ps_cli_server(int argc, char **argv) {
                        .use_unix = strcmp(transport, "tcp") != 0, .heartbeat_ms = (uint32_t)hb,
                        .vnodes = (uint32_t)vnodes, .max_payload = maxmb << 20, .connect_timeout_ms = (uint32_t)cto,
                        .poll_us = (uint32_t)poll_us, .restore_dir = restore,
-                       .rejoin_ms = (uint32_t)rejoin, .http = hf.on, .http_host = hf.host, .http_port = hf.port};
+                       .rejoin_ms = (uint32_t)rejoin, .http = hf.on, .http_host = hf.host, .http_port = hf.port,
+                       .join = join};
   ps__server *s;
   if (ps__server_create(&o, &s)) {
     fprintf(stderr, "pshard server: %s\n", ps_errmsg());

@@ -326,13 +326,18 @@ void ps__mail_reclaim(void *arg) {
   }
 }
 
-/* The first live member of a replicated part's chain (0: none). */
+/* The head of a replicated part's chain by the head rule (common/ring.h): its first
+ * live member that was there before any replacement, else its first live replacement
+ * that holds a copy (0: none). */
 static uint32_t chain_head(ps_ctx *ctx, const part *p) {
-  for (unsigned k = 0; k < p->nchain; k++) {
+  uint8_t st[PS_MAX_REPLICAS];
+  unsigned n = p->nchain < PS_MAX_REPLICAS ? p->nchain : PS_MAX_REPLICAS;
+  for (unsigned k = 0; k < n; k++) {
     peer *l = ps__link_find(ctx, p->chain[k]);
-    if (l && l->alive) return p->chain[k];
+    st[k] = l && l->alive ? ps__member_chain_state(&l->m) : PS_CHAIN_DEAD;
   }
-  return 0;
+  int h = ps__chain_head(st, n);
+  return h >= 0 ? p->chain[h] : 0;
 }
 
 #define REROUTE_WAIT_MS 50 /* a part refused by its chain's member waits this long */

@@ -37,6 +37,7 @@ static const char *const type_names[] = {
     [16] = "task-init", [17] = "task-next", [18] = "task-done", [19] = "ckpt",     [20] = "checkpoint",
     [21] = "forward",   [22] = "forward-dense", [23] = "stall",     [24] = "forward-agg", [25] = "forward-round",
     [26] = "replayed",     [27] = "node-metrics",
+    [28] = "sync-rows",  [29] = "sync-done", [30] = "synced",
 };
 #define NTYPES (sizeof type_names / sizeof type_names[0])
 #define REPLY_BIT 0x80
@@ -50,6 +51,7 @@ const char *ps__fault_type_name(int type) {
       [17] = "task-next-reply", [18] = "task-done-reply", [19] = "ckpt-reply",   [20] = "checkpoint-reply",
       [21] = "forward-reply",   [22] = "forward-dense-reply", [23] = "stall-reply", [24] = "forward-agg-reply",
       [25] = "forward-round-reply", [26] = "replayed-reply", [27] = "node-metrics-reply",
+      [28] = "sync-rows-reply", [29] = "sync-done-reply", [30] = "synced-reply",
   };
   if (type == PS__FAULT_ANY) return "any";
   if (type < 0 || type > 0xff) return NULL;

@@ -300,3 +300,24 @@ size_t ps__ring_dense_chain(const ps__ring *r, const uint32_t *order, size_t j, 
   for (unsigned k = 0; k < r->replicas; k++) out[k] = r->ids[order[(j + k) % r->nservers]];
   return r->replicas;
 }
+
+/* ------------------------------------------------------------------ the head rule */
+
+size_t ps__chain_order(const uint8_t *st, size_t n, uint8_t *order) {
+  size_t k = 0;
+  int head = ps__chain_head(st, n);
+  if (head >= 0) order[k++] = (uint8_t)head;
+  for (size_t i = 0; i < n; i++)
+    if ((int)i != head && (st[i] == PS_CHAIN_LIVE || st[i] == PS_CHAIN_LATE)) order[k++] = (uint8_t)i;
+  for (size_t i = 0; i < n; i++)
+    if (st[i] == PS_CHAIN_SYNCING) order[k++] = (uint8_t)i;
+  return k;
+}
+
+int ps__chain_head(const uint8_t *st, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (st[i] == PS_CHAIN_LIVE) return (int)i;
+  for (size_t i = 0; i < n; i++)
+    if (st[i] == PS_CHAIN_LATE) return (int)i;
+  return -1;
+}

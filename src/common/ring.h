@@ -63,6 +63,27 @@ size_t ps__ring_route(const ps__ring *r, size_t i, uint32_t *out);
 size_t ps__ring_dense_chain(const ps__ring *r, const uint32_t *order, size_t j, uint32_t *out);
 #define PS_MAX_REPLICAS 3
 
+/* The head rule, the one place that says who heads a chain and in which order a push
+ * goes down it. Each member of a chain (ring order) is in one of these states. A
+ * replacement that joined a running job is "late": it heads a chain only when no member
+ * that was there before is left, so a replacement never takes a head away from a live
+ * server. A syncing member (a replacement still copying its rows) never heads and
+ * holds no copy yet: pushes reach it after every other live member. */
+enum {
+  PS_CHAIN_DEAD = 0,    /* not a live member */
+  PS_CHAIN_LIVE = 1,    /* live, holds its copy */
+  PS_CHAIN_LATE = 2,    /* live, holds its copy, joined as a replacement */
+  PS_CHAIN_SYNCING = 3  /* live, copying its rows from the chain's tail */
+};
+/* The live members of a chain of n in the order a push visits them, as indices into
+ * st[0 .. n) (each a PS_CHAIN_* state) written to order: the head (the first LIVE
+ * member, else the first LATE one), then the other LIVE and LATE members in chain order,
+ * then the SYNCING ones. Returns how many; order[0] is the head unless the first is
+ * SYNCING (no member holds a copy: the chain has no head). */
+size_t ps__chain_order(const uint8_t *st, size_t n, uint8_t *order);
+/* The head of a chain of n members in states st (an index), or -1 when it has none. */
+int ps__chain_head(const uint8_t *st, size_t n);
+
 /* The hash of a key as used for placement (exposed for tests). */
 uint64_t ps__ring_key_hash(uint32_t table, uint64_t key);
 

@@ -22,6 +22,7 @@ static const char *const type_names[PS_MSG__MAX] = {
     [PS_MSG_FORWARD] = "forward", [PS_MSG_FORWARD_DENSE] = "forward-dense",
     [PS_MSG_STALL] = "stall", [PS_MSG_FORWARD_AGG] = "forward-agg", [PS_MSG_FORWARD_ROUND] = "forward-round",
     [PS_MSG_REPLAYED] = "replayed", [PS_MSG_NODE_METRICS] = "node-metrics",
+    [PS_MSG_SYNC_ROWS] = "sync-rows", [PS_MSG_SYNC_DONE] = "sync-done", [PS_MSG_SYNCED] = "synced",
 };
 
 const char *ps__frame_type_name(uint8_t type) {

@@ -51,7 +51,10 @@ enum {
   PS_MSG_FORWARD_ROUND = 25, /* server -> next server of a chain: a sync round applied by the sender */
   PS_MSG_REPLAYED = 26,      /* worker -> server: the pushes to a dead server not known to be on every copy */
   PS_MSG_NODE_METRICS = 27, /* node -> scheduler: its metrics as Prometheus text, about once a second (no reply) */
-  PS_MSG__MAX = 28
+  PS_MSG_SYNC_ROWS = 28,     /* server -> a syncing replacement: rows of the chains it copies (reply: ok) */
+  PS_MSG_SYNC_DONE = 29,     /* server -> a syncing replacement: the copy is complete (reply: ok) */
+  PS_MSG_SYNCED = 30,        /* replacement -> scheduler: every copy it waited for is in (no reply) */
+  PS_MSG__MAX = 31
 };
 
 /* Header byte 6 holds the flags (bits 0-3, hdr.flags), the value transport (bits 4-5,
@@ -157,6 +160,13 @@ static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f);
  * u32 table, u32 batch, i64 clock, u64 incarnation, u32 seq, u32 nchain, u32 chain[3]
  * (the push's chain, by server ids), u32 zero. */
 #define PS_REPLAYED_ENTRY 48u
+/* A SYNC_ROWS body (header: table, batch = n rows): u32 stream, u32 row_floats, the
+ * table's declaration (ps__declare_encode, u32-length-prefixed), then n u64 keys (row
+ * ids, or a dense table's slices) and n rows of row_floats floats (parameters and
+ * optimiser state, whole). A SYNC_DONE body: u32 stream, u32 ntables, then per table
+ * u32 id, u32 zero, u64 step, i64 version (as at the cut), then the sender's
+ * exactly-once windows (ps__once_set_encode). */
+#define PS_SYNC_ROWS_PREFIX 8u
 #define PS_FWD_AGG_ID 24u
 #define PS_FWD_DENSE_CHAIN 0x80000000u
 static inline void ps__fwd_get(const uint8_t *p, ps__fwd *f);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/common.h"
+#include "common/ring.h"
 
 void ps__hello_encode(ps__wbuf *w, const ps__hello *h) {
   ps__wbuf_u8(w, h->role);
@@ -15,6 +16,7 @@ void ps__hello_encode(ps__wbuf *w, const ps__hello *h) {
   ps__wbuf_str(w, h->unix_path);
   ps__wbuf_str(w, h->hostid);
   ps__wbuf_u8(w, h->caps);
+  if (h->join) ps__wbuf_u8(w, 1); /* optional: absent means 0 */
 }
 
 int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
@@ -28,6 +30,10 @@ int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
   ps__rbuf_str(&r, h->unix_path, sizeof h->unix_path);
   ps__rbuf_str(&r, h->hostid, sizeof h->hostid);
   h->caps = ps__rbuf_u8(&r);
+  if (!r.err && r.off + 1 == n) {
+    h->join = ps__rbuf_u8(&r);
+    if (h->join != 1) r.err = 1;
+  }
   if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed hello body");
   if (h->role < PS_ROLE_SERVER || h->role > PS_ROLE_WORKER) return ps__fail(PS_ERR_PROTO, "bad role %u in hello", h->role);
   if (port > 65535) return ps__fail(PS_ERR_PROTO, "bad port %u in hello", port);
@@ -48,7 +54,8 @@ void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
     const ps__member *x = &m->m[i];
     ps__wbuf_u32(w, x->id);
     ps__wbuf_u8(w, x->role);
-    ps__wbuf_u8(w, x->alive);
+    /* bit 0 alive, bit 1 late, bit 2 syncing (older readers take any non-zero as alive) */
+    ps__wbuf_u8(w, (uint8_t)((x->alive ? 1 : 0) | (x->late ? 2 : 0) | (x->syncing ? 4 : 0)));
     ps__wbuf_u32(w, x->rank);
     ps__wbuf_u32(w, x->port);
     ps__wbuf_str(w, x->host);
@@ -84,7 +91,11 @@ int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
     ps__member *x = &m->m[i];
     x->id = ps__rbuf_u32(&r);
     x->role = ps__rbuf_u8(&r);
-    x->alive = ps__rbuf_u8(&r);
+    uint8_t st = ps__rbuf_u8(&r);
+    x->alive = st & 1;
+    x->late = (st >> 1) & 1;
+    x->syncing = (st >> 2) & 1;
+    if (st > 7) r.err = 1;
     x->rank = ps__rbuf_u32(&r);
     uint32_t port = ps__rbuf_u32(&r);
     x->port = (uint16_t)port;
@@ -104,6 +115,11 @@ int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
     return ps__fail(PS_ERR_PROTO, "malformed membership body");
   }
   return 0;
+}
+
+uint8_t ps__member_chain_state(const ps__member *x) {
+  if (!x->alive) return PS_CHAIN_DEAD;
+  return x->syncing ? PS_CHAIN_SYNCING : x->late ? PS_CHAIN_LATE : PS_CHAIN_LIVE;
 }
 
 void ps__declare_encode(ps__wbuf *w, const ps__declare *d) {

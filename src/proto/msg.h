@@ -27,6 +27,8 @@ typedef struct ps__member {
   char unix_path[PS_PATH_MAX];
   char hostid[PS_HOST_MAX];
   uint8_t caps;           /* PS_CAP_* the node offers */
+  uint8_t late;           /* a server that joined as a replacement (ring.h: the head rule) */
+  uint8_t syncing;        /* a replacement still copying its rows: holds no copy yet */
 } ps__member;
 
 /* hello: who is registering and where it can be reached. */
@@ -38,6 +40,7 @@ typedef struct ps__hello {
   char unix_path[PS_PATH_MAX];
   char hostid[PS_HOST_MAX];
   uint8_t caps;
+  uint8_t join;  /* a server that replaces a dead one (pshard server --join); absent on the wire: 0 */
 } ps__hello;
 
 /* Capabilities a node announces in its hello (ps__member.caps). */
@@ -68,6 +71,8 @@ void ps__membership_encode(ps__wbuf *w, const ps__membership *m);
 /* Allocates m->m; returns 0 or PS_ERR_PROTO / PS_ERR_NOMEM. */
 int ps__membership_decode(const void *p, size_t n, ps__membership *m);
 void ps__membership_clear(ps__membership *m);
+/* The head-rule state (common/ring.h, PS_CHAIN_*) of member x. */
+uint8_t ps__member_chain_state(const ps__member *x);
 void ps__declare_encode(ps__wbuf *w, const ps__declare *d);
 int ps__declare_decode(const void *p, size_t n, ps__declare *d);
 

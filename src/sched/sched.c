@@ -13,6 +13,7 @@
 
 #include <string.h>
 
+#include "common/config.h"
 #include "common/ring.h"
 #include "net/auth.h"
 #include "sched/sched_int.h"
@@ -28,6 +29,12 @@ enum { TASK_PENDING = PS__TASK_PENDING, TASK_ASSIGNED = PS__TASK_ASSIGNED, TASK_
 static node *node_by_conn(ps__sched *s, ps__conn *c) {
   for (size_t i = 0; i < s->nnodes; i++)
     if (s->nodes[i].conn == c) return &s->nodes[i];
+  return NULL;
+}
+
+static node *node_by_id(ps__sched *s, uint32_t id) {
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].m.id == id) return &s->nodes[i];
   return NULL;
 }
 
@@ -257,7 +264,8 @@ static void task_requeue(ps__sched *s, uint32_t node_id) {
 static void do_stop(void *arg);
 
 /* Is there a chain (the R servers that hold a key range) that contains server `id` (any
- * chain when id is 0) and has no live member but `id`? 1 also when out of memory. */
+ * chain when id is 0) and would have no head (ring.h, the head rule: no live member that
+ * holds a copy) without `id`? 1 also when out of memory. */
 static int chain_without_copy(ps__sched *s, uint32_t id) {
   uint32_t *ids = ps__calloc(s->nnodes ? s->nnodes : 1, sizeof *ids);
   size_t k = 0;
@@ -273,12 +281,15 @@ static int chain_without_copy(ps__sched *s, uint32_t id) {
   }
   for (size_t i = 0; i < ps__ring_nroutes(r) && !lost; i++) {
     uint32_t c[PS_MAX_REPLICAS];
-    size_t m = ps__ring_route(r, i, c), live = 0, has = id == 0;
+    uint8_t st[PS_MAX_REPLICAS];
+    size_t m = ps__ring_route(r, i, c), has = id == 0;
+    if (m > PS_MAX_REPLICAS) m = PS_MAX_REPLICAS;
     for (size_t j = 0; j < m; j++) {
+      const node *x = node_by_id(s, c[j]);
       if (id && c[j] == id) has = 1;
-      else live += ps__sched_server_alive(s, c[j]);
+      st[j] = (id && c[j] == id) || !x ? PS_CHAIN_DEAD : ps__member_chain_state(&x->m);
     }
-    lost = has && !live;
+    lost = has && ps__chain_head(st, m) < 0;
   }
   ps__ring_free(r);
   return lost;
@@ -297,6 +308,8 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
   if (!n->m.alive) return;
   if (n->m.role == PS_ROLE_WORKER && strcmp(why, "left the job")) s->worker_failed = 1;
   n->m.alive = 0;
+  n->m.syncing = 0;
+  n->dead_ms = ps__now_ms();
   n->barrier_seq = -1;
   s->epoch++;
   ps__log(strcmp(why, "left the job") ? PS_LOG_WARN : PS_LOG_INFO, "%s %u (rank %u) removed: %s; epoch %llu", n->m.role == PS_ROLE_SERVER ? "server" : "worker",
@@ -357,6 +370,93 @@ static void on_rejoin(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const p
   ps__sched_state_save(s);
 }
 
+static void refuse_hello(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
+  ps__log(PS_LOG_WARN, "refused a node from %s: %s", c->peer, msg);
+  ps__conn_send_error(c, h, err, msg);
+  ps__conn_close_after_flush(c, err);
+}
+
+/* A server registers as a replacement (pshard server --join): it takes the id and rank
+ * of the dead server that died first and still has a live copy of each of its key
+ * ranges, so the ring (and so every key's place) is unchanged. It is late (it heads a
+ * chain only when none of the members that were there before is left) and syncing (it
+ * holds no copy until the chains' tails have copied their rows to it, which it says
+ * with SYNCED). One replacement syncs at a time. */
+static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello) {
+  char msg[240];
+  if (hello->role != PS_ROLE_SERVER) {
+    refuse_hello(c, h, PS_ERR_INVALID, "only a server joins as a replacement");
+    return;
+  }
+  if (!s->started) {
+    refuse_hello(c, h, PS_ERR_UNAVAILABLE, "the job has not started: a replacement joins a running job (start the first servers without --join)");
+    return;
+  }
+  if (s->o.replicas < 2) {
+    refuse_hello(c, h, PS_ERR_UNAVAILABLE, "the job keeps one copy of every key (replicas 1): a dead server's rows are lost, and a replacement has nothing to copy");
+    return;
+  }
+  for (size_t i = 0; i < s->ntables; i++)
+    if (s->tables[i].spec.mode == PS__MODE_SYNC || s->tables[i].spec.mode == PS__MODE_SYNC_M) {
+      snprintf(msg, sizeof msg, "table '%s' is a sync table: replacing a server of a job with sync tables is not supported", s->tables[i].d.name);
+      refuse_hello(c, h, PS_ERR_UNAVAILABLE, msg);
+      return;
+    }
+  node *n = NULL;
+  size_t dead = 0;
+  for (size_t i = 0; i < s->nnodes; i++) {
+    node *x = &s->nodes[i];
+    if (x->m.role != PS_ROLE_SERVER) continue;
+    if (x->m.alive && x->m.syncing) {
+      snprintf(msg, sizeof msg, "server %u is still copying its rows as a replacement; join again once it is done", x->m.id);
+      refuse_hello(c, h, PS_ERR_UNAVAILABLE, msg);
+      return;
+    }
+    if (x->m.alive) continue;
+    dead++;
+    if (chain_without_copy(s, x->m.id)) continue; /* its keys have no live copy to copy from */
+    if (!n || x->dead_ms < n->dead_ms) n = x;
+  }
+  if (!n) {
+    refuse_hello(c, h, PS_ERR_UNAVAILABLE, dead ? "no dead server of the job has a live copy of its keys left: there is nothing to copy"
+                                                : "no server of the job is dead: a replacement takes a dead server's place (the job has its servers)");
+    return;
+  }
+  n->conn = c;
+  c->udata = n;
+  ps__conn_auth_bind(c, n->m.id);
+  n->m.alive = 1;
+  n->m.late = 1;
+  n->m.syncing = 1;
+  n->m.port = hello->port;
+  memcpy(n->m.host, hello->host, sizeof n->m.host);
+  memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
+  memcpy(n->m.hostid, hello->hostid, sizeof n->m.hostid);
+  n->m.caps = hello->caps;
+  n->last_seen_ms = ps__now_ms();
+  n->last_copy_warned = 0;
+  n->barrier_seq = -1;
+  s->epoch++;
+  ps__log(PS_LOG_INFO, "server %u (rank %u) replaced by a new server from %s; it copies its rows; epoch %llu", n->m.id,
+          n->m.rank, c->peer, (unsigned long long)s->epoch);
+  ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
+                     .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+  broadcast_membership(s);
+  ps__sched_state_save(s);
+}
+
+/* A replacement has every copy it waited for: it holds its chains' rows from now on. */
+static void on_synced(ps__sched *s, node *n, const ps__frame_hdr *h) {
+  if (n->m.role != PS_ROLE_SERVER || !n->m.syncing) return;
+  n->m.syncing = 0;
+  s->epoch++;
+  ps__log(PS_LOG_INFO, "server %u (rank %u) has copied its rows (at its epoch %llu); epoch %llu", n->m.id, n->m.rank,
+          (unsigned long long)h->epoch, (unsigned long long)s->epoch);
+  broadcast_membership(s);
+  ps__sched_state_save(s);
+}
+
 static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
   ps__hello hello;
   if (node_by_conn(s, c)) {
@@ -375,6 +475,10 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
   }
   if (h->sender) {
     on_rejoin(s, c, h, &hello);
+    return;
+  }
+  if (hello.join) {
+    on_join(s, c, h, &hello);
     return;
   }
   if (hello.role == PS_ROLE_SERVER && s->nserver_ranks >= s->o.servers) {
@@ -574,9 +678,12 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
   }
   for (size_t i = 0; i < s->nnodes; i++) { /* who is in the job, and where (pshard stats, pshard top) */
     const ps__member *m = &s->nodes[i].m;
-    n = snprintf(line, sizeof line, "node %u role=%s rank=%u addr=%s:%u alive=%u\n", m->id,
+    /* a replacement's line goes on with late=1 and syncing= (other lines end at alive=) */
+    char repl[32] = "";
+    if (m->late) snprintf(repl, sizeof repl, " late=1 syncing=%u", (unsigned)m->syncing);
+    n = snprintf(line, sizeof line, "node %u role=%s rank=%u addr=%s:%u alive=%u%s\n", m->id,
                  m->role == PS_ROLE_SERVER ? "server" : m->role == PS_ROLE_WORKER ? "worker" : "other", m->rank,
-                 m->host[0] ? m->host : "-", (unsigned)m->port, (unsigned)m->alive);
+                 m->host[0] ? m->host : "-", (unsigned)m->port, (unsigned)m->alive, repl);
     ps__wbuf_bytes(&w, line, (size_t)n);
   }
   size_t shown = s->nmetrics < PS__STATS_METRICS ? s->nmetrics : PS__STATS_METRICS;
@@ -603,6 +710,7 @@ static int sched_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   case PS_MSG_METRIC: case PS_MSG_LEAVE: case PS_MSG_STATS: case PS_MSG_TASK_INIT:
   case PS_MSG_TASK_NEXT: case PS_MSG_TASK_DONE: case PS_MSG_CHECKPOINT: case PS_MSG_STALL:
   case PS_MSG_NODE_METRICS:
+  case PS_MSG_SYNCED:
     return 0;
   default:
     return ps__fail(PS_ERR_PROTO, "%s frame not accepted by the scheduler", ps__frame_type_name(h->type));
@@ -659,6 +767,9 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     break;
   case PS_MSG_STALL:
     if (n->m.role == PS_ROLE_SERVER) on_stall(s, n, b);
+    break;
+  case PS_MSG_SYNCED:
+    on_synced(s, n, h);
     break;
   case PS_MSG_LEAVE:
     n->left = n->m.alive;

@@ -21,6 +21,7 @@ typedef struct ps__sched_node {
   ps__member m;
   ps__conn *conn;
   uint64_t last_seen_ms;
+  uint64_t dead_ms;     /* when it was removed (a replacement takes the oldest dead server) */
   int last_copy_warned; /* silent, kept: it holds the last live copy of some keys */
   int64_t barrier_seq;  /* barrier this worker waits in, -1 none */
   int64_t barrier_done; /* last barrier this worker passed (0 none) */

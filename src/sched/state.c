@@ -13,7 +13,7 @@
  *
  * Format (little-endian, ps__wbuf): u32 magic "PSSS", u32 version 1, u32 next_id,
  * u32 server ranks, u32 worker ranks, u64 epoch, u8 started, u32 nodes, then per node:
- * u32 id, u8 role, u8 alive, u32 rank, u32 port, str host, str unix path, str hostid,
+ * u32 id, u8 role, u8 alive (bit 0; bit 1 late, bit 2 syncing), u32 rank, u32 port, str host, str unix path, str hostid,
  * u8 caps; u32 tables, then per table u32 length and a declaration as CREATE carries it
  * (proto/msg.c); u8 tasks present,
  * and if so u32 parts, epochs, epoch, ndone, then per partition u8 state and u32 owner;
@@ -55,7 +55,7 @@ static void encode(const ps__sched *s, ps__wbuf *w) {
     const ps__member *m = &s->nodes[i].m;
     ps__wbuf_u32(w, m->id);
     ps__wbuf_u8(w, m->role);
-    ps__wbuf_u8(w, m->alive);
+    ps__wbuf_u8(w, (uint8_t)((m->alive ? 1 : 0) | (m->late ? 2 : 0) | (m->syncing ? 4 : 0)));
     ps__wbuf_u32(w, m->rank);
     ps__wbuf_u32(w, m->port);
     ps__wbuf_str(w, m->host);
@@ -146,7 +146,10 @@ static int decode_nodes(ps__sched *s, ps__rbuf *r) {
     ps__sched_node *x = &s->nodes[s->nnodes++];
     x->m.id = ps__rbuf_u32(r);
     x->m.role = ps__rbuf_u8(r);
-    x->m.alive = ps__rbuf_u8(r);
+    uint8_t st = ps__rbuf_u8(r);
+    x->m.alive = st & 1;
+    x->m.late = (st >> 1) & 1;
+    x->m.syncing = (st >> 2) & 1;
     x->m.rank = ps__rbuf_u32(r);
     x->m.port = (uint16_t)ps__rbuf_u32(r);
     ps__rbuf_str(r, x->m.host, sizeof x->m.host);

@@ -45,6 +45,7 @@ struct srv_fwd {
 struct srv_peer {
   uint32_t id;
   int alive;
+  uint8_t state;   /* PS_CHAIN_*: the head rule's view of it (ring.h) */
   char host[PS_HOST_MAX];
   uint16_t port;
   ps__conn *conn;
@@ -78,18 +79,33 @@ int ps__srv_server_alive(ps__server *s, uint32_t id) {
   return p && p->alive;
 }
 
+uint8_t ps__srv_chain_state(ps__server *s, uint32_t id) {
+  if (id == s->id) return s->self_state ? s->self_state : PS_CHAIN_LIVE;
+  srv_peer *p = peer_of(s, id);
+  return p && p->alive ? p->state : PS_CHAIN_DEAD;
+}
+
 /* ------------------------------------------------------------------ which requests are ours */
 
-/* The chain's first live member, and the live member after `self` (0: none). */
+/* The chain's head and the member after `self` (0: none), by the head rule (ring.h):
+ * a replacement heads only when no older member is left, and a syncing one comes last. */
 void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
+  uint8_t st[PS_MAX_REPLICAS], ord[PS_MAX_REPLICAS];
   *head = 0, *has_self = 0, *next = 0;
-  for (size_t k = 0; k < n; k++) {
-    if (!ps__srv_server_alive(s, c[k])) continue;
-    if (!*head) *head = c[k];
-    if (*has_self && !*next) *next = c[k];
-    if (c[k] == s->id) *has_self = 1;
-  }
+  if (n > PS_MAX_REPLICAS) n = PS_MAX_REPLICAS;
+  for (size_t k = 0; k < n; k++) st[k] = ps__srv_chain_state(s, c[k]);
+  size_t m = ps__chain_order(st, n, ord);
+  if (m && st[ord[0]] != PS_CHAIN_SYNCING) *head = c[ord[0]];
+  for (size_t j = 0; j < m; j++)
+    if (c[ord[j]] == s->id) {
+      *has_self = 1;
+      *next = j + 1 < m ? c[ord[j + 1]] : 0;
+    }
+  /* a replacement whose copy from here could not start yet gets nothing from here */
+  if (*next && ps__srv_repair_blocked(s, *next)) *next = 0;
 }
+
+uint32_t ps__srv_peer_id(ps__server *s, size_t i) { return s->peers[i]->id; }
 
 /* A request's chain: a worker's request must come to the chain's head, a forward to
  * a member after it. 0 with *next (the member to forward to, 0: this is the tail), or
@@ -232,6 +248,7 @@ void ps__srv_repl_tick(ps__server *s) {
   }
   fwd_resend_due(s);
   ps__srv_sync_tick(s);
+  ps__srv_repair_tick(s);
   /* Forwards nobody will answer (a frame lost on the way; the worker sent its push again). */
   for (srv_fwd **pp = &s->fwds; *pp;) {
     srv_fwd *f = *pp;
@@ -335,7 +352,8 @@ static void peer_connect(ps__server *s, srv_peer *p);
 
 static int peer_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   (void)c, (void)b;
-  if (h->type == PS_MSG_ERROR || ps__frame_is_forward(h->type & (uint8_t)~PS_FRAME_REPLY)) return 0;
+  uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
+  if (h->type == PS_MSG_ERROR || ps__frame_is_forward(t) || t == PS_MSG_SYNC_ROWS || t == PS_MSG_SYNC_DONE) return 0;
   return ps__fail(PS_ERR_PROTO, "unexpected %s frame from a server", ps__frame_type_name(h->type));
 }
 
@@ -463,6 +481,7 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
 
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__fwd fw;
+  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
   ps__fwd_get(b->buf, &fw);
   if (fw.epoch != s->epoch) {
     s->forwards_refused++;
@@ -516,7 +535,10 @@ int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
       }
     }
     p->alive = x->alive;
+    p->state = ps__member_chain_state(x);
   }
+  for (uint32_t i = 0; i < m->n; i++)
+    if (m->m[i].id == s->id && m->m[i].role == PS_ROLE_SERVER) s->self_state = ps__member_chain_state(&m->m[i]);
   s->replicas = m->replicas ? m->replicas : 1;
   ps__srv_sync_after(s);
   fwd_resend_due(s);
@@ -530,6 +552,7 @@ void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c) {
 }
 
 void ps__srv_repl_free(ps__server *s) {
+  ps__srv_repair_free(s);
   ps__srv_agg_free(s);
   ps__srv_sync_free(s);
   while (s->fwds) {
@@ -555,9 +578,12 @@ int ps__srv_rows_init(ps__server *s, ps__srv_rows *r, int member) {
   uint32_t *ids = ps__malloc(S * sizeof *ids);
   r->live = ps__malloc(S * sizeof *r->live);
   if (!ids || !r->live) goto oom;
+  if (!(r->state = ps__malloc(S))) goto oom;
   for (size_t i = 0; i < S; i++) {
     ids[i] = ps__ring_server_at(s->ring, i);
-    if (ps__srv_server_alive(s, ids[i])) r->live[r->nlive++] = ids[i];
+    if (!ps__srv_server_alive(s, ids[i])) continue;
+    r->state[r->nlive] = ps__srv_chain_state(s, ids[i]);
+    r->live[r->nlive++] = ids[i];
   }
   /* The same servers, vnodes and R give the same ring: a copy another thread may read. */
   r->ring = ps__ring_new(ids, S, s->o.vnodes, s->epoch);
@@ -577,13 +603,17 @@ oom:
 }
 
 int ps__srv_rows_chain(const ps__srv_rows *r, const uint32_t *ch, size_t n) {
+  uint8_t st[PS_MAX_REPLICAS];
+  if (n > PS_MAX_REPLICAS) n = PS_MAX_REPLICAS;
   for (size_t k = 0; k < n; k++) {
-    int live = 0;
-    for (size_t i = 0; i < r->nlive && !live; i++) live = r->live[i] == ch[k];
     if (r->member && ch[k] == r->self) return 1; /* dead or alive: a member holds the rows */
-    if (!r->member && live) return ch[k] == r->self; /* the head is the first live member */
+    st[k] = PS_CHAIN_DEAD;
+    for (size_t i = 0; i < r->nlive; i++)
+      if (r->live[i] == ch[k]) st[k] = r->state[i];
   }
-  return 0;
+  if (r->member) return 0;
+  int head = ps__chain_head(st, n); /* the head writes the rows (the head rule, ring.h) */
+  return head >= 0 && ch[head] == r->self;
 }
 
 int ps__srv_rows_dense(const ps__srv_rows *r, uint32_t table, uint8_t *runs) {
@@ -604,6 +634,7 @@ int ps__srv_rows_dense(const ps__srv_rows *r, uint32_t table, uint8_t *runs) {
 void ps__srv_rows_free(ps__srv_rows *r) {
   ps__ring_free(r->ring);
   free(r->live);
+  free(r->state);
   free(r->route_ok);
   memset(r, 0, sizeof *r);
 }

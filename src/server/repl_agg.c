@@ -348,6 +348,7 @@ void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per
 
 void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__fwd fw;
+  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
   ps__fwd_get(b->buf, &fw);
   if (fw.epoch != s->epoch) {
     s->forwards_refused++;

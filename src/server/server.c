@@ -214,12 +214,19 @@ static void on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h,
 static void on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__srv_on_replayed(s, c, h, b);
 }
+static void on_sync_rows(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_sync_rows(s, c, h, b);
+}
+static void on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  ps__srv_on_sync_done(s, c, h, b);
+}
 
 static const frame_handler dispatch[PS_MSG__MAX] = {
     [PS_MSG_CREATE] = on_create_frame, [PS_MSG_PUSH] = on_push_sparse,  [PS_MSG_PUSH_DENSE] = on_push_dense,
     [PS_MSG_PULL] = on_pull_sparse,    [PS_MSG_PULL_DENSE] = on_pull_dense, [PS_MSG_CLOCK] = on_clock,
     [PS_MSG_STATS] = on_stats,         [PS_MSG_FORWARD] = on_forward_sparse, [PS_MSG_FORWARD_DENSE] = on_forward_dense,
     [PS_MSG_FORWARD_AGG] = on_forward_agg, [PS_MSG_FORWARD_ROUND] = on_forward_round, [PS_MSG_REPLAYED] = on_replayed,
+    [PS_MSG_SYNC_ROWS] = on_sync_rows, [PS_MSG_SYNC_DONE] = on_sync_done,
 };
 
 static int data_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
@@ -302,6 +309,7 @@ static void agent_membership(void *arg, const ps__membership *m) {
   free(ids);
   s->epoch = m->epoch;
   s->sh->started = m->started;
+  ps__srv_repair_membership(s, m); /* copies to or from a replacement (repair.c) */
   if (m->started == 2) { /* the scheduler finished the job */
     ps__log(PS_LOG_INFO, "the job is finished; stopping");
     server_shutdown(s, 0);
@@ -372,6 +380,7 @@ static int agent_begin(ps__server *s) {
   o.hello.role = PS_ROLE_SERVER;
   o.hello.port = (uint16_t)s->tcp.port;
   o.hello.pid = (uint32_t)getpid();
+  o.hello.join = (uint8_t)(s->o.join ? 1 : 0);
   snprintf(o.hello.host, sizeof o.hello.host, "%s", s->o.host);
   snprintf(o.hello.unix_path, sizeof o.hello.unix_path, "%s", s->unix_path);
   ps__hostid(o.hello.hostid, sizeof o.hello.hostid);
@@ -400,6 +409,8 @@ static void server_shutdown(ps__server *s, int result) {
 }
 
 static void do_stop(void *arg) { server_shutdown(arg, 0); }
+
+void ps__srv_fail(ps__server *s, int status) { server_shutdown(s, status); }
 
 
 /* ------------------------------------------------------------------ lifecycle */

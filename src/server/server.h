@@ -40,6 +40,8 @@ typedef struct ps__server_opts {
   int http;
   const char *http_host;
   int http_port;
+  int join;                  /* register as the replacement of a dead server of a running
+                              * job (its id and rank), and copy its rows (server/repair.c) */
 } ps__server_opts;
 
 int ps__server_create(const ps__server_opts *o, ps__server **out);

@@ -29,6 +29,7 @@ typedef struct srv_peer srv_peer;       /* another server, as a forward's destin
 typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
 typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
 typedef struct srv_sync srv_sync;       /* a sync table's replication state (repl_sync.c) */
+typedef struct srv_repair srv_repair;   /* copies of rows to or from a replacement (repair.c) */
 
 /* A worker (or forwarding server) connection, for the metrics by peer (stats.c): its
  * conn's udata. node is the sender of its first frame (0 until then). */
@@ -110,6 +111,9 @@ struct ps__server {
   uint64_t catchups;     /* failovers of sync tables caught up */
   srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
   int agg_taken;         /* ... which was applied and forwarded with it */
+  uint8_t self_state;    /* PS_CHAIN_* of this server in the membership (0 before one) */
+  srv_repair *repair;    /* copies of rows to or from a replacement (repair.c), or NULL */
+  int replaying;         /* forwards held while syncing are being applied (repair.c) */
   int fenced;            /* stood still: serves no data request for now */
   uint64_t fenced_at;
   /* metrics (stats.c): counted on the loop, rendered on the loop once a second,
@@ -203,6 +207,8 @@ void ps__srv_restore_free(ps__server *s);
 /* ---- replication (repl.c) */
 /* Is server id alive in the latest membership (this server is)? */
 int ps__srv_server_alive(ps__server *s, uint32_t id);
+/* Server id's PS_CHAIN_* state in the latest membership (common/ring.h, the head rule). */
+uint8_t ps__srv_chain_state(ps__server *s, uint32_t id);
 /* Under R >= 2: are a request's keys (sparse) or segments (dense) of one chain, headed
  * here (a worker's request) or with this server after its head (a forward)? 0 with the
  * member to forward to in *next (0: none), or -1 (answered with MOVED). */
@@ -330,6 +336,7 @@ typedef struct ps__srv_rows {
   uint32_t self;
   int member;
   uint32_t *live;      /* the live servers */
+  uint8_t *state;      /* and their PS_CHAIN_* states */
   size_t nlive;
   uint8_t *route_ok;   /* per sparse route: this server's rows */
   size_t nroutes;
@@ -346,6 +353,27 @@ int ps__srv_rows_dense(const ps__srv_rows *r, uint32_t table, uint8_t *runs);
 static inline int ps__srv_rows_key(const ps__srv_rows *r, uint32_t table, uint64_t key) {
   return !r->ring || r->route_ok[ps__ring_route_index(r->ring, table, key)];
 }
+
+/* ---- repair: a replacement's copies (repair.c) */
+/* After a membership (ring and peers set): start copies to new syncing replacements,
+ * drop those to replacements gone or done; as a syncing replacement, learn its sources
+ * or stop when one died before its copy was in. */
+void ps__srv_repair_membership(ps__server *s, const ps__membership *m);
+void ps__srv_repair_tick(ps__server *s);
+/* A forward to a syncing replacement from a source whose copy is not in: held (and
+ * answered), 1; else 0 (served as usual). b->buf may be taken. */
+int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* Must nothing be forwarded to `to` from here yet (its copy could not start)? */
+int ps__srv_repair_blocked(ps__server *s, uint32_t to);
+void ps__srv_on_sync_rows(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+void ps__srv_on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* STATS lines of the repair (newline-terminated) into line. */
+void ps__srv_repair_stats(ps__server *s, char *line, size_t cap);
+void ps__srv_repair_free(ps__server *s);
+/* The id of peer i < s->npeers (repl.c). */
+uint32_t ps__srv_peer_id(ps__server *s, size_t i);
+/* Stop the server with an error status (server.c). */
+void ps__srv_fail(ps__server *s, int status);
 
 /* ---- statistics (stats.c) */
 void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);

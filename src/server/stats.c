@@ -97,6 +97,8 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forward_bytes,
                (unsigned long long)s->forwards_refused, s->fenced, (unsigned long long)s->catchups);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  ps__srv_repair_stats(s, line, sizeof line);
+  ps__wbuf_bytes(&w, line, strlen(line));
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);
   ps__wbuf_bytes(&w, line, (size_t)m);

@@ -188,3 +188,26 @@ int ps__once_set_decode(ps__once_set *s, const void *p, size_t len) {
   s->dups = dups, s->stale = stale;
   return 0;
 }
+
+int ps__once_set_merge(ps__once_set *s, const void *p, size_t len) {
+  ps__once_set in;
+  memset(&in, 0, sizeof in);
+  int rc = ps__once_set_decode(&in, p, len);
+  if (rc) return rc;
+  for (size_t i = 0; i < in.cap && !rc; i++) {
+    const ps__once *w = in.slot[i];
+    if (!w || !w->any) continue;
+    ps__once *d = ps__once_get(s, w->worker);
+    if (!d) {
+      rc = ps__fail(PS_ERR_NOMEM, "out of memory merging exactly-once windows");
+      break;
+    }
+    /* Oldest first, so the window's high moves up over sequences it marks. */
+    for (uint32_t k = W; k-- > 0;) {
+      uint32_t seq = w->high - k;
+      if (bit_get(w, seq) && ps__once_check(d, w->inc, seq) == PS__ONCE_NEW) ps__once_mark(d, w->inc, seq);
+    }
+  }
+  ps__once_set_clear(&in);
+  return rc;
+}

@@ -81,5 +81,9 @@ void ps__once_set_encode(const ps__once_set *s, ps__wbuf *out);
  * above PS__ONCE_MAX_WORKERS, a worker id 0 or twice, trailing bytes, a bad window) or
  * PS_ERR_NOMEM, and s is unchanged. */
 int ps__once_set_decode(ps__once_set *s, const void *p, size_t len);
+/* Add the windows encoded in p[0, len) to those of s: a sequence applied in either is
+ * applied in s (a newer incarnation replaces an older one's window). 0, or the
+ * decoder's errors or PS_ERR_NOMEM (s may then hold part of them). */
+int ps__once_set_merge(ps__once_set *s, const void *p, size_t len);
 
 #endif

@@ -380,6 +380,10 @@ int ps__shard_cut_at(ps__shard *sh, ps__table *t, int64_t clock);
  * before go with it; from now on the table tracks its changed rows when track is set
  * (and forgets them when not). One cut of a table at a time. 0 or PS_ERR_NOMEM. */
 int ps__shard_snap(ps__table *t, ps__snap_table *out, int track);
+/* The same cut for a copy to another server (a replacement's rows): the rows changed
+ * since the last checkpoint and their tracking are left as they are, and an aggregation
+ * buffer is left unapplied (when applied it is forwarded to the copy). */
+int ps__shard_snap_keep(ps__table *t, ps__snap_table *out);
 /* Key and row (row_floats floats into dst) of row i < s->n as they were at the cut,
  * each row read once. 0, or PS_ERR_NOMEM when the owner could not save a row before
  * writing it (the snapshot is lost then). Any thread (one at a time). */

@@ -277,6 +277,25 @@ int ps__shard_snap(ps__table *t, ps__snap_table *out, int track) {
   return 0;
 }
 
+int ps__shard_snap_keep(ps__table *t, ps__snap_table *out) {
+  memset(out, 0, sizeof *out);
+  ps__shard_flush(t); /* an aggregation buffer is not applied: its rows reach the copy as forwards */
+  size_t rf = ps__spec_row_floats(&t->spec);
+  out->decl = t->decl;
+  out->width = t->spec.width;
+  out->row_floats = (uint32_t)rf;
+  out->step = t->step;
+  out->version = t->version;
+  out->n = ps__rowmap_count(t->params);
+  if (t->cut) return ps__fail(PS_ERR_UNAVAILABLE, "table '%s' is being written by a checkpoint", t->decl.name);
+  out->cut = cut_new(t->params, rf);
+  if (!out->cut) return ps__fail(PS_ERR_NOMEM, "out of memory cutting table '%s' for a copy", t->decl.name);
+  t->cut = out->cut;
+  t->watch = 1;
+  t->dirty_inline = 0;
+  return 0;
+}
+
 uint64_t ps__snap_key(const ps__snap_table *s, uint64_t i) { return ps__rowmap_view_key(&s->cut->view, i); }
 
 void ps__snap_prefetch(const ps__snap_table *s, uint64_t i) {

@@ -15,6 +15,7 @@
 
 #include "common/common.h"
 #include "proto/frame.h"
+#include "common/ring.h"
 #include "proto/msg.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -911,6 +912,8 @@ static ps__membership sample_membership(uint32_t n) {
     if (i % 2) snprintf(x->unix_path, sizeof x->unix_path, "/tmp/pshard-%u.sock", i);
     snprintf(x->hostid, sizeof x->hostid, "host-%u", i / 2);
     x->caps = (uint8_t)(i % 2);
+    x->late = (uint8_t)(x->alive && i % 4 == 1);
+    x->syncing = (uint8_t)(x->late && i % 8 == 1);
   }
   if (n > 0) {
     memset(m.m[0].host, 'h', PS_HOST_MAX - 1);
@@ -939,7 +942,47 @@ static void assert_same_membership(const ps__membership *a, const ps__membership
     cr_assert(eq(str, (char *)x->unix_path, (char *)y->unix_path), "member %u", i);
     cr_assert(eq(str, (char *)x->hostid, (char *)y->hostid), "member %u", i);
     cr_assert(eq(u8, x->caps, y->caps), "member %u", i);
+    cr_assert(eq(u8, x->late, y->late), "member %u", i);
+    cr_assert(eq(u8, x->syncing, y->syncing), "member %u", i);
   }
+}
+
+/* A replacement's flags travel in the alive byte; an unknown bit there is refused. */
+Test(msg, membership_late_and_syncing) {
+  ps__membership in = sample_membership(3), out;
+  in.m[1].alive = 1, in.m[1].late = 1, in.m[1].syncing = 1;
+  in.m[2].alive = 1, in.m[2].late = 1, in.m[2].syncing = 0;
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__membership_encode(&w, &in);
+  cr_assert(eq(int, ps__membership_decode(w.data, w.len, &out), 0), "%s", ps_errmsg());
+  assert_same_membership(&out, &in);
+  cr_assert(eq(u8, ps__member_chain_state(&out.m[1]), PS_CHAIN_SYNCING));
+  cr_assert(eq(u8, ps__member_chain_state(&out.m[2]), PS_CHAIN_LATE));
+  out.m[2].alive = 0;
+  cr_assert(eq(u8, ps__member_chain_state(&out.m[2]), PS_CHAIN_DEAD));
+  ps__membership_clear(&out);
+  /* the alive byte of member 0: after epoch, counts, started, count, id and role */
+  size_t at = 8 + 4 + 4 + 1 + 4 + 4 + 1;
+  w.data[at] = 8;
+  cr_assert(eq(int, ps__membership_decode(w.data, w.len, &out), PS_ERR_PROTO));
+  ps__wbuf_free(&w);
+  free(in.m);
+}
+
+Test(msg, hello_join_byte) {
+  ps__hello h = {.role = PS_ROLE_SERVER, .port = 7, .pid = 9, .join = 1}, o;
+  snprintf(h.host, sizeof h.host, "127.0.0.1");
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &h);
+  cr_assert(eq(int, ps__hello_decode(w.data, w.len, &o), 0), "%s", ps_errmsg());
+  cr_assert(eq(u8, o.join, 1));
+  cr_assert(eq(int, ps__hello_decode(w.data, w.len - 1, &o), 0)); /* without it: not a join */
+  cr_assert(eq(u8, o.join, 0));
+  w.data[w.len - 1] = 2;
+  cr_assert(eq(int, ps__hello_decode(w.data, w.len, &o), PS_ERR_PROTO));
+  ps__wbuf_free(&w);
 }
 
 Test(msg, membership_round_trip) {

@@ -232,3 +232,34 @@ Test(once, malformed_bytes_are_refused) {
   ps__wbuf_free(&wb);
   free(b);
 }
+
+/* Windows of two servers merged: a sequence applied in either is applied; an older
+ * incarnation's window gives way to a newer one. */
+Test(once, set_merge) {
+  ps__once_set a, b;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  ps__once *wa = ps__once_get(&a, 5), *wb = ps__once_get(&b, 5), *wc = ps__once_get(&b, 9), *wd = ps__once_get(&a, 11);
+  cr_assert(wa && wb && wc && wd);
+  for (uint32_t s = 1; s <= 10; s += 2) take(wa, 100, s);
+  for (uint32_t s = 2; s <= 20; s += 2) take(wb, 100, s);
+  take(wc, 7, 3);
+  take(wd, 50, 1);
+  ps__once *we = ps__once_get(&b, 11);
+  cr_assert(we != NULL);
+  take(we, 60, 4); /* a newer incarnation of worker 11 */
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__once_set_encode(&b, &w);
+  cr_assert(eq(int, ps__once_set_merge(&a, w.data, w.len), 0), "%s", ps_errmsg());
+  wa = ps__once_find(&a, 5);
+  for (uint32_t s = 1; s <= 20; s++)
+    cr_expect(eq(int, ps__once_check(wa, 100, s), (s <= 10 || s % 2 == 0) ? PS__ONCE_DUP : PS__ONCE_NEW), "seq %u", s);
+  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 9), 7, 3), PS__ONCE_DUP));
+  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 11), 60, 4), PS__ONCE_DUP));
+  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 11), 50, 1), PS__ONCE_STALE));
+  cr_expect(eq(int, ps__once_set_merge(&a, w.data, w.len - 1), PS_ERR_CORRUPT));
+  ps__wbuf_free(&w);
+  ps__once_set_clear(&a);
+  ps__once_set_clear(&b);
+}

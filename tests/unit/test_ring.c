@@ -297,3 +297,27 @@ Test(ring, routes_are_the_keys_chains) {
             c[2] == ps__ring_server_at(r, order[1]));
   ps__ring_free(r);
 }
+
+/* The head rule: an older live member heads before a replacement, a replacement heads
+ * only when it is the one holding a copy, a syncing member never heads and comes last. */
+Test(ring, head_rule) {
+  enum { D = PS_CHAIN_DEAD, L = PS_CHAIN_LIVE, T = PS_CHAIN_LATE, S = PS_CHAIN_SYNCING };
+  struct {
+    uint8_t st[3];
+    int head;
+    uint8_t order[3];
+    size_t n;
+  } cases[] = {
+      {{L, L, L}, 0, {0, 1, 2}, 3}, {{D, L, L}, 1, {1, 2}, 2},    {{T, L, D}, 1, {1, 0}, 2},
+      {{T, D, L}, 2, {2, 0}, 2},    {{T, D, D}, 0, {0}, 1},       {{S, L, D}, 1, {1, 0}, 2},
+      {{L, S, L}, 0, {0, 2, 1}, 3}, {{S, D, D}, -1, {0}, 1},      {{D, D, D}, -1, {0}, 0},
+      {{T, S, L}, 2, {2, 0, 1}, 3}, {{T, T, D}, 0, {0, 1}, 2},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    uint8_t ord[3];
+    cr_assert_eq(ps__chain_head(cases[i].st, 3), cases[i].head, "case %zu: head %d", i, ps__chain_head(cases[i].st, 3));
+    size_t n = ps__chain_order(cases[i].st, 3, ord);
+    cr_assert_eq(n, cases[i].n, "case %zu: %zu members in order, not %zu", i, n, cases[i].n);
+    for (size_t k = 0; k < n; k++) cr_assert_eq(ord[k], cases[i].order[k], "case %zu, place %zu: %u", i, k, ord[k]);
+  }
+}

@@ -1,0 +1,714 @@
+/*
+ * repair.c - bringing a chain back to R copies: the rows a replacement copies from the
+ * tails of its chains, and the forwards it holds meanwhile.
+ *
+ * A replacement X takes a dead server's id (the scheduler's `--join`), so the ring and
+ * every chain are unchanged; X is listed `syncing` and by the head rule (common/ring.h)
+ * comes after every other live member of its chains. When a server T sees X syncing
+ * in a membership, it is the *tail* of the chains in which X follows it, and in the
+ * same loop step it
+ *   - cuts every table without copying it (ps__shard_snap_keep),
+ *   - encodes its exactly-once windows and each table's step and version,
+ * and, the membership having made X the member after it, forwards every push it
+ * applies from then on to X as well. It then streams the cut rows of those chains (key
+ * and whole row: parameters and optimiser state) to X as SYNC_ROWS frames, one at a time
+ * and each under the control-body limit, from the loop between other work, and ends
+ * with SYNC_DONE (the windows, the steps). X answers the forwards from T at once but
+ * holds them until T's SYNC_DONE; then it has T's rows, merges the windows and applies
+ * the held forwards in their order. When every source (each server that held a copy
+ * when X joined) is done, X sends SYNCED to the scheduler, which clears `syncing`.
+ *
+ * Failures: X dying is a syncing member dying (its sources drop their streams). A source
+ * dying before its SYNC_DONE ends X (exit status 1): the rows it was copying may have no
+ * other source, and a replacement started again copies from the new tails. A stream
+ * with no progress for REPAIR_STALL_MS ends X too. Only async and ssp tables are copied
+ * (the scheduler refuses --join in a job with sync tables).
+ *
+ * Everything here runs on the server's loop thread.
+ */
+#include <string.h>
+
+#include "common/common.h"
+#include "proto/msg.h"
+#include "server/server_int.h"
+
+#define REPAIR_SCAN_ROWS 65536u   /* rows of the cut read per frame built, at most */
+#define REPAIR_RETRY_MS 200u      /* a frame refused or lost is sent again after this */
+#define REPAIR_MAX_FAILURES 300u  /* ... this many times, then the stream is abandoned */
+#define REPAIR_STALL_MS 60000u    /* a replacement waits this long for a frame of a source */
+#define REPAIR_HELD_MAX (1ull << 30) /* bytes of forwards a replacement holds, at most */
+#define REPAIR_SYNCED_EVERY_MS 1000u
+
+/* One table of a stream: its cut and which of its chains go to the replacement. */
+typedef struct rp_table {
+  ps__snap_table snap;
+  int cut;            /* snap holds a cut */
+  int sent_decl;      /* a frame of it went (a table with no rows still sends one) */
+  uint8_t *sel;       /* per chain index: streamed */
+  size_t nsel;
+  uint64_t next;      /* next row of the cut to read */
+} rp_table;
+
+/* A copy from this server to replacement `to`. */
+typedef struct rp_out {
+  struct rp_out *next;
+  uint32_t to, stream;
+  rp_table *t;
+  size_t nt, cur;
+  uint8_t *done_body; /* SYNC_DONE's body, encoded at the cut */
+  size_t done_len;
+  uint8_t *frame;     /* the frame in flight (kept until answered), pooled-size independent */
+  size_t flen;
+  ps__frame_hdr fh;
+  int inflight, done_sent;
+  unsigned failures;
+  uint64_t retry_at;
+  uint64_t rows;
+} rp_out;
+
+/* A forward a replacement holds until its source's copy is in. */
+typedef struct rp_held {
+  struct rp_held *next;
+  ps__frame_hdr h;
+  void *buf; /* pooled */
+  size_t len;
+} rp_held;
+
+typedef struct rp_src {
+  uint32_t id;
+  int done;
+  rp_held *head, *tail;
+  uint64_t rows, held;
+} rp_src;
+
+struct srv_repair {
+  rp_out *outs;
+  uint32_t next_stream;
+  int pending;        /* a stream could not start (a checkpoint's cut): try at the next tick */
+  uint64_t streams_done, rows_out;
+  /* as a replacement */
+  int syncing;        /* the sources are known */
+  rp_src *src;
+  size_t nsrc;
+  uint64_t held_bytes, rows_in, replayed;
+  uint64_t last_progress, synced_sent_at;
+  int synced;         /* every source is done */
+  ps__conn sink;      /* the replies of held forwards, applied later, go nowhere */
+};
+
+static srv_repair *repair_of(ps__server *s) {
+  if (!s->repair) {
+    s->repair = ps__calloc(1, sizeof *s->repair);
+    if (s->repair) {
+      s->repair->sink.closing = 1;
+      s->repair->sink.loop = &s->loop;
+      snprintf(s->repair->sink.peer, sizeof s->repair->sink.peer, "(held forward)");
+    }
+  }
+  return s->repair;
+}
+
+/* ------------------------------------------------------------------ the tail: streams out */
+
+static void out_free(ps__server *s, rp_out *o) {
+  for (size_t i = 0; i < o->nt; i++) {
+    if (o->t[i].cut) ps__shard_snap_release(s->sh, &o->t[i].snap);
+    free(o->t[i].sel);
+  }
+  free(o->t);
+  free(o->done_body);
+  free(o->frame);
+  free(o);
+}
+
+static void out_unlink(ps__server *s, rp_out *o) {
+  for (rp_out **pp = &s->repair->outs; *pp; pp = &(*pp)->next)
+    if (*pp == o) {
+      *pp = o->next;
+      return;
+    }
+}
+
+/* Does any table have a cut being read (a checkpoint)? One cut of a table at a time. */
+static int tables_cut(ps__server *s) {
+  for (size_t i = 0; i < s->sh->ntables; i++)
+    if (s->sh->tables[i] && s->sh->tables[i]->cut) return 1;
+  return 0;
+}
+
+/* Start the copy to replacement x: cut every table, note which chains it copies from
+ * here (those in which x is the member after this server) and encode what SYNC_DONE
+ * carries. 0, PS_ERR_UNAVAILABLE (a checkpoint's cut is being read: later) or NOMEM. */
+static int out_start(ps__server *s, uint32_t x) {
+  srv_repair *r = s->repair;
+  if (tables_cut(s)) return PS_ERR_UNAVAILABLE;
+  rp_out *o = ps__calloc(1, sizeof *o);
+  if (!o) return PS_ERR_NOMEM;
+  o->to = x;
+  o->stream = ++r->next_stream;
+  o->t = ps__calloc(s->sh->ntables ? s->sh->ntables : 1, sizeof *o->t);
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  int rc = o->t ? 0 : PS_ERR_NOMEM;
+  size_t ntab = 0, chains = 0;
+  for (size_t i = 0; i < s->sh->ntables && !rc; i++) {
+    ps__table *t = s->sh->tables[i];
+    if (!t || ps__table_is_sync(t)) continue;
+    rp_table *rt = &o->t[o->nt];
+    ps__srv_chains cx;
+    if (ps__srv_chains_init(&cx, s, t)) {
+      rc = PS_ERR_NOMEM;
+      break;
+    }
+    rt->nsel = ps__srv_nchains(&cx);
+    rt->sel = ps__calloc(rt->nsel ? rt->nsel : 1, 1);
+    if (!rt->sel) rc = PS_ERR_NOMEM;
+    for (size_t k = 0; k < rt->nsel && !rc; k++) {
+      uint32_t next;
+      int place = ps__srv_chain_place(&cx, ps__srv_chain_name(&cx, k), &next);
+      rt->sel[k] = (uint8_t)(place && next == x);
+      chains += rt->sel[k];
+    }
+    ps__srv_chains_free(&cx);
+    if (rc) {
+      free(rt->sel);
+      break;
+    }
+    if ((rc = ps__shard_snap_keep(t, &rt->snap))) {
+      free(rt->sel);
+      break;
+    }
+    rt->cut = 1;
+    o->nt++;
+    ntab++;
+  }
+  if (!rc) {
+    ps__wbuf_u32(&w, o->stream);
+    ps__wbuf_u32(&w, (uint32_t)ntab);
+    for (size_t i = 0; i < o->nt; i++) {
+      ps__wbuf_u32(&w, o->t[i].snap.decl.id);
+      ps__wbuf_u32(&w, 0);
+      ps__wbuf_u64(&w, o->t[i].snap.step);
+      ps__wbuf_u64(&w, (uint64_t)o->t[i].snap.version);
+    }
+    ps__once_set_encode(&s->sh->once, &w);
+    if (w.oom || w.len > PS_CTRL_MAX_BODY) rc = PS_ERR_NOMEM;
+  }
+  if (rc) {
+    ps__wbuf_free(&w);
+    out_free(s, o);
+    if (rc == PS_ERR_UNAVAILABLE) return rc;
+    ps__log(PS_LOG_ERROR, "cannot start copying rows to server %u: %s", x, ps_strerror(rc));
+    return rc;
+  }
+  o->done_body = w.data;
+  o->done_len = w.len;
+  o->next = r->outs;
+  r->outs = o;
+  ps__log(PS_LOG_INFO, "copying the rows of %zu chain%s of %zu table%s to replacement server %u", chains,
+          chains == 1 ? "" : "s", ntab, ntab == 1 ? "" : "s", x);
+  return 0;
+}
+
+/* The next frame of stream o into o->frame: rows of its current table, or SYNC_DONE.
+ * 0, or -1 (out of memory, or a row too large for a frame: the stream is abandoned). */
+static int out_build(ps__server *s, rp_out *o) {
+  while (o->cur < o->nt && o->t[o->cur].sent_decl && o->t[o->cur].next >= o->t[o->cur].snap.n) {
+    rp_table *done = &o->t[o->cur++];
+    ps__shard_snap_release(s->sh, &done->snap); /* read through: the table forgets the cut */
+    done->cut = 0;
+  }
+  if (o->cur == o->nt) {
+    if (!(o->frame = ps__malloc(o->done_len ? o->done_len : 1))) return -1;
+    memcpy(o->frame, o->done_body, o->done_len);
+    o->flen = o->done_len;
+    o->fh = (ps__frame_hdr){.type = PS_MSG_SYNC_DONE, .epoch = s->epoch};
+    o->done_sent = 1;
+    return 0;
+  }
+  rp_table *rt = &o->t[o->cur];
+  ps__table *t = ps__shard_table(s->sh, rt->snap.decl.id);
+  ps__wbuf decl;
+  ps__wbuf_init(&decl);
+  ps__declare_encode(&decl, &rt->snap.decl);
+  size_t rf = rt->snap.row_floats, per = 8 + 4 * rf, head = PS_SYNC_ROWS_PREFIX + 4 + decl.len;
+  if (decl.oom || head + per > PS_CTRL_MAX_BODY || !t) {
+    ps__log(PS_LOG_ERROR, "table '%s': %s", rt->snap.decl.name,
+            !t ? "dropped while its rows were copied" : "a row does not fit a copy frame");
+    ps__wbuf_free(&decl);
+    return -1;
+  }
+  size_t cap = (PS_CTRL_MAX_BODY - head) / per;
+  uint8_t *f = ps__malloc(head + cap * per);
+  float *row = ps__malloc(rf * sizeof *row);
+  ps__srv_chains cx;
+  int cx_ok = !ps__srv_chains_init(&cx, s, t);
+  if (!f || !row || !cx_ok) {
+    free(f);
+    free(row);
+    if (cx_ok) ps__srv_chains_free(&cx);
+    ps__wbuf_free(&decl);
+    return -1;
+  }
+  /* keys first, rows after them: gather both, then close the gap */
+  uint8_t *keys = f + head;
+  float *rows = ps__malloc(cap * per);
+  size_t n = 0;
+  int err = !rows;
+  for (uint32_t scanned = 0; !err && rt->next < rt->snap.n && n < cap && scanned < REPAIR_SCAN_ROWS; scanned++) {
+    uint64_t i = rt->next++;
+    uint64_t key = ps__snap_key(&rt->snap, i);
+    if (ps__snap_read(&rt->snap, i, row)) {
+      err = 1;
+      break;
+    }
+    size_t ck = ps__srv_chain_index(&cx, ps__srv_row_chain(&cx, key));
+    if (ck >= rt->nsel || !rt->sel[ck]) continue;
+    ps__put_u64(keys + 8 * n, key);
+    memcpy(rows + n * rf, row, rf * sizeof *row);
+    n++;
+  }
+  ps__srv_chains_free(&cx);
+  free(row);
+  if (err) {
+    ps__log(PS_LOG_ERROR, "table '%s': its cut could not be read (out of memory saving rows)", rt->snap.decl.name);
+    free(rows);
+    free(f);
+    ps__wbuf_free(&decl);
+    return -1;
+  }
+  ps__put_u32(f, o->stream);
+  ps__put_u32(f + 4, (uint32_t)rf);
+  ps__put_u32(f + 8, (uint32_t)decl.len);
+  memcpy(f + 12, decl.data, decl.len);
+  memcpy(keys + 8 * n, rows, n * rf * sizeof(float));
+  free(rows);
+  ps__wbuf_free(&decl);
+  o->frame = f;
+  o->flen = head + n * per;
+  o->fh = (ps__frame_hdr){.type = PS_MSG_SYNC_ROWS, .table = rt->snap.decl.id, .batch = (uint32_t)n, .epoch = s->epoch};
+  o->rows += n;
+  rt->sent_decl = 1;
+  return 0;
+}
+
+static void out_pump(ps__server *s, rp_out *o);
+
+static rp_out *out_by_stream(ps__server *s, uint32_t stream) {
+  for (rp_out *o = s->repair ? s->repair->outs : NULL; o; o = o->next)
+    if (o->stream == stream) return o;
+  return NULL;
+}
+
+/* A frame of a stream was answered (g->status 0: taken). */
+static void out_answered(ps__server *s, srv_fwd_group *g) {
+  rp_out *o = out_by_stream(s, (uint32_t)g->round);
+  if (!o) return; /* dropped meanwhile */
+  o->inflight = 0;
+  if (g->status) {
+    if (++o->failures > REPAIR_MAX_FAILURES) {
+      ps__log(PS_LOG_ERROR, "copy to server %u abandoned: %s", o->to, g->msg);
+      out_unlink(s, o);
+      out_free(s, o);
+      return;
+    }
+    o->retry_at = uv_now(&s->loop) + REPAIR_RETRY_MS; /* the same frame again */
+    return;
+  }
+  o->failures = 0;
+  free(o->frame);
+  o->frame = NULL;
+  if (o->done_sent) {
+    ps__log(PS_LOG_INFO, "copied %llu rows to replacement server %u", (unsigned long long)o->rows, o->to);
+    s->repair->streams_done++;
+    s->repair->rows_out += o->rows;
+    out_unlink(s, o);
+    out_free(s, o);
+    return;
+  }
+  out_pump(s, o);
+}
+
+/* Send stream o's next frame unless one is in flight or waits for its retry. */
+static void out_pump(ps__server *s, rp_out *o) {
+  if (o->inflight || (o->retry_at && uv_now(&s->loop) < o->retry_at)) return;
+  o->retry_at = 0;
+  if (!o->frame && out_build(s, o)) {
+    ps__log(PS_LOG_ERROR, "copy to server %u abandoned", o->to);
+    out_unlink(s, o);
+    out_free(s, o);
+    return;
+  }
+  void *buf = ps__pool_get(s->pool, o->flen ? o->flen : 1);
+  srv_fwd_group *g = buf ? ps__srv_group_new(s) : NULL;
+  if (!g) {
+    if (buf) ps__pool_put(s->pool, buf, o->flen ? o->flen : 1);
+    o->retry_at = uv_now(&s->loop) + REPAIR_RETRY_MS;
+    return;
+  }
+  memcpy(buf, o->frame, o->flen);
+  g->done = out_answered;
+  g->round = o->stream;
+  g->out = 1;
+  o->inflight = 1;
+  o->fh.epoch = s->epoch;
+  if (ps__srv_forward_frame(s, o->to, &o->fh, buf, o->flen, g)) {
+    g->out = 0;
+    g->status = PS_ERR_NOMEM;
+    snprintf(g->msg, sizeof g->msg, "%s", ps_errmsg());
+  }
+  g->building = 0;
+  ps__srv_group_maybe_done(s, g); /* out_answered runs now if it failed already */
+}
+
+/* ------------------------------------------------------------------ the replacement: streams in */
+
+static rp_src *src_of(srv_repair *r, uint32_t id) {
+  for (size_t i = 0; i < r->nsrc; i++)
+    if (r->src[i].id == id) return &r->src[i];
+  return NULL;
+}
+
+static void held_free(ps__server *s, rp_src *q) {
+  for (rp_held *x = q->head, *n; x; x = n) {
+    n = x->next;
+    ps__pool_put(s->pool, x->buf, x->len);
+    free(x);
+  }
+  q->head = q->tail = NULL;
+  s->repair->held_bytes -= q->held;
+  q->held = 0;
+}
+
+int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  srv_repair *r = s->repair;
+  if (!r || !r->syncing || s->replaying) return 0;
+  rp_src *q = src_of(r, h->sender);
+  if (!q || q->done) return 0;
+  ps__fwd fw;
+  ps__fwd_get(b->buf, &fw);
+  if (fw.epoch != s->epoch) return 0; /* refused as usual */
+  if (r->held_bytes + b->len > REPAIR_HELD_MAX) {
+    ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u holds %llu bytes of forwards while it copies its rows; send again",
+                      s->id, (unsigned long long)r->held_bytes);
+    return 1;
+  }
+  rp_held *x = ps__malloc(sizeof *x);
+  if (!x) {
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return 1;
+  }
+  x->h = *h;
+  x->buf = b->buf; /* the pooled body, taken */
+  x->len = b->len;
+  b->buf = NULL;
+  x->next = NULL;
+  if (q->tail) q->tail->next = x;
+  else q->head = x;
+  q->tail = x;
+  q->held += x->len;
+  r->held_bytes += x->len;
+  ps__srv_reply_ok(c, h, 0); /* on this copy once the rows are in, which comes first */
+  return 1;
+}
+
+/* Apply source q's held forwards, in their order, as if they came now. */
+static void replay(ps__server *s, rp_src *q) {
+  srv_repair *r = s->repair;
+  s->replaying = 1;
+  while (q->head) {
+    rp_held *x = q->head;
+    q->head = x->next;
+    ps__body b;
+    memset(&b, 0, sizeof b);
+    b.buf = x->buf;
+    b.len = x->len;
+    ps__fwd fw;
+    ps__fwd_get(x->buf, &fw);
+    ps__put_u64(x->buf, s->epoch); /* checked when it came */
+    if (x->h.type == PS_MSG_FORWARD || x->h.type == PS_MSG_FORWARD_DENSE)
+      ps__srv_on_forward(s, &r->sink, &x->h, &b, x->h.type == PS_MSG_FORWARD_DENSE);
+    else if (x->h.type == PS_MSG_FORWARD_AGG)
+      ps__srv_on_forward_agg(s, &r->sink, &x->h, &b);
+    if (b.buf) ps__pool_put(s->pool, b.buf, x->len);
+    r->replayed++;
+    r->held_bytes -= x->len;
+    q->held -= x->len;
+    free(x);
+  }
+  q->tail = NULL;
+  s->replaying = 0;
+}
+
+static int src_check(ps__server *s, ps__conn *c, const ps__frame_hdr *h, rp_src **out) {
+  srv_repair *r = s->repair;
+  rp_src *q = r && r->syncing ? src_of(r, h->sender) : NULL;
+  if (!q || q->done) {
+    ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u is not copying rows from server %u (epoch %llu)", s->id,
+                      h->sender, (unsigned long long)s->epoch);
+    return -1;
+  }
+  *out = q;
+  r->last_progress = uv_now(&s->loop);
+  return 0;
+}
+
+void ps__srv_on_sync_rows(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  rp_src *q;
+  if (src_check(s, c, h, &q)) return;
+  ps__rbuf rb;
+  ps__rbuf_init(&rb, b->buf, b->len);
+  (void)ps__rbuf_u32(&rb); /* stream */
+  uint32_t rf = ps__rbuf_u32(&rb), dlen = ps__rbuf_u32(&rb);
+  ps__declare d;
+  if (rb.err || dlen > b->len - rb.off || ps__declare_decode((const uint8_t *)b->buf + rb.off, dlen, &d)) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "malformed sync-rows frame");
+    return;
+  }
+  size_t off = rb.off + dlen;
+  uint64_t per = 8 + 4 * (uint64_t)rf;
+  if (d.id != h->table || rf == 0 || (b->len - off) != (uint64_t)h->batch * per) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "sync-rows frame of %zu bytes for %u rows of %u floats", b->len, h->batch, rf);
+    return;
+  }
+  ps__table *t = ps__shard_table(s->sh, d.id);
+  if (!t) {
+    ps__verdict v;
+    char why[400];
+    if (ps__shard_create(s->sh, &d, &v) != PS__APPLIED) {
+      ps__srv_reply_verdict(c, h, &v);
+      return;
+    }
+    t = ps__shard_table(s->sh, d.id);
+    if (ps__srv_create_fits(s, t, why, sizeof why)) {
+      ps__shard_drop(s->sh, d.id);
+      ps__srv_reply_err(c, h, PS_ERR_NOMEM, "%s", why);
+      return;
+    }
+  }
+  if (ps__spec_row_floats(&t->spec) != rf) {
+    ps__srv_reply_err(c, h, PS_ERR_DIM, "table '%s' has rows of %zu floats here, not %u", t->decl.name,
+                      ps__spec_row_floats(&t->spec), rf);
+    return;
+  }
+  const uint8_t *keys = (const uint8_t *)b->buf + off;
+  const uint8_t *rows = keys + 8 * (size_t)h->batch;
+  float *row = ps__malloc((size_t)rf * sizeof *row);
+  if (!row) {
+    ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
+    return;
+  }
+  for (uint32_t i = 0; i < h->batch; i++) {
+    memcpy(row, rows + (size_t)i * rf * 4, (size_t)rf * 4); /* the frame's floats may be unaligned */
+    if (ps__shard_import(t, ps__get_u64(keys + 8 * (size_t)i), row)) {
+      free(row);
+      ps__srv_reply_err(c, h, PS_ERR_NOMEM, "out of memory for the rows of table '%s'", t->decl.name);
+      return;
+    }
+  }
+  free(row);
+  q->rows += h->batch;
+  s->repair->rows_in += h->batch;
+  ps__srv_reply_ok(c, h, 0);
+}
+
+static void synced_send(ps__server *s) {
+  srv_repair *r = s->repair;
+  if (!s->agent.conn || s->agent.rejoining) return;
+  ps__frame_hdr h = {.type = PS_MSG_SYNCED, .sender = s->id, .epoch = s->epoch};
+  if (!ps__conn_send_ctrl(s->agent.conn, &h, NULL, 0)) r->synced_sent_at = uv_now(&s->loop);
+}
+
+void ps__srv_on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  rp_src *q;
+  if (src_check(s, c, h, &q)) return;
+  ps__rbuf rb;
+  ps__rbuf_init(&rb, b->buf, b->len);
+  (void)ps__rbuf_u32(&rb);
+  uint32_t nt = ps__rbuf_u32(&rb);
+  if (rb.err || nt > PS__MAX_TABLES || (uint64_t)nt * 24 > b->len - rb.off) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "malformed sync-done frame");
+    return;
+  }
+  for (uint32_t i = 0; i < nt; i++) {
+    uint32_t id = ps__rbuf_u32(&rb);
+    (void)ps__rbuf_u32(&rb);
+    uint64_t step = ps__rbuf_u64(&rb);
+    (void)ps__rbuf_u64(&rb); /* version: sync tables are not copied */
+    ps__table *t = ps__shard_table(s->sh, id);
+    if (t && step > t->step) t->step = step;
+  }
+  int rc = ps__once_set_merge(&s->sh->once, (const uint8_t *)b->buf + rb.off, b->len - rb.off);
+  if (rc) {
+    ps__srv_reply_err(c, h, rc, "sync-done: %s", ps_errmsg());
+    return;
+  }
+  q->done = 1;
+  ps__srv_reply_ok(c, h, 0);
+  replay(s, q);
+  ps__log(PS_LOG_INFO, "copied %llu rows from server %u", (unsigned long long)q->rows, q->id);
+  srv_repair *r = s->repair;
+  size_t left = 0;
+  for (size_t i = 0; i < r->nsrc; i++) left += !r->src[i].done;
+  if (!left) {
+    r->synced = 1;
+    ps__log(PS_LOG_INFO, "every copy is in (%llu rows); telling the scheduler", (unsigned long long)r->rows_in);
+    synced_send(s);
+  }
+}
+
+/* ------------------------------------------------------------------ membership and ticks */
+
+/* This server is syncing and its sources are not known yet: every live server that holds
+ * its copies now is one (each streams the chains it is the tail of, maybe none). */
+static void in_begin(ps__server *s, const ps__membership *m) {
+  srv_repair *r = s->repair;
+  r->src = ps__calloc(m->n ? m->n : 1, sizeof *r->src);
+  if (!r->src) {
+    ps__log(PS_LOG_ERROR, "out of memory starting to copy rows; stopping");
+    ps__srv_fail(s, PS_ERR_NOMEM);
+    return;
+  }
+  for (uint32_t i = 0; i < m->n; i++) {
+    const ps__member *x = &m->m[i];
+    uint8_t st = ps__member_chain_state(x);
+    if (x->role != PS_ROLE_SERVER || x->id == s->id || (st != PS_CHAIN_LIVE && st != PS_CHAIN_LATE)) continue;
+    r->src[r->nsrc++].id = x->id;
+  }
+  r->syncing = 1;
+  r->last_progress = uv_now(&s->loop);
+  ps__log(PS_LOG_INFO, "this server replaces server %u: copying its rows from %zu server%s", s->id, r->nsrc,
+          r->nsrc == 1 ? "" : "s");
+  if (!r->nsrc) { /* nobody to copy from (cannot happen: the scheduler checks) */
+    r->synced = 1;
+    synced_send(s);
+  }
+}
+
+void ps__srv_repair_membership(ps__server *s, const ps__membership *m) {
+  if (s->replicas < 2) return;
+  int self_syncing = s->self_state == PS_CHAIN_SYNCING;
+  int any_syncing = 0;
+  for (uint32_t i = 0; i < m->n; i++)
+    any_syncing |= m->m[i].role == PS_ROLE_SERVER && m->m[i].alive && m->m[i].syncing && m->m[i].id != s->id;
+  if (!s->repair && !self_syncing && !any_syncing) return;
+  srv_repair *r = repair_of(s);
+  if (!r) {
+    ps__log(PS_LOG_ERROR, "out of memory for the copy of rows to or from a replacement");
+    return;
+  }
+  if (self_syncing) {
+    if (!r->syncing) in_begin(s, m);
+    for (size_t i = 0; i < r->nsrc; i++) {
+      rp_src *q = &r->src[i];
+      uint8_t st = ps__srv_chain_state(s, q->id);
+      if (q->done || st == PS_CHAIN_LIVE || st == PS_CHAIN_LATE) continue;
+      ps__log(PS_LOG_ERROR, "server %u left the job before its rows were copied here; this replacement stops "
+              "(start it again to copy them from the chains' new tails)", q->id);
+      ps__srv_fail(s, PS_ERR_UNAVAILABLE);
+      return;
+    }
+  } else if (r->syncing) { /* the scheduler took the copy as complete */
+    for (size_t i = 0; i < r->nsrc; i++) held_free(s, &r->src[i]);
+    free(r->src);
+    r->src = NULL;
+    r->nsrc = 0;
+    r->syncing = 0;
+    ps__log(PS_LOG_INFO, "this server holds its copies; it serves as a replacement");
+  }
+  /* Streams to replacements that died or are done. */
+  for (rp_out *o = r->outs, *n; o; o = n) {
+    n = o->next;
+    if (ps__srv_chain_state(s, o->to) == PS_CHAIN_SYNCING) continue;
+    out_unlink(s, o);
+    out_free(s, o);
+  }
+  /* New replacements to copy to: this server holds its copies (not syncing itself). */
+  if (self_syncing) return;
+  r->pending = 0;
+  for (uint32_t i = 0; i < m->n; i++) {
+    const ps__member *x = &m->m[i];
+    if (x->role != PS_ROLE_SERVER || x->id == s->id || !x->alive || !x->syncing) continue;
+    int have = 0;
+    for (rp_out *o = r->outs; o && !have; o = o->next) have = o->to == x->id;
+    if (have) continue;
+    int rc = out_start(s, x->id);
+    if (rc == PS_ERR_UNAVAILABLE) {
+      /* A checkpoint's cut is being read. The copy must start in the same step as the
+       * forwards to the replacement, so the replacement must see the forwards refused
+       * until then: it is not listed as our next member before the cut. Try at the next
+       * tick; forwards sent meanwhile are held by the replacement and applied after
+       * rows that already hold them, so none may be sent: see ps__srv_repair_next. */
+      r->pending = 1;
+      continue;
+    }
+    if (!rc) {
+      for (rp_out *o = r->outs; o; o = o->next)
+        if (o->to == x->id) out_pump(s, o);
+    }
+  }
+}
+
+int ps__srv_repair_blocked(ps__server *s, uint32_t to) {
+  srv_repair *r = s->repair;
+  if (!r || !r->pending || ps__srv_chain_state(s, to) != PS_CHAIN_SYNCING) return 0;
+  for (rp_out *o = r->outs; o; o = o->next)
+    if (o->to == to) return 0;
+  return 1;
+}
+
+void ps__srv_repair_tick(ps__server *s) {
+  srv_repair *r = s->repair;
+  if (!r) return;
+  uint64_t now = uv_now(&s->loop);
+  if (r->pending && s->self_state != PS_CHAIN_SYNCING) {
+    r->pending = 0;
+    for (size_t i = 0; i < s->npeers; i++) {
+      uint32_t id = ps__srv_peer_id(s, i);
+      if (ps__srv_chain_state(s, id) != PS_CHAIN_SYNCING) continue;
+      int have = 0;
+      for (rp_out *o = r->outs; o && !have; o = o->next) have = o->to == id;
+      if (have) continue;
+      int rc = out_start(s, id);
+      if (rc == PS_ERR_UNAVAILABLE) r->pending = 1;
+    }
+  }
+  for (rp_out *o = r->outs, *n; o; o = n) {
+    n = o->next;
+    out_pump(s, o);
+  }
+  if (r->syncing && !r->synced && now - r->last_progress > REPAIR_STALL_MS) {
+    ps__log(PS_LOG_ERROR, "no copy of rows arrived for %u ms; this replacement stops", REPAIR_STALL_MS);
+    ps__srv_fail(s, PS_ERR_TIMEOUT);
+    return;
+  }
+  if (r->syncing && r->synced && now - r->synced_sent_at >= REPAIR_SYNCED_EVERY_MS) synced_send(s);
+}
+
+void ps__srv_repair_stats(ps__server *s, char *line, size_t cap) {
+  srv_repair *r = s->repair;
+  size_t left = 0;
+  for (size_t i = 0; r && i < r->nsrc; i++) left += !r->src[i].done;
+  size_t outs = 0;
+  for (rp_out *o = r ? r->outs : NULL; o; o = o->next) outs++;
+  snprintf(line, cap,
+           "syncing %d\nrepair_sources_left %zu\nrepair_rows_in %llu\nrepair_forwards_held %llu\n"
+           "repair_copies_out %zu\nrepair_copies_done %llu\nrepair_rows_out %llu\n",
+           s->self_state == PS_CHAIN_SYNCING, left, (unsigned long long)(r ? r->rows_in : 0),
+           (unsigned long long)(r ? r->replayed : 0), outs, (unsigned long long)(r ? r->streams_done : 0),
+           (unsigned long long)(r ? r->rows_out : 0));
+}
+
+void ps__srv_repair_free(ps__server *s) {
+  srv_repair *r = s->repair;
+  if (!r) return;
+  while (r->outs) {
+    rp_out *o = r->outs;
+    r->outs = o->next;
+    out_free(s, o);
+  }
+  for (size_t i = 0; i < r->nsrc; i++) held_free(s, &r->src[i]);
+  free(r->src);
+  free(r);
+  s->repair = NULL;
+}

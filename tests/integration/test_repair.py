@@ -1,0 +1,115 @@
+"""Repair with real processes (cluster.Cluster: own process groups, ephemeral ports,
+SIGKILLed at the end): a replacement started with `pshard server --join` takes a dead
+server's id, copies its chains' rows from their tails while the job runs, and holds
+real copies from then on.
+
+Driven by once_worker (a counter table: async, sum mode, sgd lr 1, every push adds 1 to
+every key), so each key's value after the run is the number of pushes applied, to
+compare with the pushes the workers saw acknowledged.
+
+1. S = 3, R = 2: a server SIGKILLed mid-run, a replacement joins and syncs, then one of
+   the two original survivors is SIGKILLed: the job finishes and every count is exact,
+   so the replacement held real copies (some chains have no other member left); its
+   STATS show its rows. The same with a table that aggregates pushes.
+2. --join when no server is dead, or in a job without replicas: a clear refusal.
+Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
+"""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from cluster import Cluster, binary
+from test_once import RUN, SCALE
+from test_repl import AGG, counted, start_workers
+
+
+def stats(addr):
+    """`pshard stats HOST:PORT`: a node's counters as text."""
+    r = subprocess.run([binary("pshard"), "stats", addr], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def sched_nodes(c):
+    """{node id: {field: value}} from the scheduler's STATS."""
+    out = {}
+    for m in re.finditer(r"^node (\d+) (.*)$", stats(c.addr), re.M):
+        out[int(m.group(1))] = dict(kv.split("=", 1) for kv in m.group(2).split())
+    return out
+
+
+def wait_for(cond, what, timeout, logs):
+    deadline = time.time() + timeout
+    while not cond():
+        assert time.time() < deadline, f"{what} within {timeout}s\n" + logs()
+        time.sleep(0.05)
+
+
+def join(c, name="joiner"):
+    return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], name)
+
+
+def stat_of(addr, name):
+    m = re.search(rf"^{name} (\d+)$", stats(addr), re.M)
+    assert m, name
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("extra", [[], AGG], ids=["each-push", "aggregated"])
+def test_a_replacement_syncs_and_holds_real_copies(extra):
+    pushes = 400
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = start_workers(c, 2, pushes, 10, extra)
+        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        assert all(p.poll() is None for p in ps), "the workers finished before the kill"
+        victim = c.server_procs[1]
+        os.killpg(victim.pid, signal.SIGKILL)
+        wait_for(lambda: "removed" in c.log("scheduler"), "the scheduler removes the dead server", 10 * SCALE, logs)
+        dead = [n for n, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
+        assert len(dead) == 1, sched_nodes(c)
+        x = join(c)
+
+        def synced():
+            f = sched_nodes(c).get(dead[0], {})
+            return f.get("alive") == "1" and f.get("late") == "1" and f.get("syncing") == "0"
+        wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        assert all(p.poll() is None for p in ps), "the workers finished before the second kill: " + logs()
+        assert "copied" in c.log("joiner"), c.log("joiner")
+        # One of the two original survivors dies: the chains it shared with the dead
+        # server now have the replacement as their only copy.
+        os.killpg(c.server_procs[0].pid, signal.SIGKILL)
+        assert c.wait(ps, RUN) == [0, 0], logs()
+        counted(c, 2, pushes)
+        addr = sched_nodes(c)[dead[0]]["addr"]
+        assert stat_of(addr, "rows") > 0
+        assert stat_of(addr, "repair_rows_in") > 0
+        assert stat_of(addr, "syncing") == 0
+        # It headed the chains it was left alone in: the workers' pushes came to it.
+        m = re.search(r"^table \d+ name=count .* pushes=(\d+) ", stats(addr), re.M)
+        assert m and int(m.group(1)) > 0, stats(addr)
+        assert x.poll() is None, c.log("joiner")
+
+
+def test_join_without_a_dead_server_is_refused():
+    with Cluster(3, 1, replicas=2) as c:
+        w = start_workers(c, 1, 5, 0)
+        assert c.wait(w, RUN) == [0], c.log("w0")
+        x = join(c)
+        assert x.wait(timeout=20 * SCALE) == 1
+        assert "no server of the job is dead" in c.log("joiner"), c.log("joiner")
+
+
+def test_join_without_replicas_is_refused():
+    with Cluster(2, 1, replicas=1) as c:
+        w = start_workers(c, 1, 5, 0)
+        assert c.wait(w, RUN) == [0], c.log("w0")
+        os.killpg(c.server_procs[1].pid, signal.SIGKILL)
+        x = join(c)
+        assert x.wait(timeout=20 * SCALE) == 1
+        assert "replicas 1" in c.log("joiner"), c.log("joiner")
