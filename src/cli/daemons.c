@@ -380,7 +380,7 @@ int ps_cli_server(int argc, char **argv) {
       {"max-frame-mb", required_argument, 0, 'm'}, {"connect-timeout-ms", required_argument, 0, 'c'},
       {"poll-us", required_argument, 0, 'P'},   {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},            {"restore", required_argument, 0, 'R'},
-      {"rejoin-ms", required_argument, 0, 'J'}, {"join", no_argument, 0, 'X'},
+      {"rejoin-ms", required_argument, 0, 'J'}, {"join", no_argument, 0, 'Q'},
       AUTH_LONG_OPTS, HTTP_LONG_OPTS, {0, 0, 0, 0}};
   auth_flags af = {0};
   http_flags hf;
@@ -425,7 +425,7 @@ int ps_cli_server(int argc, char **argv) {
     case 'P': if (parse_uint_flag("--poll-us", optarg, 1000000, &poll_us)) return 2; break;
     case 'R': restore = optarg; break;
     case 'J': if (parse_uint_flag("--rejoin-ms", optarg, 86400000, &rejoin)) return 2; break;
-    case 'X': join = 1; break;
+    case 'Q': join = 1; break;
     case 'v': verbose = 1; break;
     case 'h': server_usage(stdout); return 0;
     default:
