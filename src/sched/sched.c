@@ -22,9 +22,6 @@
 typedef ps__sched_node node;
 typedef ps__sched_table table_entry;
 typedef ps__sched_metric metric;
-typedef ps__task_waiter task_waiter;
-typedef ps__sched_tasks tasks;
-enum { TASK_PENDING = PS__TASK_PENDING, TASK_ASSIGNED = PS__TASK_ASSIGNED, TASK_DONE = PS__TASK_DONE };
 
 static node *node_by_conn(ps__sched *s, ps__conn *c) {
   for (size_t i = 0; i < s->nnodes; i++)
@@ -109,158 +106,6 @@ static void check_barriers(ps__sched *s) {
   }
 }
 
-/* ------------------------------------------------------------------ tasks */
-
-static void task_reply(ps__conn *c, uint64_t req_id, int status, uint32_t part, uint32_t epoch) {
-  ps__frame_hdr h = {.type = PS_MSG_TASK_NEXT | PS_FRAME_REPLY, .req_id = req_id, .status = status,
-                     .table = part, .clock = epoch};
-  ps__conn_send_ctrl(c, &h, NULL, 0);
-}
-
-/* Try to give node a partition. Returns 1 if answered (a task or DONE), 0 if it must wait. */
-static int task_assign(ps__sched *s, ps__conn *c, uint32_t node_id, uint64_t req_id) {
-  tasks *t = &s->tk;
-  if (t->epoch >= t->epochs) {
-    task_reply(c, req_id, PS_ERR_DONE, 0, t->epoch);
-    return 1;
-  }
-  for (uint32_t p = 0; p < t->parts; p++) {
-    if (t->state[p] != TASK_PENDING) continue;
-    t->state[p] = TASK_ASSIGNED;
-    t->owner[p] = node_id;
-    t->handed++;
-    task_reply(c, req_id, 0, p, t->epoch);
-    return 1;
-  }
-  return 0;
-}
-
-/* Serve waiting workers after partitions came back or an epoch ended. */
-static void task_serve_waiters(ps__sched *s) {
-  task_waiter **pp = &s->tk.waiters;
-  while (*pp) {
-    task_waiter *w = *pp;
-    if (task_assign(s, w->conn, w->node, w->req_id)) {
-      *pp = w->next;
-      free(w);
-    } else {
-      pp = &w->next;
-    }
-  }
-}
-
-static void task_drop_waiters(ps__sched *s, ps__conn *c, int expired_only) {
-  uint64_t now = ps__now_ms();
-  task_waiter **pp = &s->tk.waiters;
-  while (*pp) {
-    task_waiter *w = *pp;
-    if ((c && w->conn == c) || (expired_only && now >= w->deadline_ms)) {
-      if (expired_only) task_reply(w->conn, w->req_id, PS_ERR_TIMEOUT, 0, s->tk.epoch);
-      *pp = w->next;
-      free(w);
-    } else {
-      pp = &w->next;
-    }
-  }
-}
-
-static void on_task_init(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
-  tasks *t = &s->tk;
-  uint32_t parts = h->table, epochs = h->batch;
-  if (parts == 0 || epochs == 0 || parts > (1u << 24)) {
-    ps__conn_send_error(c, h, PS_ERR_INVALID, "tasks need 1..16777216 partitions and at least one epoch");
-    return;
-  }
-  if (t->init) {
-    if (t->parts != parts || t->epochs != epochs) {
-      char msg[160];
-      snprintf(msg, sizeof msg, "tasks already declared with %u partitions and %u epochs", t->parts, t->epochs);
-      ps__conn_send_error(c, h, PS_ERR_CONFLICT, msg);
-      return;
-    }
-  } else {
-    t->state = ps__calloc(parts, 1);
-    t->owner = ps__calloc(parts, sizeof *t->owner);
-    if (!t->state || !t->owner) {
-      free(t->state);
-      free(t->owner);
-      t->state = NULL;
-      t->owner = NULL;
-      ps__conn_send_error(c, h, PS_ERR_NOMEM, "scheduler out of memory");
-      return;
-    }
-    t->init = 1;
-    t->parts = parts;
-    t->epochs = epochs;
-    ps__sched_ckpt_tasks_restore(s);
-  }
-  ps__frame_hdr r = {.type = PS_MSG_TASK_INIT | PS_FRAME_REPLY, .req_id = h->req_id};
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-}
-
-static void on_task_next(ps__sched *s, node *n, ps__conn *c, const ps__frame_hdr *h) {
-  tasks *t = &s->tk;
-  if (!t->init) {
-    ps__conn_send_error(c, h, PS_ERR_INVALID, "no tasks declared (call ps_tasks_init first)");
-    return;
-  }
-  if (task_assign(s, c, n->m.id, h->req_id)) return;
-  /* Everything of this epoch is handed out: wait up to the caller's timeout (ms in batch). */
-  if (h->batch == 0) {
-    task_reply(c, h->req_id, PS_ERR_TIMEOUT, 0, t->epoch);
-    return;
-  }
-  task_waiter *w = ps__malloc(sizeof *w);
-  if (!w) {
-    ps__conn_send_error(c, h, PS_ERR_NOMEM, "scheduler out of memory");
-    return;
-  }
-  w->conn = c;
-  w->node = n->m.id;
-  w->req_id = h->req_id;
-  w->deadline_ms = ps__now_ms() + h->batch;
-  w->next = t->waiters;
-  t->waiters = w;
-}
-
-static void on_task_done(ps__sched *s, node *n, ps__conn *c, const ps__frame_hdr *h) {
-  tasks *t = &s->tk;
-  uint32_t p = h->table;
-  if (!t->init || p >= t->parts || (uint64_t)h->clock != t->epoch || t->state[p] != TASK_ASSIGNED ||
-      t->owner[p] != n->m.id) {
-    char msg[160];
-    snprintf(msg, sizeof msg, "partition %u of epoch %lld is not assigned to this worker", p, (long long)h->clock);
-    ps__conn_send_error(c, h, PS_ERR_INVALID, msg);
-    return;
-  }
-  t->state[p] = TASK_DONE;
-  t->ndone++;
-  t->completed++;
-  ps__frame_hdr r = {.type = PS_MSG_TASK_DONE | PS_FRAME_REPLY, .req_id = h->req_id};
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-  if (t->ndone == t->parts) {
-    ps__log(PS_LOG_INFO, "epoch %u finished (%u partitions)", t->epoch, t->parts);
-    t->epoch++;
-    t->ndone = 0;
-    memset(t->state, TASK_PENDING, t->parts);
-    task_serve_waiters(s);
-  }
-}
-
-/* A dead worker's unfinished partitions go back to the queue. */
-static void task_requeue(ps__sched *s, uint32_t node_id) {
-  tasks *t = &s->tk;
-  int any = 0;
-  for (uint32_t p = 0; t->init && p < t->parts; p++) {
-    if (t->state[p] == TASK_ASSIGNED && t->owner[p] == node_id) {
-      t->state[p] = TASK_PENDING;
-      t->requeued++;
-      any = 1;
-    }
-  }
-  if (any) task_serve_waiters(s);
-}
-
 static void do_stop(void *arg);
 
 /* Is there a chain (the R servers that hold a key range) that contains server `id` (any
@@ -315,12 +160,12 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
   ps__log(strcmp(why, "left the job") ? PS_LOG_WARN : PS_LOG_INFO, "%s %u (rank %u) removed: %s; epoch %llu", n->m.role == PS_ROLE_SERVER ? "server" : "worker",
           n->m.id, n->m.rank, why, (unsigned long long)s->epoch);
   if (n->conn) {
-    task_drop_waiters(s, n->conn, 0);
+    ps__sched_task_drop_waiters(s, n->conn, 0);
     n->conn->udata = NULL;
     ps__conn_close(n->conn, PS_ERR_CLOSED);
     n->conn = NULL;
   }
-  if (n->m.role == PS_ROLE_WORKER) task_requeue(s, n->m.id);
+  if (n->m.role == PS_ROLE_WORKER) ps__sched_task_requeue(s, n->m.id);
   if (n->m.role == PS_ROLE_SERVER) ps__sched_ckpt_node_dead(s, n, why);
   if (s->o.exit_when_done && s->started && !s->finished && n->m.role == PS_ROLE_WORKER &&
       ps__sched_count_alive(s, PS_ROLE_WORKER) == 0) {
@@ -646,7 +491,7 @@ static void on_stall(ps__sched *s, node *from, const ps__body *b) {
       int len = snprintf(msg, sizeof msg, "worker %u removed from the job: %s", w->m.id, why);
       ps__frame_hdr e = {.type = PS_MSG_ERROR, .status = PS_ERR_UNAVAILABLE};
       ps__conn_send_ctrl(w->conn, &e, msg, (size_t)len);
-      task_drop_waiters(s, w->conn, 0);
+      ps__sched_task_drop_waiters(s, w->conn, 0);
       w->conn->udata = NULL;
       ps__conn_close_after_flush(w->conn, PS_ERR_UNAVAILABLE);
       w->conn = NULL;
@@ -779,7 +624,7 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     ps__sched_metrics_frame(s, n, b);
     break;
   case PS_MSG_TASK_INIT:
-    on_task_init(s, c, h);
+    ps__sched_on_task_init(s, c, h);
     break;
   case PS_MSG_TASK_NEXT:
   case PS_MSG_TASK_DONE:
@@ -788,9 +633,9 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
       break;
     }
     if (h->type == PS_MSG_TASK_NEXT)
-      on_task_next(s, n, c, h);
+      ps__sched_on_task_next(s, n, c, h);
     else
-      on_task_done(s, n, c, h);
+      ps__sched_on_task_done(s, n, c, h);
     break;
   default:
     break;
@@ -804,7 +649,7 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
 static void sched_on_close(ps__conn *c, int status) {
   ps__sched *s = c->loop->data;
   if (s->stopping) return;
-  task_drop_waiters(s, c, 0);
+  ps__sched_task_drop_waiters(s, c, 0);
   ps__sched_ckpt_conn_closed(s, c);
   node *n = node_by_conn(s, c);
   if (n) {
@@ -842,7 +687,7 @@ static void hb_tick(uv_timer_t *t) {
       if (s->nodes[i].m.alive) s->nodes[i].last_seen_ms = now;
     /* Workers waiting for a task did not wait the pause either. */
     uint64_t paused = now - s->hb_last_ms;
-    for (task_waiter *w = s->tk.waiters; w; w = w->next) w->deadline_ms += paused;
+    for (ps__task_waiter *w = s->tk.waiters; w; w = w->next) w->deadline_ms += paused;
   }
   s->hb_last_ms = now;
   for (size_t i = 0; i < s->nnodes; i++) {
@@ -859,7 +704,7 @@ static void hb_tick(uv_timer_t *t) {
     }
     mark_dead(s, n, "missed heartbeats");
   }
-  task_drop_waiters(s, NULL, 1);
+  ps__sched_task_drop_waiters(s, NULL, 1);
 }
 
 int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
@@ -991,7 +836,7 @@ void ps__sched_destroy(ps__sched *s) {
   free(s->tables);
   free(s->metrics);
   while (s->tk.waiters) {
-    task_waiter *w = s->tk.waiters;
+    ps__task_waiter *w = s->tk.waiters;
     s->tk.waiters = w->next;
     free(w);
   }

@@ -224,4 +224,13 @@ void ps__sched_state_encode(ps__wbuf *w, int64_t clock, const ps__sched_tasks *t
  * PS_ERR_IO with a message for a malformed block. */
 int ps__sched_state_decode(const void *p, size_t n, int64_t *clock, ps__sched_task_restore *r);
 
+/* ---- tasks (tasks.c) */
+void ps__sched_on_task_init(ps__sched *s, ps__conn *c, const ps__frame_hdr *h);
+void ps__sched_on_task_next(ps__sched *s, ps__sched_node *n, ps__conn *c, const ps__frame_hdr *h);
+void ps__sched_on_task_done(ps__sched *s, ps__sched_node *n, ps__conn *c, const ps__frame_hdr *h);
+/* Forget the waiters of connection c (NULL: none), or answer and forget the expired. */
+void ps__sched_task_drop_waiters(ps__sched *s, ps__conn *c, int expired_only);
+/* A dead worker's unfinished partitions go back to the queue. */
+void ps__sched_task_requeue(ps__sched *s, uint32_t node_id);
+
 #endif
