@@ -414,20 +414,15 @@ static void peer_connect(ps__server *s, srv_peer *p) {
   }
 }
 
-int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
-                          srv_fwd_group *g) {
-  srv_peer *pe = peer_of(s, to);
-  srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
-  if (!f) {
-    ps__pool_put(s->pool, buf, len);
-    return ps__fail(PS_ERR_NOMEM, "out of memory forwarding to server %u", to);
-  }
+/* A forward to server `to` (peer pe) of body buf (pooled, len bytes; taken) and header
+ * hdr, answered to g or to (up, uh); registered and sent, or sent once connected. */
+static void fwd_add(ps__server *s, srv_peer *pe, srv_fwd *f, uint32_t to, const ps__frame_hdr *hdr, void *buf,
+                    size_t len) {
   f->req_id = ++s->fwd_seq;
   f->to = to;
   f->buf = buf;
   f->len = len;
   f->born_ms = uv_now(&s->loop);
-  f->grp = g;
   f->hdr = *hdr;
   f->hdr.sender = s->id;
   f->hdr.req_id = f->req_id;
@@ -440,6 +435,18 @@ int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, 
     fwd_send(s, pe, f);
   else if (!pe->connecting)
     peer_connect(s, pe);
+}
+
+int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
+                          srv_fwd_group *g) {
+  srv_peer *pe = peer_of(s, to);
+  srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
+  if (!f) {
+    ps__pool_put(s->pool, buf, len);
+    return ps__fail(PS_ERR_NOMEM, "out of memory forwarding to server %u", to);
+  }
+  f->grp = g;
+  fwd_add(s, pe, f, to, hdr, buf, len);
   return 0;
 }
 
@@ -458,41 +465,33 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
   memcpy(buf + PS_FWD_PREFIX, p->keys, kb);
   memcpy(buf + PS_FWD_PREFIX + kb, p->vals, vb);
   int dense = uh->type == PS_MSG_PUSH_DENSE || uh->type == PS_MSG_FORWARD_DENSE;
-  f->req_id = ++s->fwd_seq;
-  f->to = to;
   f->up = up;
   f->up_hdr = *uh;
-  f->buf = buf;
-  f->len = len;
-  f->born_ms = uv_now(&s->loop);
-  f->hdr = (ps__frame_hdr){.type = dense ? PS_MSG_FORWARD_DENSE : PS_MSG_FORWARD, .sender = s->id, .req_id = f->req_id,
-                           .table = p->table, .batch = p->batch, .clock = p->clock, .nkeys = p->nkeys, .lr = lr,
-                           .inc = p->inc, .seq = p->seq};
-  f->next = s->fwds;
-  s->fwds = f;
-  s->forwards++;
-  s->forward_bytes += len;
-  if (pe->conn)
-    fwd_send(s, pe, f);
-  else if (!pe->connecting)
-    peer_connect(s, pe);
+  ps__frame_hdr fh = {.type = dense ? PS_MSG_FORWARD_DENSE : PS_MSG_FORWARD, .table = p->table, .batch = p->batch,
+                      .clock = p->clock, .nkeys = p->nkeys, .lr = lr, .inc = p->inc, .seq = p->seq};
+  fwd_add(s, pe, f, to, &fh, buf, len);
+  return 0;
+}
+
+int ps__srv_forward_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, ps__fwd *fw) {
+  ps__fwd_get(b->buf, fw);
+  if (fw->epoch != s->epoch) {
+    s->forwards_refused++;
+    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward of epoch %llu refused: this server is at epoch %llu",
+                      (unsigned long long)fw->epoch, (unsigned long long)s->epoch);
+    return -1;
+  }
+  if (!ps__srv_server_alive(s, h->sender) || h->sender == s->id) {
+    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward from server %u, which is not a live member of the job", h->sender);
+    return -1;
+  }
   return 0;
 }
 
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__fwd fw;
   if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
-  ps__fwd_get(b->buf, &fw);
-  if (fw.epoch != s->epoch) {
-    s->forwards_refused++;
-    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward of epoch %llu refused: this server is at epoch %llu",
-                      (unsigned long long)fw.epoch, (unsigned long long)s->epoch);
-    return;
-  }
-  if (!ps__srv_server_alive(s, h->sender) || h->sender == s->id) {
-    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward from server %u, which is not a live member of the job", h->sender);
-    return;
-  }
+  if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
   uint8_t *body = (uint8_t *)b->buf + PS_FWD_PREFIX;
   uint64_t nvals = (h->payload_len - PS_FWD_PREFIX - 8u * h->nkeys) / 4u;
   ps__push p = ps__srv_push_of(h, body, nvals);

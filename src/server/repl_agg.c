@@ -349,17 +349,7 @@ void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per
 void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__fwd fw;
   if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
-  ps__fwd_get(b->buf, &fw);
-  if (fw.epoch != s->epoch) {
-    s->forwards_refused++;
-    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward of epoch %llu refused: this server is at epoch %llu",
-                      (unsigned long long)fw.epoch, (unsigned long long)s->epoch);
-    return;
-  }
-  if (!ps__srv_server_alive(s, h->sender) || h->sender == s->id) {
-    ps__srv_reply_err(c, h, PS_ERR_MOVED, "forward from server %u, which is not a live member of the job", h->sender);
-    return;
-  }
+  if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
   ps__table *t = ps__shard_table(s->sh, h->table);
   if (!t) {
     ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);

@@ -221,6 +221,9 @@ int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, p
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to, float lr,
                     uint64_t step);
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+/* The checks every frame coming down a chain passes: its prefix (into *fw) names this
+ * server's epoch, and its sender is another live server. 0, or -1 (answered MOVED). */
+int ps__srv_forward_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, ps__fwd *fw);
 /* Send a frame of len body bytes (pooled, taken) to server `to` down a chain; its
  * answer goes to group g. Header fields sender, req_id and payload_len are set here.
  * 0 or PS_ERR_NOMEM (buf given back, nothing sent). */
