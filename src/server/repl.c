@@ -414,8 +414,9 @@ static void peer_connect(ps__server *s, srv_peer *p) {
   }
 }
 
-/* A forward to server `to` (peer pe) of body buf (pooled, len bytes; taken) and header
- * hdr, answered to g or to (up, uh); registered and sent, or sent once connected. */
+/* Register forward f (its answer's destination, group or up, already set) to server
+ * `to` (peer pe): header hdr, body buf (pooled, len bytes; taken); sent now, or once
+ * the connection to pe is up. */
 static void fwd_add(ps__server *s, srv_peer *pe, srv_fwd *f, uint32_t to, const ps__frame_hdr *hdr, void *buf,
                     size_t len) {
   f->req_id = ++s->fwd_seq;
