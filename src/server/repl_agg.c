@@ -224,15 +224,11 @@ static int agg_send(ps__server *s, ps__table *t, const agg_rows *a, const uint8_
 /* ------------------------------------------------------------------ the head */
 
 static uint32_t push_chain(ps__server *s, ps__table *t, const ps__push *p) {
-  if (!p->nkeys) return 0;
-  if (t->spec.kind == PS_DENSE) {
-    ps__srv_chains x;
-    if (ps__srv_chains_init(&x, s, t)) return 0;
-    uint32_t ck = ps__srv_row_chain(&x, ps__get_u64(p->keys) / t->spec.width);
-    ps__srv_chains_free(&x);
-    return ck;
-  }
-  return (uint32_t)ps__ring_route_index(s->ring, t->id, ps__get_u64(p->keys));
+  ps__srv_chains x;
+  if (!p->nkeys || ps__srv_chains_init(&x, s, t)) return 0;
+  uint32_t ck = ps__srv_push_chain(&x, p);
+  ps__srv_chains_free(&x);
+  return ck;
 }
 
 static srv_aggw *waiter_new(ps__conn *c, const ps__frame_hdr *h, uint32_t table, const ps__push_id *id,

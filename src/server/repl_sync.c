@@ -240,13 +240,12 @@ static int round_send(ps__server *s, ps__table *t, const round_rows *a, const ui
                       const round_args *ra, srv_fwd_group *g) {
   ps__srv_chains x;
   if (ps__srv_chains_init(&x, s, t)) return PS_ERR_NOMEM;
-  uint32_t *nexts = ps__calloc(a->n + 2 * ncks + 1, sizeof *nexts);
+  uint32_t *nexts = ps__calloc(a->n + ncks + 1, sizeof *nexts);
   if (!nexts) {
     ps__srv_chains_free(&x);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
-  uint32_t *cnext = nexts + a->n, *byidx = cnext + ncks; /* byidx: unused spare */
-  (void)byidx;
+  uint32_t *cnext = nexts + a->n;
   for (size_t j = 0; j < ncks; j++) (void)ps__srv_chain_place(&x, cks[j], &cnext[j]);
   for (size_t i = 0; i < a->n; i++) {
     uint32_t ck = ps__srv_row_chain(&x, rr_key(a, i));
@@ -709,9 +708,7 @@ int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__ta
   srv_catchup *cu = y->cu;
   ps__srv_chains x;
   if (ps__srv_chains_init(&x, s, t)) return 0;
-  uint64_t first = ps__get_u64(p->keys);
-  uint32_t ck = ps__srv_row_chain(&x, t->spec.kind == PS_DENSE ? first / t->spec.width : first);
-  size_t idx = ps__srv_chain_index(&x, ck);
+  size_t idx = ps__srv_chain_index(&x, ps__srv_push_chain(&x, p));
   ps__srv_chains_free(&x);
   if (idx >= y->nver || !cu->taken[idx]) return 0;
   int64_t r = p->clock / (int64_t)t->spec.every;

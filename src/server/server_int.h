@@ -259,6 +259,11 @@ static inline uint32_t ps__srv_chain_name(const ps__srv_chains *x, size_t i) {
 static inline size_t ps__srv_chain_index(const ps__srv_chains *x, uint32_t ck) {
   return x->order ? (ck & ~PS_FWD_DENSE_CHAIN) : ck;
 }
+/* The chain of a push (nkeys > 0): its first key's, or its first segment's slice's. */
+static inline uint32_t ps__srv_push_chain(const ps__srv_chains *x, const ps__push *p) {
+  uint64_t first = ps__get_u64(p->keys);
+  return ps__srv_row_chain(x, x->order ? first / x->t->spec.width : first);
+}
 
 /* Frames sent down the chains together (repl_agg.c): answered as one, to the workers'
  * pushes they carry (waiters), to the frame they came in (up), or to done. */
