@@ -244,7 +244,10 @@ static void mail_lend(void *arg) {
   ps_ctx *ctx = arg;
   pthread_mutex_lock(&ctx->lend_mu);
   ctx->lend_posted = 0;
-  for (peer *l = ctx->links; l; l = l->next) link_try_lend(l);
+  /* Under replicas a chain's tail answers on its own link (PS_FLAG_TAIL): every link is
+   * read by the loop. */
+  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) < 2)
+    for (peer *l = ctx->links; l; l = l->next) link_try_lend(l);
   pthread_cond_broadcast(&ctx->lend_cv);
   pthread_mutex_unlock(&ctx->lend_mu);
 }
@@ -631,13 +634,26 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
   ps__ring_free(ring);
+  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) { /* links lent before: read by the loop again */
+    pthread_mutex_lock(&ctx->lend_mu);
+    for (peer *l = ctx->links; l; l = l->next)
+      if (l->lent) l->want_back = 1;
+    pthread_mutex_unlock(&ctx->lend_mu);
+    ps__mail_reclaim(ctx);
+  }
 }
 
 /* A reply's header on link l: find its part and where its body goes. */
-static int link_header(peer *l, const ps__frame_hdr *h, ps__body *b) {
+static int link_header(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR) return 0;
   if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request", ps__frame_type_name(h->type));
   part *p = inflight_find(l, h->req_id);
+  if (!p && (h->flags & PS_FLAG_TAIL) && (h->type == (PS_MSG_PUSH | PS_FRAME_REPLY) || h->type == (PS_MSG_PUSH_DENSE | PS_FRAME_REPLY))) {
+    /* A replicated push answered by its chain's tail: the request is among those sent
+     * to the chain's head (batch), unless it has been sent elsewhere since. */
+    peer *hl = ps__link_find(ctx, h->batch);
+    p = hl ? inflight_find(hl, h->req_id) : NULL;
+  }
   if (!p || p->reply_done) {
     b->discard = 1; /* a reply to a canceled or timed-out request */
     return 0;
@@ -669,12 +685,12 @@ static int link_on_header(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     b->discard = 1;
     return 0;
   }
-  return link_header(l, h, b);
+  return link_header(c->loop->data, l, h, b);
 }
 
 int ps__sched_on_header(void *arg, const ps__frame_hdr *h, ps__body *b) {
   ps_ctx *ctx = arg;
-  return link_header(ctx->sched, h, b);
+  return link_header(ctx, ctx->sched, h, b);
 }
 
 /* A successful reply to p (loop or lent link): what it tells the context. */
@@ -721,7 +737,7 @@ static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
   l->reading = NULL;
   if (!p) return;
   p->vx.answered = 1;
-  part_list_remove(&l->inflight, p);
+  if (p->lk) part_list_remove(&p->lk->inflight, p); /* l, or the head's link for a tail's answer */
   p->lk = NULL;
   if (h->status) {
     char msg[300];

@@ -61,7 +61,11 @@ enum {
  * hdr.xport) and two reserved bits (6-7, zero). */
 enum {
   PS_FLAG_NONE = 0,
-  PS_FLAG_DROPPED = 1 /* push reply: acknowledged but not applied (late under sync:M) */
+  PS_FLAG_DROPPED = 1, /* push reply: acknowledged but not applied (late under sync:M) */
+  /* Push reply from the tail of the push's chain, straight to the worker: its batch
+   * field names the chain's head, which the worker sent the push to. In a FORWARD's
+   * answer up the chain: the worker has been answered so (the head does not answer). */
+  PS_FLAG_TAIL = 2
 };
 #define PS_FLAG_MASK 0x0fu
 #define PS_XPORT_SHIFT 4
@@ -129,15 +133,19 @@ static inline int ps__frame_is_forward(uint8_t type) {
 
 /* A FORWARD request's body starts with this prefix, then the push's keys and values:
  * the ring epoch the sender forwarded under (a receiver at another epoch refuses it),
- * the worker that pushed (the header's sender is the forwarding server), and the
- * optimiser step the sender applied it with (0: none, the receiver takes its own). The
- * header carries the push's table, batch, clock, nkeys, identity (seq, inc) and the
- * learning rate the sender applied. */
-#define PS_FWD_PREFIX 24u
+ * the worker that pushed (the header's sender is the forwarding server), the server the
+ * worker sent the push to (the chain's head), the optimiser step the sender applied it
+ * with (0: none, the receiver takes its own) and the worker's request id (0: the
+ * forward answers no worker request: a buffer's, a round's). The header carries the
+ * push's table, batch, clock, nkeys, identity (seq, inc) and the learning rate the
+ * sender applied. The tail answers the worker's request itself (PS_FLAG_TAIL). */
+#define PS_FWD_PREFIX 32u
 typedef struct ps__fwd {
   uint64_t epoch;
   uint32_t worker;
+  uint32_t head;
   uint64_t step;
+  uint64_t up_req;
 } ps__fwd;
 static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f);
 /* A FORWARD_AGG request's body: the ps__fwd prefix (worker 0, the step the buffer was
@@ -203,13 +211,16 @@ static inline uint64_t ps__get_u64(const uint8_t *p) {
 static inline void ps__fwd_put(uint8_t *p, const ps__fwd *f) {
   ps__put_u64(p, f->epoch);
   ps__put_u32(p + 8, f->worker);
-  ps__put_u32(p + 12, 0);
+  ps__put_u32(p + 12, f->head);
   ps__put_u64(p + 16, f->step);
+  ps__put_u64(p + 24, f->up_req);
 }
 static inline void ps__fwd_get(const uint8_t *p, ps__fwd *f) {
   f->epoch = ps__get_u64(p);
   f->worker = ps__get_u32(p + 8);
+  f->head = ps__get_u32(p + 12);
   f->step = ps__get_u64(p + 16);
+  f->up_req = ps__get_u64(p + 24);
 }
 
 /* A growable write buffer for control bodies. */

@@ -159,6 +159,10 @@ void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__
     int stepped = !v.dup && p->nkeys > 0;
     if (ps__srv_forward(s, c, h, p, next, stepped ? t->last_lr : p->lr, stepped ? t->step : 0))
       ps__srv_reply_err(c, h, PS_ERR_NOMEM, "%s", ps_errmsg());
+  } else if (p->replica) {
+    /* The tail: the worker hears from it at once (one hop fewer than through the chain),
+     * and the members before it pass the answer up without answering again. */
+    ps__srv_reply_ok(c, h, ps__srv_tail_answer(s, h, p->sender) ? PS_FLAG_TAIL : 0);
   } else {
     ps__srv_reply_ok(c, h, 0);
   }

@@ -52,7 +52,7 @@ struct srv_peer {
   int connecting;
 };
 
-static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg);
+static void fwd_answer(ps__server *s, srv_fwd *f, int status, uint8_t flags, const char *msg);
 static void fwd_resend_due(ps__server *s);
 static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f);
 static void peer_connect(ps__server *s, srv_peer *p);
@@ -257,7 +257,7 @@ void ps__srv_repl_tick(ps__server *s) {
       continue;
     }
     *pp = f->next;
-    if (f->grp) fwd_answer(s, f, PS_ERR_TIMEOUT, "the next copy of these keys did not answer; send again");
+    if (f->grp) fwd_answer(s, f, PS_ERR_TIMEOUT, 0, "the next copy of these keys did not answer; send again");
     ps__pool_put(s->pool, f->buf, f->len);
     free(f);
   }
@@ -265,7 +265,10 @@ void ps__srv_repl_tick(ps__server *s) {
 
 /* ------------------------------------------------------------------ forwards */
 
-static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg) {
+/* The answer to forward f (flags: the next member's answer's): to its group, or to
+ * the request it came from. A worker the tail answered itself (PS_FLAG_TAIL) is not
+ * answered again; the member before this one is told so. */
+static void fwd_answer(ps__server *s, srv_fwd *f, int status, uint8_t flags, const char *msg) {
   if (f->grp) {
     srv_fwd_group *g = f->grp;
     f->grp = NULL;
@@ -275,8 +278,23 @@ static void fwd_answer(ps__server *s, srv_fwd *f, int status, const char *msg) {
   if (!f->up) return;
   if (status)
     ps__srv_reply_err(f->up, &f->up_hdr, status, "%s", msg);
-  else
-    ps__srv_reply_ok(f->up, &f->up_hdr, 0);
+  else if (!(flags & PS_FLAG_TAIL) || ps__frame_is_forward(f->up_hdr.type))
+    ps__srv_reply_ok(f->up, &f->up_hdr, flags & PS_FLAG_TAIL);
+}
+
+int ps__srv_tail_answer(ps__server *s, const ps__frame_hdr *h, uint32_t worker) {
+  const ps__fwd *up = s->fwd_up;
+  if (!up || !up->up_req || !up->head || s->replaying) return 0;
+  for (srv_metlink *l = s->links; l; l = l->next) {
+    if (l->node != worker) continue;
+    uint8_t type = h->type == PS_MSG_FORWARD_DENSE ? PS_MSG_PUSH_DENSE : PS_MSG_PUSH;
+    ps__frame_hdr r = {.type = (uint8_t)(type | PS_FRAME_REPLY), .req_id = up->up_req, .table = h->table,
+                       .clock = h->clock, .flags = PS_FLAG_TAIL, .batch = up->head};
+    if (ps__conn_send_ctrl(l->conn, &r, NULL, 0)) return 0;
+    s->tail_answers++;
+    return 1;
+  }
+  return 0;
 }
 
 static void fwd_unlink(ps__server *s, srv_fwd *f) {
@@ -321,7 +339,7 @@ static void fwd_fail_to(ps__server *s, uint32_t id, const char *why) {
     next = f->next;
     if (f->to != id) continue;
     if (fwd_redirect(s, f, PS_ERR_UNAVAILABLE)) continue;
-    fwd_answer(s, f, PS_ERR_UNAVAILABLE, msg);
+    fwd_answer(s, f, PS_ERR_UNAVAILABLE, 0, msg);
     fwd_free(s, f);
   }
 }
@@ -365,7 +383,7 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     if ((h->status == PS_ERR_MOVED || h->status == PS_ERR_UNAVAILABLE) && fwd_redirect(s, f, h->status)) return;
     char msg[300];
     snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
-    fwd_answer(s, f, h->status, msg[0] ? msg : ps_strerror(h->status));
+    fwd_answer(s, f, h->status, h->flags, msg[0] ? msg : ps_strerror(h->status));
     fwd_free(s, f);
     return;
   }
@@ -461,7 +479,13 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
     free(f);
     return ps__fail(PS_ERR_NOMEM, "out of memory forwarding a push to server %u", to);
   }
-  ps__fwd fw = {.epoch = s->epoch, .worker = p->sender, .step = step};
+  /* the worker's request, for the tail's answer: this push's own at the head, else the
+   * one the forward being served carries */
+  ps__fwd fw = {.epoch = s->epoch, .worker = p->sender, .step = step, .head = s->id, .up_req = uh->req_id};
+  if (p->replica) {
+    fw.head = s->fwd_up ? s->fwd_up->head : 0;
+    fw.up_req = s->fwd_up ? s->fwd_up->up_req : 0;
+  }
   ps__fwd_put(buf, &fw);
   memcpy(buf + PS_FWD_PREFIX, p->keys, kb);
   memcpy(buf + PS_FWD_PREFIX + kb, p->vals, vb);
@@ -503,7 +527,9 @@ void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
   /* The engine may take a dense body (applied after the answer): it is the pooled
    * frame body, of which the keys are an offset; hand it over whole. */
   ps__owned own = {b->buf, b->len};
+  s->fwd_up = &fw;
   ps__srv_push(s, c, h, &p, &own, dense);
+  s->fwd_up = NULL;
   if (!own.buf) b->buf = NULL;
 }
 

@@ -105,10 +105,12 @@ struct ps__server {
   uint64_t forward_bytes; /* bodies of the frames sent down the chains */
   uint64_t last_tick_ms; /* the last heartbeat tick (uv_now) */
   uint32_t next_hop;     /* set by the ring checks of the request being served (R >= 2) */
+  const ps__fwd *fwd_up; /* the prefix of the forward being served, or NULL */
   srv_aggw *aggw;        /* pushes in aggregation buffers, answered once a buffer reached every copy */
   srv_fwd_group *groups; /* aggregation buffers being forwarded */
   srv_sync *syncs;       /* sync tables under R >= 2: versions per chain, rounds in flight, catch-ups */
   uint64_t catchups;     /* failovers of sync tables caught up */
+  uint64_t tail_answers; /* workers' pushes this server answered as their chain's tail */
   srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
   int agg_taken;         /* ... which was applied and forwarded with it */
   uint8_t self_state;    /* PS_CHAIN_* of this server in the membership (0 before one) */
@@ -221,6 +223,10 @@ int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, p
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to, float lr,
                     uint64_t step);
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense);
+/* The tail of a chain, serving forward h of worker's push (s->fwd_up): answer the
+ * worker's request on its own connection here. 1 when sent (the answer up the chain
+ * then says so: PS_FLAG_TAIL), 0 when this server has no connection of that worker. */
+int ps__srv_tail_answer(ps__server *s, const ps__frame_hdr *h, uint32_t worker);
 /* The checks every frame coming down a chain passes: its prefix (into *fw) names this
  * server's epoch, and its sender is another live server. 0, or -1 (answered MOVED). */
 int ps__srv_forward_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, ps__fwd *fw);

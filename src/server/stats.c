@@ -93,9 +93,11 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                (unsigned long long)sh->mem_refused, (unsigned long long)s->fb.limit, (unsigned long long)s->fb.used,
                (unsigned long long)s->fb.peak, (unsigned long long)s->fb.refused, (unsigned long long)s->fb.expired);
   ps__wbuf_bytes(&w, line, (size_t)m);
-  m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforward_bytes %llu\nforwards_refused %llu\nfenced %d\ncatchups %llu\n",
+  m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforward_bytes %llu\nforwards_refused %llu\nfenced %d\ncatchups %llu\n"
+               "tail_answers %llu\n",
                s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forward_bytes,
-               (unsigned long long)s->forwards_refused, s->fenced, (unsigned long long)s->catchups);
+               (unsigned long long)s->forwards_refused, s->fenced, (unsigned long long)s->catchups,
+               (unsigned long long)s->tail_answers);
   ps__wbuf_bytes(&w, line, (size_t)m);
   ps__srv_repair_stats(s, line, sizeof line);
   ps__wbuf_bytes(&w, line, strlen(line));

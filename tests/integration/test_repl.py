@@ -11,6 +11,9 @@ the workers saw acknowledged.
    (it fences itself, and forwards of its old epoch are refused): counts are exact.
 3. Forwards dropped or duplicated by fault injection: nothing lost, nothing applied twice.
 4. R > S is refused with a clear error.
+4a. The tail answers the worker itself (one hop fewer): with R = 3 on three servers
+   nearly every push part is answered by its tail, and counts stay exact, also with a
+   middle member SIGKILLed.
 5. Tables that aggregate pushes (agg_n, agg_ms), sparse and dense: each applied buffer
    is forwarded, not each push (fewer forwards than pushes), a push is acknowledged
    once its buffer reached the tail, and a server SIGKILLed mid-run, or forwards of
@@ -97,6 +100,43 @@ def test_dropped_and_duplicated_forwards_lose_nothing_and_apply_nothing_twice():
         counted(c, 2, 40)
         logs = "".join(c.log(f"server{i}") for i in range(3))
         assert "dropped sent forward frame" in logs and "duplicated received forward frame" in logs, logs[-3000:]
+        assert sum(server_stat(c, i, "duplicate_pushes") for i in range(3)) > 0
+
+
+def test_the_tail_answers_the_worker_and_counts_stay_exact():
+    with Cluster(3, 2, replicas=3, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 120, 5)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 120)
+        # Each part goes head -> middle -> tail: two forwards, one answer by the tail. A
+        # tail that has not yet read a frame of the worker's leaves it to the head.
+        fwd = sum(server_stat(c, i, "forwards") for i in range(3))
+        tail = sum(server_stat(c, i, "tail_answers") for i in range(3))
+        assert fwd > 0 and 0.9 * fwd / 2 <= tail <= fwd / 2, (fwd, tail)
+
+
+def test_a_middle_killed_while_tails_answer_loses_nothing():
+    with Cluster(3, 2, replicas=3, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 150, 10)
+        time.sleep(0.6)
+        assert all(p.poll() is None for p in ps), "the workers finished before the kill"
+        os.killpg(c.server_procs[1].pid, signal.SIGKILL)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
+        counted(c, 2, 150)
+        assert sum(server_stat(c, i, "tail_answers") for i in (0, 2)) > 0
+
+
+def test_lost_tail_answers_are_sent_again_and_applied_once():
+    # Push answers from the servers (the tails' own among them) dropped: the worker sends
+    # the push again to the head, which forwards it again; the windows apply it once.
+    env = {"PSHARD_FAULT": "drop:type=push-reply:n=2:every=5:dir=out:node=server", "PSHARD_RETRY_MS": "150"}
+    with Cluster(3, 2, replicas=2, extra_env=env) as c:
+        ps = start_workers(c, 2, 40, 0)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 40)
+        logs = "".join(c.log(f"server{i}") for i in range(3))
+        assert "dropped sent push-reply frame" in logs, logs[-3000:]
+        assert sum(server_stat(c, i, "tail_answers") for i in range(3)) > 0
         assert sum(server_stat(c, i, "duplicate_pushes") for i in range(3)) > 0
 
 
