@@ -57,7 +57,10 @@ int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now) {
   /* Not once the context failed (the scheduler refused it): calls fail from then on. */
   return ctx->retry_ms && !__atomic_load_n(&ctx->failed, __ATOMIC_RELAXED) && !p->finished && !p->reply_done &&
          now < p->deadline_ms &&
-         p->vx.xport == PS_XPORT_INLINE &&
+         /* a replicated peer-memory push may go to the next copy: a server that reads
+          * the worker's buffers after the call returned reads a push every copy has
+          * applied already (route.c, link_takes_pm) */
+         (p->vx.xport == PS_XPORT_INLINE || (p->nchain > 1 && t == PS_MSG_PUSH_DENSE)) &&
          (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE);
 }
 

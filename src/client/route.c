@@ -286,17 +286,30 @@ typedef struct link_ask {
   ps_ctx *ctx;
   uint32_t target;
   int encoded; /* the part's values are encoded (a codec): they travel inline */
+  int is_push;
+  const part *p; /* its chain, under replicas */
 } link_ask;
 
-/* The pid of the target's server process if peer-memory frames may go to it, else 0. */
+/* The pid of the target's server process if peer-memory frames may go to it, else 0.
+ * Under replicas only a push, and only when every member of its chain takes peer
+ * memory: a part is sent again to the next member when its head fails, and a server
+ * that reads the worker's buffers after the call returned (a copy sent again) reads a
+ * push every copy has applied already, which its window drops. A pull is answered
+ * inline: a head written off while it stood still must not write into the caller's
+ * buffers later. */
 static int link_takes_pm(void *arg) {
   const link_ask *a = arg;
   ps_ctx *ctx = a->ctx;
-  /* Replicated pushes are forwarded inline, and parts are sent again: no peer memory. */
-  if (!ctx->peer_mem || a->encoded || __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) return 0;
+  int repl = __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1;
+  /* (a push to a replicated sync table is kept whole for a failover, keep.c: inline) */
+  if (!ctx->peer_mem || a->encoded || (repl && (!a->is_push || a->p->nchain < 2 || a->p->keep))) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
   peer *l = ps__link_find(ctx, a->target);
   int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;
+  for (unsigned k = 0; repl && pm && k < a->p->nchain && k < PS_MAX_REPLICAS; k++) {
+    peer *m = ps__link_find(ctx, a->p->chain[k]);
+    if (!m || !__atomic_load_n(&m->pm, __ATOMIC_RELAXED)) pm = 0;
+  }
   pthread_mutex_unlock(&ctx->lend_mu);
   return pm;
 }
@@ -406,7 +419,8 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     bi += nreg;
     /* A large part to a server on this host goes by peer memory: the frame names the
      * caller's buffers, the server copies from or into them (net/xport.h). */
-    link_ask ask = {ctx, target, is_push ? ti.push_codec.kind != PS_CODEC_RAW : ti.pull_codec.kind != PS_CODEC_RAW};
+    link_ask ask = {ctx, target, is_push ? ti.push_codec.kind != PS_CODEC_RAW : ti.pull_codec.kind != PS_CODEC_RAW,
+                    is_push, p};
     p->hdr.xport = ps__vx_choose(&p->vx, bytes, deadline, now, link_takes_pm, &ask);
     int pm = p->hdr.xport == PS_XPORT_PEER_MEM;
     regs[1] = uv_buf_init((char *)tail, (unsigned)ps__vx_tail(&p->vx, tail, regs + 2, nseg_of[s]));

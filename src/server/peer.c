@@ -299,6 +299,8 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   uint64_t total = x->total;
   ps__table *t = ps__shard_table(s->sh, h->table);
   if (!t || t->spec.kind != PS_DENSE || !ps__table_is_sync(t) || total < PM_STREAM_MIN) return 1;
+  /* Under replicas a sync push goes through the round's replication (repl_sync.c). */
+  if (s->replicas > 1) return 1;
   /* Streamed values are added as they are read: only a table that takes any value
    * (nonfinite=allow) can skip the finite check of the staged path. */
   if (t->spec.nonfinite != PS__NONFINITE_ALLOW) return 1;

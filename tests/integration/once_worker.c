@@ -6,7 +6,9 @@
  * One sparse table "count" (dim 1, sgd with lr 1, update=sum, zero init, the mode of
  * --mode, and the options of --opts) and keys 1..--keys (spread over the servers by the
  * ring); with --dense, a dense table "count" of --keys floats in slices of 2 instead
- * (spread over the servers by runs). Each push sends the gradient -1 for every key. In sync mode each push is followed by ps_clock and a
+ * (spread over the servers by runs); with --floats N (and --dense), that table has N
+ * floats in 16 runs (large parts: same-host pushes then go by peer memory) and the
+ * values line has one value per run, -1 for a run whose floats differ. Each push sends the gradient -1 for every key. In sync mode each push is followed by ps_clock and a
  * pull (which waits for the round). After
  * --pushes pushes (rc printed for each that failed), a barrier, then a pull of every
  * key. Output, one line each:
@@ -24,6 +26,7 @@
 #include "pshard.h"
 
 #define MAX_KEYS 64
+#define RUNS 16 /* --floats: values reported per run */
 
 static double now_ms(void) {
   struct timespec ts;
@@ -31,9 +34,51 @@ static double now_ms(void) {
   return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+static void pause_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  if (ms) nanosleep(&ts, NULL);
+}
+
+/* --floats: async pushes of -1 to all n floats, then the values per run. */
+static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_ms) {
+  float *grads = malloc(n * sizeof *grads), *vals = malloc(n * sizeof *vals);
+  if (!grads || !vals) {
+    fprintf(stderr, "once_worker: out of memory\n");
+    free(grads), free(vals);
+    return 1;
+  }
+  for (uint64_t k = 0; k < n; k++) grads[k] = -1.0f;
+  int acked = 0, rc;
+  for (int i = 0; i < pushes; i++) {
+    double t0 = now_ms();
+    if ((rc = ps_push_range(ctx, t, 0, n, grads, 1, PS_LR_SCHEDULE, -1)) == 0) acked++;
+    else printf("push %d rc=%s ms=%.0f msg=%s\n", i, ps_err_name(rc), now_ms() - t0, ps_errmsg());
+    pause_ms(sleep_ms);
+    fflush(stdout);
+  }
+  printf("acked %d\n", acked);
+  fflush(stdout);
+  if ((rc = ps_barrier(ctx, -1)) || (rc = ps_pull_range(ctx, t, 0, n, vals, -1))) {
+    fprintf(stderr, "once_worker: final barrier or pull: %s: %s\n", ps_err_name(rc), ps_errmsg());
+    free(grads), free(vals);
+    return 1;
+  }
+  printf("values");
+  for (uint64_t r = 0, w = n / RUNS; r < RUNS; r++) {
+    float v = vals[r * w];
+    for (uint64_t k = r * w; k < (r + 1) * w; k++)
+      if (vals[k] != v) v = -1.0f;
+    printf("%c%g", r ? ',' : ' ', v);
+  }
+  printf("\n");
+  free(grads), free(vals);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   const char *mode = "async", *extra = "";
   int pushes = 10, nkeys = 8, sleep_ms = 0, dense = 0;
+  long floats = 0;
   for (int i = 1; i < argc; i += 2) {
     if (!strcmp(argv[i], "--dense")) {
       dense = 1;
@@ -48,6 +93,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--pushes")) pushes = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--keys")) nkeys = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--floats")) floats = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--opts")) extra = argv[i + 1];
     else {
       fprintf(stderr, "once_worker: unknown option %s\n", argv[i]);
@@ -56,6 +102,10 @@ int main(int argc, char **argv) {
   }
   if (nkeys < 1 || nkeys > MAX_KEYS || pushes < 0) {
     fprintf(stderr, "once_worker: --keys 1..%d, --pushes >= 0\n", MAX_KEYS);
+    return 2;
+  }
+  if (floats && (!dense || floats < RUNS || floats % RUNS)) {
+    fprintf(stderr, "once_worker: --floats needs --dense and a multiple of %d\n", RUNS);
     return 2;
   }
   int sync = !strncmp(mode, "sync", 4);
@@ -67,11 +117,19 @@ int main(int argc, char **argv) {
   }
   char opts[384];
   uint32_t t;
-  snprintf(opts, sizeof opts, "opt=sgd lr=1 init=zero update=sum mode=%s%s%s", mode, dense ? " slice=2 " : " ", extra);
-  if ((rc = ps_table_declare(ctx, "count", dense ? PS_DENSE : PS_SPARSE, dense ? (uint64_t)nkeys : 1, opts, &t))) {
+  char slice[32] = " slice=2 ";
+  if (floats) snprintf(slice, sizeof slice, " slice=%ld ", floats / RUNS);
+  snprintf(opts, sizeof opts, "opt=sgd lr=1 init=zero update=sum mode=%s%s%s", mode, dense ? slice : " ", extra);
+  if ((rc = ps_table_declare(ctx, "count", dense ? PS_DENSE : PS_SPARSE, dense ? (uint64_t)(floats ? floats : nkeys) : 1,
+                             opts, &t))) {
     fprintf(stderr, "once_worker: ps_table_declare: %s: %s\n", ps_err_name(rc), ps_errmsg());
     ps_ctx_close(ctx);
     return 1;
+  }
+  if (floats) {
+    rc = count_big(ctx, t, (uint64_t)floats, pushes, sleep_ms);
+    ps_ctx_close(ctx);
+    return rc;
   }
   uint64_t keys[MAX_KEYS];
   float grads[MAX_KEYS], vals[MAX_KEYS];

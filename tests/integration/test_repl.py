@@ -11,6 +11,8 @@ the workers saw acknowledged.
    (it fences itself, and forwards of its old epoch are refused): counts are exact.
 3. Forwards dropped or duplicated by fault injection: nothing lost, nothing applied twice.
 4. R > S is refused with a clear error.
+4b. Large dense pushes on one host go by peer memory under R = 2 too (the head reads
+   the worker's buffers and forwards the values): counts exact, with a head SIGKILLed.
 4a. The tail answers the worker itself (one hop fewer): with R = 3 on three servers
    nearly every push part is answered by its tail, and counts stay exact, also with a
    middle member SIGKILLed.
@@ -138,6 +140,31 @@ def test_lost_tail_answers_are_sent_again_and_applied_once():
         assert "dropped sent push-reply frame" in logs, logs[-3000:]
         assert sum(server_stat(c, i, "tail_answers") for i in range(3)) > 0
         assert sum(server_stat(c, i, "duplicate_pushes") for i in range(3)) > 0
+
+
+BIG = ["--dense", "--floats", str(1 << 18)]  # 1 MiB in 16 runs of 64 KiB: peer-memory parts
+
+
+def counted_big(c, workers, pushes):
+    for i in range(workers):
+        acked, vals, failed = outcome(c.log(f"w{i}"))
+        assert failed == [] and acked == pushes, c.log(f"w{i}")
+        assert vals == [float(workers * pushes)] * 16, vals
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["no-fault", "head-killed"])
+def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill):
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 60 if kill else 30, 10 if kill else 0, BIG)
+        if kill:
+            time.sleep(0.6)
+            assert all(p.poll() is None for p in ps), "the workers finished before the kill"
+            os.killpg(c.server_procs[0].pid, signal.SIGKILL)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
+        counted_big(c, 2, 60 if kill else 30)
+        alive = (1, 2) if kill else (0, 1, 2)
+        assert sum(server_stat(c, i, "peer_mem_pushes") for i in alive) > 0
+        assert sum(server_stat(c, i, "forwards") for i in alive) > 0
 
 
 def test_more_replicas_than_servers_is_refused():
