@@ -332,6 +332,8 @@ int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now);
  * again to its chain's head (at once, or after a short wait). 1 if it will be, 0 if not
  * (the caller fails it). */
 int ps__part_reroute(ps_ctx *ctx, part *p, int later);
+/* The head of replicated part p's chain by the head rule (common/ring.h), 0: none live. */
+uint32_t ps__part_head(ps_ctx *ctx, const part *p);
 /* Loop timer: pushes whose attempt timed out sent again; links due to reconnect. */
 void ps__link_sweep(ps_ctx *ctx, uint64_t now);
 void ps__part_send(ps_ctx *ctx, peer *l, part *p);

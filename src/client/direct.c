@@ -95,6 +95,16 @@ static void dl_frame_done(ps_ctx *ctx, dlink *d) {
   if (d->cur.status) {
     size_t n = d->cur.payload_len < sizeof d->errtxt - 1 ? (size_t)d->cur.payload_len : sizeof d->errtxt - 1;
     d->errtxt[n] = '\0';
+    /* A member that is not its chain's head (any more), or could not reach the next
+     * copy: the loop sends the part to the head under its membership then. */
+    if ((d->cur.status == PS_ERR_MOVED || d->cur.status == PS_ERR_UNAVAILABLE) && p->nchain > 1) {
+      p->reply_done = 0;
+      if (ps__part_may_resend(ctx, p, ps__now_ms())) {
+        p->again = 1;
+        return;
+      }
+      p->reply_done = 1;
+    }
     ps__req_set_error(p->req, d->cur.status, n ? d->errtxt : ps_strerror(d->cur.status));
     return;
   }
@@ -352,6 +362,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
       p->hdr.sender = ctx->id;
       p->hdr.payload_len = total;
+      p->hdr.flags &= (uint8_t)~PS_FLAG_TAIL; /* answered on this link: by the head */
       if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
         p->hdr.inc = ctx->incarnation;
         p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
@@ -500,8 +511,23 @@ static unsigned direct_again(ps_req *r) {
  * again through the loop), 0 when they must go through the loop. */
 int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
   dlink dl[16];
-  /* Replicated jobs go through the loop: it sends parts again to their chain's new head. */
-  if (!ctx->direct || !ctx->thread_started || __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) return 0;
+  if (!ctx->direct || !ctx->thread_started) return 0;
+  /* Replicated parts go to their chain's head, answered on its link; a part to be sent
+   * again (its head failed, or moved) goes through the loop, which re-routes it. A push
+   * to a replicated sync table goes through the loop: its copy is kept there (keep.c). */
+  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) {
+    pthread_mutex_lock(&ctx->lend_mu);
+    int ok = 1;
+    for (unsigned q = 0; q < nreqs && ok; q++)
+      for (unsigned i = 0; i < reqs[q]->nparts && ok; i++) {
+        part *p = &reqs[q]->parts[i];
+        uint32_t head = p->nchain > 1 ? ps__part_head(ctx, p) : p->target;
+        if (p->keep || !head) ok = 0;
+        else p->target = head;
+      }
+    pthread_mutex_unlock(&ctx->lend_mu);
+    if (!ok) return 0;
+  }
   unsigned n = direct_claim(ctx, reqs, nreqs, dl, 16);
   if (n == 0) return 0;
   __atomic_add_fetch(&ctx->direct_calls, 1, __ATOMIC_RELAXED);

@@ -191,8 +191,25 @@ static void on_write_done(void *arg, int status) {
   }
 }
 
+static int link_take(ps_ctx *ctx, peer *l);
+
+/* May the tail of replicated push p's chain answer it on its own link (PS_FLAG_TAIL)?
+ * Only when the loop reads every member's link: lent ones are taken back here. */
+static int tail_may_answer(ps_ctx *ctx, const part *p) {
+  if (p->nchain < 2 || !ps__frame_is_push_req(p->hdr.type)) return 0;
+  for (unsigned k = 0; k < p->nchain && k < PS_MAX_REPLICAS; k++) {
+    peer *m = p->chain[k] == p->target ? NULL : ps__link_find(ctx, p->chain[k]);
+    if (m && m->alive && m->conn && !link_take(ctx, m)) return 0;
+  }
+  return 1;
+}
+
 void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
   p->hdr.sender = ctx->id;
+  if (tail_may_answer(ctx, p))
+    p->hdr.flags |= PS_FLAG_TAIL;
+  else
+    p->hdr.flags &= (uint8_t)~PS_FLAG_TAIL;
   if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, kept when sent again */
     p->hdr.inc = ctx->incarnation;
     p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
@@ -247,9 +264,9 @@ static void mail_lend(void *arg) {
   ps_ctx *ctx = arg;
   pthread_mutex_lock(&ctx->lend_mu);
   ctx->lend_posted = 0;
-  /* Under replicas a chain's tail answers on its own link (PS_FLAG_TAIL): every link is
-   * read by the loop. */
-  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) < 2)
+  /* Under replicas a chain's tail may answer a push on its own link (PS_FLAG_TAIL): no
+   * link is lent while a request runs on the loop. */
+  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) < 2 || __atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) == 0)
     for (peer *l = ctx->links; l; l = l->next) link_try_lend(l);
   pthread_cond_broadcast(&ctx->lend_cv);
   pthread_mutex_unlock(&ctx->lend_mu);
@@ -335,7 +352,7 @@ void ps__mail_reclaim(void *arg) {
 /* The head of a replicated part's chain by the head rule (common/ring.h): its first
  * live member that was there before any replacement, else its first live replacement
  * that holds a copy (0: none). */
-static uint32_t chain_head(ps_ctx *ctx, const part *p) {
+uint32_t ps__part_head(ps_ctx *ctx, const part *p) {
   uint8_t st[PS_MAX_REPLICAS];
   unsigned n = p->nchain < PS_MAX_REPLICAS ? p->nchain : PS_MAX_REPLICAS;
   for (unsigned k = 0; k < n; k++) {
@@ -386,7 +403,7 @@ static void delayed_sweep(ps_ctx *ctx, uint64_t now) {
 
 void ps__part_submit(ps_ctx *ctx, part *p) {
   if (p->nchain > 1) {
-    uint32_t head = chain_head(ctx, p);
+    uint32_t head = ps__part_head(ctx, p);
     if (head) p->target = head;
   }
   peer *l = ps__link_find(ctx, p->target);
@@ -637,13 +654,6 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
   ps__ring_free(ring);
-  if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) { /* links lent before: read by the loop again */
-    pthread_mutex_lock(&ctx->lend_mu);
-    for (peer *l = ctx->links; l; l = l->next)
-      if (l->lent) l->want_back = 1;
-    pthread_mutex_unlock(&ctx->lend_mu);
-    ps__mail_reclaim(ctx);
-  }
 }
 
 /* A reply's header on link l: find its part and where its body goes. */

@@ -62,9 +62,10 @@ enum {
 enum {
   PS_FLAG_NONE = 0,
   PS_FLAG_DROPPED = 1, /* push reply: acknowledged but not applied (late under sync:M) */
-  /* Push reply from the tail of the push's chain, straight to the worker: its batch
-   * field names the chain's head, which the worker sent the push to. In a FORWARD's
-   * answer up the chain: the worker has been answered so (the head does not answer). */
+  /* Push request under replicas: the chain's tail may answer it itself. Push reply from
+   * the tail of the push's chain, straight to the worker: its batch field names the
+   * chain's head, which the worker sent the push to. In a FORWARD's answer up the
+   * chain: the worker has been answered so (the head does not answer). */
   PS_FLAG_TAIL = 2
 };
 #define PS_FLAG_MASK 0x0fu

@@ -481,7 +481,8 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
   }
   /* the worker's request, for the tail's answer: this push's own at the head, else the
    * one the forward being served carries */
-  ps__fwd fw = {.epoch = s->epoch, .worker = p->sender, .step = step, .head = s->id, .up_req = uh->req_id};
+  ps__fwd fw = {.epoch = s->epoch, .worker = p->sender, .step = step, .head = s->id,
+               .up_req = (uh->flags & PS_FLAG_TAIL) ? uh->req_id : 0};
   if (p->replica) {
     fw.head = s->fwd_up ? s->fwd_up->head : 0;
     fw.up_req = s->fwd_up ? s->fwd_up->up_req : 0;
