@@ -24,9 +24,13 @@
 #define DIRECT_READ_MIN (16u * 1024u) /* body bytes read straight into the destination */
 #define DL_MAXPARTS 2               /* parts of one call on one link (push + pull) */
 
+typedef struct dcall dcall;
+
 typedef struct dlink {
   peer *l;
   int fd;
+  dcall *call;                  /* the call it serves */
+  int listen;                   /* no parts: a chain's tail may answer on it (PS_FLAG_TAIL) */
   part *parts[DL_MAXPARTS];
   unsigned nparts, pending;     /* parts on this link; replies still awaited */
   uint8_t hdrs[DL_MAXPARTS][PS_FRAME_HDR_SIZE];
@@ -37,6 +41,7 @@ typedef struct dlink {
   int in_body, discard;
   ps__frame_hdr cur;
   part *cur_p;
+  struct dlink *cur_owner;      /* the link cur_p was sent on (this one, or its head's) */
   const uv_buf_t *dst;
   unsigned ndst, dst_i;
   size_t dst_off;
@@ -46,6 +51,13 @@ typedef struct dlink {
   int failed;                   /* a mid-frame failure: the link is broken */
   uint64_t moved;               /* bytes written and read so far (progress) */
 } dlink;
+
+/* The links of one call: a tail's answer may come on another link than its part's. */
+struct dcall {
+  dlink *dl;
+  unsigned n;
+  unsigned left; /* replies still awaited on all of them */
+};
 
 /* May a caller claim lent link l now? lend_mu held. */
 static int link_claimable(const peer *l) { return ps__link_idle_lent(l) && !l->want_back && !l->broken; }
@@ -89,7 +101,8 @@ static void dl_frame_done(ps_ctx *ctx, dlink *d) {
   part *p = d->cur_p;
   d->in_body = 0;
   if (!p) return; /* a late reply to an earlier call, or an error notice */
-  d->pending--;
+  d->cur_owner->pending--;
+  d->call->left--;
   p->reply_done = 1;
   p->vx.answered = 1;
   if (d->cur.status) {
@@ -127,10 +140,18 @@ static int dl_begin(dlink *d) {
   }
   if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request from server %u", ps__frame_type_name(h->type), d->l->id);
   part *p = NULL;
+  dlink *owner = d;
   for (unsigned i = 0; i < d->nparts; i++)
     if (d->parts[i]->hdr.req_id == h->req_id && !d->parts[i]->reply_done) p = d->parts[i];
+  if (!p && (h->flags & PS_FLAG_TAIL) && (h->type == (PS_MSG_PUSH | PS_FRAME_REPLY) || h->type == (PS_MSG_PUSH_DENSE | PS_FRAME_REPLY)))
+    for (unsigned j = 0; j < d->call->n && !p; j++) { /* a chain's tail answering for its head (batch) */
+      dlink *o = &d->call->dl[j];
+      for (unsigned i = 0; o->l->id == h->batch && i < o->nparts; i++)
+        if (o->parts[i]->hdr.req_id == h->req_id && !o->parts[i]->reply_done) p = o->parts[i], owner = o;
+    }
   if (!p) return 0; /* a reply to an earlier call that timed out: dropped */
   d->cur_p = p;
+  d->cur_owner = owner;
   if (h->status) {
     d->errbuf = uv_buf_init(d->errtxt, sizeof d->errtxt - 1);
     if (h->payload_len <= d->errbuf.len) {
@@ -174,7 +195,7 @@ static int dl_read_end(const peer *l, ssize_t got) {
  * for a link that cannot go on (closed, protocol violation). */
 static int dl_read(ps_ctx *ctx, dlink *d) {
   peer *l = d->l;
-  while (d->pending > 0) {
+  while (d->pending > 0 || (d->listen && d->call->left > 0)) {
     size_t avail = l->dlen - l->doff;
     if (d->in_body) {
       if (avail) l->doff += dl_fill(d, l->dbuf + l->doff, avail);
@@ -257,13 +278,44 @@ static int dl_write(dlink *d) {
   return 0;
 }
 
+/* A replicated push may be answered by its chain's tail (PS_FLAG_TAIL) when this call
+ * reads every other member's link: those it can claim are claimed as listening links
+ * of the call (lend_mu held). Else the head answers it, on its own link. */
+static int claim_listeners(ps_ctx *ctx, part *p, dlink *dl, unsigned *n, unsigned max) {
+  int want = 0;
+  int all = p->nchain > 1 && ps__frame_is_push_req(p->hdr.type);
+  for (unsigned k = 0; all && k < p->nchain && k < PS_MAX_REPLICAS; k++) {
+    uint32_t id = p->chain[k];
+    unsigned j = 0;
+    while (j < *n && dl[j].l->id != id) j++;
+    if (j < *n) { /* claimed already (the head's, or another part's): it reads for the call */
+      dl[j].listen = 1;
+      continue;
+    }
+    peer *m = ps__link_find(ctx, id);
+    if (!m || !m->alive || !m->conn) continue; /* no connection: no answer on it */
+    if (*n == max || !link_claimable(m) || (!m->dbuf && !(m->dbuf = ps__malloc(DBUF_CAP)))) {
+      if (!m->lent) m->lend_wanted = want = 1; /* for the next call */
+      all = 0;
+      break;
+    }
+    dl_init(&dl[*n], m);
+    dl[(*n)++].listen = 1;
+  }
+  if (all)
+    p->hdr.flags |= PS_FLAG_TAIL;
+  else
+    p->hdr.flags &= (uint8_t)~PS_FLAG_TAIL;
+  return want;
+}
+
 /* Claim the lent links of every part of reqs[] for this thread. Returns the number of
  * links claimed into dl[] (parts grouped per link), or 0 when the call must go through
  * the loop (then links that could be lent are asked for). */
 static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *dl, unsigned max) {
   for (int attempt = 0;; attempt++) {
     unsigned n = 0;
-    int ok = 1, ask = 0;
+    int ok = 1, ask = 0, want_listen = 0;
     if (__atomic_load_n(&ctx->outstanding, __ATOMIC_ACQUIRE) != 0) return 0;
     pthread_mutex_lock(&ctx->lend_mu);
     int fatal = 0;
@@ -298,6 +350,7 @@ static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *
           break;
         }
         dl[j].parts[dl[j].nparts++] = p;
+        if (ok) want_listen |= claim_listeners(ctx, p, dl, &n, max);
       }
     }
     /* Re-check under the lock: a request posted meanwhile keeps its place in line. */
@@ -305,6 +358,7 @@ static unsigned direct_claim(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, dlink *
     if (ok)
       for (unsigned j = 0; j < n; j++) dl[j].l->busy = 1;
     pthread_mutex_unlock(&ctx->lend_mu);
+    if (want_listen) ps__post_lend(ctx); /* listening links for the next call */
     if (ok) return n;
     if (!ask || fatal || attempt > 0) return 0;
     /* Connected links that are not lent yet: ask the loop and wait for its answer (one
@@ -347,9 +401,11 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
   struct pollfd pf[64];
   uint64_t t0 = ps__now_ns(), moved = 0, sending = 0;
   unsigned pushes = 0;
+  dcall call = {dl, n, 0};
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
     unsigned niov = 0;
+    d->call = &call;
     for (unsigned k = 0; k < d->nparts; k++) niov += 1 + d->parts[k]->nsend;
     d->iov = niov <= sizeof d->iov_small / sizeof d->iov_small[0] ? d->iov_small : ps__malloc(niov * sizeof *d->iov);
     if (!d->iov) {
@@ -362,7 +418,6 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
       p->hdr.sender = ctx->id;
       p->hdr.payload_len = total;
-      p->hdr.flags &= (uint8_t)~PS_FLAG_TAIL; /* answered on this link: by the head */
       if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
         p->hdr.inc = ctx->incarnation;
         p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
@@ -380,6 +435,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       }
       /* Every data request is answered (pushes with an empty acknowledgement). */
       d->pending++;
+      call.left++;
     }
   }
   uint64_t window = ctx->spin_ns + ps__poll_extra_ns(sending);
@@ -408,11 +464,12 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
         }
         continue;
       }
-      if (d->iov_at < d->niov || d->pending) {
+      int reading = d->pending || (d->listen && call.left);
+      if (d->iov_at < d->niov || reading) {
         busy++;
         if (np < 64) {
           pf[np].fd = d->fd;
-          pf[np].events = (short)((d->iov_at < d->niov ? POLLOUT : 0) | (d->pending ? POLLIN : 0));
+          pf[np].events = (short)((d->iov_at < d->niov ? POLLOUT : 0) | (reading ? POLLIN : 0));
           pf[np].revents = 0;
           np++;
         }
@@ -475,6 +532,9 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
   }
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
+    /* A listening link left in the middle of a frame (the call ended meanwhile): its
+     * stream is unusable; the loop opens a new one. */
+    if (d->listen && !d->failed && d->in_body) d->failed = PS_ERR_PROTO;
     if (d->iov != d->iov_small) free(d->iov);
     d->iov = NULL;
   }

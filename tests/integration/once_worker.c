@@ -14,6 +14,7 @@
  * key. Output, one line each:
  *   push N rc=NAME ms=ELAPSED msg=...      for a push that did not return PS_OK
  *   acked N                                pushes that returned PS_OK
+ *   direct_calls N                         of the calls, those done on the caller's thread
  *   values a,b,c,...                       the keys' values after the barrier
  * Exit status: 0 when the script ran, 1 when the context, the table or the final pull
  * failed, 2 bad usage. Connection settings come from the environment (PSHARD_*).
@@ -39,6 +40,12 @@ static void pause_ms(int ms) {
   if (ms) nanosleep(&ts, NULL);
 }
 
+/* "direct_calls N": blocking calls done on the caller's thread. */
+static void print_direct(ps_ctx *ctx) {
+  double v = 0;
+  if (ps_ctx_stat(ctx, "direct_calls", &v) == 0) printf("direct_calls %.0f\n", v);
+}
+
 /* --floats: async pushes of -1 to all n floats, then the values per run. */
 static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_ms) {
   float *grads = malloc(n * sizeof *grads), *vals = malloc(n * sizeof *vals);
@@ -57,6 +64,7 @@ static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_
     fflush(stdout);
   }
   printf("acked %d\n", acked);
+  print_direct(ctx);
   fflush(stdout);
   if ((rc = ps_barrier(ctx, -1)) || (rc = ps_pull_range(ctx, t, 0, n, vals, -1))) {
     fprintf(stderr, "once_worker: final barrier or pull: %s: %s\n", ps_err_name(rc), ps_errmsg());
@@ -154,6 +162,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
   printf("acked %d\n", acked);
+  print_direct(ctx);
   fflush(stdout);
   if ((rc = ps_barrier(ctx, -1)) ||
       (rc = dense ? ps_pull_range(ctx, t, 0, (uint64_t)nkeys, vals, -1) : ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1))) {

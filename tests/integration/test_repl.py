@@ -105,10 +105,11 @@ def test_dropped_and_duplicated_forwards_lose_nothing_and_apply_nothing_twice():
         assert sum(server_stat(c, i, "duplicate_pushes") for i in range(3)) > 0
 
 
-def test_the_tail_answers_the_worker_and_counts_stay_exact():
-    # Blocking calls through the I/O thread (on the caller's thread the head answers, on
-    # the link the call claimed).
-    with Cluster(3, 2, replicas=3, extra_env={"PSHARD_RETRY_MS": "300", "PSHARD_DIRECT": "0"}) as c:
+@pytest.mark.parametrize("direct", ["0", "1"], ids=["io-thread", "caller-thread"])
+def test_the_tail_answers_the_worker_and_counts_stay_exact(direct):
+    # Blocking calls through the I/O thread, or on the caller's thread (which claims the
+    # links of every member of the chains it pushes to, to read the tails' answers).
+    with Cluster(3, 2, replicas=3, extra_env={"PSHARD_RETRY_MS": "300", "PSHARD_DIRECT": direct}) as c:
         ps = start_workers(c, 2, 120, 5)
         assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
         counted(c, 2, 120)
@@ -117,6 +118,10 @@ def test_the_tail_answers_the_worker_and_counts_stay_exact():
         fwd = sum(server_stat(c, i, "forwards") for i in range(3))
         tail = sum(server_stat(c, i, "tail_answers") for i in range(3))
         assert fwd > 0 and 0.9 * fwd / 2 <= tail <= fwd / 2, (fwd, tail)
+        direct_calls = [int(re.search(r"^direct_calls (\d+)$", c.log(f"w{i}"), re.M).group(1)) for i in range(2)]
+        # on the caller's thread: most pushes (the first go through the loop, which then
+        # lends the links)
+        assert all(d > (100 if direct == "1" else -1) for d in direct_calls) and (direct == "1" or direct_calls == [0, 0])
 
 
 @pytest.mark.parametrize("direct", ["0", "1"], ids=["io-thread", "caller-thread"])
