@@ -30,7 +30,8 @@ typedef struct dlink {
   peer *l;
   int fd;
   dcall *call;                  /* the call it serves */
-  int listen;                   /* no parts: a chain's tail may answer on it (PS_FLAG_TAIL) */
+  int listen;                   /* read for the whole call: a chain's tail may answer a
+                                 * part of another link on it (PS_FLAG_TAIL) */
   part *parts[DL_MAXPARTS];
   unsigned nparts, pending;     /* parts on this link; replies still awaited */
   uint8_t hdrs[DL_MAXPARTS][PS_FRAME_HDR_SIZE];
@@ -572,9 +573,10 @@ static unsigned direct_again(ps_req *r) {
 int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline_ms) {
   dlink dl[16];
   if (!ctx->direct || !ctx->thread_started) return 0;
-  /* Replicated parts go to their chain's head, answered on its link; a part to be sent
-   * again (its head failed, or moved) goes through the loop, which re-routes it. A push
-   * to a replicated sync table goes through the loop: its copy is kept there (keep.c). */
+  /* Replicated parts go to their chain's head, answered on its link or, a push, by the
+   * chain's tail on the tail's (claim_listeners); a part to be sent again (its head
+   * failed, or moved) goes through the loop, which re-routes it. A call with parts of a
+   * replicated sync table goes through the loop: their copies are kept there (keep.c). */
   if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) {
     pthread_mutex_lock(&ctx->lend_mu);
     int ok = 1;
