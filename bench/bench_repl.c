@@ -47,6 +47,7 @@ static void set_replicas(int r) {
 
 typedef struct cost {
   double p50_us, p99_us, dense_mbs, sparse_rows_s;
+  double direct_calls, tail_answers, calls; /* how the calls went (ps_ctx_stat, server stats) */
 } cost;
 
 static cost measure(int R, int iters, const char *xport) {
@@ -86,6 +87,13 @@ static cost measure(int R, int iters, const char *xport) {
     bench_check(ps_push(ctx, sp, keys, NR, g, 1, -1, -1), "push rows");
   }
   out.sparse_rows_s = (double)nd * NR / (bench_now() - t0);
+  out.calls = 200.0 + iters + 5 + nd + 5 + nd;
+  out.direct_calls = out.tail_answers = 0;
+  ps_ctx_stat(ctx, "direct_calls", &out.direct_calls);
+  for (unsigned i = 0; i < 2; i++) {
+    char buf[16384];
+    if (ps_server_stats(ctx, i, buf, sizeof buf, 10000) == 0) out.tail_answers += bench_stat_value(buf, "tail_answers");
+  }
   ps_ctx_close(ctx);
   bench_cluster_stop(&c);
   free(g);
@@ -108,6 +116,9 @@ static void part_cost(int iters) {
            b.dense_mbs / a.dense_mbs);
     printf("  %-28s %12.0f %12.0f %9.2fx\n", "sparse push (rows/s)", a.sparse_rows_s, b.sparse_rows_s,
            b.sparse_rows_s / a.sparse_rows_s);
+    printf("  %-28s %12.0f %12.0f   (the run makes %.0f pushes)\n", "calls on the caller's thread", a.direct_calls, b.direct_calls, b.calls);
+    printf("  %-28s %12s %12.0f   push parts answered by their chain's tail\n", "answered by the tail", "-",
+           b.tail_answers);
   }
 }
 

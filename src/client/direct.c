@@ -477,6 +477,11 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       }
     }
     if (!busy) break;
+    if (call.left == 0) { /* every answer is in (a later link of the round read the last) */
+      int written = 1;
+      for (unsigned j = 0; j < n; j++) written &= !dl[j].iov || dl[j].failed || dl[j].iov_at == dl[j].niov;
+      if (written) break;
+    }
     if (pushes && ctx->retry_ms && attempt_end == UINT64_MAX) {
       int written = 1;
       for (unsigned j = 0; j < n; j++) written &= !dl[j].iov || dl[j].failed || dl[j].iov_at == dl[j].niov;
