@@ -144,7 +144,7 @@ static int dl_begin(dlink *d) {
   dlink *owner = d;
   for (unsigned i = 0; i < d->nparts; i++)
     if (d->parts[i]->hdr.req_id == h->req_id && !d->parts[i]->reply_done) p = d->parts[i];
-  if (!p && (h->flags & PS_FLAG_TAIL) && (h->type == (PS_MSG_PUSH | PS_FRAME_REPLY) || h->type == (PS_MSG_PUSH_DENSE | PS_FRAME_REPLY)))
+  if (!p && ps__frame_is_tail_answer(h))
     for (unsigned j = 0; j < d->call->n && !p; j++) { /* a chain's tail answering for its head (batch) */
       dlink *o = &d->call->dl[j];
       for (unsigned i = 0; o->l->id == h->batch && i < o->nparts; i++)

@@ -661,7 +661,7 @@ static int link_header(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
   if (h->type == PS_MSG_ERROR) return 0;
   if (!(h->type & PS_FRAME_REPLY)) return ps__fail(PS_ERR_PROTO, "unexpected %s request", ps__frame_type_name(h->type));
   part *p = inflight_find(l, h->req_id);
-  if (!p && (h->flags & PS_FLAG_TAIL) && (h->type == (PS_MSG_PUSH | PS_FRAME_REPLY) || h->type == (PS_MSG_PUSH_DENSE | PS_FRAME_REPLY))) {
+  if (!p && ps__frame_is_tail_answer(h)) {
     /* A replicated push answered by its chain's tail: the request is among those sent
      * to the chain's head (batch), unless it has been sent elsewhere since. */
     peer *hl = ps__link_find(ctx, h->batch);

@@ -127,6 +127,12 @@ int ps__frame_is_data(uint8_t type);
 static inline int ps__frame_is_push_req(uint8_t type) {
   return type == PS_MSG_PUSH || type == PS_MSG_PUSH_DENSE || type == PS_MSG_FORWARD || type == PS_MSG_FORWARD_DENSE;
 }
+/* Is this a push answer from the tail of the push's chain (PS_FLAG_TAIL), for a
+ * request the worker sent to the chain's head (named by its batch field)? */
+static inline int ps__frame_is_tail_answer(const ps__frame_hdr *h) {
+  return (h->flags & PS_FLAG_TAIL) &&
+         (h->type == (PS_MSG_PUSH | PS_FRAME_REPLY) || h->type == (PS_MSG_PUSH_DENSE | PS_FRAME_REPLY));
+}
 static inline int ps__frame_is_forward(uint8_t type) {
   uint8_t t = type & (uint8_t)~PS_FRAME_REPLY;
   return t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE || t == PS_MSG_FORWARD_AGG || t == PS_MSG_FORWARD_ROUND;
