@@ -8,8 +8,9 @@ Two workloads, each under `pshard run -s S -w W --mode sync` (servers are proces
          by pshard.torch.ModelSync. Every worker measures, per step (median and p90 over
          --steps after --warmup):
            compute alone   forward + backward of the same model without pshard
-           comm alone      the step's communication without compute, as the blocking
-                           path does it: push every gradient, clock, pull every parameter
+           comm alone      the step's communication without compute: push every
+                           gradient, clock, pull every parameter, one blocking call
+                           after another, to tables with the steps' optimiser (Adam)
            step, overlap=False   ModelSync(overlap=False): compute, then that communication
            step, overlap=True    ModelSync(overlap=True): pushes from the gradient hooks,
                            pulls in the background, each layer waited just before it runs
@@ -110,9 +111,11 @@ def torch_worker(args):
         F.cross_entropy(ref(x), y).backward()
     res = {"compute": timed(compute)}
 
-    # comm alone: the blocking path's communication, with gradients of the right shapes
+    # comm alone: the blocking path's communication, with gradients of the right shapes,
+    # to tables with the steps' optimiser (a sync round's pulls wait for the servers to
+    # apply it: Adam over the whole model costs more than SGD)
     comm_model = make()
-    comm_sync = pt.ModelSync(ps, comm_model, prefix="comm/", opt="sgd", lr=1e-4, overlap=False)
+    comm_sync = pt.ModelSync(ps, comm_model, prefix="comm/", opt="adam", lr=1e-3, overlap=False)
     grads = [np.full(t.shape, 1e-3, np.float32) for t in comm_sync.tables]
     bufs = [np.empty(t.shape, np.float32) for t in comm_sync.tables]
 
