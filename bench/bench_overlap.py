@@ -8,8 +8,9 @@ Two workloads, each under `pshard run -s S -w W --mode sync` (servers are proces
          by pshard.torch.ModelSync. Every worker measures, per step (median and p90 over
          --steps after --warmup):
            compute alone   forward + backward of the same model without pshard
-           comm alone      the step's communication without compute, as the blocking
-                           path does it: push every gradient, clock, pull every parameter
+           comm alone      the step's communication without compute: push every
+                           gradient, clock, pull every parameter, one blocking call
+                           after another, to tables with the steps' optimiser (Adam)
            step, overlap=False   ModelSync(overlap=False): compute, then that communication
            step, overlap=True    ModelSync(overlap=True): pushes from the gradient hooks,
                            pulls in the background, each layer waited just before it runs
@@ -22,8 +23,8 @@ Two workloads, each under `pshard run -s S -w W --mode sync` (servers are proces
          time over the steps.
 
 The baseline of each line is the non-overlapped run of the same workload in the same
-invocation; runs alternate (off, on, off, on, ...) --repeats times and the median is
-printed. Figures on a busy machine are noise: run it on a quiet one.
+invocation. The torch phases take turns within a run, five timed steps each; the ctr
+runs alternate (off, on, off, on, ...); --repeats times, and the median is printed. Figures on a busy machine are noise: run it on a quiet one.
 
 usage: bench_overlap.py [--build DIR] [--workload torch,ctr] [--servers 2] [--workers 1]
                         [--hidden 1024] [--layers 2] [--batch 64] [--steps 40] [--warmup 5]
@@ -90,16 +91,7 @@ def torch_worker(args):
     g = torch.Generator().manual_seed(1)
     data = [(torch.randn(args.batch, 784, generator=g), torch.randint(0, 10, (args.batch,), generator=g))
             for _ in range(8)]
-    n = args.warmup + args.steps
     ps = pshard.connect()
-
-    def timed(fn):
-        out = []
-        for t in range(n):
-            t0 = time.perf_counter()
-            fn(t)
-            out.append(time.perf_counter() - t0)
-        return out[args.warmup:]
 
     # compute alone
     ref = make()
@@ -108,11 +100,12 @@ def torch_worker(args):
         x, y = data[t % len(data)]
         ref.zero_grad(set_to_none=True)
         F.cross_entropy(ref(x), y).backward()
-    res = {"compute": timed(compute)}
 
-    # comm alone: the blocking path's communication, with gradients of the right shapes
+    # comm alone: the blocking path's communication, with gradients of the right shapes,
+    # to tables with the steps' optimiser (a sync round's pulls wait for the servers to
+    # apply it: Adam over the whole model costs more than SGD)
     comm_model = make()
-    comm_sync = pt.ModelSync(ps, comm_model, prefix="comm/", opt="sgd", lr=1e-4, overlap=False)
+    comm_sync = pt.ModelSync(ps, comm_model, prefix="comm/", opt="adam", lr=1e-3, overlap=False)
     grads = [np.full(t.shape, 1e-3, np.float32) for t in comm_sync.tables]
     bufs = [np.empty(t.shape, np.float32) for t in comm_sync.tables]
 
@@ -122,19 +115,43 @@ def torch_worker(args):
         ps.clock()
         for tab, b in zip(comm_sync.tables, bufs):
             tab.pull(out=b)
-    res["comm"] = timed(comm)
-    comm_sync.close()
 
+    phases = {"compute": (compute, None), "comm": (comm, None)}
     for overlap in (False, True):
         model = make()
         sync = pt.ModelSync(ps, model, prefix=f"ov{int(overlap)}/", opt="adam", lr=1e-3, overlap=overlap)
 
-        def step(t):
+        def step(t, model=model, sync=sync):
             x, y = data[t % len(data)]
             F.cross_entropy(model(x), y).backward()
             sync.step()
-        res[f"step_overlap_{int(overlap)}"] = timed(step)
-        sync.close()
+        phases[f"step_overlap_{int(overlap)}"] = (step, sync)
+
+    # The phases take turns, a chunk of steps each (the first of a chunk untimed), so
+    # that a load that comes and goes on a shared machine falls on all of them alike;
+    # within a chunk an overlapped step's pulls run on into its next forward, as in
+    # training, and are waited for (untimed) before the next phase's turn.
+    res = {k: [] for k in phases}
+    for k, (fn, _) in phases.items():
+        for t in range(args.warmup):
+            fn(t)
+        if phases[k][1]:
+            phases[k][1].wait()
+    chunk, t = 5, 0
+    while min(len(v) for v in res.values()) < args.steps:
+        for k, (fn, sync) in phases.items():
+            for c in range(chunk + 1):
+                t0 = time.perf_counter()
+                fn(t)
+                if c:
+                    res[k].append(time.perf_counter() - t0)
+                t += 1
+            if sync:
+                sync.wait()
+    for _, sync in phases.values():
+        if sync:
+            sync.close()
+    comm_sync.close()
     ps.barrier()
     if ps.rank == 0:
         print("RESULT " + json.dumps(res), flush=True)

@@ -832,8 +832,9 @@ static void usage(FILE *f) {
           "                  (prefetching gives the same model; this measures what it hides)\n"
           "  --slow-worker I --slow-factor F   worker index I (PSHARD_WORKER_INDEX) takes F times\n"
           "                  as long per step (it sleeps (F-1) x its step time), to study stragglers\n"
-          "  --eval-every N  rank 0 prints 'eval t=SECONDS examples=N logloss=X auc=Y' every N of\n"
-          "                  its steps, on the first --eval-rows test rows (10000)\n"
+          "  --eval-every N  rank 0 prints 'eval t=SECONDS examples=N logloss=X auc=Y steps=S\n"
+          "                  train_t=SECONDS' every N of its steps, on the first --eval-rows test\n"
+          "                  rows (10000; 0: all); train_t leaves out the time spent evaluating\n"
           "  --save DIR      when training ends, checkpoint the whole job's tables into DIR/ckpt-<id>\n"
           "                  (DIR on a file system every server sees; made if missing)\n"
           "  --load DIR      start from the model saved in DIR: run the job as\n"
@@ -845,11 +846,17 @@ static void usage(FILE *f) {
           "  when the test logloss no longer falls.\n");
 }
 
-/* Rank 0: evaluate epoch `epoch` (1-based) on the test set and print its line. */
-static int epoch_line(model *m, const opts *o, int epoch, double t0) {
+/* Rank 0: evaluate epoch `epoch` (1-based) on the test set and print its line; with
+ * --eval-every also as an eval line (examples and steps so far, train_t the training
+ * time without evaluations), so that the eval lines end with each epoch's model. */
+static int epoch_line(model *m, const opts *o, int epoch, double t0, uint64_t examples, uint64_t steps,
+                      double train_t) {
   double ll, auc, acc;
   size_t n;
   if (evaluate(m, o->test, 10000, 0, &ll, &auc, &acc, &n)) return 1;
+  if (o->eval_every)
+    printf("eval t=%.3f examples=%llu logloss=%.5f auc=%.5f steps=%llu train_t=%.3f\n", now_s() - t0,
+           (unsigned long long)examples, ll, auc, (unsigned long long)steps, train_t);
   printf("epoch %d: test logloss %.4f  auc %.4f  accuracy %.4f  (%zu examples, %.1f s)\n", epoch, ll, auc, acc, n,
          now_s() - t0);
   fflush(stdout);
@@ -1042,6 +1049,7 @@ int main(int argc, char **argv) {
   float *pbuf = NULL;
   size_t pcap = 0;
   double last_report = t0, loss_acc = 0;
+  double eval_s = 0; /* rank 0: seconds spent evaluating (train_t in the eval lines leaves them out) */
   uint64_t examples = 0, ex_since = 0, loss_n = 0;
   int evaluated = 0; /* epochs evaluated: rank 0's own count; others', as last read */
   float prog[2] = {0, 0};
@@ -1058,7 +1066,9 @@ int main(int argc, char **argv) {
         /* Evaluate every epoch whose partitions the counters (as of a finished round)
          * show done; nobody trains on the next epoch meanwhile. */
         while (evaluated < o.epochs && prog[PROG_DONE] >= (float)nparts * (float)(evaluated + 1)) {
-          if (epoch_line(&m, &o, evaluated + 1, t0)) return 1;
+          double te = now_s();
+          if (epoch_line(&m, &o, evaluated + 1, t0, examples, steps, te - t0 - eval_s)) return 1;
+          eval_s += now_s() - te;
           evaluated++;
           progress_add(&m, prog_table, PROG_EVALUATED);
         }
@@ -1090,10 +1100,12 @@ int main(int argc, char **argv) {
       steps++;
       if (slow) usleep((useconds_t)((now_s() - ts) * (o.slow_factor - 1) * 1e6));
       if (rank == 0 && o.eval_every && steps % (uint64_t)o.eval_every == 0) {
-        double ll, auc, acc;
+        double ll, auc, acc, te = now_s(), train_t = te - t0 - eval_s;
         size_t n;
         if (evaluate(&m, o.test, 10000, o.eval_rows, &ll, &auc, &acc, &n)) return 1;
-        printf("eval t=%.3f examples=%llu logloss=%.5f auc=%.5f\n", now_s() - t0, (unsigned long long)examples, ll, auc);
+        eval_s += now_s() - te;
+        printf("eval t=%.3f examples=%llu logloss=%.5f auc=%.5f steps=%llu train_t=%.3f\n", now_s() - t0,
+               (unsigned long long)examples, ll, auc, (unsigned long long)steps, train_t);
         fflush(stdout);
       }
       loss_n++;
@@ -1126,6 +1138,15 @@ int main(int argc, char **argv) {
     ps_ctx_stat(m.ctx, "compute_s", &cs);
     printf("waits: pull %.3f s  push %.3f s  compute %.3f s  training %.3f s  (prefetch %s)\n", pw, uw, cs, dt,
            o.prefetch ? "on" : "off");
+    /* Payload bytes as sent: pushes count their values encoded (the push codec's
+     * counters), pulls count what arrived. */
+    double pushed = 0, pulled = 0, praw = 0, pwire = 0;
+    ps_ctx_stat(m.ctx, "bytes_pushed", &pushed);
+    ps_ctx_stat(m.ctx, "bytes_pulled", &pulled);
+    ps_ctx_stat(m.ctx, "push_raw_bytes", &praw);
+    ps_ctx_stat(m.ctx, "push_wire_bytes", &pwire);
+    printf("traffic: steps %llu  pushed %.0f B  pulled %.0f B  (payload as sent, this worker)\n",
+           (unsigned long long)steps, pushed - praw + pwire, pulled);
   }
   if (o.save && rank == 0) {
     /* The whole job's tables, cut at this clock: every worker's pushes are in it. */

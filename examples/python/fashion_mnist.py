@@ -66,16 +66,25 @@ def train(args):
         import pshard.torch
         ps = pshard.embedded(servers=args.servers, mode=args.mode)
         rank, K = ps.rank, ps.num_workers
-        sync = pshard.torch.ModelSync(ps, model, prefix="fmnist/", opt="adam", lr=args.lr, seed=args.seed)
+        sync = pshard.torch.ModelSync(ps, model, prefix="fmnist/", options=args.table_opts or None, opt=args.opt,
+                                      lr=args.lr, seed=args.seed)
     if args.batch % K:
         raise SystemExit(f"--batch {args.batch} is not a multiple of the {K} workers")
     b = args.batch // K
     steps = len(xtr) // args.batch   # full global batches per epoch (the same count on every worker)
     accs, t0 = [], time.time()
+    eval_s = 0.0             # seconds spent in --eval-every evaluations (train_t leaves them out)
     for epoch in range(args.epochs):
         perm = torch.from_numpy(np.random.default_rng(args.seed + epoch).permutation(len(xtr)))
         total = 0.0
         for t in range(steps):
+            if args.eval_every and rank == 0 and t and t % args.eval_every == 0:
+                te = time.time()
+                if sync:
+                    sync.wait()
+                acc = evaluate(model, xte, yte)
+                print(f"eval step={epoch * steps + t} train_t={te - t0 - eval_s:.3f} acc={acc:.5f}", flush=True)
+                eval_s += time.time() - te
             idx = perm[t * args.batch + rank * b: t * args.batch + (rank + 1) * b]
             loss = F.cross_entropy(model(xtr[idx]), ytr[idx])
             if sync:
@@ -89,16 +98,25 @@ def train(args):
         if sync:
             sync.wait()
             ps.metric("loss", total / steps)
+        te = time.time()
         acc = evaluate(model, xte, yte)
         accs.append(acc)
         if rank == 0:
+            if args.eval_every:
+                print(f"eval step={(epoch + 1) * steps} train_t={te - t0 - eval_s:.3f} acc={acc:.5f}", flush=True)
             print(f"epoch {epoch + 1:2d}  loss {total / steps:.4f}  test accuracy {100 * acc:.2f}%  "
                   f"{time.time() - t0:6.1f} s", flush=True)
+        eval_s += time.time() - te
     result = {"kind": "reference" if args.reference else "pshard", "workers": K,
               "servers": ps.num_servers if ps else 0, "mode": args.mode if ps else None, "batch": args.batch,
               "epochs": args.epochs, "test_acc": accs, "time_s": round(time.time() - t0, 2)}
     if sync:
         result.update({k: round(v, 2) if isinstance(v, float) else v for k, v in sync.stats().items()})
+        # Payload bytes as sent by this worker: pushes with their values encoded (the
+        # push codec's counters), pulls as they arrived.
+        result["pushed_bytes"] = int(ps.stat("bytes_pushed") - ps.stat("push_raw_bytes") + ps.stat("push_wire_bytes"))
+        result["pulled_bytes"] = int(ps.stat("bytes_pulled"))
+        result["steps_per_epoch"] = steps
         sync.close()
         ps.barrier()
         ps.close()
@@ -140,12 +158,18 @@ def main():
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--batch", type=int, default=64, help="global batch (split over the workers)")
     ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--opt", default="adam", help="server-side optimiser: adam, momentum, sgd, adagrad (adam; "
+                    "--reference always uses PyTorch's Adam)")
     ap.add_argument("--hidden", type=lambda s: [int(v) for v in s.split(",") if v], default=[256, 128])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=int, default=0, help="use only the first N training images (smoke tests)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per process")
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--mode", default="sync")
+    ap.add_argument("--table-opts", default="", help="more options of every parameter's table, e.g. "
+                    "'push_codec=int8 pull_codec=fp16'")
+    ap.add_argument("--eval-every", type=int, default=0, help="rank 0 prints 'eval step=S train_t=SECONDS acc=A' "
+                    "every N global steps and at each epoch's end; train_t leaves out the evaluations")
     ap.add_argument("--reference", action="store_true", help="train with PyTorch's Adam alone (no pshard)")
     ap.add_argument("--compare", action="store_true", help="run the pshard job and the reference; print both")
     ap.add_argument("--workers", type=int, default=2, help="workers of the --compare job")

@@ -193,6 +193,51 @@ def test_overlap_is_bit_for_bit_the_blocking_path_in_sync_mode(wait_at):
     assert not np.array_equal(first[0], ref[0]), "the training moved the parameters"
 
 
+class WithUnused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net, self.unused = mlp(), torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def train_blocking(by_hand, steps=5):
+    """overlap=False, stepped by ModelSync or by hand: one blocking push per parameter
+    (zeros for the unused one), a clock, one blocking pull per parameter."""
+    with pshard.embedded(servers=2, mode="sync") as ps:
+        model = WithUnused()
+        sync = pt.ModelSync(ps, model, opt="adam", lr=0.01, overlap=False)
+        first = model.net[0].weight.detach().numpy().copy()
+        for x, y in batches(steps):
+            pushes = ps.stat("pushes")
+            F.cross_entropy(model(x), y).backward()
+            if by_hand:
+                for t, p in zip(sync.tables, sync._params):
+                    t.push(np.zeros(t.shape, np.float32) if p.grad is None else p.grad.numpy(), batch=len(x))
+                    p.grad = None
+                ps.clock()
+                for t, p in zip(sync.tables, sync._params):
+                    t.pull(out=p.data.numpy().reshape(-1))
+            else:
+                sync.step()
+            assert ps.stat("pushes") - pushes == len(sync.tables)
+        out = [p.detach().numpy().copy() for p in model.parameters()]
+        sync.close()
+        return first, out
+
+
+def test_blocking_step_is_one_call_after_another_bit_for_bit():
+    """overlap=False starts a phase's requests together (every push, then every pull):
+    the parameters are bit for bit those of one blocking call after another, and a step
+    pushes once per parameter."""
+    first, got = train_blocking(False)
+    _, ref = train_blocking(True)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and np.array_equal(a, b)
+    assert not np.array_equal(got[0], first), "the training moved the parameters"
+
+
 class Net(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -421,11 +421,8 @@ static int int8_dec_loop(const int8_t *q, size_t m, float s, float *out) {
 }
 
 #ifdef HAVE_X86
-/* A whole block (PS_CODEC_INT8_BLOCK values) of int8_block_loop. cvtps_epi32 rounds to
- * nearest even, as the magic number does. The loop's clamps are left out: |x| <= max|x|
- * makes |x * inv| < 127.5 (two roundings of 1 + 2^-24 at most), so q is within -127..127
- * without them. */
-TARGET_AVX2 static void int8_block_avx2(const float *x, uint8_t *out, float *err) {
+/* max |x| bits of a whole block (PS_CODEC_INT8_BLOCK values), as int8_maxbits. */
+TARGET_AVX2 static inline uint32_t int8_maxbits_avx2(const float *x) {
   const __m256i absm = _mm256_set1_epi32(0x7fffffff);
   __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
   for (size_t i = 0; i < PS_CODEC_INT8_BLOCK; i += 32) {
@@ -438,12 +435,14 @@ TARGET_AVX2 static void int8_block_avx2(const float *x, uint8_t *out, float *err
   __m128i t = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
   t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0x4e));
   t = _mm_max_epu32(t, _mm_shuffle_epi32(t, 0xb1));
-  float inv, s = int8_scale((uint32_t)_mm_cvtsi128_si32(t), &inv);
-  ps__put_u32(out, bits_of(s));
-  if (inv == 0.0f) {
-    int8_block_flat(x, PS_CODEC_INT8_BLOCK, (int8_t *)(out + 4), err);
-    return;
-  }
+  return (uint32_t)_mm_cvtsi128_si32(t);
+}
+
+/* The values of a whole block of int8_block_loop, scale s = 1 / inv (inv != 0), into
+ * q[0..PS_CODEC_INT8_BLOCK). cvtps_epi32 rounds to nearest even, as the magic number
+ * does. The loop's clamps are left out: |x| <= max|x| makes |x * inv| < 127.5 (two
+ * roundings of 1 + 2^-24 at most), so q is within -127..127 without them. */
+TARGET_AVX2 static inline void int8_quant_avx2(const float *x, float s, float inv, uint8_t *q, float *err) {
   const __m256 vinv = _mm256_set1_ps(inv), vs = _mm256_set1_ps(s);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
   for (size_t i = 0; i < PS_CODEC_INT8_BLOCK; i += 32) {
@@ -452,7 +451,7 @@ TARGET_AVX2 static void int8_block_avx2(const float *x, uint8_t *out, float *err
     __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, vinv)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, vinv));
     __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, vinv)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, vinv));
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
-    _mm256_storeu_si256((__m256i *)(void *)(out + 4 + i), _mm256_permutevar8x32_epi32(p, order));
+    _mm256_storeu_si256((__m256i *)(void *)(q + i), _mm256_permutevar8x32_epi32(p, order));
     if (err) {
       _mm256_storeu_ps(err + i, _mm256_sub_ps(x0, _mm256_mul_ps(_mm256_cvtepi32_ps(q0), vs)));
       _mm256_storeu_ps(err + i + 8, _mm256_sub_ps(x1, _mm256_mul_ps(_mm256_cvtepi32_ps(q1), vs)));
@@ -462,56 +461,107 @@ TARGET_AVX2 static void int8_block_avx2(const float *x, uint8_t *out, float *err
   }
 }
 
-/* A whole block of int8_dec_loop. */
-TARGET_AVX2 static int int8_dec_avx2(const int8_t *q, float s, float *out) {
+/* One whole block: scale, then values, as int8_block_loop. */
+TARGET_AVX2 static inline void int8_block_avx2(const float *x, uint32_t mb, uint8_t *out, float *err) {
+  float inv, s = int8_scale(mb, &inv);
+  ps__put_u32(out, bits_of(s));
+  if (inv == 0.0f) int8_block_flat(x, PS_CODEC_INT8_BLOCK, (int8_t *)(out + 4), err);
+  else int8_quant_avx2(x, s, inv, out + 4, err);
+}
+
+#define INT8_GROUP 4 /* blocks whose maxima are found before any of them is quantised */
+
+/* nb whole blocks of in[] into out (4 + PS_CODEC_INT8_BLOCK bytes each). In groups of
+ * INT8_GROUP blocks (16 KiB of input at most, still in L1 for the second pass): the
+ * maxima of the group first, then each block's scale and values, so that one block's
+ * horizontal maximum and divisions overlap the others' loads instead of stalling them. */
+TARGET_AVX2 static void int8_enc_avx2(const float *in, size_t nb, uint8_t *out, float *err) {
+  const size_t bs = PS_CODEC_INT8_BLOCK, os = 4 + PS_CODEC_INT8_BLOCK;
+  size_t b = 0;
+  for (; b + INT8_GROUP <= nb; b += INT8_GROUP) {
+    uint32_t mb[INT8_GROUP];
+    for (size_t j = 0; j < INT8_GROUP; j++) mb[j] = int8_maxbits_avx2(in + (b + j) * bs);
+    for (size_t j = 0; j < INT8_GROUP; j++)
+      int8_block_avx2(in + (b + j) * bs, mb[j], out + (b + j) * os, err ? err + (b + j) * bs : NULL);
+  }
+  for (; b < nb; b++)
+    int8_block_avx2(in + b * bs, int8_maxbits_avx2(in + b * bs), out + b * os, err ? err + b * bs : NULL);
+}
+
+/* The values of a whole block of int8_dec_loop: 0, or -1 if a value is -128. */
+TARGET_AVX2 static inline int int8_dec_block_avx2(const int8_t *q, float s, float *out) {
   const __m256 vs = _mm256_set1_ps(s);
   const __m256i m128 = _mm256_set1_epi8(-128);
   __m256i bad = _mm256_setzero_si256();
   for (size_t i = 0; i < PS_CODEC_INT8_BLOCK; i += 32) {
-    __m256i v = _mm256_loadu_si256((const __m256i *)(const void *)(q + i));
-    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(v, m128));
-    __m128i l = _mm256_castsi256_si128(v), h = _mm256_extracti128_si256(v, 1);
-    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(l)), vs));
-    _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(l, 8))), vs));
-    _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h)), vs));
-    _mm256_storeu_ps(out + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(h, 8))), vs));
+    bad = _mm256_or_si256(bad, _mm256_cmpeq_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(q + i)), m128));
+    /* sign-extending loads of 8 bytes each: no shuffles to split a 32-byte load */
+    __m256i v0 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(q + i)));
+    __m256i v1 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(q + i + 8)));
+    __m256i v2 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(q + i + 16)));
+    __m256i v3 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(q + i + 24)));
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(v0), vs));
+    _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(v1), vs));
+    _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(v2), vs));
+    _mm256_storeu_ps(out + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(v3), vs));
   }
   return _mm256_testz_si256(bad, bad) ? 0 : -1;
 }
 #endif
 
-static void int8_encode(const float *in, size_t n, uint8_t *out, float *err) {
-  int avx2 = (vec_level() & VEC_AVX2) != 0;
-  for (size_t i = 0; i < n; i += PS_CODEC_INT8_BLOCK) {
-    size_t m = n - i < PS_CODEC_INT8_BLOCK ? n - i : PS_CODEC_INT8_BLOCK;
+/* A block's scale is refused if negative (NaN, of either sign, stands for a block that
+ * was not finite). */
+static int int8_bad_scale(uint32_t sb) { return (sb & 0x80000000u) && (sb & 0x7fffffffu) <= 0x7f800000u; }
+
 #ifdef HAVE_X86
-    if (avx2 && m == PS_CODEC_INT8_BLOCK) int8_block_avx2(in + i, out, err ? err + i : NULL);
-    else
+/* nb whole blocks of in[] into out, in one call: the blocks decoded before the first
+ * bad one (a negative scale or a -128), whose index is returned; nb if none is. */
+TARGET_AVX2 static size_t int8_dec_avx2(const uint8_t *in, size_t nb, float *out) {
+  for (size_t b = 0; b < nb; b++, in += 4 + PS_CODEC_INT8_BLOCK, out += PS_CODEC_INT8_BLOCK) {
+    uint32_t sb = ps__get_u32(in);
+    if (int8_bad_scale(sb) || int8_dec_block_avx2((const int8_t *)(in + 4), float_of(sb), out)) return b;
+  }
+  return nb;
+}
 #endif
-      int8_block_loop(in + i, m, out, err ? err + i : NULL);
+
+static void int8_encode(const float *in, size_t n, uint8_t *out, float *err) {
+  size_t i = 0;
+#ifdef HAVE_X86
+  if (vec_level() & VEC_AVX2) {
+    size_t nb = n / PS_CODEC_INT8_BLOCK;
+    int8_enc_avx2(in, nb, out, err);
+    i = nb * PS_CODEC_INT8_BLOCK;
+    out += nb * (4 + PS_CODEC_INT8_BLOCK);
+  }
+#endif
+  for (; i < n; i += PS_CODEC_INT8_BLOCK) {
+    size_t m = n - i < PS_CODEC_INT8_BLOCK ? n - i : PS_CODEC_INT8_BLOCK;
+    int8_block_loop(in + i, m, out, err ? err + i : NULL);
     out += 4 + m;
   }
-  (void)avx2;
 }
 
 static int int8_decode(const uint8_t *in, size_t n, float *out) {
-  int avx2 = (vec_level() & VEC_AVX2) != 0;
-  for (size_t i = 0; i < n; i += PS_CODEC_INT8_BLOCK) {
+  size_t i = 0;
+#ifdef HAVE_X86
+  if (vec_level() & VEC_AVX2) {
+    /* the whole blocks up to the first bad one; the loop below decodes the rest and
+     * names what is wrong */
+    size_t b = int8_dec_avx2(in, n / PS_CODEC_INT8_BLOCK, out);
+    i = b * PS_CODEC_INT8_BLOCK;
+    in += b * (4 + PS_CODEC_INT8_BLOCK);
+  }
+#endif
+  for (; i < n; i += PS_CODEC_INT8_BLOCK) {
     size_t m = n - i < PS_CODEC_INT8_BLOCK ? n - i : PS_CODEC_INT8_BLOCK;
     uint32_t sb = ps__get_u32(in);
-    if ((sb & 0x80000000u) && (sb & 0x7fffffffu) <= 0x7f800000u)
+    if (int8_bad_scale(sb))
       return ps__fail(PS_ERR_PROTO, "int8 block %zu has a negative scale", i / PS_CODEC_INT8_BLOCK);
-    const int8_t *q = (const int8_t *)(in + 4);
-    int rc;
-#ifdef HAVE_X86
-    if (avx2 && m == PS_CODEC_INT8_BLOCK) rc = int8_dec_avx2(q, float_of(sb), out + i);
-    else
-#endif
-      rc = int8_dec_loop(q, m, float_of(sb), out + i);
-    if (rc) return ps__fail(PS_ERR_PROTO, "int8 block %zu holds -128 (values are -127..127)", i / PS_CODEC_INT8_BLOCK);
+    if (int8_dec_loop((const int8_t *)(in + 4), m, float_of(sb), out + i))
+      return ps__fail(PS_ERR_PROTO, "int8 block %zu holds -128 (values are -127..127)", i / PS_CODEC_INT8_BLOCK);
     in += 4 + m;
   }
-  (void)avx2;
   return 0;
 }
 

@@ -2,7 +2,8 @@
  * test_codec.c - the value codecs (proto/codec.h): round trips within each codec's
  * stated bound (fp16 and bf16 exact on the values they represent), rounding to nearest
  * even, saturation, top-k's choice of values, error feedback conserving the gradient
- * over many steps, and decoders refusing short, long and malformed bodies.
+ * over many steps, decoders refusing short, long and malformed bodies, and the vector
+ * kernels giving the portable loops' bits (int8 over groups of blocks of every sort).
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -287,7 +288,7 @@ Test(codec, error_feedback_skips_nonfinite_inputs) {
 
 Test(codec, decoders_refuse_wrong_sizes_and_garbage) {
   uint8_t buf[4096];
-  float out[1024];
+  float out[2048];
   memset(buf, 0, sizeof buf);
   /* fixed-size codecs: any length but the one of n values */
   uint32_t kinds[] = {PS_CODEC_RAW, PS_CODEC_FP16, PS_CODEC_BF16, PS_CODEC_INT8};
@@ -310,6 +311,25 @@ Test(codec, decoders_refuse_wrong_sizes_and_garbage) {
   buf[4 + 5] = 0x80;
   cr_assert(eq(int, ps__codec_decode(PS_CODEC_INT8, buf, 4 + 10, out, 10), PS_ERR_PROTO));
   cr_assert(strstr(ps_errmsg(), "-128") != NULL);
+  /* int8 over many blocks, on both paths: the first bad block is the one named */
+  for (int vec = 0; vec < 2; vec++) {
+    ps__codec_set_vector(vec);
+    memset(buf, 0, sizeof buf);
+    for (int b = 0; b < 6; b++) ps__put_u32(buf + 260 * b, bits(0.5f));
+    buf[260 * 2 + 4 + 100] = 0x80;     /* block 2: a -128 */
+    ps__put_u32(buf + 260 * 4, bits(-2.0f)); /* block 4: a negative scale */
+    cr_assert(eq(int, ps__codec_decode(PS_CODEC_INT8, buf, 260 * 6, out, 256 * 6), PS_ERR_PROTO));
+    cr_assert(strstr(ps_errmsg(), "block 2 holds -128") != NULL, "%s", ps_errmsg());
+    buf[260 * 2 + 4 + 100] = 0;
+    cr_assert(eq(int, ps__codec_decode(PS_CODEC_INT8, buf, 260 * 6, out, 256 * 6), PS_ERR_PROTO));
+    cr_assert(strstr(ps_errmsg(), "block 4 has a negative scale") != NULL, "%s", ps_errmsg());
+    for (int i = 0; i < 256 * 4; i++) cr_assert(eq(flt, out[i], 0.0f)); /* the blocks before it decoded */
+    ps__put_u32(buf + 260 * 4, bits(0.5f));
+    buf[260 * 5 + 4 + 3] = 2;
+    cr_assert(eq(int, ps__codec_decode(PS_CODEC_INT8, buf, 260 * 6, out, 256 * 6), 0));
+    cr_assert(eq(flt, out[256 * 5 + 3], 1.0f));
+  }
+  ps__codec_set_vector(1);
   /* topk: not whole pairs, more pairs than values, indices out of order or range */
   memset(buf, 0, sizeof buf);
   cr_assert(eq(int, ps__codec_decode(PS_CODEC_TOPK, buf, 12, out, 10), PS_ERR_PROTO));
@@ -399,6 +419,15 @@ static void fill_kind(float *in, size_t n, int kind) {
     case 2: in[i] = f32_of((r & 0x80000000u) | (0x7f7f0000u + (r >> 1) % 0x00010000u)); break;
     case 3: in[i] = (float)((int)(r % 7) - 3); break;
     case 4: in[i] = f32_of((r & 0x80000000u) | ((r >> 1) % 0x00900000u)); break;
+    case 6: /* int8 blocks of every sort side by side: zero, subnormal (no scale), NaN, Inf, gradient */
+      switch ((i / 256) % 5) {
+      case 0: in[i] = 0.0f; break;
+      case 1: in[i] = f32_of((r & 0x80000000u) | ((r >> 1) % 0x00800000u)); break;
+      case 2: in[i] = i % 256 == 77 ? NAN : unif(); break;
+      case 3: in[i] = i % 256 == 200 ? INFINITY : unif() * 1e3f; break;
+      default: in[i] = unif() * 1e-3f; break;
+      }
+      break;
     default: in[i] = r % 997 == 0 ? (r & 1 ? NAN : -INFINITY) : unif() * 1e-2f; break;
     }
   }
@@ -410,8 +439,9 @@ Test(codec, vector_kernels_give_the_portable_bits) {
   float *da = malloc(N * sizeof *da), *db = malloc(N * sizeof *db);
   uint8_t *ba = malloc(N * 8), *bb = malloc(N * 8);
   const ps__codec cs[] = {FP16, BF16, INT8, {PS_CODEC_TOPK, 0.01f}, {PS_CODEC_TOPK, 0.4f}, {PS_CODEC_TOPK, 9}};
-  size_t sizes[] = {N, 1, 7, 255, 256, 1031};
-  for (int kind = 0; kind < 6; kind++)
+  /* int8 encodes whole blocks four at a time: a group and some, groups and a tail */
+  size_t sizes[] = {N, 1, 7, 255, 256, 1031, 1024, 1280 + 3, 1792};
+  for (int kind = 0; kind < 7; kind++)
     for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
       size_t n = sizes[si];
       fill_kind(in, n, kind);
