@@ -123,7 +123,8 @@ Test(once, encode_decode_round_trip) {
   ps__once_set s = {0};
   ps__once *a = ps__once_get(&s, 4), *b = ps__once_get(&s, 9), *c = ps__once_get(&s, 12);
   (void)c; /* stays empty */
-  for (uint32_t k = UINT32_MAX - 100; k != 300; k += 3) ps__once_mark(a, 77, k);
+  /* across the wrap: UINT32_MAX - 100, ..., UINT32_MAX - 1, then 1, 4, ..., 298 */
+  for (uint32_t k = UINT32_MAX - 100; k != 301; k += 3) ps__once_mark(a, 77, k);
   ps__once_mark(b, 1, 5);
   ps__once_mark(b, 1, 2);
   ps__wbuf wb;
