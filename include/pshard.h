@@ -139,6 +139,11 @@ typedef struct ps_config ps_config;
  *                                                             [PSHARD_PEER_MEM]
  *   dedup              1: a large sparse pull asks for each distinct key once (1)
  *                                                             [PSHARD_DEDUP]
+ *   metrics            on | off: off stops the counting on the request path (the
+ *                      latency histograms, request and byte counters of the context
+ *                      and of a colocated or embedded server); the stats and
+ *                      /metrics still answer, those counters stay flat. Servers read
+ *                      PSHARD_METRICS (on)                     [PSHARD_METRICS]
  *   port               the port `pshard scheduler` binds; a worker does not use it,
  *                      but validates it (an integer in [0, 65535]) [PSHARD_PORT]
  *   fault              fault injection rules, off when unset: drop, delay or

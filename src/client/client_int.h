@@ -230,6 +230,8 @@ struct ps_ctx {
   int direct;              /* enabled (PSHARD_DIRECT=0 turns it off) */
   int peer_mem;            /* large dense values by peer memory on same-host links */
   int dedup;               /* large sparse pulls ask for each distinct key once */
+  int count;               /* metrics=on: the request path counts (latencies, requests,
+                            * bytes); read without a lock, set once at open */
   pthread_mutex_t lend_mu; /* links' lending state; the link list's structure */
   pthread_cond_t lend_cv;  /* a mail_lend ran */
   int lend_posted;         /* a mail_lend is queued */

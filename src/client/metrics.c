@@ -39,6 +39,8 @@ static void render(ps_ctx *ctx, ps__wbuf *w) {
   snprintf(v, sizeof v, "%d", ctx->rank);
   ps__prom_label(l, sizeof l, "rank", v);
   ps__prom_u64(w, "ps_worker_info", l, 1);
+  gauge(w, "ps_metrics_counting", "1 while the request path counts (metrics=on), 0 when it does not: flat latencies and bytes.",
+        ctx->count);
   ps__prom_family(w, "ps_client_push_seconds", "histogram", "Push latency as the worker sees it: start to completion.");
   ps__prom_hist(w, "ps_client_push_seconds", NULL, &ctx->lat[1]);
   ps__prom_family(w, "ps_client_pull_seconds", "histogram", "Pull latency as the worker sees it: start to completion.");

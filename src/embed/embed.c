@@ -82,7 +82,7 @@ static int start_servers(embed *e, const ps__worker_opts *wo, const char *host, 
     ps__server_opts o = {.host = host, .sched_host = sched_host, .sched_port = sched_port,
                          .use_unix = wo->use_unix, .heartbeat_ms = wo->heartbeat_ms, .vnodes = wo->vnodes,
                          .max_payload = wo->max_payload, .connect_timeout_ms = wo->connect_timeout_ms,
-                         .stop_without_workers = colocated,
+                         .stop_without_workers = colocated, .metrics = wo->count ? 1 : -1,
                          /* an embedded scheduler cannot restart without the worker; a job's can */
                          .rejoin_ms = colocated ? wo->rejoin_ms : 0};
     int rc = ps__server_create(&o, &e->servers[i]);

@@ -127,6 +127,7 @@ struct ps__server {
   ps__http *http;                /* /metrics, or NULL */
   uv_timer_t metrics_timer;
   int metrics_on;
+  int count;                     /* counting on the request path (o.metrics) */
 };
 
 /* ---- limits (budget.c) */
@@ -390,10 +391,12 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);
 int ps__srv_metrics_start(ps__server *s);
 /* Render now: serve the text and send it to the scheduler (also the last one, at stop). */
 void ps__srv_metrics_tick(ps__server *s);
-/* A frame handled: count its time (data requests) and its table's bytes. */
+/* A frame handled: count its time (data requests) and its table's bytes (ns is 0 when
+ * counting is off: nothing is counted). */
 static inline void ps__srv_metrics_frame(ps__server *s, ps__conn *c, const ps__frame_hdr *h, uint64_t ns) {
   srv_metlink *l = c->udata;
   if (l && !l->node) l->node = h->sender;
+  if (!s->count) return;
   uint8_t t = h->type;
   if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE)
     ps__hist_add(&s->lat_push, ns);

@@ -6,9 +6,11 @@
  * thread (net/http.h) and sent to the scheduler, which serves the whole job's.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "common/config.h"
 #include "common/fault.h"
 #include "proto/codec.h"
 #include "proto/prom.h"
@@ -99,6 +101,8 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf_bytes(&w, line, (size_t)m);
   ps__srv_repair_stats(s, line, sizeof line);
   ps__wbuf_bytes(&w, line, strlen(line));
+  m = snprintf(line, sizeof line, "metrics_counting %d\n", s->count);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);
   ps__wbuf_bytes(&w, line, (size_t)m);
@@ -295,6 +299,8 @@ static void render(ps__server *s, ps__wbuf *w) {
   snprintf(v, sizeof v, "%d", s->pid);
   ps__prom_label(l, sizeof l, "pid", v);
   ps__prom_u64(w, "ps_server_info", l, 1);
+  fam(w, "ps_metrics_counting", "gauge", "1 while the request path counts (metrics=on), 0 when it does not: flat latencies and bytes.");
+  ps__prom_u64(w, "ps_metrics_counting", NULL, (uint64_t)s->count);
   fam(w, "ps_server_push_seconds", "histogram", "Time a push (or a replica's forward) spent in the server's handler.");
   ps__prom_hist(w, "ps_server_push_seconds", NULL, &s->lat_push);
   fam(w, "ps_server_pull_seconds", "histogram",
@@ -375,6 +381,13 @@ void ps__srv_metrics_tick(ps__server *s) {
 static void metrics_timeout(uv_timer_t *t) { ps__srv_metrics_tick(t->data); }
 
 int ps__srv_metrics_start(ps__server *s) {
+  s->count = s->o.metrics > 0;
+  if (!s->o.metrics) {
+    const char *v = getenv("PSHARD_METRICS");
+    int on = v && *v ? ps__parse_switch(v) : 1;
+    if (on < 0) return ps__fail(PS_ERR_CONFIG, "bad PSHARD_METRICS '%s' (on or off)", v);
+    s->count = on;
+  }
   s->table_in = ps__calloc(PS__MAX_TABLES, sizeof *s->table_in); /* without them, no bytes by table */
   s->table_out = ps__calloc(PS__MAX_TABLES, sizeof *s->table_out);
   if (s->o.http) {

@@ -1,0 +1,89 @@
+"""The counting switch (metrics=on|off, PSHARD_METRICS) and what the byte counters
+count: with counting off every node still answers /metrics and STATS, its latency
+histograms and byte counters stay flat, and the engine's own counters (requests taken
+by a table) go on; a bad value is refused with a message."""
+import json
+import subprocess
+
+from cluster import Cluster, binary
+from test_metrics import poll, scrape, total, url_in_log
+
+STEPS = 10
+
+
+def stats_json(addr):
+    p = subprocess.run([binary("pshard"), "stats", addr, "--json"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def server_addrs(c):
+    j = stats_json(c.addr)
+    return [n["addr"] for n in j["nodes"] if n["role"] == "server"]
+
+
+def settled(url, steps=STEPS):
+    """The server's text once it has rendered every push of the job (once a second)."""
+    return poll(lambda: (total(scrape(url), "ps_server_push_requests_total") == 2 * steps, scrape(url)), 10,
+                f"{url}: every push counted")
+
+
+def run_job(c, env=None, steps=STEPS):
+    w = c.worker([binary("metrics_worker"), str(steps), "64", "0"], "worker0", env)
+    assert c.wait([w], 60) == [0], c.log("worker0")
+    assert f"pushes {2 * steps} pulls {2 * steps}" in c.log("worker0")
+
+
+def test_counting_off_keeps_every_answer_and_the_counters_flat():
+    with Cluster(1, 1, extra_env={"PSHARD_METRICS": "off"}) as c:
+        dash = url_in_log(c, "scheduler", "dashboard")
+        srv = url_in_log(c, "server0", "metrics")
+        run_job(c)
+        f = settled(srv + "/metrics")
+        assert total(f, "ps_metrics_counting") == 0
+        assert total(f, "ps_server_push_seconds_count") == 0 and total(f, "ps_server_pull_seconds_count") == 0
+        assert total(f, "ps_server_table_received_bytes_total") == 0
+        assert total(f, "ps_server_table_sent_bytes_total") == 0
+        # The engine's counters are the tables' state, not the request path's: they go on.
+        assert total(f, "ps_server_push_requests_total") == 2 * STEPS
+        assert total(f, "ps_server_table_rows", table="emb") > 0
+        # The worker's figures, as the scheduler serves them after it left.
+        j = poll(lambda: (total(scrape(dash + "/metrics"), "ps_worker_clock") == STEPS,
+                          scrape(dash + "/metrics")), 10, "the worker's last figures")
+        workers = [ls["node"] for _, ls, _ in j["ps_worker_info"][1]]
+        assert len(workers) == 1
+        assert total(j, "ps_metrics_counting", node=workers[0]) == 0
+        for name in ("ps_client_push_requests_total", "ps_client_pull_requests_total", "ps_client_push_seconds_count",
+                     "ps_client_pull_seconds_count", "ps_client_pushed_bytes_total", "ps_client_pulled_bytes_total"):
+            assert total(j, name) == 0, name
+        # STATS answers too, and says counting is off.
+        (addr,) = server_addrs(c)
+        s = stats_json(addr)
+        assert s["metrics_counting"] == 0
+        assert s["tables"]["emb"]["pushes"] == STEPS and s["tables"]["w"]["pulls"] == STEPS
+
+
+def test_counting_on_for_the_servers_off_for_the_worker():
+    with Cluster(1, 1) as c:
+        dash = url_in_log(c, "scheduler", "dashboard")
+        srv = url_in_log(c, "server0", "metrics")
+        run_job(c, {"PSHARD_METRICS": "off"})
+        f = settled(srv + "/metrics")
+        assert total(f, "ps_metrics_counting") == 1
+        assert total(f, "ps_server_push_seconds_count") == 2 * STEPS
+        assert total(f, "ps_server_table_received_bytes_total", table="emb") > 0
+        j = poll(lambda: (total(scrape(dash + "/metrics"), "ps_worker_clock") == STEPS,
+                          scrape(dash + "/metrics")), 10, "the worker's last figures")
+        assert total(j, "ps_client_push_seconds_count") == 0 and total(j, "ps_client_push_requests_total") == 0
+        (addr,) = server_addrs(c)
+        assert stats_json(addr)["metrics_counting"] == 1
+
+
+def test_a_bad_value_is_refused():
+    with Cluster(1, 1) as c:
+        w = c.worker([binary("metrics_worker"), "1", "8", "0"], "worker0", {"PSHARD_METRICS": "sometimes"})
+        assert c.wait([w], 30) != [0]
+        assert "PSHARD_METRICS" in c.log("worker0") and "on or off" in c.log("worker0")
+        p = subprocess.run([binary("pshard"), "server", "--scheduler", c.addr], capture_output=True, text=True,
+                           timeout=30, env=dict(c.env, PSHARD_METRICS="2"))
+        assert p.returncode != 0 and "bad PSHARD_METRICS '2' (on or off)" in p.stderr, p.stderr
