@@ -37,6 +37,7 @@ typedef struct srv_metlink {
   struct srv_metlink *next, *prev;
   ps__conn *conn;
   uint32_t node;
+  uint64_t mem_in, mem_out; /* values moved by peer or shared memory, not on the socket */
 } srv_metlink;
 
 /* Bytes and frames of the connections already closed, by peer node. */
@@ -405,6 +406,15 @@ static inline void ps__srv_metrics_frame(ps__server *s, ps__conn *c, const ps__f
   else
     return;
   if (s->table_in && h->table < PS__MAX_TABLES) s->table_in[h->table] += h->payload_len;
+}
+/* A peer-memory request on c moved `bytes` of values of table `table` without the
+ * socket: read from the worker (out 0) or written into it (out 1). Counted with the
+ * socket's bytes by peer, and by table when counting is on. */
+static inline void ps__srv_metrics_mem(ps__server *s, ps__conn *c, uint32_t table, int out, uint64_t bytes) {
+  srv_metlink *l = c->udata;
+  if (l) *(out ? &l->mem_out : &l->mem_in) += bytes;
+  uint64_t *by_table = out ? s->table_out : s->table_in;
+  if (s->count && by_table && table < PS__MAX_TABLES) by_table[table] += bytes;
 }
 void ps__srv_metrics_accept(ps__server *s, ps__conn *c);
 void ps__srv_metrics_close(ps__server *s, ps__conn *c);

@@ -154,8 +154,8 @@ void ps__srv_metrics_close(ps__server *s, ps__conn *c) {
   if (!l || l->conn != c) return;
   srv_io *io = io_of(s, l->node);
   if (io) {
-    io->bytes_in += c->bytes_in;
-    io->bytes_out += c->bytes_out;
+    io->bytes_in += c->bytes_in + l->mem_in;
+    io->bytes_out += c->bytes_out + l->mem_out;
     io->frames_in += c->frames_in;
     io->frames_out += c->frames_out;
   }
@@ -264,16 +264,17 @@ static void per_peer(ps__wbuf *w, ps__server *s) {
       }
       p[n++] = (peer_sum){.node = l->node};
     }
-    p[j].v[0] += l->conn->bytes_in;
-    p[j].v[1] += l->conn->bytes_out;
+    p[j].v[0] += l->conn->bytes_in + l->mem_in;
+    p[j].v[1] += l->conn->bytes_out + l->mem_out;
     p[j].v[2] += l->conn->frames_in;
     p[j].v[3] += l->conn->frames_out;
   }
   static const char *const names[4] = {"ps_server_received_bytes_total", "ps_server_sent_bytes_total",
                                        "ps_server_received_frames_total", "ps_server_sent_frames_total"};
   static const char *const helps[4] = {
-      "Bytes received from each peer (a worker, or a server forwarding to this one; peer 0: before its first frame).",
-      "Bytes sent to each peer.", "Frames received from each peer.", "Frames sent to each peer."};
+      "Bytes received from each peer (a worker, or a server forwarding to this one; peer 0: before its first frame), "
+      "values read from a same-host worker's memory included.",
+      "Bytes sent to each peer, values written into a same-host worker's memory included.", "Frames received from each peer.", "Frames sent to each peer."};
   for (int k = 0; k < 4; k++) {
     fam(w, names[k], "counter", helps[k]);
     for (size_t j = 0; j < n; j++) {

@@ -87,3 +87,54 @@ def test_a_bad_value_is_refused():
         p = subprocess.run([binary("pshard"), "server", "--scheduler", c.addr], capture_output=True, text=True,
                            timeout=30, env=dict(c.env, PSHARD_METRICS="2"))
         assert p.returncode != 0 and "bad PSHARD_METRICS '2' (on or off)" in p.stderr, p.stderr
+
+
+def pm_job(tmp_path, env, floats, steps):
+    """pm_worker alone on one server: its three dense tables' bytes as the server and
+    the scheduler count them, and the worker's peer-memory parts."""
+    out = str(tmp_path / "pm.txt")
+    with Cluster(1, 1, extra_env=env) as c:
+        dash = url_in_log(c, "scheduler", "dashboard")
+        srv = url_in_log(c, "server0", "metrics")
+        w = c.worker([binary("pm_worker"), "--floats", str(floats), "--steps", str(steps), "--out", out] +
+                     (["--shared", "1"] if env.get("SHARED") else []), "worker0")
+        assert c.wait([w], 120) == [0], c.log("worker0")
+        parts = int(c.log("worker0").split("peer_mem_parts ")[1].split()[0])
+        pushes = 4 * steps  # sum takes two a step
+        f = poll(lambda: (total(scrape(srv + "/metrics"), "ps_server_push_requests_total") == pushes,
+                          scrape(srv + "/metrics")), 10, "every push counted")
+        j = poll(lambda: (total(scrape(dash + "/metrics"), "ps_worker_clock") == steps, scrape(dash + "/metrics")),
+                 10, "the worker's last figures")
+        return f, j, parts
+
+
+def near(got, want, slack):
+    return want <= got <= want * 1.001 + slack
+
+
+def test_same_host_bytes_are_counted_as_the_socket_s(tmp_path):
+    """A job with transport auto on one host: the values moved by peer memory (and by
+    buffers shared with ps_alloc) are counted by table and by peer as the socket's are,
+    within the frames' headers and keys of what the socket path counts."""
+    n, steps = 1 << 20, 3
+    v = n * 4
+    cnt = n - 100000  # pm_worker's second push to "sum", a range inside the table
+    want_in = {"sum": steps * (v + cnt * 4), "mean": steps * v, "async": steps * v}
+    want_out = {t: (steps + 1) * v for t in want_in}  # a pull a step, and rank 0's last one
+    slack = 64 << 10
+    for env in ({}, {"SHARED": "1"}, {"PSHARD_PEER_MEM": "0"}):
+        f, j, parts = pm_job(tmp_path, env, n, steps)
+        assert (parts > 0) == (env.get("PSHARD_PEER_MEM") != "0"), (env, parts)
+        for t in want_in:
+            got_in = total(f, "ps_server_table_received_bytes_total", table=t)
+            got_out = total(f, "ps_server_table_sent_bytes_total", table=t)
+            assert near(got_in, want_in[t], slack), (env, t, got_in, want_in[t])
+            assert near(got_out, want_out[t], slack), (env, t, got_out, want_out[t])
+        peers = f["ps_server_received_bytes_total"][1]
+        worker_in = max(val for _, ls, val in peers)
+        assert near(worker_in, sum(want_in.values()), 3 * slack), (env, peers)
+        worker_out = max(val for _, ls, val in f["ps_server_sent_bytes_total"][1])
+        assert near(worker_out, sum(want_out.values()), 3 * slack), env
+        # The worker's own: every value pushed and pulled, whichever way it went.
+        assert near(total(j, "ps_client_pushed_bytes_total"), sum(want_in.values()), 3 * slack), env
+        assert near(total(j, "ps_client_pulled_bytes_total"), sum(want_out.values()), 3 * slack), env
