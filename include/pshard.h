@@ -440,6 +440,12 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *                    or wrote into the caller's buffers itself (config peer_mem)
  *   shared_parts     of those, parts in ps_alloc memory (a server's STATS:
  *                    shared_requests)
+ *   table_pushed_bytes, table_pulled_bytes, table_sent_frames, table_received_frames
+ *                    by table: payload bytes pushed and pulled (as bytes_pushed and
+ *                    bytes_pulled), request frames sent (one per server a push or pull
+ *                    went to) and answers taken; "NAME:T" for table id T alone, NAME
+ *                    alone the sum over the tables (PS_ERR_NO_TABLE: no table T)
+ * With metrics=off, pulls, pushes, bytes_* and table_* stay 0.
  * Every worker also reports these to the scheduler about once a second (metrics named
  * "ps.<name>"), which `pshard plan --measured` reads.
  * Errors: PS_ERR_INVALID (a NULL argument or an unknown name). Thread-safe. */

@@ -341,7 +341,10 @@ void ps_ctx_close(ps_ctx *ctx) {
   pthread_mutex_destroy(&ctx->upool_mu);
   pthread_mutex_destroy(&ctx->lend_mu);
   pthread_cond_destroy(&ctx->lend_cv);
-  for (size_t i = 0; i < ctx->ntables; i++) ps__cx_table_free(ctx->tables[i].cx);
+  for (size_t i = 0; i < ctx->ntables; i++) {
+    ps__cx_table_free(ctx->tables[i].cx);
+    free(ctx->tables[i].tc);
+  }
   free(ctx->tables);
   ps__keep_free(ctx); /* the loop has stopped */
   pthread_mutex_destroy(&ctx->mu);

@@ -138,3 +138,28 @@ def test_same_host_bytes_are_counted_as_the_socket_s(tmp_path):
         # The worker's own: every value pushed and pulled, whichever way it went.
         assert near(total(j, "ps_client_pushed_bytes_total"), sum(want_in.values()), 3 * slack), env
         assert near(total(j, "ps_client_pulled_bytes_total"), sum(want_out.values()), 3 * slack), env
+
+
+def test_the_worker_counts_each_table_s_traffic():
+    """metrics_worker's two tables (emb: sparse, dim 8, 64 keys a step; w: dense, 1024
+    floats, one slice) on two servers: the worker's /metrics, through the scheduler,
+    has each table's bytes and frames with a table label, adding up to its totals."""
+    with Cluster(2, 1) as c:
+        dash = url_in_log(c, "scheduler", "dashboard")
+        run_job(c)
+        j = poll(lambda: (total(scrape(dash + "/metrics"), "ps_worker_clock") == STEPS, scrape(dash + "/metrics")),
+                 10, "the worker's last figures")
+
+        def t(name, table):
+            return total(j, f"ps_client_table_{name}_total", table=table)
+
+        assert sorted(ls["table"] for _, ls, _ in j["ps_client_table_pushed_bytes_total"][1]) == ["emb", "w"]
+        assert t("pushed_bytes", "emb") == STEPS * 64 * (8 + 8 * 4)  # keys and rows
+        assert t("pulled_bytes", "emb") == STEPS * 64 * 8 * 4
+        assert t("pushed_bytes", "w") == STEPS * (1024 * 4 + 16)  # values and their one segment
+        assert t("pulled_bytes", "w") == STEPS * 1024 * 4
+        for name in ("pushed_bytes", "pulled_bytes"):
+            assert t(name, "emb") + t(name, "w") == total(j, f"ps_client_{name}_total"), name
+        # A push goes to both servers; the dense pull to the one holding w's slice.
+        assert t("sent_frames", "w") == t("received_frames", "w") == STEPS * 3
+        assert t("sent_frames", "emb") == t("received_frames", "emb") == STEPS * 4  # 64 keys reach both
