@@ -695,14 +695,20 @@ class Context:
         finally:
             st.leave()
 
+    TABLE_STAT_NAMES = ("pushed_bytes", "pulled_bytes", "sent_frames", "received_frames")
+
     def stats(self):
-        """Every counter this worker's library knows, as a dict."""
+        """Every counter this worker's library knows, as a dict, and under "tables" each
+        table this context declared by name: {"id", "pushed_bytes", "pulled_bytes",
+        "sent_frames", "received_frames"} (ps_ctx_stat's table_*:ID)."""
         out = {}
         for n in self.STAT_NAMES:
             try:
                 out[n] = self.stat(n)
             except L.ERROR_CLASSES[L.CODES["PS_ERR_INVALID"]]:
                 pass
+        out["tables"] = {name: dict({"id": t.id}, **{k: self.stat(f"table_{k}:{t.id}") for k in self.TABLE_STAT_NAMES})
+                         for name, t in list(self.tables.items())}
         return out
 
     def server_stats(self, server, timeout=None):
