@@ -139,6 +139,9 @@ typedef struct ps_config ps_config;
  *                                                             [PSHARD_PEER_MEM]
  *   dedup              1: a large sparse pull asks for each distinct key once (1)
  *                                                             [PSHARD_DEDUP]
+ *   http_port          a colocated server's /metrics port: 0 = ephemeral (0), off =
+ *                      none (docs/operations.md, 9a)           [PSHARD_HTTP_PORT]
+ *   http_host          the address it binds (127.0.0.1)       [PSHARD_HTTP_HOST]
  *   metrics            on | off: off stops the counting on the request path (the
  *                      latency histograms, request and byte counters of the context
  *                      and of a colocated or embedded server); the stats and
@@ -440,6 +443,8 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *                    or wrote into the caller's buffers itself (config peer_mem)
  *   shared_parts     of those, parts in ps_alloc memory (a server's STATS:
  *                    shared_requests)
+ *   http_port        the /metrics port of the server colocated in this process, -1
+ *                    for none
  *   table_pushed_bytes, table_pulled_bytes, table_sent_frames, table_received_frames
  *                    by table: payload bytes pushed and pulled (as bytes_pushed and
  *                    bytes_pulled), request frames sent (one per server a push or pull

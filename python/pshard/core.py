@@ -682,7 +682,7 @@ class Context:
     # -- statistics
     STAT_NAMES = ("uptime_s", "pull_wait_s", "push_wait_s", "other_wait_s", "compute_s", "pulls", "pushes",
                   "bytes_pushed", "bytes_pulled", "dropped_pushes", "fast_forwards", "clock", "examples",
-                  "direct_calls", "peer_mem_parts", "shared_parts")
+                  "direct_calls", "peer_mem_parts", "shared_parts", "http_port")
 
     def stat(self, name):
         """One counter of this worker (ps_ctx_stat): pull_wait_s, push_wait_s, ..."""

@@ -390,6 +390,7 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "direct_calls")) *value = (double)__atomic_load_n(&c->direct_calls, __ATOMIC_RELAXED);
   else if (!strcmp(name, "peer_mem_parts")) *value = (double)__atomic_load_n(&c->pm_parts, __ATOMIC_RELAXED);
   else if (!strcmp(name, "shared_parts")) *value = (double)__atomic_load_n(&c->shared_parts, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "http_port")) *value = c->emb.http_port;
   else {
     int err = 0, k = codec_stat(c, name, value, &err);
     if (k < 0) return err;

@@ -245,6 +245,7 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   pthread_mutex_init(&ctx->upool_mu, NULL);
   ctx->upool = ps__pool_new(512u << 20);
   ps__hostid(ctx->hostid, sizeof ctx->hostid);
+  ctx->emb.http_port = -1;
   int rc = ctx_loop_init(ctx);
   if (rc) return ps__ctx_abort(ctx, rc);
   *out = ctx;

@@ -129,6 +129,7 @@ struct ps__server {
   uv_timer_t metrics_timer;
   int metrics_on;
   int count;                     /* counting on the request path (o.metrics) */
+  char http_addr[80];            /* HOST:PORT of /metrics, "" without */
 };
 
 /* ---- limits (budget.c) */

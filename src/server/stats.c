@@ -291,7 +291,7 @@ static void per_peer(ps__wbuf *w, ps__server *s) {
 static void render(ps__server *s, ps__wbuf *w) {
   ps__shard *sh = s->sh;
   char l[PS__PROM_LABELS_MAX], v[32];
-  fam(w, "ps_server_info", "gauge", "This server: its node id, rank and process (always 1).");
+  fam(w, "ps_server_info", "gauge", "This server: its node id, rank, process and /metrics address (always 1).");
   l[0] = '\0';
   snprintf(v, sizeof v, "%u", s->id);
   ps__prom_label(l, sizeof l, "server", v);
@@ -299,6 +299,7 @@ static void render(ps__server *s, ps__wbuf *w) {
   ps__prom_label(l, sizeof l, "rank", v);
   snprintf(v, sizeof v, "%d", s->pid);
   ps__prom_label(l, sizeof l, "pid", v);
+  if (s->http_addr[0]) ps__prom_label(l, sizeof l, "http", s->http_addr); /* a colocated server's is found here */
   ps__prom_u64(w, "ps_server_info", l, 1);
   fam(w, "ps_metrics_counting", "gauge", "1 while the request path counts (metrics=on), 0 when it does not: flat latencies and bytes.");
   ps__prom_u64(w, "ps_metrics_counting", NULL, (uint64_t)s->count);
@@ -395,6 +396,7 @@ int ps__srv_metrics_start(ps__server *s) {
     ps__http_opts o = {.host = s->o.http_host ? s->o.http_host : s->o.host, .port = s->o.http_port};
     int rc = ps__http_start(&o, &s->http);
     if (rc) return rc;
+    snprintf(s->http_addr, sizeof s->http_addr, "%s:%d", o.host, ps__server_http_port(s)); /* o.host: the caller's */
     ps__http_set(s->http, "/", "text/plain; charset=utf-8", "pshard server: the metrics are on /metrics\n",
                   strlen("pshard server: the metrics are on /metrics\n"), 1);
   }
