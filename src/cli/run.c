@@ -566,10 +566,14 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
     snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
     snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
     static char env_colo[] = "PSHARD_COLOCATE=1";
-    char *env[10] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m};
+    /* A colocated server takes a port of its own, as the server processes do: the
+     * scheduler's --http-port (PSHARD_HTTP_PORT) is the dashboard's alone. */
+    static char env_http_any[] = "PSHARD_HTTP_PORT=0", env_http_off[] = "PSHARD_HTTP_PORT=off";
+    char *env[12] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m};
     int ne = 7;
     if (o->ck.every) env[ne++] = (char *)o->ck.env_every;
     if (o->colocate) env[ne++] = env_colo;
+    if (o->colocate) env[ne++] = strcmp(o->http_port, "off") ? env_http_any : env_http_off;
     env[ne] = NULL;
     if (!spawn(name, 1, o->cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);

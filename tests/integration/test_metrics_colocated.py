@@ -3,8 +3,10 @@ ephemeral loopback port by default as `pshard server`'s is (PSHARD_HTTP_PORT,
 PSHARD_HTTP_HOST; off for none), its address in ps_ctx_stat's http_port and in the
 `http` label of ps_server_info, which the scheduler's /metrics carries for every
 server."""
+import os
 import re
 import socket
+import subprocess
 
 from cluster import Cluster, binary
 from test_metrics import poll, scrape, total, url_in_log
@@ -55,3 +57,18 @@ def test_colocated_metrics_off_and_a_bad_port():
             w = c.worker([binary("metrics_worker"), "2", "8", "0"], "worker1", {"PSHARD_HTTP_PORT": "99999"})
             assert c.wait([w], 60) != [0]
             assert "PSHARD_HTTP_PORT" in c.log("worker1") and "or off" in c.log("worker1"), c.log("worker1")
+
+
+def test_pshard_run_colocated_keeps_the_dashboard_port_its_own():
+    """PSHARD_HTTP_PORT=P for `pshard run --colocate`: the dashboard takes P, and each
+    colocated server a port of its own (as the server processes do)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PSHARD_HTTP_PORT=str(port))
+    r = subprocess.run([binary("pshard"), "run", "--colocate", "-s", "2", "-w", "2", "--progress-ms", "0", "--",
+                        binary("metrics_worker"), "3", "8", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"[pshard] dashboard: http://127.0.0.1:{port}/ " in r.stderr, r.stderr
+    hp = [int(x) for x in re.findall(r"http_port (-?\d+)", r.stdout)]
+    assert len(hp) == 2 and all(p > 0 and p != port for p in hp), r.stdout
