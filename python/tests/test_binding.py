@@ -122,6 +122,24 @@ def test_stats_name_every_table_with_its_traffic(ps):
     expect(pshard.NoTableError, "PS_ERR_NO_TABLE", ps.stat, "table_pushed_bytes:999")
 
 
+def test_counting_off_in_one_process():
+    """metrics="off": the context and its embedded servers count nothing on the request
+    path; the engine's own counters and every answer remain."""
+    with pshard.embedded(servers=1, metrics="off") as ps:
+        t = ps.dense("quiet", 64, opt="sgd", lr=1, mode="async")
+        t.push(np.ones(64, dtype=np.float32))
+        assert np.all(t.pull() == -1)
+        st = ps.stats()
+        assert st["pushes"] == st["pulls"] == st["bytes_pushed"] == st["bytes_pulled"] == 0
+        assert st["tables"]["quiet"]["pushed_bytes"] == st["tables"]["quiet"]["sent_frames"] == 0
+        assert st["http_port"] == -1  # embedded servers serve no HTTP
+        srv = ps.server_stats(0)
+        assert srv["metrics_counting"] == 0 and srv["tables"]["quiet"]["pushes"] == 1
+    with pshard.embedded(servers=1) as ps:
+        assert ps.server_stats(0)["metrics_counting"] == 1
+    expect(pshard.ConfigError, "PS_ERR_CONFIG", pshard.embedded, servers=1, metrics="sometimes", match="on or off")
+
+
 def test_checkpoint_checks_its_timeout(ps):
     expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=-1)
     expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=float("nan"))
