@@ -171,6 +171,8 @@ ps_ctx *bench_open(const bench_cluster *c, int embedded_servers, int workers, co
   if (getenv("PSHARD_DIRECT")) bench_check(ps_config_set(cfg, "direct", getenv("PSHARD_DIRECT")), "config direct");
   /* PSHARD_DEDUP=0: large sparse pulls ask for repeated keys again (before/after figures). */
   if (getenv("PSHARD_DEDUP")) bench_check(ps_config_set(cfg, "dedup", getenv("PSHARD_DEDUP")), "config dedup");
+  /* PSHARD_METRICS=off: the context does not count (bench_metrics compares both). */
+  if (getenv("PSHARD_METRICS")) bench_check(ps_config_set(cfg, "metrics", getenv("PSHARD_METRICS")), "config metrics");
   bench_check(ps_config_set(cfg, "heartbeat_timeout_ms", "20000"), "config heartbeat");
   bench_check(ps_ctx_open(cfg, &ctx), "ps_ctx_open");
   ps_config_free(cfg);

@@ -139,6 +139,14 @@ typedef struct ps_config ps_config;
  *                                                             [PSHARD_PEER_MEM]
  *   dedup              1: a large sparse pull asks for each distinct key once (1)
  *                                                             [PSHARD_DEDUP]
+ *   http_port          a colocated server's /metrics port: 0 = ephemeral (0), off =
+ *                      none (docs/operations.md, 9a)           [PSHARD_HTTP_PORT]
+ *   http_host          the address it binds (127.0.0.1)       [PSHARD_HTTP_HOST]
+ *   metrics            on | off: off stops the counting on the request path (the
+ *                      latency histograms, request and byte counters of the context
+ *                      and of a colocated or embedded server); the stats and
+ *                      /metrics still answer, those counters stay flat. Servers read
+ *                      PSHARD_METRICS (on)                     [PSHARD_METRICS]
  *   port               the port `pshard scheduler` binds; a worker does not use it,
  *                      but validates it (an integer in [0, 65535]) [PSHARD_PORT]
  *   fault              fault injection rules, off when unset: drop, delay or
@@ -435,6 +443,14 @@ PS_API int ps_task_done(ps_ctx *ctx, const ps_task *task);
  *                    or wrote into the caller's buffers itself (config peer_mem)
  *   shared_parts     of those, parts in ps_alloc memory (a server's STATS:
  *                    shared_requests)
+ *   http_port        the /metrics port of the server colocated in this process, -1
+ *                    for none
+ *   table_pushed_bytes, table_pulled_bytes, table_sent_frames, table_received_frames
+ *                    by table: payload bytes pushed and pulled (as bytes_pushed and
+ *                    bytes_pulled), request frames sent (one per server a push or pull
+ *                    went to) and answers taken; "NAME:T" for table id T alone, NAME
+ *                    alone the sum over the tables (PS_ERR_NO_TABLE: no table T)
+ * With metrics=off, pulls, pushes, bytes_* and table_* stay 0.
  * Every worker also reports these to the scheduler about once a second (metrics named
  * "ps.<name>"), which `pshard plan --measured` reads.
  * Errors: PS_ERR_INVALID (a NULL argument or an unknown name). Thread-safe. */

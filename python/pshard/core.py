@@ -682,7 +682,7 @@ class Context:
     # -- statistics
     STAT_NAMES = ("uptime_s", "pull_wait_s", "push_wait_s", "other_wait_s", "compute_s", "pulls", "pushes",
                   "bytes_pushed", "bytes_pulled", "dropped_pushes", "fast_forwards", "clock", "examples",
-                  "direct_calls", "peer_mem_parts", "shared_parts")
+                  "direct_calls", "peer_mem_parts", "shared_parts", "http_port")
 
     def stat(self, name):
         """One counter of this worker (ps_ctx_stat): pull_wait_s, push_wait_s, ..."""
@@ -695,14 +695,20 @@ class Context:
         finally:
             st.leave()
 
+    TABLE_STAT_NAMES = ("pushed_bytes", "pulled_bytes", "sent_frames", "received_frames")
+
     def stats(self):
-        """Every counter this worker's library knows, as a dict."""
+        """Every counter this worker's library knows, as a dict, and under "tables" each
+        table this context declared by name: {"id", "pushed_bytes", "pulled_bytes",
+        "sent_frames", "received_frames"} (ps_ctx_stat's table_*:ID)."""
         out = {}
         for n in self.STAT_NAMES:
             try:
                 out[n] = self.stat(n)
             except L.ERROR_CLASSES[L.CODES["PS_ERR_INVALID"]]:
                 pass
+        out["tables"] = {name: dict({"id": t.id}, **{k: self.stat(f"table_{k}:{t.id}") for k in self.TABLE_STAT_NAMES})
+                         for name, t in list(self.tables.items())}
         return out
 
     def server_stats(self, server, timeout=None):

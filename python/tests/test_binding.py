@@ -94,6 +94,52 @@ def test_server_stats_are_numbers_and_name_every_table(ps):
         "nodes": [{"id": 2, "role": "server", "alive": 1}], "tasks": {"done": 3}, "p_staleness": [4]}
 
 
+def test_stats_name_every_table_with_its_traffic(ps):
+    """stats() has every declared table by name; server_stats() every table a server holds."""
+    a = ps.dense("traffic_a", 1000, opt="sgd", lr=1, mode="async")  # one slice, on one server
+    b = ps.sparse("traffic_b", 4, opt="sgd", mode="async")
+    for _ in range(3):
+        a.push(np.ones(1000, dtype=np.float32))
+        a.pull()
+    keys = np.array([1, 2, 3, 4, 5], dtype=np.uint64)
+    b.push(keys, np.ones((5, 4), dtype=np.float32))
+    b.pull(keys)
+    st = ps.stats()
+    assert set(st["tables"]) == {"traffic_a", "traffic_b"}
+    ta, tb = st["tables"]["traffic_a"], st["tables"]["traffic_b"]
+    assert ta["id"] == a.id and tb["id"] == b.id
+    assert ta["pushed_bytes"] >= 3 * 4000 and ta["pulled_bytes"] == 3 * 4000
+    assert tb["pushed_bytes"] == 5 * (8 + 16) and tb["pulled_bytes"] >= 5 * 16
+    # A push goes to every server (each counts the worker's batch), a pull only to the
+    # server holding the slice: three frames and three answers a step.
+    assert ta["sent_frames"] == ta["received_frames"] == 3 * 3
+    assert tb["sent_frames"] == tb["received_frames"] >= 2
+    # The tables' traffic adds up to the worker's.
+    assert ta["pushed_bytes"] + tb["pushed_bytes"] == st["bytes_pushed"]
+    assert ta["pulled_bytes"] + tb["pulled_bytes"] == st["bytes_pulled"]
+    for i in range(ps.num_servers):
+        assert {"traffic_a", "traffic_b"} <= set(ps.server_stats(i)["tables"])
+    expect(pshard.NoTableError, "PS_ERR_NO_TABLE", ps.stat, "table_pushed_bytes:999")
+
+
+def test_counting_off_in_one_process():
+    """metrics="off": the context and its embedded servers count nothing on the request
+    path; the engine's own counters and every answer remain."""
+    with pshard.embedded(servers=1, metrics="off") as ps:
+        t = ps.dense("quiet", 64, opt="sgd", lr=1, mode="async")
+        t.push(np.ones(64, dtype=np.float32))
+        assert np.all(t.pull() == -1)
+        st = ps.stats()
+        assert st["pushes"] == st["pulls"] == st["bytes_pushed"] == st["bytes_pulled"] == 0
+        assert st["tables"]["quiet"]["pushed_bytes"] == st["tables"]["quiet"]["sent_frames"] == 0
+        assert st["http_port"] == -1  # embedded servers serve no HTTP
+        srv = ps.server_stats(0)
+        assert srv["metrics_counting"] == 0 and srv["tables"]["quiet"]["pushes"] == 1
+    with pshard.embedded(servers=1) as ps:
+        assert ps.server_stats(0)["metrics_counting"] == 1
+    expect(pshard.ConfigError, "PS_ERR_CONFIG", pshard.embedded, servers=1, metrics="sometimes", match="on or off")
+
+
 def test_checkpoint_checks_its_timeout(ps):
     expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=-1)
     expect(pshard.InvalidArgumentError, "PS_ERR_INVALID", ps.checkpoint, timeout=float("nan"))

@@ -55,6 +55,10 @@ typedef struct proc {
 
 static proc procs[MAX_PROCS];
 static char *sched_argv_saved[32]; /* how the scheduler was started, to start it again */
+/* The dashboard: the file the scheduler writes its HTTP address to, the address, and
+ * whether a restarted scheduler's is still to be printed (run_watch). */
+static char dash_file[PS_CFG_PATH_MAX + 8], dash_addr[128];
+static int dash_pending;
 static char run_dir[64];
 
 /* Remove the job's temporary directory (the scheduler's address file). */
@@ -466,6 +470,18 @@ static int run_prepare(void) {
   return 0;
 }
 
+/* The scheduler's HTTP address HOST:PORT from dash_file into out: 1, or 0 when there is
+ * none (yet: a scheduler writes it before its data address, and not with --http-port off). */
+static int read_dashboard(char *out, size_t cap) {
+  FILE *hf = fopen(dash_file, "r");
+  out[0] = '\0';
+  if (hf) {
+    if (fgets(out, (int)cap, hf)) out[strcspn(out, "\n")] = '\0';
+    fclose(hf);
+  }
+  return out[0] != '\0';
+}
+
 /* Start the scheduler (procs[0]) and wait up to 10 s for its address in addr_file.
  * -1 with the address in addr, or the exit status (everything stopped). */
 static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, char *addr, size_t cap, uint64_t t0) {
@@ -510,14 +526,9 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
     stop_all((int)o->grace);
     return procs[0].exited && procs[0].status ? procs[0].status : 1;
   }
-  char http_file[PS_CFG_PATH_MAX + 8], http[128] = "";
-  snprintf(http_file, sizeof http_file, "%s.http", addr_file); /* written before the address */
-  FILE *hf = fopen(http_file, "r");
-  if (hf) {
-    if (fgets(http, sizeof http, hf)) http[strcspn(http, "\n")] = '\0';
-    fclose(hf);
-  }
-  if (http[0]) fprintf(stderr, "[pshard] dashboard: http://%s/ (the job's metrics: http://%s/metrics)\n", http, http);
+  snprintf(dash_file, sizeof dash_file, "%s.http", addr_file); /* written before the address */
+  if (read_dashboard(dash_addr, sizeof dash_addr))
+    fprintf(stderr, "[pshard] dashboard: http://%s/ (the job's metrics: http://%s/metrics)\n", dash_addr, dash_addr);
   return -1;
 }
 
@@ -555,10 +566,14 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
     snprintf(name, sizeof name, "worker %llu", (unsigned long long)i);
     snprintf(env_i, 48, "PSHARD_WORKER_INDEX=%llu", (unsigned long long)i);
     static char env_colo[] = "PSHARD_COLOCATE=1";
-    char *env[10] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m};
+    /* A colocated server takes a port of its own, as the server processes do: the
+     * scheduler's --http-port (PSHARD_HTTP_PORT) is the dashboard's alone. */
+    static char env_http_any[] = "PSHARD_HTTP_PORT=0", env_http_off[] = "PSHARD_HTTP_PORT=off";
+    char *env[12] = {env_role, env_sched, env_s, env_k, env_t, env_i, env_m};
     int ne = 7;
     if (o->ck.every) env[ne++] = (char *)o->ck.env_every;
     if (o->colocate) env[ne++] = env_colo;
+    if (o->colocate) env[ne++] = strcmp(o->http_port, "off") ? env_http_any : env_http_off;
     env[ne] = NULL;
     if (!spawn(name, 1, o->cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
@@ -659,6 +674,18 @@ static int restart_scheduler(const char *addr, int *sched, int *restarts) {
   argv[n++] = "--port";
   argv[n++] = port;
   argv[n] = NULL;
+  /* The dashboard keeps its port too (bookmarks and scrape targets stay valid), unless
+   * the last scheduler started on it died before serving it (the port may be taken):
+   * then any port. The address is printed again once the new scheduler wrote it. */
+  static char http_port[16];
+  const char *hc = strrchr(dash_addr, ':');
+  if (hc && dash_addr[0] && !dash_pending) {
+    snprintf(http_port, sizeof http_port, "%s", hc + 1);
+    for (int i = 0; i + 1 < n; i++)
+      if (!strcmp(argv[i], "--http-port")) argv[i + 1] = http_port;
+  }
+  unlink(dash_file);
+  dash_pending = dash_addr[0] != '\0';
   fprintf(stderr, "[pshard] the scheduler exited with status %d; starting it again on port %s (%d of %d)\n",
           old->status, port, *restarts, SCHED_RESTARTS);
   old->replaced = 1;
@@ -683,6 +710,14 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
       int workers_up = 0;
       for (int i = 0; i < nprocs; i++) workers_up += procs[i].is_worker && !procs[i].exited;
       if (workers_up && restart_scheduler(addr, &sched, &restarts) == 0) continue;
+    }
+    char dash_new[sizeof dash_addr];
+    if (dash_pending && read_dashboard(dash_new, sizeof dash_new)) {
+      memcpy(dash_addr, dash_new, sizeof dash_addr);
+      dash_pending = 0;
+      if (tty && o->prog) fprintf(stderr, "\n");
+      fprintf(stderr, "[pshard] dashboard (the scheduler started again): http://%s/ (the job's metrics: http://%s/metrics)\n",
+              dash_addr, dash_addr);
     }
     if (got_signal) {
       if (tty && o->prog) fprintf(stderr, "\n");

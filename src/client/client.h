@@ -23,6 +23,7 @@ typedef struct ps__worker_opts {
   uint32_t rejoin_ms; /* how long a lost scheduler is waited for (agent/agent.h) */
   uint64_t max_payload;
   int use_unix;
+  int count; /* metrics=on: count on the request path (a colocated server follows it) */
 } ps__worker_opts;
 void ps__worker_opts_read(const ps_config *cfg, ps__worker_opts *o);
 
@@ -33,6 +34,7 @@ void ps__worker_opts_read(const ps_config *cfg, ps__worker_opts *o);
 typedef struct ps__ctx_embed {
   void (*stop)(void *arg, uint32_t linger_ms);
   void *arg;
+  int http_port;           /* a colocated server's /metrics port, -1 for none */
 } ps__ctx_embed;
 
 /* A worker context from cfg (not NULL), not yet connected. PS_ERR_ROLE for a role

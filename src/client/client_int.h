@@ -50,6 +50,17 @@ typedef struct part part;
 typedef struct ps__cx_table ps__cx_table; /* cx.c: a table's residuals and codec counters */
 typedef struct kept kept; /* a copy of a push to a replicated sync table (keep.c) */
 
+/* A table's traffic as this worker counts it (metrics=on): allocated when the table is
+ * declared, freed with the context, so a request may keep a pointer to it. Relaxed
+ * atomics: the caller's threads and the I/O thread add, anyone reads. */
+typedef struct ps__tcount {
+  uint64_t pushed_bytes;   /* payload of pushes (keys and values), as bytes_pushed */
+  uint64_t pulled_bytes;   /* values of pull answers, as bytes_pulled */
+  uint64_t sent;           /* request frames: one per server a push or pull went to */
+  uint64_t received;       /* answers taken (successful replies) */
+  char name[PS_NAME_MAX];
+} ps__tcount;
+
 struct part {
   ps_req *req;
   uint32_t target;         /* server id, or SCHED_LINK */
@@ -131,6 +142,7 @@ struct ps_req {
   /* encoded values (cx.c): a push's as sent, a pull's replies as received; malloc'd */
   void *cx_block;
   ps__cx_table *cx_table;  /* a pull's table, for its counters */
+  ps__tcount *tc;          /* a pull's or push's table, when counting (NULL: not counted) */
 };
 
 struct peer {
@@ -165,6 +177,7 @@ typedef struct table_info {
   ps__update_mode update;
   ps__codec push_codec, pull_codec; /* spec push_codec=, pull_codec= */
   ps__cx_table *cx;        /* residuals and counters of a table with a codec (cx.c), else NULL */
+  ps__tcount *tc;          /* the table's traffic (never NULL once declared) */
   int sync;                /* sync or sync:M */
   uint32_t every;          /* clocks per round */
 } table_info;
@@ -230,6 +243,8 @@ struct ps_ctx {
   int direct;              /* enabled (PSHARD_DIRECT=0 turns it off) */
   int peer_mem;            /* large dense values by peer memory on same-host links */
   int dedup;               /* large sparse pulls ask for each distinct key once */
+  int count;               /* metrics=on: the request path counts (latencies, requests,
+                            * bytes); read without a lock, set once at open */
   pthread_mutex_t lend_mu; /* links' lending state; the link list's structure */
   pthread_cond_t lend_cv;  /* a mail_lend ran */
   int lend_posted;         /* a mail_lend is queued */
@@ -407,6 +422,13 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmovin
 void ps__keep_free(ps_ctx *ctx);
 /* Send a control frame to every live server, after the parts queued on each link. */
 void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len);
+/* A request of nparts frames to ti's table starts (counting on): its traffic out. */
+static inline void ps__tcount_start(ps_req *r, const table_info *ti, unsigned nparts, uint64_t pushed) {
+  r->tc = ti->tc;
+  if (!r->tc) return;
+  __atomic_add_fetch(&r->tc->sent, nparts, __ATOMIC_RELAXED);
+  if (pushed) __atomic_add_fetch(&r->tc->pushed_bytes, pushed, __ATOMIC_RELAXED);
+}
 /* A pull or push completed: its latency into the context's histogram (any thread). */
 static inline void ps__req_observe(ps_req *r) {
   if (r->t0_ns && r->kind < 2 && r->status == 0 && !r->canceled)

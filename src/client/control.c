@@ -132,6 +132,14 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
     pthread_mutex_unlock(&ctx->mu);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
+  if (!ctx->tables[id].tc) {
+    if (!(ctx->tables[id].tc = ps__calloc(1, sizeof *ctx->tables[id].tc))) {
+      ctx->tables[id].kind = 0;
+      pthread_mutex_unlock(&ctx->mu);
+      return ps__fail(PS_ERR_NOMEM, "out of memory");
+    }
+    snprintf(ctx->tables[id].tc->name, sizeof ctx->tables[id].tc->name, "%s", name);
+  }
   ctx->tables[id].sync = spec.mode == PS__MODE_SYNC || spec.mode == PS__MODE_SYNC_M;
   ctx->tables[id].every = spec.every ? spec.every : 1;
   pthread_mutex_unlock(&ctx->mu);
@@ -312,17 +320,28 @@ int ps_task_done(ps_ctx *ctx, const ps_task *task) {
 
 /* ---- statistics */
 
-/* push_raw_bytes, push_wire_bytes, pull_raw_bytes, pull_wire_bytes: value bytes of the
- * tables with a codec, as f32 and as encoded; NAME:T for table T alone. 1 if name is
- * one of them (*value set), 0 if not, -1 (with a message) for an unknown table. */
+/* Per-table statistics; NAME:T for table T alone, NAME the sum over the tables.
+ * push_raw_bytes, push_wire_bytes, pull_raw_bytes, pull_wire_bytes: value bytes of the
+ * tables with a codec, as f32 and as encoded. table_pushed_bytes, table_pulled_bytes,
+ * table_sent_frames, table_received_frames: a table's traffic (ps__tcount). 1 if name
+ * is one of them (*value set), 0 if not, -1 (with a message) for an unknown table. */
+static double tcount_of(const ps__tcount *tc, int k) {
+  if (!tc) return 0;
+  const uint64_t *f[4] = {&tc->pushed_bytes, &tc->pulled_bytes, &tc->sent, &tc->received};
+  return (double)__atomic_load_n(f[k], __ATOMIC_RELAXED);
+}
+
 static int codec_stat(ps_ctx *c, const char *name, double *value, int *err) {
-  static const char *const names[] = {"push_raw_bytes", "push_wire_bytes", "pull_raw_bytes", "pull_wire_bytes"};
+  static const char *const names[] = {"push_raw_bytes",     "push_wire_bytes",    "pull_raw_bytes",
+                                      "pull_wire_bytes",    "table_pushed_bytes", "table_pulled_bytes",
+                                      "table_sent_frames",  "table_received_frames"};
   char base[32];
   const char *colon = strchr(name, ':');
   size_t n = colon ? (size_t)(colon - name) : strlen(name);
-  int known = 0;
-  for (size_t i = 0; i < 4 && n < sizeof base; i++) known |= strlen(names[i]) == n && !memcmp(names[i], name, n);
-  if (!known) return 0;
+  int known = -1;
+  for (int i = 0; i < 8 && n < sizeof base; i++)
+    if (strlen(names[i]) == n && !memcmp(names[i], name, n)) known = i;
+  if (known < 0) return 0;
   memcpy(base, name, n);
   base[n] = '\0';
   uint64_t only = 0;
@@ -336,7 +355,8 @@ static int codec_stat(ps_ctx *c, const char *name, double *value, int *err) {
   for (size_t i = 1; i < c->ntables; i++) {
     if (colon && i != only) continue;
     if (colon && c->tables[i].kind) found = 1;
-    if (c->tables[i].cx && ps__cx_stat(c->tables[i].cx, base, &v) == 0) sum += v;
+    if (known >= 4) sum += tcount_of(c->tables[i].tc, known - 4);
+    else if (c->tables[i].cx && ps__cx_stat(c->tables[i].cx, base, &v) == 0) sum += v;
   }
   pthread_mutex_unlock(&c->mu);
   if (!found) {
@@ -370,6 +390,7 @@ int ps_ctx_stat(const ps_ctx *ctx, const char *name, double *value) {
   else if (!strcmp(name, "direct_calls")) *value = (double)__atomic_load_n(&c->direct_calls, __ATOMIC_RELAXED);
   else if (!strcmp(name, "peer_mem_parts")) *value = (double)__atomic_load_n(&c->pm_parts, __ATOMIC_RELAXED);
   else if (!strcmp(name, "shared_parts")) *value = (double)__atomic_load_n(&c->shared_parts, __ATOMIC_RELAXED);
+  else if (!strcmp(name, "http_port")) *value = c->emb.http_port;
   else {
     int err = 0, k = codec_stat(c, name, value, &err);
     if (k < 0) return err;

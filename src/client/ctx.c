@@ -182,6 +182,7 @@ void ps__worker_opts_read(const ps_config *cfg, ps__worker_opts *o) {
   o->vnodes = (uint32_t)ps__config_uint(cfg, "vnodes", 128);
   o->max_payload = ps__config_uint(cfg, "max_frame_mb", 2048) << 20;
   o->use_unix = strcmp(ps__config_str(cfg, "transport", "auto"), "tcp") != 0;
+  o->count = ps__parse_switch(ps__config_str(cfg, "metrics", "on")) != 0;
   if (!o->heartbeat_ms) o->heartbeat_ms = 200;
   if (!o->vnodes) o->vnodes = 128;
 }
@@ -233,6 +234,7 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   /* Armed fault rules see every frame only if the I/O goes through the loop's connections. */
   ctx->direct = ps__config_uint(cfg, "direct", 1) && !ps__fault_on();
   ctx->dedup = (int)ps__config_uint(cfg, "dedup", 1);
+  ctx->count = wo.count;
   if (ps__parse_every(ps__config_str(cfg, "checkpoint_every", "0"), &ctx->ckpt_every, &ctx->ckpt_every_ms)) {
     ctx->ckpt_every = ctx->ckpt_every_ms = 0; /* refused when it was set */
   }
@@ -243,6 +245,7 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   pthread_mutex_init(&ctx->upool_mu, NULL);
   ctx->upool = ps__pool_new(512u << 20);
   ps__hostid(ctx->hostid, sizeof ctx->hostid);
+  ctx->emb.http_port = -1;
   int rc = ctx_loop_init(ctx);
   if (rc) return ps__ctx_abort(ctx, rc);
   *out = ctx;
@@ -339,7 +342,10 @@ void ps_ctx_close(ps_ctx *ctx) {
   pthread_mutex_destroy(&ctx->upool_mu);
   pthread_mutex_destroy(&ctx->lend_mu);
   pthread_cond_destroy(&ctx->lend_cv);
-  for (size_t i = 0; i < ctx->ntables; i++) ps__cx_table_free(ctx->tables[i].cx);
+  for (size_t i = 0; i < ctx->ntables; i++) {
+    ps__cx_table_free(ctx->tables[i].cx);
+    free(ctx->tables[i].tc);
+  }
   free(ctx->tables);
   ps__keep_free(ctx); /* the loop has stopped */
   pthread_mutex_destroy(&ctx->mu);

@@ -711,13 +711,19 @@ void ps__part_reply_ok(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
   p->reply_table = h->table;
   p->reply_clock = h->clock;
   uint8_t t = h->type & (uint8_t)~PS_FRAME_REPLY;
+  ps__tcount *tc = p->req->tc; /* set only for pulls and pushes, when counting */
+  if (tc) __atomic_add_fetch(&tc->received, 1, __ATOMIC_RELAXED);
   if (t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE) {
     /* A worker behind the table's applied rounds (sync:M straggler, late joiner)
      * resumes at the round the servers are at. */
     int64_t cur = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
     while (h->clock > cur && !__atomic_compare_exchange_n(&ctx->clock, &cur, h->clock, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {}
     if (h->clock > cur) __atomic_add_fetch(&ctx->fast_forwards, 1, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&ctx->bytes_pulled, ps__vx_written(&p->vx, h) ? p->recv_len : h->payload_len, __ATOMIC_RELAXED);
+    if (ctx->count) {
+      uint64_t n = ps__vx_written(&p->vx, h) ? p->recv_len : h->payload_len;
+      __atomic_add_fetch(&ctx->bytes_pulled, n, __ATOMIC_RELAXED);
+      if (tc) __atomic_add_fetch(&tc->pulled_bytes, n, __ATOMIC_RELAXED);
+    }
     if (p->keep) ps__keep_pull(ctx, p, h);
   } else if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE) {
     /* One push goes to every server as one part each: count the push, not its parts. */

@@ -4,8 +4,9 @@
  * them on its dashboard (docs/operations.md, "Monitoring"). Workers serve no HTTP of
  * their own: the scheduler is the job's one scrape target.
  *
- * The counters are the context's atomics (ps_ctx_stat) and the latency histograms of
- * its pushes and pulls, recorded as each request completes (req.c). Runs on the loop.
+ * The counters are the context's atomics (ps_ctx_stat), its tables' traffic
+ * (ps__tcount) and the latency histograms of its pushes and pulls, recorded as each
+ * request completes (req.c). Runs on the loop.
  */
 #include <stdio.h>
 
@@ -24,6 +25,30 @@ static void gauge(ps__wbuf *w, const char *name, const char *help, double v) {
   ps__prom_f64(w, name, NULL, v);
 }
 
+/* The traffic of every declared table, with a table label. */
+static void per_table(ps_ctx *ctx, ps__wbuf *w) {
+  static const char *const names[4] = {"ps_client_table_pushed_bytes_total", "ps_client_table_pulled_bytes_total",
+                                       "ps_client_table_sent_frames_total", "ps_client_table_received_frames_total"};
+  static const char *const helps[4] = {"Payload bytes pushed to each table (keys and values).",
+                                       "Payload bytes pulled from each table (values).",
+                                       "Request frames sent for each table: one per server a push or pull went to.",
+                                       "Answers taken for each table's pushes and pulls."};
+  char l[PS__PROM_LABELS_MAX];
+  for (int k = 0; k < 4; k++) {
+    ps__prom_family(w, names[k], "counter", helps[k]);
+    pthread_mutex_lock(&ctx->mu);
+    for (size_t i = 1; i < ctx->ntables; i++) {
+      const ps__tcount *tc = ctx->tables[i].tc;
+      if (!tc || !ctx->tables[i].kind) continue;
+      const uint64_t *f[4] = {&tc->pushed_bytes, &tc->pulled_bytes, &tc->sent, &tc->received};
+      l[0] = '\0';
+      ps__prom_label(l, sizeof l, "table", tc->name);
+      ps__prom_u64(w, names[k], l, ld(f[k]));
+    }
+    pthread_mutex_unlock(&ctx->mu);
+  }
+}
+
 static void render(ps_ctx *ctx, ps__wbuf *w) {
   char l[PS__PROM_LABELS_MAX], v[32];
   double up, comp, pw, sw, ow;
@@ -39,6 +64,8 @@ static void render(ps_ctx *ctx, ps__wbuf *w) {
   snprintf(v, sizeof v, "%d", ctx->rank);
   ps__prom_label(l, sizeof l, "rank", v);
   ps__prom_u64(w, "ps_worker_info", l, 1);
+  gauge(w, "ps_metrics_counting", "1 while the request path counts (metrics=on), 0 when it does not: flat latencies and bytes.",
+        ctx->count);
   ps__prom_family(w, "ps_client_push_seconds", "histogram", "Push latency as the worker sees it: start to completion.");
   ps__prom_hist(w, "ps_client_push_seconds", NULL, &ctx->lat[1]);
   ps__prom_family(w, "ps_client_pull_seconds", "histogram", "Pull latency as the worker sees it: start to completion.");
@@ -47,6 +74,7 @@ static void render(ps_ctx *ctx, ps__wbuf *w) {
   counter(w, "ps_client_pull_requests_total", "Pull requests started.", (double)ld(&ctx->nreq[0]));
   counter(w, "ps_client_pushed_bytes_total", "Payload bytes pushed (keys and values).", (double)ld(&ctx->bytes_pushed));
   counter(w, "ps_client_pulled_bytes_total", "Payload bytes pulled (values).", (double)ld(&ctx->bytes_pulled));
+  per_table(ctx, w);
   counter(w, "ps_client_dropped_pushes_total", "Pushes acknowledged but not applied (late under sync:M).",
           (double)ld(&ctx->dropped_pushes));
   counter(w, "ps_client_resent_parts_total", "Request parts sent again after a timeout or a failover.",

@@ -97,12 +97,13 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
     return ps__fail(PS_ERR_NOMEM, "out of memory");
   }
   r->kind = is_push ? 1 : 0;
-  r->t0_ns = ps__now_ns();
-  __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
-  if (is_push) {
-    __atomic_add_fetch(&ctx->bytes_pushed, bytes, __ATOMIC_RELAXED);
-    note_batch(ctx, batch);
+  if (ctx->count) { /* t0_ns 0: no latency recorded (ps__req_observe) */
+    r->t0_ns = ps__now_ns();
+    __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
+    if (is_push) __atomic_add_fetch(&ctx->bytes_pushed, bytes, __ATOMIC_RELAXED);
+    ps__tcount_start(r, &ti, nparts, is_push ? bytes : 0);
   }
+  if (is_push) note_batch(ctx, batch);
   const uint64_t *pkeys = keys;
   const float *pvals = grads;
   float *precv = out;
@@ -374,12 +375,13 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   }
   r->own_segs = segbuf;
   r->kind = is_push ? 1 : 0;
-  r->t0_ns = ps__now_ns();
-  __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
-  if (is_push) {
-    __atomic_add_fetch(&ctx->bytes_pushed, cnt * 4 + nseg * 16, __ATOMIC_RELAXED);
-    note_batch(ctx, batch);
+  if (ctx->count) { /* t0_ns 0: no latency recorded (ps__req_observe) */
+    r->t0_ns = ps__now_ns();
+    __atomic_add_fetch(&ctx->nreq[r->kind], 1, __ATOMIC_RELAXED);
+    if (is_push) __atomic_add_fetch(&ctx->bytes_pushed, cnt * 4 + nseg * 16, __ATOMIC_RELAXED);
+    ps__tcount_start(r, &ti, nparts, is_push ? cnt * 4 + nseg * 16 : 0);
   }
+  if (is_push) note_batch(ctx, batch);
   int64_t clock = __atomic_load_n(&ctx->clock, __ATOMIC_RELAXED);
   unsigned pi = 0, bi = 0;
   size_t sb = 0;

@@ -9,7 +9,7 @@
 #include "common/fault.h"
 #include "common/ring.h" /* PS_MAX_REPLICAS */
 
-typedef enum { K_STR, K_UINT, K_COUNT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH, K_EVERY } kind_t;
+typedef enum { K_STR, K_UINT, K_COUNT, K_ROLE, K_MODE, K_TRANSPORT, K_HOSTPORT, K_FAULT, K_PATH, K_EVERY, K_SWITCH, K_HTTP_PORT } kind_t;
 
 static const struct {
   const char *key;
@@ -31,6 +31,7 @@ static const struct {
     /* a server's limits (server/budget.c; servers read them as PSHARD_* variables) */
     {"server_memory_mb", K_UINT, 1u << 30}, {"frame_budget_mb", K_UINT, 1u << 30},
     {"frame_deadline_ms", K_UINT, 86400000},
+    {"metrics", K_SWITCH, 0},      {"http_port", K_HTTP_PORT, 0}, {"http_host", K_STR, 0},
     {"secret_file", K_PATH, 0},    {"job_id", K_STR, 0},         {"insecure", K_UINT, 1},
 };
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -173,6 +174,14 @@ int ps_config_set(ps_config *c, const char *key, const char *value) {
                       value, key);
     break;
   }
+  case K_HTTP_PORT:
+    if (strcmp(value, "off") && (ps__parse_u64(value, &u) || u > 65535))
+      return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s' (a port from 0 to 65535, or off)", value, key);
+    break;
+  case K_SWITCH:
+    if (ps__parse_switch(value) < 0)
+      return ps__fail(PS_ERR_CONFIG, "bad value '%s' for '%s' (on or off)", value, key);
+    break;
   case K_PATH:
     if (!*value || strlen(value) >= PS_CFG_PATH_MAX)
       return ps__fail(PS_ERR_CONFIG, "bad value for '%s' (a directory path of 1..%d bytes)", key, PS_CFG_PATH_MAX - 1);
@@ -213,6 +222,13 @@ int ps_config_from_env(ps_config *c) {
     }
   }
   return 0;
+}
+
+int ps__parse_switch(const char *v) {
+  if (!v) return -1;
+  if (!strcmp(v, "on") || !strcmp(v, "1")) return 1;
+  if (!strcmp(v, "off") || !strcmp(v, "0")) return 0;
+  return -1;
 }
 
 uint64_t ps__config_uint(const ps_config *c, const char *key, uint64_t dflt) {

@@ -28,6 +28,8 @@ int ps__mode_parse(const char *v, ps__mode *m, char *msg, size_t msglen);
 /* A checkpoint period: N clocks ("100") or a duration ("500ms", "30s", "10m", "2h", at
  * most 30 days). One of *clocks, *ms is set, the other 0. 0 or -1. */
 int ps__parse_every(const char *v, uint64_t *clocks, uint64_t *ms);
+/* An on/off value: "on" or "1" is 1, "off" or "0" is 0, anything else -1. */
+int ps__parse_switch(const char *v);
 uint64_t ps__config_uint(const ps_config *c, const char *key, uint64_t dflt);
 const char *ps__config_str(const ps_config *c, const char *key, const char *dflt);
 

@@ -74,7 +74,14 @@ static void embed_stop(void *arg, uint32_t linger_ms) {
  * embedded scheduler's, or the job's (a colocated server, which binds `host` and stops
  * once no worker is alive in the job). */
 static int start_servers(embed *e, const ps__worker_opts *wo, const char *host, const char *sched_host,
-                         int sched_port, unsigned n, int colocated) {
+                         int sched_port, unsigned n, int colocated, const ps_config *cfg) {
+  /* A colocated server serves /metrics as `pshard server` does: http_port (PSHARD_HTTP_PORT;
+   * 0 = ephemeral, the default; off = none) on http_host (PSHARD_HTTP_HOST, 127.0.0.1).
+   * Embedded servers serve none: an embedded job has no HTTP. */
+  const char *hp = colocated ? ps__config_str(cfg, "http_port", "0") : "off";
+  int http = strcmp(hp, "off") != 0;
+  int http_port = http ? (int)ps__config_uint(cfg, "http_port", 0) : 0;
+  const char *http_host = ps__config_str(cfg, "http_host", "127.0.0.1");
   e->servers = ps__calloc(n, sizeof *e->servers);
   e->threads = ps__calloc(n, sizeof *e->threads);
   if (!e->servers || !e->threads) return ps__fail(PS_ERR_NOMEM, "out of memory");
@@ -82,12 +89,16 @@ static int start_servers(embed *e, const ps__worker_opts *wo, const char *host, 
     ps__server_opts o = {.host = host, .sched_host = sched_host, .sched_port = sched_port,
                          .use_unix = wo->use_unix, .heartbeat_ms = wo->heartbeat_ms, .vnodes = wo->vnodes,
                          .max_payload = wo->max_payload, .connect_timeout_ms = wo->connect_timeout_ms,
-                         .stop_without_workers = colocated,
+                         .stop_without_workers = colocated, .metrics = wo->count ? 1 : -1,
+                         .http = http, .http_host = http_host, .http_port = http_port,
                          /* an embedded scheduler cannot restart without the worker; a job's can */
                          .rejoin_ms = colocated ? wo->rejoin_ms : 0};
     int rc = ps__server_create(&o, &e->servers[i]);
     if (rc) return rc;
     e->n = i + 1;
+    if (http && ps__server_http_port(e->servers[i]) >= 0)
+      ps__log(PS_LOG_INFO, "metrics on http://%s:%d/metrics (the server colocated in this worker)", http_host,
+              ps__server_http_port(e->servers[i]));
     if (pthread_create(&e->threads[i], NULL, server_main, e->servers[i])) {
       ps__server_destroy(e->servers[i]);
       e->servers[i] = NULL;
@@ -113,7 +124,7 @@ static int start_embedded(embed *e, const ps_config *cfg, const ps__worker_opts 
     return ps__fail(PS_ERR_NOMEM, "cannot start the embedded scheduler thread");
   }
   *port = ps__sched_port(e->sched);
-  return start_servers(e, wo, "127.0.0.1", "127.0.0.1", *port, nservers, 0);
+  return start_servers(e, wo, "127.0.0.1", "127.0.0.1", *port, nservers, 0, cfg);
 }
 
 /* Open a worker of cfg on ctx: start what runs beside it, then the context. */
@@ -138,12 +149,16 @@ static int open_with(ps_ctx *ctx, const ps_config *cfg) {
   if (!emb && !colocate) return ps__ctx_start(ctx, host, port, 0);
   embed *e = ps__calloc(1, sizeof *e);
   if (!e) return ps__ctx_abort(ctx, ps__fail(PS_ERR_NOMEM, "out of memory"));
-  ps__ctx_embed hook = {.stop = embed_stop, .arg = e};
+  ps__ctx_embed hook = {.stop = embed_stop, .arg = e, .http_port = -1};
   ps__ctx_set_embed(ctx, &hook); /* from here on, closing ctx stops what started */
   int rc = emb ? start_embedded(e, cfg, &wo, emb, &port)
                /* A colocated server: one more server of the job, in this process (design.md §10). */
-               : start_servers(e, &wo, ps__config_str(cfg, "host", "127.0.0.1"), host, port, 1, 1);
+               : start_servers(e, &wo, ps__config_str(cfg, "host", "127.0.0.1"), host, port, 1, 1, cfg);
   if (rc) return ps__ctx_abort(ctx, rc);
+  if (colocate && e->n && e->servers[0]) {
+    hook.http_port = ps__server_http_port(e->servers[0]);
+    ps__ctx_set_embed(ctx, &hook);
+  }
   return ps__ctx_start(ctx, host, port, colocate);
 }
 

@@ -88,6 +88,7 @@ int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_
   if (h->xport != PS_XPORT_PEER_MEM || !c->peer_pid) return 0;
   if (vx_of(s, c, h, keys, blen, 1, &x)) return 1;
   int rc = pm_copy_par(s, &x, 1, v, n);
+  uint64_t moved = x.total;
   ps__vx_close(&x);
   if (rc == PS_ERR_UNAVAILABLE) {
     ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
@@ -99,6 +100,7 @@ int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_
   }
   r->xport = PS_XPORT_PEER_MEM;
   ps__conn_send_ctrl(c, r, NULL, 0);
+  ps__srv_metrics_mem(s, c, h->table, 1, moved);
   s->pm_pulls++;
   return 1;
 }
@@ -219,6 +221,7 @@ static void answer_fused_pulls(ps__server *s, ps__table *t, pending_pull *f) {
   while (f) {
     pending_pull *p = f;
     f = p->next;
+    uint64_t moved = p->fused.total;
     ps__vx_close(&p->fused);
     if (p->fused_err == PS_ERR_UNAVAILABLE) {
       ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not fused, or not permitted after all */
@@ -228,6 +231,7 @@ static void answer_fused_pulls(ps__server *s, ps__table *t, pending_pull *f) {
       ps__frame_hdr r = ps__srv_pull_reply_hdr(s, t, &p->h);
       r.xport = PS_XPORT_PEER_MEM;
       ps__conn_send_ctrl(p->conn, &r, NULL, 0);
+      ps__srv_metrics_mem(s, p->conn, p->h.table, 1, moved);
       t->pulls++;
       s->pm_pulls++;
       s->fused_pulls++;
@@ -336,6 +340,7 @@ static int push_peer_streamed(ps__server *s, ps__conn *c, const ps__frame_hdr *h
   }
   t->pushes++;
   ps__shard_push_done(s->sh, &p);
+  ps__srv_metrics_mem(s, c, h->table, 0, total);
   ps__srv_reply_ok(c, h, 0);
   return 0;
 }
@@ -386,6 +391,7 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
     ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
     return;
   }
+  ps__srv_metrics_mem(s, c, h->table, 0, total); /* read, whatever the engine makes of it */
   ps__push p = ps__srv_push_of(h, buf, total / 4);
   ps__owned body = {buf, len};
   ps__srv_push(s, c, h, &p, &body, 1);

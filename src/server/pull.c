@@ -231,7 +231,7 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
 void ps__srv_answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {
   uint64_t out0 = c->bytes_out + c->write_queue_bytes;
   answer_pull(s, c, h, body, blen);
-  if (s->table_out && h->table < PS__MAX_TABLES) s->table_out[h->table] += c->bytes_out + c->write_queue_bytes - out0;
+  if (s->count && s->table_out && h->table < PS__MAX_TABLES) s->table_out[h->table] += c->bytes_out + c->write_queue_bytes - out0;
 }
 
 static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const void *body, size_t blen) {

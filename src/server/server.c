@@ -243,9 +243,9 @@ static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u stood still and may have been replaced; send again", s->id);
     return;
   }
-  uint64_t out0 = c->bytes_out + c->write_queue_bytes, t0 = ps__now_ns();
+  uint64_t out0 = c->bytes_out + c->write_queue_bytes, t0 = s->count ? ps__now_ns() : 0;
   dispatch[h->type](s, c, h, b); /* on_header let only these types through */
-  ps__srv_metrics_frame(s, c, h, ps__now_ns() - t0);
+  ps__srv_metrics_frame(s, c, h, s->count ? ps__now_ns() - t0 : 0);
   s->poll_extra_ns = ps__poll_extra_ns(h->payload_len + (c->bytes_out + c->write_queue_bytes - out0));
 }
 

@@ -40,6 +40,10 @@ typedef struct ps__server_opts {
   int http;
   const char *http_host;
   int http_port;
+  /* Counting on the request path (latency histograms, bytes by table): 1 on, -1 off,
+   * 0 from PSHARD_METRICS (on, off; on when unset). Off, /metrics and STATS still
+   * answer and those counters stay flat. */
+  int metrics;
   int join;                  /* register as the replacement of a dead server of a running
                               * job (its id and rank), and copy its rows (server/repair.c) */
 } ps__server_opts;

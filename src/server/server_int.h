@@ -37,6 +37,7 @@ typedef struct srv_metlink {
   struct srv_metlink *next, *prev;
   ps__conn *conn;
   uint32_t node;
+  uint64_t mem_in, mem_out; /* values moved by peer or shared memory, not on the socket */
 } srv_metlink;
 
 /* Bytes and frames of the connections already closed, by peer node. */
@@ -129,6 +130,8 @@ struct ps__server {
   ps__http *http;                /* /metrics, or NULL */
   uv_timer_t metrics_timer;
   int metrics_on;
+  int count;                     /* counting on the request path (o.metrics) */
+  char http_addr[80];            /* HOST:PORT of /metrics, "" without */
 };
 
 /* ---- limits (budget.c) */
@@ -396,10 +399,12 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h);
 int ps__srv_metrics_start(ps__server *s);
 /* Render now: serve the text and send it to the scheduler (also the last one, at stop). */
 void ps__srv_metrics_tick(ps__server *s);
-/* A frame handled: count its time (data requests) and its table's bytes. */
+/* A frame handled: count its time (data requests) and its table's bytes (ns is 0 when
+ * counting is off: nothing is counted). */
 static inline void ps__srv_metrics_frame(ps__server *s, ps__conn *c, const ps__frame_hdr *h, uint64_t ns) {
   srv_metlink *l = c->udata;
   if (l && !l->node) l->node = h->sender;
+  if (!s->count) return;
   uint8_t t = h->type;
   if (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_FORWARD || t == PS_MSG_FORWARD_DENSE)
     ps__hist_add(&s->lat_push, ns);
@@ -408,6 +413,15 @@ static inline void ps__srv_metrics_frame(ps__server *s, ps__conn *c, const ps__f
   else
     return;
   if (s->table_in && h->table < PS__MAX_TABLES) s->table_in[h->table] += h->payload_len;
+}
+/* A peer-memory request on c moved `bytes` of values of table `table` without the
+ * socket: read from the worker (out 0) or written into it (out 1). Counted with the
+ * socket's bytes by peer, and by table when counting is on. */
+static inline void ps__srv_metrics_mem(ps__server *s, ps__conn *c, uint32_t table, int out, uint64_t bytes) {
+  srv_metlink *l = c->udata;
+  if (l) *(out ? &l->mem_out : &l->mem_in) += bytes;
+  uint64_t *by_table = out ? s->table_out : s->table_in;
+  if (s->count && by_table && table < PS__MAX_TABLES) by_table[table] += bytes;
 }
 void ps__srv_metrics_accept(ps__server *s, ps__conn *c);
 void ps__srv_metrics_close(ps__server *s, ps__conn *c);

@@ -6,9 +6,11 @@
  * thread (net/http.h) and sent to the scheduler, which serves the whole job's.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/common.h"
+#include "common/config.h"
 #include "common/fault.h"
 #include "proto/codec.h"
 #include "proto/prom.h"
@@ -101,6 +103,8 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf_bytes(&w, line, (size_t)m);
   ps__srv_repair_stats(s, line, sizeof line);
   ps__wbuf_bytes(&w, line, strlen(line));
+  m = snprintf(line, sizeof line, "metrics_counting %d\n", s->count);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line, "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls);
   ps__wbuf_bytes(&w, line, (size_t)m);
@@ -152,8 +156,8 @@ void ps__srv_metrics_close(ps__server *s, ps__conn *c) {
   if (!l || l->conn != c) return;
   srv_io *io = io_of(s, l->node);
   if (io) {
-    io->bytes_in += c->bytes_in;
-    io->bytes_out += c->bytes_out;
+    io->bytes_in += c->bytes_in + l->mem_in;
+    io->bytes_out += c->bytes_out + l->mem_out;
     io->frames_in += c->frames_in;
     io->frames_out += c->frames_out;
   }
@@ -262,16 +266,17 @@ static void per_peer(ps__wbuf *w, ps__server *s) {
       }
       p[n++] = (peer_sum){.node = l->node};
     }
-    p[j].v[0] += l->conn->bytes_in;
-    p[j].v[1] += l->conn->bytes_out;
+    p[j].v[0] += l->conn->bytes_in + l->mem_in;
+    p[j].v[1] += l->conn->bytes_out + l->mem_out;
     p[j].v[2] += l->conn->frames_in;
     p[j].v[3] += l->conn->frames_out;
   }
   static const char *const names[4] = {"ps_server_received_bytes_total", "ps_server_sent_bytes_total",
                                        "ps_server_received_frames_total", "ps_server_sent_frames_total"};
   static const char *const helps[4] = {
-      "Bytes received from each peer (a worker, or a server forwarding to this one; peer 0: before its first frame).",
-      "Bytes sent to each peer.", "Frames received from each peer.", "Frames sent to each peer."};
+      "Bytes received from each peer (a worker, or a server forwarding to this one; peer 0: before its first frame), "
+      "values read from a same-host worker's memory included.",
+      "Bytes sent to each peer, values written into a same-host worker's memory included.", "Frames received from each peer.", "Frames sent to each peer."};
   for (int k = 0; k < 4; k++) {
     fam(w, names[k], "counter", helps[k]);
     for (size_t j = 0; j < n; j++) {
@@ -288,7 +293,7 @@ static void per_peer(ps__wbuf *w, ps__server *s) {
 static void render(ps__server *s, ps__wbuf *w) {
   ps__shard *sh = s->sh;
   char l[PS__PROM_LABELS_MAX], v[32];
-  fam(w, "ps_server_info", "gauge", "This server: its node id, rank and process (always 1).");
+  fam(w, "ps_server_info", "gauge", "This server: its node id, rank, process and /metrics address (always 1).");
   l[0] = '\0';
   snprintf(v, sizeof v, "%u", s->id);
   ps__prom_label(l, sizeof l, "server", v);
@@ -296,7 +301,10 @@ static void render(ps__server *s, ps__wbuf *w) {
   ps__prom_label(l, sizeof l, "rank", v);
   snprintf(v, sizeof v, "%d", s->pid);
   ps__prom_label(l, sizeof l, "pid", v);
+  if (s->http_addr[0]) ps__prom_label(l, sizeof l, "http", s->http_addr); /* a colocated server's is found here */
   ps__prom_u64(w, "ps_server_info", l, 1);
+  fam(w, "ps_metrics_counting", "gauge", "1 while the request path counts (metrics=on), 0 when it does not: flat latencies and bytes.");
+  ps__prom_u64(w, "ps_metrics_counting", NULL, (uint64_t)s->count);
   fam(w, "ps_server_push_seconds", "histogram", "Time a push (or a replica's forward) spent in the server's handler.");
   ps__prom_hist(w, "ps_server_push_seconds", NULL, &s->lat_push);
   fam(w, "ps_server_pull_seconds", "histogram",
@@ -377,12 +385,20 @@ void ps__srv_metrics_tick(ps__server *s) {
 static void metrics_timeout(uv_timer_t *t) { ps__srv_metrics_tick(t->data); }
 
 int ps__srv_metrics_start(ps__server *s) {
+  s->count = s->o.metrics > 0;
+  if (!s->o.metrics) {
+    const char *v = getenv("PSHARD_METRICS");
+    int on = v && *v ? ps__parse_switch(v) : 1;
+    if (on < 0) return ps__fail(PS_ERR_CONFIG, "bad PSHARD_METRICS '%s' (on or off)", v);
+    s->count = on;
+  }
   s->table_in = ps__calloc(PS__MAX_TABLES, sizeof *s->table_in); /* without them, no bytes by table */
   s->table_out = ps__calloc(PS__MAX_TABLES, sizeof *s->table_out);
   if (s->o.http) {
     ps__http_opts o = {.host = s->o.http_host ? s->o.http_host : s->o.host, .port = s->o.http_port};
     int rc = ps__http_start(&o, &s->http);
     if (rc) return rc;
+    snprintf(s->http_addr, sizeof s->http_addr, "%s:%d", o.host, ps__server_http_port(s)); /* o.host: the caller's */
     ps__http_set(s->http, "/", "text/plain; charset=utf-8", "pshard server: the metrics are on /metrics\n",
                   strlen("pshard server: the metrics are on /metrics\n"), 1);
   }

@@ -2,7 +2,8 @@
  * metrics_worker.c - a worker for the metrics and dashboard tests: STEPS steps, each a
  * pull and a push of KEYS sparse rows (dim 8) and a dense pull and push of 1024
  * floats, a loss reported with ps_metric, SLEEP_MS of "compute", and ps_clock. It
- * prints "pushes N pulls M" (the requests it made) at the end.
+ * prints "http_port P" (its colocated server's /metrics port, -1 for none) at the start
+ * and "pushes N pulls M" (the requests it made) at the end.
  * Usage: metrics_worker STEPS KEYS SLEEP_MS
  */
 #include <math.h>
@@ -31,6 +32,10 @@ int main(int argc, char **argv) {
   ps_ctx *ctx;
   uint32_t emb, w;
   CHECK(ps_ctx_open_env(&ctx));
+  double http_port;
+  CHECK(ps_ctx_stat(ctx, "http_port", &http_port)); /* a colocated server's /metrics, -1: none */
+  printf("http_port %.0f\n", http_port);
+  fflush(stdout);
   CHECK(ps_table_declare(ctx, "emb", PS_SPARSE, 8, "opt=adagrad lr=0.1", &emb));
   CHECK(ps_table_declare(ctx, "w", PS_DENSE, 1024, "opt=sgd lr=0.01", &w));
   uint64_t *keys = malloc((size_t)nkeys * sizeof *keys);

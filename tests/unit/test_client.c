@@ -205,7 +205,7 @@ Test(config, errors_leave_the_configuration_unchanged, .timeout = 30) {
       {"scheduler", "nohost"},  {"scheduler", "h:0"},       {"scheduler", "h:70000"},
       {"scheduler", "h:"},      {"host", ""},               {"timeout_ms", "1e3"},
       {"embedded", "257"},      {"max_frame_mb", "0x10"},     {"replicas", "0"},
-      {"replicas", "4"},
+      {"replicas", "4"},        {"metrics", "maybe"},       {"metrics", ""},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *k = bad[i][0];
@@ -227,6 +227,8 @@ Test(config, errors_leave_the_configuration_unchanged, .timeout = 30) {
   OK(ps_config_set(cfg, "mode", "sync"));
   OK(ps_config_set(cfg, "transport", "tcp"));
   OK(ps_config_set(cfg, "replicas", "3"));
+  OK(ps_config_set(cfg, "metrics", "off"));
+  OK(ps_config_set(cfg, "metrics", "on"));
   FAILS(PS_ERR_INVALID, ps_config_set(NULL, "workers", "1"));
   FAILS(PS_ERR_INVALID, ps_config_set(cfg, NULL, "1"));
   FAILS(PS_ERR_INVALID, ps_config_set(cfg, "workers", NULL));
