@@ -416,6 +416,13 @@ void ps__shard_cut_orphan(ps__table *t);
 float *ps__shard_row(ps__table *t, uint64_t key);
 /* The same, with the row's number (its place in the row map) into *idx. */
 float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx);
+/* ps__shard_row_at for n <= PS__ROWS_BATCH keys at once (keys64, or when it is NULL the
+ * wire's keys_le), through the row map's batch upsert: rows[] and, if idx is not NULL,
+ * the row numbers. Returns n, or the number of keys done when memory ran out (logged by
+ * the caller). */
+#define PS__ROWS_BATCH 512u
+size_t ps__shard_rows_at(ps__table *t, const uint64_t *keys64, const uint8_t *keys_le, size_t n, float **rows,
+                         uint32_t *idx);
 /* Rows were added to t->params: count their memory in the engine's mem_used. */
 void ps__shard_grown(ps__table *t);
 #define PS__ROW_ANY UINT32_MAX /* a row number not known: ps__shard_watch looks it up */

@@ -84,6 +84,16 @@ float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created);
 /* Like ps__rowmap_upsert, but a created row's floats are undefined: the caller writes
  * every one of them (saves a pass over rows filled at once, e.g. accumulators). */
 float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created);
+/* The rows of keys[0 .. n) (keys64, or when it is NULL the wire's little-endian keys_le),
+ * each created if absent, into rows[]; with the row numbers into idx[] and 1 where this
+ * call created the row, else 0, into created[] (either may be NULL). A key repeated in
+ * the batch is created once, at its first place. Created rows are zero-filled if zero,
+ * else undefined (the caller writes them). The find_many pipeline, inserting at its last
+ * stage, where the key's index entries are in cache: on a big map a batch of new keys
+ * costs about what a batch of present ones does. Returns n, or the number of keys done
+ * (their rows set) when memory ran out at the next one (the map holds the rows made). */
+size_t ps__rowmap_upsert_many(ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n, float **rows,
+                              uint32_t *idx, uint8_t *created, int zero);
 /* Number of rows. Rows are numbered 0..count-1 in insertion order. */
 size_t ps__rowmap_count(const ps__rowmap *m);
 /* Key and row of the i-th inserted row (i < count). */
