@@ -83,6 +83,7 @@ void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_ro
   uint64_t k64[PS__ROWS_BATCH];
   float *gs[PS__ROWS_BATCH], *rows[PS__ROWS_BATCH];
   uint32_t ix[PS__ROWS_BATCH];
+  ps__shard_expect(t, n);
   /* Blocks of the accumulator's rows with a step to take (a row whose denominator is 0
    * takes none and is not created), their parameter rows looked up or created at once. */
   for (size_t i = 0; i < n;) {
@@ -484,6 +485,7 @@ static void pull_unit(huge_job *a, uint32_t u) {
 }
 
 int ps__shard_read_huge(ps__table *t, ps__par *par, const uint8_t *keys, uint32_t nkeys, float *out) {
+  ps__shard_expect(t, nkeys);
   huge_job a = {.unit = pull_unit, .t = t, .keys = keys, .nkeys = nkeys,
                 .nunits = (nkeys + PULL_UNIT - 1) / PULL_UNIT, .out = out};
   size_t width = t->spec.width;
@@ -556,6 +558,7 @@ int ps__shard_apply_direct(ps__shard *sh, ps__table *t, const ps__push *p, ps__o
   }
   uint64_t step;
   float lr = apply_begin(t, p->lr >= 0 ? p->lr : -1.0f, gb, &step);
+  ps__shard_expect(t, p->nkeys);
   ps__par *par = p->nkeys >= PS__PAR_MIN_KEYS && sh->hooks.par ? sh->hooks.par(sh->hooks.arg, p->nkeys) : NULL;
   if (par) {
     if (push_huge(par, t, p, lr, step)) goto oom;

@@ -177,6 +177,12 @@ size_t ps__shard_rows_at(ps__table *t, const uint64_t *keys64, const uint8_t *ke
   return got;
 }
 
+void ps__shard_expect(ps__table *t, size_t n) {
+  size_t have = ps__rowmap_count(t->params);
+  if (n < 4096 || n < have) return; /* small requests grow the index as usual */
+  if (ps__rowmap_reserve(t->params, have + n) == 0) ps__shard_grown(t);
+}
+
 void ps__shard_grown(ps__table *t) {
   size_t nb = ps__rowmap_bytes(t->params);
   t->sh->mem_used += nb - t->params_bytes;
