@@ -436,6 +436,7 @@ static int push_huge(ps__par *par, ps__table *t, const ps__push *p, float lr, ui
   uint64_t k64[PS__ROWS_BATCH];
   float *rows[PS__ROWS_BATCH];
   uint32_t ix[PS__ROWS_BATCH];
+  ps__shard_expect(t, nleft);
   for (uint32_t j = 0; j < nleft && !rc; j += PS__ROWS_BATCH) {
     uint32_t nb = nleft - j < PS__ROWS_BATCH ? nleft - j : PS__ROWS_BATCH;
     gather_keys(p->keys, pos, j, nb, k64);
@@ -485,7 +486,7 @@ static void pull_unit(huge_job *a, uint32_t u) {
 }
 
 int ps__shard_read_huge(ps__table *t, ps__par *par, const uint8_t *keys, uint32_t nkeys, float *out) {
-  ps__shard_expect(t, nkeys);
+  if (ps__rowmap_settle(t->params, nkeys)) ps__shard_grown(t); /* one index to look in */
   huge_job a = {.unit = pull_unit, .t = t, .keys = keys, .nkeys = nkeys,
                 .nunits = (nkeys + PULL_UNIT - 1) / PULL_UNIT, .out = out};
   size_t width = t->spec.width;
@@ -498,6 +499,7 @@ int ps__shard_read_huge(ps__table *t, ps__par *par, const uint8_t *keys, uint32_
   uint32_t nleft = left ? left_positions(left, nkeys, pos) : 0;
   uint64_t k64[PS__ROWS_BATCH];
   float *rows[PS__ROWS_BATCH];
+  ps__shard_expect(t, nleft);
   for (uint32_t j = 0; j < nleft && !rc; j += PS__ROWS_BATCH) {
     uint32_t nb = nleft - j < PS__ROWS_BATCH ? nleft - j : PS__ROWS_BATCH;
     gather_keys(keys, pos, j, nb, k64);
@@ -558,13 +560,14 @@ int ps__shard_apply_direct(ps__shard *sh, ps__table *t, const ps__push *p, ps__o
   }
   uint64_t step;
   float lr = apply_begin(t, p->lr >= 0 ? p->lr : -1.0f, gb, &step);
-  ps__shard_expect(t, p->nkeys);
   ps__par *par = p->nkeys >= PS__PAR_MIN_KEYS && sh->hooks.par ? sh->hooks.par(sh->hooks.arg, p->nkeys) : NULL;
   if (par) {
+    if (ps__rowmap_settle(t->params, p->nkeys)) ps__shard_grown(t); /* one index to look in */
     if (push_huge(par, t, p, lr, step)) goto oom;
   } else {
     float *rows[FIND_BLOCK];
     uint32_t ix[FIND_BLOCK];
+    ps__shard_expect(t, p->nkeys);
     for (uint32_t b = 0; b < p->nkeys; b += FIND_BLOCK) {
       uint32_t n = p->nkeys - b < FIND_BLOCK ? p->nkeys - b : FIND_BLOCK;
       const uint8_t *kb = p->keys + 8 * (size_t)b;

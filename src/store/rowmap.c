@@ -686,6 +686,13 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
 
 size_t ps__rowmap_moving(const ps__rowmap *m) { return m->old.cap ? m->old_n - m->moved : 0; }
 
+size_t ps__rowmap_settle(ps__rowmap *m, size_t budget) {
+  size_t left = ps__rowmap_moving(m);
+  if (!left || left > budget) return 0;
+  migrate(m, SIZE_MAX);
+  return left;
+}
+
 /* A map whose index is much larger than its rows (an accumulator that once held a huge
  * round, then small ones) is cleared entry by entry: each row's entry is found first
  * (all lookups before any entry is emptied, since a probe stops at an empty entry),

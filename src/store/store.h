@@ -117,6 +117,11 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u);
 int ps__rowmap_reserve(ps__rowmap *m, size_t rows);
 /* Rows still to move from the index being replaced to the new one (0: none). */
 size_t ps__rowmap_moving(const ps__rowmap *m);
+/* If at most `budget` rows are still moving, move them all now (the old index is freed)
+ * and return how many; else change nothing and return 0. While rows move, a key whose
+ * entry has not moved is looked up in both indexes, so a request of many keys finishes
+ * the move first when it costs no more than the request's own lookups. */
+size_t ps__rowmap_settle(ps__rowmap *m, size_t budget);
 /* The same, with each row's number (its place in insertion order; UINT32_MAX where a key
  * is absent) into idx[]: keys64 or, when it is NULL, keys_le. */
 void ps__rowmap_find_many_at(const ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n,

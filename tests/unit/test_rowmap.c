@@ -397,3 +397,24 @@ Test(rowmap_batch, upsert_many_edges) {
   cr_assert(eq(ptr, ps__rowmap_get(m, 0), rows[0]));
   ps__rowmap_free(m);
 }
+
+/* ps__rowmap_settle: while rows move, a budget below the rows left changes nothing; one
+ * at least as large moves them all (the old index freed), every row still found. */
+Test(rowmap_growth, settle_finishes_a_move_within_its_budget) {
+  ps__rowmap *m = ps__rowmap_new(2);
+  size_t n = 0;
+  while (ps__rowmap_moving(m) < 5000) {
+    float *r = ps__rowmap_upsert(m, key_of(n), NULL);
+    cr_assert(not(zero(ptr, r)));
+    fill_row(r, 2, n++);
+  }
+  size_t left = ps__rowmap_moving(m), before = ps__rowmap_bytes(m);
+  cr_assert(eq(sz, ps__rowmap_settle(m, left - 1), 0));
+  cr_assert(eq(sz, ps__rowmap_moving(m), left));
+  cr_assert(eq(sz, ps__rowmap_settle(m, left), left));
+  cr_assert(eq(sz, ps__rowmap_moving(m), 0));
+  cr_assert(lt(sz, ps__rowmap_bytes(m), before), "the old index is freed");
+  check_all(m, 2, n, "after settle");
+  cr_assert(eq(sz, ps__rowmap_settle(m, SIZE_MAX), 0), "nothing moving: nothing to do");
+  ps__rowmap_free(m);
+}
