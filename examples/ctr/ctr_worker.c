@@ -35,6 +35,11 @@
  * on (its epoch's partitions are all taken) takes empty steps - a pull that waits for
  * the round, then a clock - so that the others never wait on it.
  *
+ * Feature ids: a row's key is the id as the data has it (any 64-bit value), or with
+ * --id-bits B the top B bits of a mix of it (feature hashing into 2^B rows, the usual way
+ * to bound a model whose ids come from an unbounded space); the bias is key 2^64 - 1,
+ * outside every B < 64.
+ *
  * Any bad data (missing file, bad label, unparsable feature) stops the worker with the
  * reader's "FILE:LINE: what" message and exit status 1.
  */
@@ -55,6 +60,21 @@
 #include "pshard.h"
 
 #define BIAS_KEY UINT64_MAX
+
+/* --id-bits: 64 keeps the data's ids as they are. Set once, before any batch. */
+static unsigned g_id_bits = 64;
+
+/* A feature id's key: the id, or the top g_id_bits bits of its murmur3 finalizer (a
+ * bijection of 64-bit values, so distinct ids collide only by the truncation). */
+static uint64_t id_key(uint64_t id) {
+  if (g_id_bits >= 64) return id;
+  id ^= id >> 33;
+  id *= 0xff51afd7ed558ccdull;
+  id ^= id >> 33;
+  id *= 0xc4ceb9fe1a85ec53ull;
+  id ^= id >> 33;
+  return id >> (64 - g_id_bits);
+}
 
 typedef struct opts {
   const char *data, *test, *opt;
@@ -217,7 +237,7 @@ static size_t index_batch(rows *r, const ctr_batch *b) {
   idset_reset(&r->ids, b->nnz + 1);
   ensure(r, b->nnz, b->nnz + 1);
   idset_add(&r->ids, BIAS_KEY);
-  for (size_t j = 0; j < b->nnz; j++) r->col[j] = idset_add(&r->ids, b->ids[j]);
+  for (size_t j = 0; j < b->nnz; j++) r->col[j] = idset_add(&r->ids, id_key(b->ids[j]));
   ensure(r, b->nnz, r->ids.n);
   return r->ids.n;
 }
@@ -821,6 +841,9 @@ static void usage(FILE *f) {
           "  --batch N       examples per mini-batch (1000)\n"
           "  --opt ftrl|adagrad  server-side optimiser (ftrl)\n"
           "  --table-opts S  more options of the weight table, e.g. 'agg_n=4 agg_ms=20' (see pshard.h)\n"
+          "  --id-bits B     hash every feature id into B bits, 1..64 (64: the ids as they are, any\n"
+          "                  64-bit value); the table then has at most 2^B rows (+1, the bias).\n"
+          "                  A model saved with --id-bits B is loaded with the same B\n"
           "  --lr X --l1 X --l2 X --beta X   optimiser settings (ftrl: 0.1 0.003 0.001 0.001;\n"
           "                  adagrad: 0.1). The servers see the batch-mean gradient, so l1, l2 and\n"
           "                  beta are in its units (per-example FTRL values divided by the batch)\n"
@@ -893,6 +916,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--test")) o.test = v;
     else if (!strcmp(a, "--opt")) o.opt = v;
     else if (!strcmp(a, "--table-opts")) o.table_opts = v;
+    else if (!strcmp(a, "--id-bits")) {
+      long b = strtol(v, &end, 10);
+      if (b < 1 || b > 64) {
+        fprintf(stderr, "ctr_worker: --id-bits takes 1 to 64, not '%s'\n", v);
+        return 2;
+      }
+      g_id_bits = (unsigned)b;
+    }
     else if (!strcmp(a, "--epochs")) o.epochs = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--parts")) o.parts = strtol(v, &end, 10);

@@ -20,10 +20,9 @@
 #include "common/common.h"
 
 /* Batch loops over the keys of a request: on a large table the cache misses, not the
- * work, dominate, so each iteration prefetches the index slot of the key PF_FAR ahead
- * and the row of the key PF_NEAR ahead (whose slot is in cache by then). */
-#define PF_FAR 16
-#define PF_NEAR 8
+ * work, dominate, so the keys go to the row map in blocks, whose pipelines keep many
+ * misses in flight: ps__rowmap_find_many to look rows up, ps__shard_rows_at (the map's
+ * upsert_many) to create the rows of the keys not found, new rows of a block at once. */
 /* Keys per ps__rowmap_find_many call in the key loops (row pointers on the stack). */
 #define FIND_BLOCK 512u
 
@@ -48,22 +47,29 @@ static float apply_begin(ps__table *t, float lr, double global_batch, uint64_t *
   return lr;
 }
 
-int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr, uint64_t step) {
-  if (d <= 0) return 0;
-  uint32_t ix = PS__ROW_ANY;
-  float *w = ps__shard_row_at(t, key, &ix);
-  if (!w) {
-    ps__log(PS_LOG_ERROR, "out of memory applying table '%s'", t->decl.name);
-    return PS_ERR_NOMEM;
-  }
+/* One row's step: gradient sum g (scaled in place), denominator d > 0, on row w (number ix). */
+static void apply_to(ps__table *t, uint64_t key, uint32_t ix, float *w, float *g, double d, float lr, uint64_t step) {
   uint32_t len = ps__spec_row_len(&t->spec, key);
   if (d != 1.0 && t->spec.opt.kind == PS__OPT_SGD) {
     /* sgd is linear in the gradient: scale the step, not the gradient (one pass less) */
     ps__shard_write(t, key, ix, w, 0, g, len, (float)(lr / d), step);
-    return 0;
+    return;
   }
   if (d != 1.0) ps__vscale(g, (float)(1.0 / d), len);
   ps__shard_write(t, key, ix, w, 0, g, len, lr, step);
+}
+
+static int apply_oom(const ps__table *t) {
+  ps__log(PS_LOG_ERROR, "out of memory applying table '%s'", t->decl.name);
+  return PS_ERR_NOMEM;
+}
+
+int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr, uint64_t step) {
+  if (d <= 0) return 0;
+  uint32_t ix = PS__ROW_ANY;
+  float *w = ps__shard_row_at(t, key, &ix);
+  if (!w) return apply_oom(t);
+  apply_to(t, key, ix, w, g, d, lr, step);
   return 0;
 }
 
@@ -74,11 +80,27 @@ void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_ro
   uint64_t step;
   lr = apply_begin(t, lr, global_batch, &step);
   unsigned width = t->spec.width;
-  for (size_t i = 0; i < n; i++) {
-    if (i + PF_FAR < n) ps__rowmap_prefetch(t->params, ps__rowmap_key_at(acc, i + PF_FAR));
-    if (i + PF_NEAR < n) ps__rowmap_prefetch_row(t->params, ps__rowmap_key_at(acc, i + PF_NEAR));
-    float *g = ps__rowmap_row_at(acc, i);
-    if (ps__shard_apply_row(t, ps__rowmap_key_at(acc, i), g, per_row_denom ? g[width] : denom, lr, step)) return;
+  uint64_t k64[PS__ROWS_BATCH];
+  float *gs[PS__ROWS_BATCH], *rows[PS__ROWS_BATCH];
+  uint32_t ix[PS__ROWS_BATCH];
+  ps__shard_expect(t, n);
+  /* Blocks of the accumulator's rows with a step to take (a row whose denominator is 0
+   * takes none and is not created), their parameter rows looked up or created at once. */
+  for (size_t i = 0; i < n;) {
+    size_t nb = 0;
+    for (; i < n && nb < PS__ROWS_BATCH; i++) {
+      float *g = ps__rowmap_row_at(acc, i);
+      if ((per_row_denom ? g[width] : denom) <= 0) continue;
+      k64[nb] = ps__rowmap_key_at(acc, i);
+      gs[nb++] = g;
+    }
+    size_t got = ps__shard_rows_at(t, k64, NULL, nb, rows, ix);
+    for (size_t q = 0; q < got; q++)
+      apply_to(t, k64[q], ix[q], rows[q], gs[q], per_row_denom ? gs[q][width] : denom, lr, step);
+    if (got < nb) {
+      apply_oom(t);
+      return;
+    }
   }
   t->applied++;
 }
@@ -159,11 +181,12 @@ int ps__shard_accumulate(ps__table *t, ps__rowmap *acc, const ps__push *p, float
     acc_arg a = {acc, p->vals, weight, width, count_weight, 0, 0};
     return ps__walk_slices(p->keys, p->nkeys, width, acc_slice, &a);
   }
-  int created = 0;
-  for (uint32_t i = 0; i < p->nkeys; i++) {
-    float *row = ps__rowmap_upsert(acc, ps__get_u64(p->keys + 8 * (size_t)i), &created);
-    if (!row) return PS_ERR_NOMEM;
-    ps__axpy(row, weight, p->vals + (size_t)i * width, width);
+  float *rows[FIND_BLOCK];
+  for (uint32_t b = 0; b < p->nkeys; b += FIND_BLOCK) {
+    uint32_t n = p->nkeys - b < FIND_BLOCK ? p->nkeys - b : FIND_BLOCK;
+    size_t got = ps__rowmap_upsert_many(acc, NULL, p->keys + 8 * (size_t)b, n, rows, NULL, NULL, 1);
+    for (size_t i = 0; i < got; i++) ps__axpy(rows[i], weight, p->vals + (b + i) * (size_t)width, width);
+    if (got < n) return PS_ERR_NOMEM;
   }
   if (count_weight) {
     /* Add this push's weight once to every row it touched, even for keys repeated in
@@ -306,6 +329,31 @@ static uint8_t *huge_run(ps__shard *sh, ps__par *par, huge_job *a) {
   return a->left;
 }
 
+/* The keys of a block that a lookup did not find (rows[i] NULL; keys64, or the wire's
+ * keys_le) created, in the block's order, their rows (and row numbers into idx if it is
+ * not NULL) filled in. Returns n, or the place of the first key whose row memory did not
+ * run to (the keys before it have rows). */
+static uint32_t fill_missing(ps__table *t, const uint64_t *keys64, const uint8_t *keys_le, uint32_t n, float **rows,
+                             uint32_t *idx) {
+  uint32_t miss[FIND_BLOCK], nm = 0;
+  uint64_t k64[FIND_BLOCK];
+  float *mrows[FIND_BLOCK];
+  uint32_t mix[FIND_BLOCK];
+  PS_ASSERT(n <= FIND_BLOCK && FIND_BLOCK <= PS__ROWS_BATCH);
+  for (uint32_t i = 0; i < n; i++) {
+    miss[nm] = i;
+    k64[nm] = keys64 ? keys64[i] : ps__get_u64(keys_le + 8 * (size_t)i);
+    nm += rows[i] == NULL;
+  }
+  if (nm == 0) return n;
+  size_t got = ps__shard_rows_at(t, k64, NULL, nm, mrows, mix);
+  for (size_t q = 0; q < got; q++) {
+    rows[miss[q]] = mrows[q];
+    if (idx) idx[miss[q]] = mix[q];
+  }
+  return got < nm ? miss[got] : n;
+}
+
 /* The positions flagged in left (n flags), in order, into pos; returns their number. */
 static uint32_t left_positions(const uint8_t *left, uint32_t n, uint32_t *pos) {
   uint32_t k = 0;
@@ -313,11 +361,9 @@ static uint32_t left_positions(const uint8_t *left, uint32_t n, uint32_t *pos) {
   return k;
 }
 
-/* Prefetch for the keys at positions pos[0 .. n): the index slot PF_FAR ahead, the row PF_NEAR ahead. */
-static inline void prefetch_ahead_at(const ps__rowmap *m, const uint8_t *keys, const uint32_t *pos, uint32_t n,
-                                     uint32_t j) {
-  if (j + PF_FAR < n) ps__rowmap_prefetch(m, ps__get_u64(keys + 8 * (size_t)pos[j + PF_FAR]));
-  if (j + PF_NEAR < n) ps__rowmap_prefetch_row(m, ps__get_u64(keys + 8 * (size_t)pos[j + PF_NEAR]));
+/* The keys at positions pos[j .. j + n) of a request, into k64. */
+static void gather_keys(const uint8_t *keys, const uint32_t *pos, uint32_t j, uint32_t n, uint64_t *k64) {
+  for (uint32_t q = 0; q < n; q++) k64[q] = ps__get_u64(keys + 8 * (size_t)pos[j + q]);
 }
 
 /* The class of a key in a huge push: the top bits of a multiplicative hash (balanced
@@ -387,17 +433,17 @@ static int push_huge(ps__par *par, ps__table *t, const ps__push *p, float lr, ui
   if (!left) goto out;
   rc = 0;
   uint32_t nleft = left_positions(left, p->nkeys, pos);
-  for (uint32_t j = 0; j < nleft; j++) {
-    prefetch_ahead_at(t->params, p->keys, pos, nleft, j);
-    size_t i = pos[j];
-    uint64_t key = ps__get_u64(p->keys + 8 * i);
-    uint32_t ix = PS__ROW_ANY;
-    float *row = ps__shard_row_at(t, key, &ix);
-    if (!row) {
-      rc = PS_ERR_NOMEM;
-      break;
-    }
-    ps__shard_write(t, key, ix, row, 0, p->vals + i * width, width, lr, step);
+  uint64_t k64[PS__ROWS_BATCH];
+  float *rows[PS__ROWS_BATCH];
+  uint32_t ix[PS__ROWS_BATCH];
+  ps__shard_expect(t, nleft);
+  for (uint32_t j = 0; j < nleft && !rc; j += PS__ROWS_BATCH) {
+    uint32_t nb = nleft - j < PS__ROWS_BATCH ? nleft - j : PS__ROWS_BATCH;
+    gather_keys(p->keys, pos, j, nb, k64);
+    size_t got = ps__shard_rows_at(t, k64, NULL, nb, rows, ix);
+    for (size_t q = 0; q < got; q++)
+      ps__shard_write(t, k64[q], ix[q], rows[q], 0, p->vals + pos[j + q] * width, width, lr, step);
+    if (got < nb) rc = PS_ERR_NOMEM;
   }
 out:
   if (left) sh->hooks.release(sh->hooks.arg, left, p->nkeys);
@@ -440,6 +486,7 @@ static void pull_unit(huge_job *a, uint32_t u) {
 }
 
 int ps__shard_read_huge(ps__table *t, ps__par *par, const uint8_t *keys, uint32_t nkeys, float *out) {
+  if (ps__rowmap_settle(t->params, nkeys)) ps__shard_grown(t); /* one index to look in */
   huge_job a = {.unit = pull_unit, .t = t, .keys = keys, .nkeys = nkeys,
                 .nunits = (nkeys + PULL_UNIT - 1) / PULL_UNIT, .out = out};
   size_t width = t->spec.width;
@@ -450,15 +497,15 @@ int ps__shard_read_huge(ps__table *t, ps__par *par, const uint8_t *keys, uint32_
   uint8_t *left = huge_run(sh, par, &a);
   int rc = left ? 0 : PS_ERR_NOMEM;
   uint32_t nleft = left ? left_positions(left, nkeys, pos) : 0;
-  for (uint32_t j = 0; j < nleft; j++) {
-    prefetch_ahead_at(t->params, keys, pos, nleft, j);
-    size_t i = pos[j];
-    float *row = ps__shard_row(t, ps__get_u64(keys + 8 * i));
-    if (!row) {
-      rc = PS_ERR_NOMEM;
-      break;
-    }
-    memcpy(out + i * width, row, width * 4);
+  uint64_t k64[PS__ROWS_BATCH];
+  float *rows[PS__ROWS_BATCH];
+  ps__shard_expect(t, nleft);
+  for (uint32_t j = 0; j < nleft && !rc; j += PS__ROWS_BATCH) {
+    uint32_t nb = nleft - j < PS__ROWS_BATCH ? nleft - j : PS__ROWS_BATCH;
+    gather_keys(keys, pos, j, nb, k64);
+    size_t got = ps__shard_rows_at(t, k64, NULL, nb, rows, NULL);
+    for (size_t q = 0; q < got; q++) memcpy(out + pos[j + q] * width, rows[q], width * 4);
+    if (got < nb) rc = PS_ERR_NOMEM;
   }
   if (left) sh->hooks.release(sh->hooks.arg, left, nkeys);
   sh->hooks.release(sh->hooks.arg, pos, plen);
@@ -471,12 +518,11 @@ int ps__shard_read_rows(ps__table *t, const uint8_t *keys, uint32_t lo, uint32_t
   int oom = 0;
   for (uint32_t b = lo; b < hi; b += FIND_BLOCK) {
     uint32_t n = hi - b < FIND_BLOCK ? hi - b : FIND_BLOCK;
-    int added = 0; /* after an insert, the block's rows may have moved (store.h) */
     ps__rowmap_find_many_le(t->params, keys + 8 * (size_t)b, n, rows);
+    fill_missing(t, NULL, keys + 8 * (size_t)b, n, rows, NULL); /* a key left without a row: out of memory */
     for (uint32_t i = 0; i < n; i++) {
       float *o = out + (size_t)(b + i) * width;
-      added |= !rows[i];
-      float *row = rows[i] && !added ? rows[i] : ps__shard_row(t, ps__get_u64(keys + 8 * (size_t)(b + i)));
+      const float *row = rows[i];
       if (!row) {
         memset(o, 0, width * 4);
         oom = 1;
@@ -516,22 +562,21 @@ int ps__shard_apply_direct(ps__shard *sh, ps__table *t, const ps__push *p, ps__o
   float lr = apply_begin(t, p->lr >= 0 ? p->lr : -1.0f, gb, &step);
   ps__par *par = p->nkeys >= PS__PAR_MIN_KEYS && sh->hooks.par ? sh->hooks.par(sh->hooks.arg, p->nkeys) : NULL;
   if (par) {
+    if (ps__rowmap_settle(t->params, p->nkeys)) ps__shard_grown(t); /* one index to look in */
     if (push_huge(par, t, p, lr, step)) goto oom;
   } else {
     float *rows[FIND_BLOCK];
     uint32_t ix[FIND_BLOCK];
+    ps__shard_expect(t, p->nkeys);
     for (uint32_t b = 0; b < p->nkeys; b += FIND_BLOCK) {
       uint32_t n = p->nkeys - b < FIND_BLOCK ? p->nkeys - b : FIND_BLOCK;
-      int added = 0; /* after an insert, the block's rows may have moved (store.h) */
-      ps__rowmap_find_many_at(t->params, NULL, p->keys + 8 * (size_t)b, n, rows, t->watch ? ix : NULL);
-      for (uint32_t i = 0; i < n; i++) {
-        uint64_t key = ps__get_u64(p->keys + 8 * (size_t)(b + i));
-        added |= !rows[i];
-        uint32_t x = t->watch && !added ? ix[i] : PS__ROW_ANY;
-        float *row = rows[i] && !added ? rows[i] : ps__shard_row_at(t, key, &x);
-        if (!row) goto oom;
-        ps__shard_write(t, key, x, row, 0, p->vals + (size_t)(b + i) * width, width, lr, step);
-      }
+      const uint8_t *kb = p->keys + 8 * (size_t)b;
+      ps__rowmap_find_many_at(t->params, NULL, kb, n, rows, t->watch ? ix : NULL);
+      uint32_t done = fill_missing(t, NULL, kb, n, rows, t->watch ? ix : NULL);
+      for (uint32_t i = 0; i < done; i++)
+        ps__shard_write(t, ps__get_u64(kb + 8 * (size_t)i), t->watch ? ix[i] : PS__ROW_ANY, rows[i], 0,
+                        p->vals + (size_t)(b + i) * width, width, lr, step);
+      if (done < n) goto oom;
     }
   }
   t->applied++;

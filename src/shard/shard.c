@@ -160,6 +160,29 @@ float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx) {
   return row;
 }
 
+size_t ps__shard_rows_at(ps__table *t, const uint64_t *keys64, const uint8_t *keys_le, size_t n, float **rows,
+                         uint32_t *idx) {
+  uint8_t made[PS__ROWS_BATCH];
+  PS_ASSERT(n <= PS__ROWS_BATCH);
+  size_t got = ps__rowmap_upsert_many(t->params, keys64, keys_le, n, rows, idx, made, 0);
+  int any = 0;
+  for (size_t i = 0; i < got; i++) {
+    if (!made[i]) continue;
+    uint64_t key = keys64 ? keys64[i] : ps__get_u64(keys_le + 8 * i);
+    ps__row_init(&t->spec, key, rows[i]);
+    if (t->track) ps__shard_created(t, key);
+    any = 1;
+  }
+  if (any) ps__shard_grown(t);
+  return got;
+}
+
+void ps__shard_expect(ps__table *t, size_t n) {
+  size_t have = ps__rowmap_count(t->params);
+  if (n < 4096 || n < have) return; /* small requests grow the index as usual */
+  if (ps__rowmap_reserve(t->params, have + n) == 0) ps__shard_grown(t);
+}
+
 void ps__shard_grown(ps__table *t) {
   size_t nb = ps__rowmap_bytes(t->params);
   t->sh->mem_used += nb - t->params_bytes;

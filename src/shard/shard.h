@@ -416,6 +416,21 @@ void ps__shard_cut_orphan(ps__table *t);
 float *ps__shard_row(ps__table *t, uint64_t key);
 /* The same, with the row's number (its place in the row map) into *idx. */
 float *ps__shard_row_at(ps__table *t, uint64_t key, uint32_t *idx);
+/* ps__shard_row_at for n <= PS__ROWS_BATCH keys at once (keys64, or when it is NULL the
+ * wire's keys_le), through the row map's batch upsert: rows[] and, if idx is not NULL,
+ * the row numbers. Returns n, or the number of keys done when memory ran out (logged by
+ * the caller). */
+#define PS__ROWS_BATCH 512u
+/* A request is about to look up n keys of t, any of which may be new: when n is at
+ * least the rows t holds, its index is sized now for all of them (ps__rowmap_reserve).
+ * Moving the rows held then costs no more than the request's own work, and the request
+ * does not grow the index step by step, moving its own new rows again at each step
+ * (a first huge push or pull into an empty table). The index is at most n entries too
+ * large if the keys were not new. Failure to reserve changes nothing (the index grows
+ * as usual). */
+void ps__shard_expect(ps__table *t, size_t n);
+size_t ps__shard_rows_at(ps__table *t, const uint64_t *keys64, const uint8_t *keys_le, size_t n, float **rows,
+                         uint32_t *idx);
 /* Rows were added to t->params: count their memory in the engine's mem_used. */
 void ps__shard_grown(ps__table *t);
 #define PS__ROW_ANY UINT32_MAX /* a row number not known: ps__shard_watch looks it up */

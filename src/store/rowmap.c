@@ -578,35 +578,90 @@ static int add_chunk(ps__rowmap *m) {
   return 0;
 }
 
-static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32_t *idx) {
-  uint64_t h = ps__mix64(key);
-  char *rec;
-  uint32_t r = find_h(m, key, h, &rec);
-
-  if (created) *created = 0;
-  if (r != NONE) {
-    if (idx) *idx = r;
-    return rec_row(rec);
-  }
-  /* A new row: make room first, so that a failure leaves the map as it was. */
+/* The record of a new row for key (hash h, known absent), its number into *r: room is
+ * made first, so that a failure (NULL) leaves the map as it was. */
+static char *insert_new(ps__rowmap *m, uint64_t key, uint64_t h, int zero, uint32_t *r) {
   if (m->count >= MAX_ROWS) return NULL;
   if (m->count == m->row_cap && add_chunk(m)) return NULL;
   if (grow(m)) return NULL;
-  r = (uint32_t)m->count;
-  rec = rec_at(m, r);
+  *r = (uint32_t)m->count;
+  char *rec = rec_at(m, *r);
   memcpy(rec, &key, sizeof key);
-  ix_put(&m->cur, h, r);
+  ix_put(&m->cur, h, *r);
   m->count++;
   if (m->old.cap) {
     if (m->count % MIGRATE_EVERY == 0) migrate(m, MIGRATE_STEP);
   } else {
     prepare(m);
   }
-  float *row = rec_row(rec);
-  if (zero) memset(row, 0, m->row_bytes);
+  if (zero) memset(rec_row(rec), 0, m->row_bytes);
+  return rec;
+}
+
+static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32_t *idx) {
+  uint64_t h = ps__mix64(key);
+  char *rec;
+  uint32_t r = find_h(m, key, h, &rec);
+
+  if (created) *created = 0;
+  if (r == NONE) {
+    rec = insert_new(m, key, h, zero, &r);
+    if (!rec) return NULL;
+    if (created) *created = 1;
+  }
   if (idx) *idx = r;
-  if (created) *created = 1;
-  return row;
+  return rec_row(rec);
+}
+
+/* The pipeline of find_many, inserting the keys it does not find at the emit stage,
+ * where their index entries are in cache (prefetched for writing). An insert may grow
+ * the index or move rows between the stages: a candidate found before is still a row
+ * number (rows never move) and its record's key decides, and a key not found is looked
+ * up in full, in the map as it is then, before it is inserted (a key repeated in the
+ * batch is found there). */
+size_t ps__rowmap_upsert_many(ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows,
+                              uint32_t *idx, uint8_t *created, int zero) {
+  uint64_t hring[FM_RING];
+  uint32_t rring[FM_RING];
+  for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
+    if (t < n) {
+      uint64_t h = ps__mix64(k64 ? k64[t] : key_le(kle + 8 * t));
+      hring[t & (FM_RING - 1)] = h;
+      if (m->cur.cap) __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)], 1);
+      if (m->old.cap && !old_moved(m, h)) __builtin_prefetch(&m->old.e[ix_home(&m->old, h)]);
+    }
+    size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);
+    if (t >= FM_SLOT_AHEAD - FM_ROW_AHEAD && b < n) {
+      uint64_t h = hring[b & (FM_RING - 1)];
+      uint32_t r = NONE;
+      if (m->count) {
+        if (m->old.cap && !old_moved(m, h)) r = ix_candidate(&m->old, h);
+        if (r == NONE) r = ix_candidate(&m->cur, h);
+      }
+      rring[b & (FM_RING - 1)] = r;
+      if (r != NONE) prefetch_rec(m, rec_at(m, r));
+    }
+    if (t >= FM_SLOT_AHEAD) {
+      size_t c = t - FM_SLOT_AHEAD;
+      uint64_t key = k64 ? k64[c] : key_le(kle + 8 * c), h = hring[c & (FM_RING - 1)];
+      uint32_t r = rring[c & (FM_RING - 1)];
+      char *rec = NULL;
+      uint8_t made = 0;
+      if (r != NONE) {
+        rec = rec_at(m, r);
+        if (rec_key(rec) != key) rec = NULL;
+      }
+      if (!rec && (r = find_h(m, key, h, &rec)) == NONE) {
+        rec = insert_new(m, key, h, zero, &r);
+        if (!rec) return c;
+        made = 1;
+      }
+      rows[c] = rec_row(rec);
+      if (idx) idx[c] = r;
+      if (created) created[c] = made;
+    }
+  }
+  return n;
 }
 
 float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created) { return upsert(m, key, created, 1, NULL); }
@@ -630,6 +685,13 @@ float *ps__rowmap_row_at(const ps__rowmap *m, size_t i) {
 }
 
 size_t ps__rowmap_moving(const ps__rowmap *m) { return m->old.cap ? m->old_n - m->moved : 0; }
+
+size_t ps__rowmap_settle(ps__rowmap *m, size_t budget) {
+  size_t left = ps__rowmap_moving(m);
+  if (!left || left > budget) return 0;
+  migrate(m, SIZE_MAX);
+  return left;
+}
 
 /* A map whose index is much larger than its rows (an accumulator that once held a huge
  * round, then small ones) is cleared entry by entry: each row's entry is found first

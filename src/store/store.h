@@ -84,6 +84,16 @@ float *ps__rowmap_upsert(ps__rowmap *m, uint64_t key, int *created);
 /* Like ps__rowmap_upsert, but a created row's floats are undefined: the caller writes
  * every one of them (saves a pass over rows filled at once, e.g. accumulators). */
 float *ps__rowmap_upsert_uninit(ps__rowmap *m, uint64_t key, int *created);
+/* The rows of keys[0 .. n) (keys64, or when it is NULL the wire's little-endian keys_le),
+ * each created if absent, into rows[]; with the row numbers into idx[] and 1 where this
+ * call created the row, else 0, into created[] (either may be NULL). A key repeated in
+ * the batch is created once, at its first place. Created rows are zero-filled if zero,
+ * else undefined (the caller writes them). The find_many pipeline, inserting at its last
+ * stage, where the key's index entries are in cache: on a big map a batch of new keys
+ * costs about what a batch of present ones does. Returns n, or the number of keys done
+ * (their rows set) when memory ran out at the next one (the map holds the rows made). */
+size_t ps__rowmap_upsert_many(ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n, float **rows,
+                              uint32_t *idx, uint8_t *created, int zero);
 /* Number of rows. Rows are numbered 0..count-1 in insertion order. */
 size_t ps__rowmap_count(const ps__rowmap *m);
 /* Key and row of the i-th inserted row (i < count). */
@@ -107,6 +117,11 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u);
 int ps__rowmap_reserve(ps__rowmap *m, size_t rows);
 /* Rows still to move from the index being replaced to the new one (0: none). */
 size_t ps__rowmap_moving(const ps__rowmap *m);
+/* If at most `budget` rows are still moving, move them all now (the old index is freed)
+ * and return how many; else change nothing and return 0. While rows move, a key whose
+ * entry has not moved is looked up in both indexes, so a request of many keys finishes
+ * the move first when it costs no more than the request's own lookups. */
+size_t ps__rowmap_settle(ps__rowmap *m, size_t budget);
 /* The same, with each row's number (its place in insertion order; UINT32_MAX where a key
  * is absent) into idx[]: keys64 or, when it is NULL, keys_le. */
 void ps__rowmap_find_many_at(const ps__rowmap *m, const uint64_t *keys64, const uint8_t *keys_le, size_t n,

@@ -126,3 +126,39 @@ def test_load_without_a_restore_or_a_model_fails_clearly(data):
     assert "did not start from that checkpoint" in r.stdout + r.stderr and "--restore" in r.stdout + r.stderr
     r = run(1, 1, ["--data", d, "--epochs", "0"])
     assert r.returncode == 2 and "needs --load" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def id_key(i, bits):
+    """ctr_worker's --id-bits mapping: the top `bits` bits of murmur3's 64-bit finalizer."""
+    m = 2 ** 64 - 1
+    i ^= i >> 33
+    i = (i * 0xFF51AFD7ED558CCD) & m
+    i ^= i >> 33
+    i = (i * 0xC4CEB9FE1A85EC53) & m
+    i ^= i >> 33
+    return i >> (64 - bits)
+
+
+def test_id_bits_hash_ids_into_a_wider_than_32_bit_space(data):
+    """--id-bits 33: every key is the id's hash cut to 33 bits, and those above 2^32 reach
+    the server intact (the table holds exactly the hashed ids touched, and the bias)."""
+    d = os.path.join(data, "data")
+    model = os.path.join(data, "model-bits")
+    r = run(1, 1, ["--data", d, "--epochs", "1", "--batch", "500", "--opt", "adagrad", "--id-bits", "33",
+                   "--save", model])
+    assert r.returncode == 0, r.stdout + r.stderr
+    ck = load_checkpoint(model)
+    parts = [os.path.join(d, f) for f in os.listdir(d) if f.startswith(("train", "test"))]
+    ids = feature_ids(parts)
+    want = {id_key(i, 33) for i in ids} | {2 ** 64 - 1}
+    keys = set(ck["keys"])
+    assert keys == want
+    high = [k for k in keys if 2 ** 32 <= k < 2 ** 33]
+    assert len(high) > len(keys) // 4, "about half of the hashed keys lie above 2^32"
+    assert max(k for k in keys if k != 2 ** 64 - 1) < 2 ** 33
+    assert ck["opt"] == "adagrad"
+    # The data's own ids, as they are, span all 64 bits (the test above saves them all).
+    assert sum(1 for i in ids if i >= 2 ** 32) > len(ids) // 2
+    for bad in ("0", "65", "x"):
+        r = run(1, 1, ["--data", d, "--epochs", "1", "--id-bits", bad])
+        assert r.returncode != 0 and "--id-bits" in r.stdout + r.stderr, r.stdout + r.stderr

@@ -207,7 +207,7 @@ static uint64_t ukey(size_t u) {
   return ((uint64_t)u * 0xD6E8FEB86659FD93ull) ^ 0x5555555555555555ull;
 }
 
-/* 3M operations (insert, update, get, index, find_many, row_at, rare clears) on a map
+/* 3M operations (insert, update, batch upsert, get, index, find_many, row_at, rare clears) on a map
  * and on a reference (the row number of each universe key), compared after each. */
 Test(rowmap_growth, random_against_reference, .timeout = 60) {
   const size_t rf = 2;
@@ -253,6 +253,28 @@ Test(rowmap_growth, random_against_reference, .timeout = 60) {
       } else if (!r || i != (size_t)ref[u] || r != ps__rowmap_row_at(m, i) || r[0] != (float)u) {
         cr_fatal("op %zu: %zu not found as row %lld", op, u, (long long)ref[u]);
       }
+    } else if (what < 960) { /* a batch upsert: inserts and updates, repeats within it */
+      size_t k = 1 + (size_t)(x >> 10) % 64;
+      size_t us[64];
+      uint8_t made[64];
+      for (size_t j = 0; j < k; j++) {
+        us[j] = j && (rnd() & 7) == 0 ? us[j - 1] : (size_t)(rnd() >> 40) % U;
+        keys[j] = ukey(us[j]);
+      }
+      cr_assert(eq(sz, ps__rowmap_upsert_many(m, keys, NULL, k, rows, idx, made, 1), k));
+      for (size_t j = 0; j < k; j++) {
+        if (ref[us[j]] < 0) {
+          if (!made[j] || idx[j] != n || rows[j][0] != 0.0f || rows[j][1] != 0.0f)
+            cr_fatal("op %zu: batch insert of %zu as row %u, expected new zeroed row %zu", op, us[j], idx[j], n);
+          ref[us[j]] = (int64_t)n;
+          who[n++] = (uint32_t)us[j];
+        } else if (made[j] || idx[j] != (uint32_t)ref[us[j]]) {
+          cr_fatal("op %zu: batch update of %zu gave row %u, expected %lld", op, us[j], idx[j], (long long)ref[us[j]]);
+        }
+        if (rows[j] != ps__rowmap_row_at(m, idx[j])) cr_fatal("op %zu: batch row of %zu", op, us[j]);
+        rows[j][0] = (float)us[j];
+        rows[j][1] += 1.0f;
+      }
     } else { /* a batch */
       size_t k = 1 + (size_t)(x >> 10) % 64;
       size_t us[64];
@@ -282,5 +304,117 @@ Test(rowmap_growth, random_against_reference, .timeout = 60) {
   cr_assert(gt(sz, n, 100000), "the map grew large (%zu rows)", n);
   free(ref);
   free(who);
+  ps__rowmap_free(m);
+}
+
+/* ---------------------------------------------------------------- batch upsert */
+
+/* ps__rowmap_upsert_many against ps__rowmap_upsert_at key by key, on two maps fed the
+ * same batches (host-order and wire-order keys in turn) of random keys with every
+ * uint64 edge among them and repeats within a batch, through several growths of the
+ * index: the same row numbers, the same created flags, the same keys in the same order. */
+static void batch_matches_scalar(size_t rf, int zero) {
+  ps__rowmap *a = ps__rowmap_new(rf), *b = ps__rowmap_new(rf);
+  cr_assert(a && b);
+  enum { MAXB = 5000 };
+  static uint64_t keys[MAXB];
+  static uint8_t le[8 * MAXB], made[MAXB];
+  static float *rows[MAXB];
+  static uint32_t idx[MAXB];
+  const uint64_t edge[] = {0, UINT64_MAX, 1, UINT64_MAX - 1, (uint64_t)1 << 63, ((uint64_t)1 << 32) - 1,
+                           (uint64_t)1 << 32};
+  size_t total = 0;
+  rng_state = 0x9E3779B97F4A7C15ull + rf;
+  for (int round = 0; round < 120; round++) {
+    size_t k = 1 + (size_t)(rnd() >> 20) % MAXB;
+    for (size_t j = 0; j < k; j++) {
+      uint64_t x = rnd();
+      if ((x & 63) == 0) keys[j] = edge[(x >> 8) % (sizeof edge / sizeof edge[0])];
+      else if ((x & 7) == 1 && j) keys[j] = keys[(x >> 16) % j]; /* a repeat */
+      else if ((x & 7) == 2 && total) keys[j] = ps__rowmap_key_at(a, (size_t)(x >> 16) % ps__rowmap_count(a));
+      else keys[j] = (x >> 44) * 0xD6E8FEB86659FD93ull; /* a universe of 2^20 keys: many repeats over rounds */
+      for (int q = 0; q < 8; q++) le[8 * j + q] = (uint8_t)(keys[j] >> (8 * q));
+    }
+    size_t got = round % 2 ? ps__rowmap_upsert_many(b, NULL, le, k, rows, idx, made, zero)
+                           : ps__rowmap_upsert_many(b, keys, NULL, k, rows, idx, made, zero);
+    cr_assert(eq(sz, got, k));
+    for (size_t j = 0; j < k; j++) {
+      int created = -1;
+      uint32_t at;
+      float *r = ps__rowmap_upsert_at(a, keys[j], &created, &at);
+      cr_assert(not(zero(ptr, r)));
+      if (at != idx[j] || created != made[j] || rows[j] != ps__rowmap_row_at(b, idx[j]))
+        cr_fatal("round %d key %zu (%llu): batch row %u created %u, scalar row %u created %d", round, j,
+                 (unsigned long long)keys[j], idx[j], made[j], at, created);
+      if (made[j]) {
+        if (zero)
+          for (size_t q = 0; q < rf; q++)
+            if (rows[j][q] != 0.0f) cr_fatal("round %d key %zu: created row not zero-filled", round, j);
+        for (size_t q = 0; q < rf; q++) rows[j][q] = (float)(keys[j] >> 40) + (float)q; /* the caller writes it */
+      }
+    }
+    total += k;
+  }
+  cr_assert(eq(sz, ps__rowmap_count(a), ps__rowmap_count(b)));
+  for (size_t i = 0; i < ps__rowmap_count(a); i++) {
+    uint64_t k = ps__rowmap_key_at(a, i);
+    float *r = ps__rowmap_get(b, k);
+    if (ps__rowmap_key_at(b, i) != k || r != ps__rowmap_row_at(b, i) || r[0] != (float)(k >> 40))
+      cr_fatal("row %zu differs", i);
+  }
+  for (size_t e = 0; e < sizeof edge / sizeof edge[0]; e++)
+    cr_assert(eq(int, ps__rowmap_get(a, edge[e]) != NULL, ps__rowmap_get(b, edge[e]) != NULL));
+  cr_log_info("rowmap: batch upsert: %zu keys, %zu rows", total, ps__rowmap_count(b));
+  cr_assert(gt(sz, ps__rowmap_count(b), 100000), "the map grew through several index sizes");
+  ps__rowmap_free(a);
+  ps__rowmap_free(b);
+}
+
+Test(rowmap_batch, upsert_many_matches_scalar_one_float, .timeout = 60) { batch_matches_scalar(1, 1); }
+Test(rowmap_batch, upsert_many_matches_scalar_wide_uninit, .timeout = 60) { batch_matches_scalar(9, 0); }
+
+/* An empty map and an empty batch; a batch of one key repeated. */
+Test(rowmap_batch, upsert_many_edges) {
+  ps__rowmap *m = ps__rowmap_new(2);
+  float *rows[40];
+  uint32_t idx[40];
+  uint8_t made[40];
+  uint64_t keys[40];
+  cr_assert(eq(sz, ps__rowmap_upsert_many(m, keys, NULL, 0, rows, idx, made, 1), 0));
+  cr_assert(eq(sz, ps__rowmap_count(m), 0));
+  for (int i = 0; i < 40; i++) keys[i] = UINT64_MAX;
+  cr_assert(eq(sz, ps__rowmap_upsert_many(m, keys, NULL, 40, rows, NULL, made, 1), 40));
+  cr_assert(eq(sz, ps__rowmap_count(m), 1));
+  cr_assert(eq(u8, made[0], 1));
+  for (int i = 1; i < 40; i++) {
+    cr_assert(eq(u8, made[i], 0));
+    cr_assert(eq(ptr, rows[i], rows[0]));
+  }
+  keys[0] = 0;
+  cr_assert(eq(sz, ps__rowmap_upsert_many(m, keys, NULL, 2, rows, idx, NULL, 1), 2));
+  cr_assert(eq(u32, idx[0], 1));
+  cr_assert(eq(u32, idx[1], 0));
+  cr_assert(eq(ptr, ps__rowmap_get(m, 0), rows[0]));
+  ps__rowmap_free(m);
+}
+
+/* ps__rowmap_settle: while rows move, a budget below the rows left changes nothing; one
+ * at least as large moves them all (the old index freed), every row still found. */
+Test(rowmap_growth, settle_finishes_a_move_within_its_budget) {
+  ps__rowmap *m = ps__rowmap_new(2);
+  size_t n = 0;
+  while (ps__rowmap_moving(m) < 5000) {
+    float *r = ps__rowmap_upsert(m, key_of(n), NULL);
+    cr_assert(not(zero(ptr, r)));
+    fill_row(r, 2, n++);
+  }
+  size_t left = ps__rowmap_moving(m), before = ps__rowmap_bytes(m);
+  cr_assert(eq(sz, ps__rowmap_settle(m, left - 1), 0));
+  cr_assert(eq(sz, ps__rowmap_moving(m), left));
+  cr_assert(eq(sz, ps__rowmap_settle(m, left), left));
+  cr_assert(eq(sz, ps__rowmap_moving(m), 0));
+  cr_assert(lt(sz, ps__rowmap_bytes(m), before), "the old index is freed");
+  check_all(m, 2, n, "after settle");
+  cr_assert(eq(sz, ps__rowmap_settle(m, SIZE_MAX), 0), "nothing moving: nothing to do");
   ps__rowmap_free(m);
 }

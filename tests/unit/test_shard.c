@@ -1221,3 +1221,53 @@ Test(shard, a_buffer_applied_on_a_copy_gives_the_same_rows_and_optimiser_state_b
   copy_equals_head("opt=sgd lr=0.1 warmup=5 init=uniform:0.5 seed=3 mode=ssp:4 agg_n=3");
   copy_equals_head("opt=adagrad lr=0.1 update=sum init=uniform:0.5 seed=3 mode=async agg_n=3");
 }
+
+/* ---------------------------------------------------------------- large requests of new keys */
+
+/* A push of many new keys into an empty table (sgd straight from the frame, adagrad
+ * through the buffer) sizes the index for them at once: no rows left moving, every row
+ * created once, initialised and stepped; a later push as large as the table is again a
+ * batch of new rows created right, and a small one grows the index as usual. */
+static void push_new(uint32_t table, uint64_t base, uint32_t n) {
+  uint64_t *k = malloc(n * sizeof *k);
+  uint8_t *kb = malloc(8 * (size_t)n);
+  float *g = malloc(n * sizeof *g);
+  cr_assert(k && kb && g);
+  for (uint32_t i = 0; i < n; i++) {
+    k[i] = (base + i) * 0x9E3779B97F4A7C15ull;
+    g[i] = 1.0f + (float)((base + i) % 5);
+  }
+  put_keys(kb, k, n);
+  ps__push p = {.table = table, .sender = 1, .batch = 1, .lr = -1.0f, .keys = kb, .nkeys = n, .vals = g, .nvals = n};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, NULL, &v), PS__APPLIED));
+  free(k);
+  free(kb);
+  free(g);
+}
+
+Test(shard, a_push_of_many_new_keys_sizes_the_index_once) {
+  ps__table *s = create(1, PS_SPARSE, 1, SPARSE1 " mode=async");
+  ps__table *a = create(2, PS_SPARSE, 1, "init=zero lr=1 mode=async opt=adagrad eps=0 acc0=0");
+  start(1);
+  push_new(1, 0, 40000); /* doubling alone would leave rows moving at 40000 */
+  push_new(2, 0, 40000);
+  for (int w = 0; w < 2; w++) {
+    ps__table *t = w ? a : s;
+    cr_assert(eq(sz, ps__rowmap_count(t->params), 40000));
+    cr_assert(eq(sz, ps__rowmap_moving(t->params), 0), "sized once, nothing moving");
+  }
+  push_new(1, 40000, 50000); /* as large as the table: sized again */
+  push_new(2, 40000, 50000);
+  push_new(1, 90000, 1000); /* small: the usual growth */
+  push_new(2, 90000, 1000);
+  for (uint64_t i = 0; i < 91000; i += 7) {
+    uint64_t key = i * 0x9E3779B97F4A7C15ull;
+    float g = 1.0f + (float)(i % 5);
+    cr_assert(ieee_ulp_eq(flt, row1(s, key), -g, 4), "sgd row %llu", (unsigned long long)i);
+    cr_assert(ieee_ulp_eq(flt, row1(a, key), -1.0f, 4), "adagrad row %llu: %g", (unsigned long long)i, row1(a, key));
+  }
+  cr_assert(eq(sz, ps__rowmap_count(s->params), 91000));
+  cr_assert(eq(sz, ps__rowmap_count(a->params), 91000));
+  cr_assert(eq(u64, s->applied, 3));
+}
