@@ -30,8 +30,15 @@
  * whichever order the membership and the frames come. X stops only when some chain of
  * it has no other live copy left (those rows are lost), or when no frame came for
  * REPAIR_STALL_MS. Once X said SYNCED it refuses new streams: it has every row.
- * Only async and ssp tables are copied (the scheduler refuses --join in a job with
- * sync tables).
+ *
+ * Sync tables: rounds are applied whole on this thread, so the cut falls between two
+ * rounds. SYNC_DONE says, per chain copied, how many rounds its rows hold (the table's
+ * version where T heads the chain, else the rounds forwarded to T); every later round
+ * reaches X as a FORWARD_ROUND held with the other forwards, and is applied after the
+ * rows (a round the chain holds already is skipped, as for any member). X answers held
+ * forwards at once, so a pull waits for its round on every copy that holds its rows:
+ * X counts in the durable clock once it applies forwards itself, after SYNC_DONE. X never
+ * heads while syncing (the head rule), so no round starts here before the copy is in.
  *
  * Everything here runs on the server's loop thread.
  */
@@ -55,6 +62,9 @@ typedef struct rp_table {
   int sent_decl;      /* a frame of it went (a table with no rows still sends one) */
   uint8_t *sel;       /* per chain index: streamed */
   size_t nsel;
+  uint32_t *cks;      /* a sync table: the chains streamed, and the rounds of each in the cut */
+  int64_t *rounds;
+  size_t nck;
   uint64_t next;      /* next row of the cut to read */
 } rp_table;
 
@@ -177,6 +187,8 @@ static void out_free(ps__server *s, rp_out *o) {
   for (size_t i = 0; i < o->nt; i++) {
     if (o->t[i].cut) ps__shard_snap_release(s->sh, &o->t[i].snap);
     free(o->t[i].sel);
+    free(o->t[i].cks);
+    free(o->t[i].rounds);
   }
   free(o->t);
   free(o->done_body);
@@ -217,7 +229,7 @@ static int out_start(ps__server *s, uint32_t x) {
   size_t ntab = 0, chains = 0;
   for (size_t i = 0; i < s->sh->ntables && !rc; i++) {
     ps__table *t = s->sh->tables[i];
-    if (!t || ps__table_is_sync(t)) continue;
+    if (!t) continue;
     rp_table *rt = &o->t[o->nt];
     ps__srv_chains cx;
     if (ps__srv_chains_init(&cx, s, t)) {
@@ -232,14 +244,34 @@ static int out_start(ps__server *s, uint32_t x) {
       int place = ps__srv_chain_place(&cx, ps__srv_chain_name(&cx, k), &next);
       rt->sel[k] = (uint8_t)(place && next == x);
       chains += rt->sel[k];
+      rt->nck += rt->sel[k];
+    }
+    /* A sync table's cut is between rounds (they are applied whole, on this thread):
+     * the rounds of each chain in it, so the replacement takes the later ones. */
+    if (!rc && ps__table_is_sync(t)) {
+      rt->cks = ps__malloc((rt->nck ? rt->nck : 1) * sizeof *rt->cks);
+      rt->rounds = ps__malloc((rt->nck ? rt->nck : 1) * sizeof *rt->rounds);
+      if (!rt->cks || !rt->rounds) rc = PS_ERR_NOMEM;
+      for (size_t k = 0, j = 0; k < rt->nsel && !rc; k++) {
+        if (!rt->sel[k]) continue;
+        rt->cks[j] = ps__srv_chain_name(&cx, k);
+        rt->rounds[j] = ps__srv_sync_chain_rounds(s, t, rt->cks[j]);
+        j++;
+      }
+    } else {
+      rt->nck = 0;
     }
     ps__srv_chains_free(&cx);
     if (rc) {
       free(rt->sel);
+      free(rt->cks);
+      free(rt->rounds);
       break;
     }
     if ((rc = ps__shard_snap_keep(t, &rt->snap))) {
       free(rt->sel);
+      free(rt->cks);
+      free(rt->rounds);
       break;
     }
     rt->cut = 1;
@@ -251,9 +283,25 @@ static int out_start(ps__server *s, uint32_t x) {
     ps__wbuf_u32(&w, (uint32_t)ntab);
     for (size_t i = 0; i < o->nt; i++) {
       ps__wbuf_u32(&w, o->t[i].snap.decl.id);
-      ps__wbuf_u32(&w, 0);
+      ps__wbuf_u32(&w, (uint32_t)o->t[i].nck);
       ps__wbuf_u64(&w, o->t[i].snap.step);
       ps__wbuf_u64(&w, (uint64_t)o->t[i].snap.version);
+      for (size_t j = 0; j < o->t[i].nck; j++) {
+        ps__wbuf_u32(&w, o->t[i].cks[j]);
+        ps__wbuf_u32(&w, 0);
+        ps__wbuf_u64(&w, (uint64_t)o->t[i].rounds[j]);
+      }
+    }
+    /* The workers' clocks as known here: X missed the CLOCKs a worker sent before it
+     * knew X, and a round X heads later waits for them. */
+    uint32_t nw = 0;
+    for (size_t i = 0; i < s->sh->nworkers; i++) nw += s->sh->workers[i].alive;
+    ps__wbuf_u32(&w, nw);
+    for (size_t i = 0; i < s->sh->nworkers; i++) {
+      if (!s->sh->workers[i].alive) continue;
+      ps__wbuf_u32(&w, s->sh->workers[i].id);
+      ps__wbuf_u32(&w, 0);
+      ps__wbuf_u64(&w, (uint64_t)s->sh->workers[i].clock);
     }
     ps__once_set_encode(&s->sh->once, &w);
     if (w.oom || w.len > PS_CTRL_MAX_BODY) rc = PS_ERR_NOMEM;
@@ -497,6 +545,8 @@ static void replay(ps__server *s, rp_src *q) {
       ps__srv_on_forward(s, &r->sink, &x->h, &b, x->h.type == PS_MSG_FORWARD_DENSE);
     else if (x->h.type == PS_MSG_FORWARD_AGG)
       ps__srv_on_forward_agg(s, &r->sink, &x->h, &b);
+    else if (x->h.type == PS_MSG_FORWARD_ROUND)
+      ps__srv_on_forward_round(s, &r->sink, &x->h, &b);
     if (b.buf) ps__pool_put(s->pool, b.buf, x->len);
     r->replayed++;
     r->held_bytes -= x->len;
@@ -624,18 +674,51 @@ void ps__srv_on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
     ps__srv_reply_err(c, h, PS_ERR_PROTO, "malformed sync-done frame");
     return;
   }
-  for (uint32_t i = 0; i < nt; i++) {
-    uint32_t id = ps__rbuf_u32(&rb);
+  /* Checked whole first: a malformed frame changes nothing. */
+  size_t at = rb.off;
+  for (uint32_t i = 0; i < nt && !rb.err; i++) {
     (void)ps__rbuf_u32(&rb);
+    uint32_t nck = ps__rbuf_u32(&rb);
+    (void)ps__rbuf_u64(&rb);
+    (void)ps__rbuf_u64(&rb);
+    if (rb.err || (uint64_t)nck * 16 > b->len - rb.off) rb.err = 1;
+    else rb.off += (size_t)nck * 16;
+  }
+  uint32_t nw = rb.err ? 0 : ps__rbuf_u32(&rb);
+  size_t clocks = rb.off;
+  if (rb.err || (uint64_t)nw * 16 > b->len - rb.off) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "malformed sync-done frame");
+    return;
+  }
+  size_t windows = rb.off + (size_t)nw * 16;
+  rb.off = at;
+  for (uint32_t i = 0; i < nt; i++) {
+    uint32_t id = ps__rbuf_u32(&rb), nck = ps__rbuf_u32(&rb);
     uint64_t step = ps__rbuf_u64(&rb);
-    (void)ps__rbuf_u64(&rb); /* version: sync tables are not copied */
+    int64_t version = (int64_t)ps__rbuf_u64(&rb);
     ps__table *t = ps__shard_table(s->sh, id);
     if (t && step > t->step) t->step = step;
+    /* A sync table: its rounds run on here from the source's (CLOCKs move them on), and
+     * each chain copied holds the rounds of the cut; the later ones are held forwards. */
+    if (t && ps__table_is_sync(t) && version > t->version) t->version = version;
+    for (uint32_t j = 0; j < nck; j++) {
+      uint32_t ck = ps__rbuf_u32(&rb);
+      (void)ps__rbuf_u32(&rb);
+      int64_t rounds = (int64_t)ps__rbuf_u64(&rb);
+      if (t && ps__table_is_sync(t)) ps__srv_sync_set_chain_rounds(s, t, ck, rounds);
+    }
   }
-  int rc = ps__once_set_merge(&s->sh->once, (const uint8_t *)b->buf + rb.off, b->len - rb.off);
+  int rc = ps__once_set_merge(&s->sh->once, (const uint8_t *)b->buf + windows, b->len - windows);
   if (rc) {
     ps__srv_reply_err(c, h, rc, "sync-done: %s", ps_errmsg());
     return;
+  }
+  rb.off = clocks;
+  for (uint32_t i = 0; i < nw; i++) {
+    uint32_t id = ps__rbuf_u32(&rb);
+    (void)ps__rbuf_u32(&rb);
+    int64_t clock = (int64_t)ps__rbuf_u64(&rb);
+    ps__shard_clock(s->sh, id, clock); /* the larger of the two stays */
   }
   q->done = 1;
   ps__srv_reply_ok(c, h, 0);
@@ -861,10 +944,12 @@ void ps__srv_repair_stats(ps__server *s, char *line, size_t cap) {
   for (rp_out *o = r ? r->outs : NULL; o; o = o->next) outs++;
   snprintf(line, cap,
            "syncing %d\nrepair_sources_left %zu\nrepair_rows_in %llu\nrepair_forwards_held %llu\n"
-           "repair_copies_out %zu\nrepair_copies_done %llu\nrepair_rows_out %llu\nrepair_restarts %llu\n",
+           "repair_copies_out %zu\nrepair_copies_done %llu\nrepair_rows_out %llu\nrepair_restarts %llu\n"
+           "catchups_running %zu\n",
            s->self_state == PS_CHAIN_SYNCING, left, (unsigned long long)(r ? r->rows_in : 0),
            (unsigned long long)(r ? r->replayed : 0), outs, (unsigned long long)(r ? r->streams_done : 0),
-           (unsigned long long)(r ? r->rows_out : 0), (unsigned long long)(r ? r->restarts : 0));
+           (unsigned long long)(r ? r->rows_out : 0), (unsigned long long)(r ? r->restarts : 0),
+           ps__srv_sync_catchups_running(s));
 }
 
 void ps__srv_repair_free(ps__server *s) {
