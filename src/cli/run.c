@@ -11,6 +11,11 @@
  * is stopped (SIGTERM, SIGKILL after a grace period) and run exits with the first
  * failure's status (128+N for a signal).
  *
+ * Under --replicas R >= 2 a server that exits does not stop the job (its keys have other
+ * copies); with --respawn-servers run starts `pshard server --join` in its place (at
+ * most --max-respawns times), once the scheduler lists a server dead and no other
+ * replacement is still copying, and says when the replacement has its rows.
+ *
  * Both take the checkpoint flags (--checkpoint-dir, --checkpoint-every,
  * --checkpoint-keep, --restore) and hand them to the roles they start: the scheduler
  * writes and restores checkpoints, the servers load their rows from one, the worker of
@@ -59,6 +64,7 @@ static char *sched_argv_saved[32]; /* how the scheduler was started, to start it
  * whether a restarted scheduler's is still to be printed (run_watch). */
 static char dash_file[PS_CFG_PATH_MAX + 8], dash_addr[128];
 static int dash_pending;
+static char *join_argv[16];        /* how a replacement server is started (--respawn-servers) */
 static char run_dir[64];
 
 /* Remove the job's temporary directory (the scheduler's address file). */
@@ -289,6 +295,9 @@ static void run_usage(FILE *f) {
           "                                S is then K (-s, if given, must equal -w)\n"
           "      --replicas R              copies of every key range, 1 to 3 and at most S (1);\n"
           "                                with R >= 2 the job goes on when a server dies\n"
+          "      --respawn-servers         with R >= 2: when a server exits, start a replacement\n"
+          "                                (pshard server --join) that copies its rows (off)\n"
+          "      --max-respawns N          replacements started at most, over the job (3)\n"
           "      --heartbeat-timeout-ms N  a silent node is dead after N ms (3000)\n"
           "      --progress-ms N           progress line period, 0 = none (1000)\n"
           "      --mode M                  consistency model for the job's tables: sync, sync:M,\n"
@@ -318,6 +327,8 @@ const char *ps_cli_self_exe(void) {
 typedef struct run_opts {
   uint64_t S, K, hbt, prog, grace;
   uint64_t R;            /* replicas (1) */
+  int respawn;           /* --respawn-servers */
+  uint64_t max_respawns; /* --max-respawns (3) */
   const char *mode;      /* NULL: sync */
   const char *transport;
   const char *stats_out; /* NULL: none */
@@ -337,6 +348,7 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
       {"mode", required_argument, 0, 'm'},    {"stats-out", required_argument, 0, 'o'},
       {"colocate", no_argument, 0, 'C'},      {"replicas", required_argument, 0, 'r'},
       {"http-port", required_argument, 0, 'W'},
+      {"respawn-servers", no_argument, 0, 1001}, {"max-respawns", required_argument, 0, 1002},
       CKPT_LONG_OPTS, {0, 0, 0, 0}};
   int c;
   optind = 1;
@@ -354,6 +366,8 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
     case 'C': o->colocate = 1; break;
     case 'w': dst = &o->K; max = 512; break;
     case 'r': dst = &o->R; max = 3; break;
+    case 1001: o->respawn = 1; break;
+    case 1002: dst = &o->max_respawns; max = 1000; break;
     case 't': dst = &o->hbt; max = 86400000; break;
     case 'P': dst = &o->prog; max = 3600000; break;
     case 'g': dst = &o->grace; max = 600000; break;
@@ -421,6 +435,11 @@ static int run_check(int argc, char **argv, run_opts *o) {
   if (o->R == 0 || o->R > o->S) {
     fprintf(stderr, "pshard run: --replicas %llu needs at least that many servers (-s %llu), and 1 to 3 copies\n",
             (unsigned long long)o->R, (unsigned long long)o->S);
+    return 2;
+  }
+  if (o->respawn && (o->R < 2 || o->colocate)) {
+    fprintf(stderr, "pshard run: --respawn-servers needs --replicas 2 or 3 and server processes (not --colocate): "
+                    "a replacement copies a dead server's rows from their other copies\n");
     return 2;
   }
   if (o->S == 0 || o->K == 0 || o->hbt == 0) {
@@ -544,6 +563,18 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
   }
   if (o->verbose) srv_argv[n++] = "--verbose";
   srv_argv[n] = NULL;
+  /* A replacement: the same flags but --restore (it copies its rows from the other
+   * copies), and --join. */
+  int nj = 0;
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(srv_argv[i], "--restore")) {
+      i++;
+      continue;
+    }
+    join_argv[nj++] = srv_argv[i];
+  }
+  join_argv[nj++] = "--join";
+  join_argv[nj] = NULL;
   for (uint64_t i = 0; i < (o->colocate ? 0 : o->S); i++) {
     char name[32];
     snprintf(name, sizeof name, "server %llu", (unsigned long long)i);
@@ -695,6 +726,89 @@ static int restart_scheduler(const char *addr, int *sched, int *restarts) {
   return 0;
 }
 
+/* --respawn-servers: servers that exited and wait for a replacement, and the last one
+ * started, until it has its rows. */
+typedef struct respawn_state {
+  uint64_t started;       /* replacements started */
+  unsigned pending;       /* server exits without a replacement yet */
+  uint64_t pending_since; /* ms */
+  uint64_t next_check;    /* ms: the scheduler's counters are read every RESPAWN_CHECK_MS */
+  int watched;            /* procs index of the replacement copying its rows, or -1 */
+  int dead_at_start;      /* dead servers the scheduler listed when it was started */
+  int seen_syncing;       /* the scheduler listed a replacement copying since then */
+  uint64_t watched_since; /* ms */
+} respawn_state;
+
+#define RESPAWN_CHECK_MS 250
+#define RESPAWN_WAIT_MS 60000 /* a server exit the scheduler does not list as dead for this long is let go */
+
+/* The scheduler's server lines: how many are dead, and whether one is still copying
+ * its rows as a replacement (`late=1 syncing=1`). 0, or -1 when unreachable. */
+static int sched_servers(const char *addr, int *dead, int *syncing) {
+  static char stats[1 << 18];
+  if (ps_cli_fetch_stats(addr, PROGRESS_STATS_MS, stats, sizeof stats)) return -1;
+  *dead = *syncing = 0;
+  for (const char *l = stats; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
+    const char *e = strchr(l, '\n');
+    size_t len = e ? (size_t)(e - l) : strlen(l);
+    char line[512];
+    if (strncmp(l, "node ", 5) || len >= sizeof line) continue;
+    memcpy(line, l, len);
+    line[len] = '\0';
+    if (!strstr(line, " role=server ")) continue;
+    if (strstr(line, " alive=0")) (*dead)++;
+    else if (strstr(line, " syncing=1")) (*syncing)++;
+  }
+  return 0;
+}
+
+/* Start a replacement for an exited server once the scheduler lists a dead one and no
+ * replacement is copying (one syncs at a time), and say when the last one has its rows. */
+static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs, int tty) {
+  uint64_t now = ps__now_ms();
+  if ((!rs->pending && rs->watched < 0) || now < rs->next_check) return;
+  rs->next_check = now + RESPAWN_CHECK_MS;
+  int dead, syncing;
+  if (sched_servers(addr, &dead, &syncing)) return; /* the scheduler is away: later */
+  if (rs->watched >= 0 && syncing) rs->seen_syncing = 1;
+  /* It took a dead server's place (one dead fewer, or it was seen copying) and nobody
+   * copies any more; or it is gone; or the scheduler never listed it (given up). */
+  if (rs->watched >= 0 && !syncing && (dead < rs->dead_at_start || rs->seen_syncing)) {
+    proc *w = &procs[rs->watched];
+    if (!w->exited) {
+      if (tty && o->prog) fprintf(stderr, "\n");
+      fprintf(stderr, "[pshard] %s has copied its rows: it holds real copies of the dead server's key ranges\n",
+              w->name);
+    }
+    rs->watched = -1;
+  }
+  if (rs->watched >= 0 && (procs[rs->watched].exited || now - rs->watched_since > RESPAWN_WAIT_MS)) rs->watched = -1;
+  if (!rs->pending || syncing || rs->watched >= 0) return;
+  if (!dead) {
+    if (now - rs->pending_since < RESPAWN_WAIT_MS) return;
+    fprintf(stderr, "[pshard] the scheduler lists no dead server; no replacement started\n");
+    rs->pending = 0;
+    return;
+  }
+  char name[32];
+  snprintf(name, sizeof name, "server r%llu", (unsigned long long)rs->started + 1);
+  if (tty && o->prog) fprintf(stderr, "\n");
+  proc *p = nprocs < MAX_PROCS ? spawn(name, 0, join_argv, NULL) : NULL;
+  rs->pending--;
+  rs->pending_since = now;
+  if (!p) {
+    fprintf(stderr, "[pshard] cannot start a replacement server\n");
+    return;
+  }
+  rs->started++;
+  rs->watched = (int)(p - procs);
+  rs->dead_at_start = dead;
+  rs->seen_syncing = 0;
+  rs->watched_since = now;
+  fprintf(stderr, "[pshard] starting %s (pshard server --join, %llu of at most %llu) to take a dead server's place\n",
+          name, (unsigned long long)rs->started, (unsigned long long)o->max_respawns);
+}
+
 /* The output loop: relay output, print progress, and end the job on a signal, on the
  * first failure (a worker's nonzero exit or any exit of the others) or when every
  * worker is done. A scheduler that dies while workers run is started again. The exit
@@ -703,9 +817,11 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
   int tty = isatty(2), status = 0, sched = 0, restarts = 0;
   uint64_t last_prog = ps__now_ms();
   const char *failed = NULL;
+  respawn_state rs = {.watched = -1};
   for (;;) {
     run_poll();
     reap();
+    if (o->respawn) respawn_tick(o, addr, &rs, tty);
     if (procs[sched].exited && !got_signal && procs[sched].status != 0) {
       int workers_up = 0;
       for (int i = 0; i < nprocs; i++) workers_up += procs[i].is_worker && !procs[i].exited;
@@ -737,6 +853,13 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
         fprintf(stderr, "[pshard] %s exited with status %d; its keys are served by their other copies (replicas %llu)\n",
                 p->name, p->status, (unsigned long long)o->R);
         p->replaced = 1;
+        if (o->respawn && rs.started + rs.pending < o->max_respawns) {
+          if (!rs.pending) rs.pending_since = ps__now_ms();
+          rs.pending++;
+        } else if (o->respawn) {
+          fprintf(stderr, "[pshard] no replacement for it: %llu started already (--max-respawns)\n",
+                  (unsigned long long)rs.started);
+        }
         continue;
       }
       if (p->status != 0 || !p->is_worker) {
@@ -805,7 +928,7 @@ static int run_secret(void) {
 }
 
 int ps_cli_run(int argc, char **argv) {
-  run_opts o = {.S = 1, .K = 1, .R = 1, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto",
+  run_opts o = {.S = 1, .K = 1, .R = 1, .max_respawns = 3, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto",
                 .http_port = getenv("PSHARD_HTTP_PORT") && *getenv("PSHARD_HTTP_PORT") ? getenv("PSHARD_HTTP_PORT") : "0"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;

@@ -610,6 +610,7 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
     if (!l) continue;
     l->m = *x;
     if (x->alive) {
+      if (!l->alive) l->lost = 1; /* a replacement of a dead server: it missed our CLOCKs, sent on connecting */
       l->alive = 1;
     } else if (l->alive) {
       pthread_mutex_lock(&ctx->lend_mu);

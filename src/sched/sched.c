@@ -241,12 +241,6 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
     refuse_hello(c, h, PS_ERR_UNAVAILABLE, "the job keeps one copy of every key (replicas 1): a dead server's rows are lost, and a replacement has nothing to copy");
     return;
   }
-  for (size_t i = 0; i < s->ntables; i++)
-    if (s->tables[i].spec.mode == PS__MODE_SYNC || s->tables[i].spec.mode == PS__MODE_SYNC_M) {
-      snprintf(msg, sizeof msg, "table '%s' is a sync table: replacing a server of a job with sync tables is not supported", s->tables[i].d.name);
-      refuse_hello(c, h, PS_ERR_UNAVAILABLE, msg);
-      return;
-    }
   node *n = NULL;
   size_t dead = 0;
   for (size_t i = 0; i < s->nnodes; i++) {

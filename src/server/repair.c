@@ -18,11 +18,27 @@
  * the held forwards in their order. When every source (each server that held a copy
  * when X joined) is done, X sends SYNCED to the scheduler, which clears `syncing`.
  *
- * Failures: X dying is a syncing member dying (its sources drop their streams). A source
- * dying before its SYNC_DONE ends X (exit status 1): the rows it was copying may have no
- * other source, and a replacement started again copies from the new tails. A stream
- * with no progress for REPAIR_STALL_MS ends X too. Only async and ssp tables are copied
- * (the scheduler refuses --join in a job with sync tables).
+ * Failures: X dying is a syncing member dying (its sources drop their streams). A server
+ * dying while X copies (a source, or any other) changes the tails of some of X's chains:
+ * the scheduler's membership is the trigger, and X and every live source see the same
+ * death in it. Each source then drops its stream to X, cut or done, and starts a new
+ * one from a fresh cut (the new tails of the dead one's chains are among them); X drops
+ * the dead source, and for every live one forgets the forwards it held and waits for
+ * the new stream, whose rows overwrite those of the old (a later cut of the same
+ * chains holds every key the earlier one did). A stream carries the epoch of its cut
+ * (the header's clock), so X tells a frame of the old stream from one of the new, in
+ * whichever order the membership and the frames come. X stops only when some chain of
+ * it has no other live copy left (those rows are lost), or when no frame came for
+ * REPAIR_STALL_MS. Once X said SYNCED it refuses new streams: it has every row.
+ *
+ * Sync tables: rounds are applied whole on this thread, so the cut falls between two
+ * rounds. SYNC_DONE says, per chain copied, how many rounds its rows hold (the table's
+ * version where T heads the chain, else the rounds forwarded to T); every later round
+ * reaches X as a FORWARD_ROUND held with the other forwards, and is applied after the
+ * rows (a round the chain holds already is skipped, as for any member). X answers held
+ * forwards at once, so a pull waits for its round on every copy that holds its rows:
+ * X counts in the durable clock once it applies forwards itself, after SYNC_DONE. X never
+ * heads while syncing (the head rule), so no round starts here before the copy is in.
  *
  * Everything here runs on the server's loop thread.
  */
@@ -46,6 +62,9 @@ typedef struct rp_table {
   int sent_decl;      /* a frame of it went (a table with no rows still sends one) */
   uint8_t *sel;       /* per chain index: streamed */
   size_t nsel;
+  uint32_t *cks;      /* a sync table: the chains streamed, and the rounds of each in the cut */
+  int64_t *rounds;
+  size_t nck;
   uint64_t next;      /* next row of the cut to read */
 } rp_table;
 
@@ -53,6 +72,7 @@ typedef struct rp_table {
 typedef struct rp_out {
   struct rp_out *next;
   uint32_t to, stream;
+  uint64_t cut_epoch; /* the epoch of the cut: sent in each frame's clock */
   rp_table *t;
   size_t nt, cur;
   uint8_t *done_body; /* SYNC_DONE's body, encoded at the cut */
@@ -77,6 +97,10 @@ typedef struct rp_held {
 typedef struct rp_src {
   uint32_t id;
   int done;
+  int gone;           /* it left the job: its chains come from the new tails */
+  uint32_t stream;    /* the stream being taken (0: none yet) */
+  uint64_t cut_epoch; /* ... and the epoch of its cut */
+  uint64_t min_epoch; /* streams cut before this epoch are stale (a death since) */
   rp_held *head, *tail;
   uint64_t rows, held;
 } rp_src;
@@ -84,8 +108,13 @@ typedef struct rp_src {
 struct srv_repair {
   rp_out *outs;
   uint32_t next_stream;
-  int pending;        /* a stream could not start (a checkpoint's cut): try at the next tick */
-  uint64_t streams_done, rows_out;
+  uint32_t *want;     /* replacements a stream must start to (a checkpoint's cut delayed it) */
+  size_t nwant;
+  uint32_t *served;   /* replacements whose stream from here is done */
+  size_t nserved;
+  uint32_t *live;     /* the live servers of the last membership: a death since restarts copies */
+  size_t nlive;
+  uint64_t streams_done, rows_out, restarts;
   /* as a replacement */
   int syncing;        /* the sources are known */
   rp_src *src;
@@ -108,12 +137,58 @@ static srv_repair *repair_of(ps__server *s) {
   return s->repair;
 }
 
+/* Sets of server ids (small: a job's servers). */
+static int ids_has(const uint32_t *v, size_t n, uint32_t id) {
+  for (size_t i = 0; i < n; i++)
+    if (v[i] == id) return 1;
+  return 0;
+}
+
+static int ids_add(uint32_t **v, size_t *n, uint32_t id) {
+  if (ids_has(*v, *n, id)) return 0;
+  uint32_t *nv = ps__realloc(*v, (*n + 1) * sizeof *nv);
+  if (!nv) return PS_ERR_NOMEM;
+  nv[(*n)++] = id;
+  *v = nv;
+  return 0;
+}
+
+static void ids_del(uint32_t *v, size_t *n, uint32_t id) {
+  for (size_t i = 0; i < *n; i++)
+    if (v[i] == id) {
+      v[i] = v[--*n];
+      return;
+    }
+}
+
+/* Did a server that was live at the last membership die in m? Notes m's live servers. */
+static int deaths_since(srv_repair *r, const ps__membership *m) {
+  int died = 0;
+  for (size_t i = 0; i < r->nlive && !died; i++) {
+    int alive = 0;
+    for (uint32_t j = 0; j < m->n && !alive; j++)
+      alive = m->m[j].id == r->live[i] && m->m[j].alive;
+    died = !alive;
+  }
+  uint32_t *v = ps__malloc((m->n ? m->n : 1) * sizeof *v);
+  if (!v) return died; /* the old list stays: a death is seen again next time */
+  size_t n = 0;
+  for (uint32_t j = 0; j < m->n; j++)
+    if (m->m[j].role == PS_ROLE_SERVER && m->m[j].alive) v[n++] = m->m[j].id;
+  free(r->live);
+  r->live = v;
+  r->nlive = n;
+  return died;
+}
+
 /* ------------------------------------------------------------------ the tail: streams out */
 
 static void out_free(ps__server *s, rp_out *o) {
   for (size_t i = 0; i < o->nt; i++) {
     if (o->t[i].cut) ps__shard_snap_release(s->sh, &o->t[i].snap);
     free(o->t[i].sel);
+    free(o->t[i].cks);
+    free(o->t[i].rounds);
   }
   free(o->t);
   free(o->done_body);
@@ -146,6 +221,7 @@ static int out_start(ps__server *s, uint32_t x) {
   if (!o) return PS_ERR_NOMEM;
   o->to = x;
   o->stream = ++r->next_stream;
+  o->cut_epoch = s->epoch;
   o->t = ps__calloc(s->sh->ntables ? s->sh->ntables : 1, sizeof *o->t);
   ps__wbuf w;
   ps__wbuf_init(&w);
@@ -153,7 +229,7 @@ static int out_start(ps__server *s, uint32_t x) {
   size_t ntab = 0, chains = 0;
   for (size_t i = 0; i < s->sh->ntables && !rc; i++) {
     ps__table *t = s->sh->tables[i];
-    if (!t || ps__table_is_sync(t)) continue;
+    if (!t) continue;
     rp_table *rt = &o->t[o->nt];
     ps__srv_chains cx;
     if (ps__srv_chains_init(&cx, s, t)) {
@@ -168,14 +244,34 @@ static int out_start(ps__server *s, uint32_t x) {
       int place = ps__srv_chain_place(&cx, ps__srv_chain_name(&cx, k), &next);
       rt->sel[k] = (uint8_t)(place && next == x);
       chains += rt->sel[k];
+      rt->nck += rt->sel[k];
+    }
+    /* A sync table's cut is between rounds (they are applied whole, on this thread):
+     * the rounds of each chain in it, so the replacement takes the later ones. */
+    if (!rc && ps__table_is_sync(t)) {
+      rt->cks = ps__malloc((rt->nck ? rt->nck : 1) * sizeof *rt->cks);
+      rt->rounds = ps__malloc((rt->nck ? rt->nck : 1) * sizeof *rt->rounds);
+      if (!rt->cks || !rt->rounds) rc = PS_ERR_NOMEM;
+      for (size_t k = 0, j = 0; k < rt->nsel && !rc; k++) {
+        if (!rt->sel[k]) continue;
+        rt->cks[j] = ps__srv_chain_name(&cx, k);
+        rt->rounds[j] = ps__srv_sync_chain_rounds(s, t, rt->cks[j]);
+        j++;
+      }
+    } else {
+      rt->nck = 0;
     }
     ps__srv_chains_free(&cx);
     if (rc) {
       free(rt->sel);
+      free(rt->cks);
+      free(rt->rounds);
       break;
     }
     if ((rc = ps__shard_snap_keep(t, &rt->snap))) {
       free(rt->sel);
+      free(rt->cks);
+      free(rt->rounds);
       break;
     }
     rt->cut = 1;
@@ -187,9 +283,25 @@ static int out_start(ps__server *s, uint32_t x) {
     ps__wbuf_u32(&w, (uint32_t)ntab);
     for (size_t i = 0; i < o->nt; i++) {
       ps__wbuf_u32(&w, o->t[i].snap.decl.id);
-      ps__wbuf_u32(&w, 0);
+      ps__wbuf_u32(&w, (uint32_t)o->t[i].nck);
       ps__wbuf_u64(&w, o->t[i].snap.step);
       ps__wbuf_u64(&w, (uint64_t)o->t[i].snap.version);
+      for (size_t j = 0; j < o->t[i].nck; j++) {
+        ps__wbuf_u32(&w, o->t[i].cks[j]);
+        ps__wbuf_u32(&w, 0);
+        ps__wbuf_u64(&w, (uint64_t)o->t[i].rounds[j]);
+      }
+    }
+    /* The workers' clocks as known here: X missed the CLOCKs a worker sent before it
+     * knew X, and a round X heads later waits for them. */
+    uint32_t nw = 0;
+    for (size_t i = 0; i < s->sh->nworkers; i++) nw += s->sh->workers[i].alive;
+    ps__wbuf_u32(&w, nw);
+    for (size_t i = 0; i < s->sh->nworkers; i++) {
+      if (!s->sh->workers[i].alive) continue;
+      ps__wbuf_u32(&w, s->sh->workers[i].id);
+      ps__wbuf_u32(&w, 0);
+      ps__wbuf_u64(&w, (uint64_t)s->sh->workers[i].clock);
     }
     ps__once_set_encode(&s->sh->once, &w);
     if (w.oom || w.len > PS_CTRL_MAX_BODY) rc = PS_ERR_NOMEM;
@@ -222,7 +334,7 @@ static int out_build(ps__server *s, rp_out *o) {
     if (!(o->frame = ps__malloc(o->done_len ? o->done_len : 1))) return -1;
     memcpy(o->frame, o->done_body, o->done_len);
     o->flen = o->done_len;
-    o->fh = (ps__frame_hdr){.type = PS_MSG_SYNC_DONE, .epoch = s->epoch};
+    o->fh = (ps__frame_hdr){.type = PS_MSG_SYNC_DONE, .epoch = s->epoch, .clock = (int64_t)o->cut_epoch};
     o->done_sent = 1;
     return 0;
   }
@@ -286,7 +398,8 @@ static int out_build(ps__server *s, rp_out *o) {
   ps__wbuf_free(&decl);
   o->frame = f;
   o->flen = head + n * per;
-  o->fh = (ps__frame_hdr){.type = PS_MSG_SYNC_ROWS, .table = rt->snap.decl.id, .batch = (uint32_t)n, .epoch = s->epoch};
+  o->fh = (ps__frame_hdr){.type = PS_MSG_SYNC_ROWS, .table = rt->snap.decl.id, .batch = (uint32_t)n, .epoch = s->epoch,
+                          .clock = (int64_t)o->cut_epoch};
   o->rows += n;
   rt->sent_decl = 1;
   return 0;
@@ -322,6 +435,8 @@ static void out_answered(ps__server *s, srv_fwd_group *g) {
     ps__log(PS_LOG_INFO, "copied %llu rows to replacement server %u", (unsigned long long)o->rows, o->to);
     s->repair->streams_done++;
     s->repair->rows_out += o->rows;
+    if (ids_add(&s->repair->served, &s->repair->nserved, o->to))
+      ps__log(PS_LOG_ERROR, "out of memory noting the copy to server %u as done", o->to);
     out_unlink(s, o);
     out_free(s, o);
     return;
@@ -384,7 +499,7 @@ int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
   srv_repair *r = s->repair;
   if (!r || !r->syncing || s->replaying) return 0;
   rp_src *q = src_of(r, h->sender);
-  if (!q || q->done) return 0;
+  if (!q || q->done || q->gone) return 0;
   ps__fwd fw;
   ps__fwd_get(b->buf, &fw);
   if (fw.epoch != s->epoch) return 0; /* refused as usual */
@@ -430,6 +545,8 @@ static void replay(ps__server *s, rp_src *q) {
       ps__srv_on_forward(s, &r->sink, &x->h, &b, x->h.type == PS_MSG_FORWARD_DENSE);
     else if (x->h.type == PS_MSG_FORWARD_AGG)
       ps__srv_on_forward_agg(s, &r->sink, &x->h, &b);
+    else if (x->h.type == PS_MSG_FORWARD_ROUND)
+      ps__srv_on_forward_round(s, &r->sink, &x->h, &b);
     if (b.buf) ps__pool_put(s->pool, b.buf, x->len);
     r->replayed++;
     r->held_bytes -= x->len;
@@ -440,13 +557,40 @@ static void replay(ps__server *s, rp_src *q) {
   s->replaying = 0;
 }
 
-static int src_check(ps__server *s, ps__conn *c, const ps__frame_hdr *h, rp_src **out) {
+/* A copy frame from h->sender: is it of the stream being taken from that source? A
+ * stream cut later than the one being taken (the source cut again after a death) takes
+ * its place: the rows of the old one are overwritten by it, its held forwards are in
+ * its cut. 0 with *out, or -1 (answered). */
+static int src_check(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, rp_src **out) {
   srv_repair *r = s->repair;
   rp_src *q = r && r->syncing ? src_of(r, h->sender) : NULL;
-  if (!q || q->done) {
+  uint32_t stream = b->len >= 4 ? ps__get_u32(b->buf) : 0;
+  uint64_t cut = h->clock > 0 ? (uint64_t)h->clock : 0;
+  if (!q || q->gone) {
     ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u is not copying rows from server %u (epoch %llu)", s->id,
                       h->sender, (unsigned long long)s->epoch);
     return -1;
+  }
+  if (q->done && stream == q->stream) {
+    if (h->type == PS_MSG_SYNC_DONE) ps__srv_reply_ok(c, h, 0); /* its answer was lost: the same again */
+    else ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "the copy of stream %u is complete here", stream);
+    return -1;
+  }
+  if (r->synced || cut < q->min_epoch || (q->stream && stream != q->stream && cut < q->cut_epoch)) {
+    ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u does not take stream %u (cut at epoch %llu) from server %u: %s",
+                      s->id, stream, (unsigned long long)cut, h->sender,
+                      r->synced ? "it holds every copy already" : "a later copy replaces it");
+    return -1;
+  }
+  if (stream != q->stream) {
+    if (q->stream) {
+      ps__log(PS_LOG_INFO, "server %u copies its rows here again (a fresh cut at epoch %llu)", q->id, (unsigned long long)cut);
+      held_free(s, q);
+      q->rows = 0;
+    }
+    q->done = 0;
+    q->stream = stream;
+    q->cut_epoch = cut;
   }
   *out = q;
   r->last_progress = uv_now(&s->loop);
@@ -455,7 +599,7 @@ static int src_check(ps__server *s, ps__conn *c, const ps__frame_hdr *h, rp_src 
 
 void ps__srv_on_sync_rows(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   rp_src *q;
-  if (src_check(s, c, h, &q)) return;
+  if (src_check(s, c, h, b, &q)) return;
   ps__rbuf rb;
   ps__rbuf_init(&rb, b->buf, b->len);
   (void)ps__rbuf_u32(&rb); /* stream */
@@ -521,7 +665,7 @@ static void synced_send(ps__server *s) {
 
 void ps__srv_on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   rp_src *q;
-  if (src_check(s, c, h, &q)) return;
+  if (src_check(s, c, h, b, &q)) return;
   ps__rbuf rb;
   ps__rbuf_init(&rb, b->buf, b->len);
   (void)ps__rbuf_u32(&rb);
@@ -530,18 +674,51 @@ void ps__srv_on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
     ps__srv_reply_err(c, h, PS_ERR_PROTO, "malformed sync-done frame");
     return;
   }
-  for (uint32_t i = 0; i < nt; i++) {
-    uint32_t id = ps__rbuf_u32(&rb);
+  /* Checked whole first: a malformed frame changes nothing. */
+  size_t at = rb.off;
+  for (uint32_t i = 0; i < nt && !rb.err; i++) {
     (void)ps__rbuf_u32(&rb);
+    uint32_t nck = ps__rbuf_u32(&rb);
+    (void)ps__rbuf_u64(&rb);
+    (void)ps__rbuf_u64(&rb);
+    if (rb.err || (uint64_t)nck * 16 > b->len - rb.off) rb.err = 1;
+    else rb.off += (size_t)nck * 16;
+  }
+  uint32_t nw = rb.err ? 0 : ps__rbuf_u32(&rb);
+  size_t clocks = rb.off;
+  if (rb.err || (uint64_t)nw * 16 > b->len - rb.off) {
+    ps__srv_reply_err(c, h, PS_ERR_PROTO, "malformed sync-done frame");
+    return;
+  }
+  size_t windows = rb.off + (size_t)nw * 16;
+  rb.off = at;
+  for (uint32_t i = 0; i < nt; i++) {
+    uint32_t id = ps__rbuf_u32(&rb), nck = ps__rbuf_u32(&rb);
     uint64_t step = ps__rbuf_u64(&rb);
-    (void)ps__rbuf_u64(&rb); /* version: sync tables are not copied */
+    int64_t version = (int64_t)ps__rbuf_u64(&rb);
     ps__table *t = ps__shard_table(s->sh, id);
     if (t && step > t->step) t->step = step;
+    /* A sync table: its rounds run on here from the source's (CLOCKs move them on), and
+     * each chain copied holds the rounds of the cut; the later ones are held forwards. */
+    if (t && ps__table_is_sync(t) && version > t->version) t->version = version;
+    for (uint32_t j = 0; j < nck; j++) {
+      uint32_t ck = ps__rbuf_u32(&rb);
+      (void)ps__rbuf_u32(&rb);
+      int64_t rounds = (int64_t)ps__rbuf_u64(&rb);
+      if (t && ps__table_is_sync(t)) ps__srv_sync_set_chain_rounds(s, t, ck, rounds);
+    }
   }
-  int rc = ps__once_set_merge(&s->sh->once, (const uint8_t *)b->buf + rb.off, b->len - rb.off);
+  int rc = ps__once_set_merge(&s->sh->once, (const uint8_t *)b->buf + windows, b->len - windows);
   if (rc) {
     ps__srv_reply_err(c, h, rc, "sync-done: %s", ps_errmsg());
     return;
+  }
+  rb.off = clocks;
+  for (uint32_t i = 0; i < nw; i++) {
+    uint32_t id = ps__rbuf_u32(&rb);
+    (void)ps__rbuf_u32(&rb);
+    int64_t clock = (int64_t)ps__rbuf_u64(&rb);
+    ps__shard_clock(s->sh, id, clock); /* the larger of the two stays */
   }
   q->done = 1;
   ps__srv_reply_ok(c, h, 0);
@@ -549,7 +726,7 @@ void ps__srv_on_sync_done(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
   ps__log(PS_LOG_INFO, "copied %llu rows from server %u", (unsigned long long)q->rows, q->id);
   srv_repair *r = s->repair;
   size_t left = 0;
-  for (size_t i = 0; i < r->nsrc; i++) left += !r->src[i].done;
+  for (size_t i = 0; i < r->nsrc; i++) left += !r->src[i].done && !r->src[i].gone;
   if (!left) {
     r->synced = 1;
     ps__log(PS_LOG_INFO, "every copy is in (%llu rows); telling the scheduler", (unsigned long long)r->rows_in);
@@ -585,6 +762,91 @@ static void in_begin(ps__server *s, const ps__membership *m) {
   }
 }
 
+/* Does some key range of this server have no live member but this (syncing) one? Its
+ * rows had no copy left to come from. By the ring's routes, as the scheduler's check. */
+static int rows_lost(ps__server *s) {
+  for (size_t i = 0; s->ring && i < ps__ring_nroutes(s->ring); i++) {
+    uint32_t c[PS_MAX_REPLICAS];
+    size_t n = ps__ring_route(s->ring, i, c), mine = 0, other = 0;
+    if (n > PS_MAX_REPLICAS) n = PS_MAX_REPLICAS;
+    for (size_t j = 0; j < n; j++) {
+      uint8_t st = ps__srv_chain_state(s, c[j]);
+      if (c[j] == s->id) mine = 1;
+      else other += st == PS_CHAIN_LIVE || st == PS_CHAIN_LATE;
+    }
+    if (mine && !other) return 1;
+  }
+  return 0;
+}
+
+/* As a syncing replacement, at a membership: sources that left are dropped, and after
+ * any server's death every live source cuts again (it does so at the same membership),
+ * so each is waited for anew unless its new stream came first. */
+static void in_membership(ps__server *s, int died) {
+  srv_repair *r = s->repair;
+  size_t gone = 0, again = 0;
+  for (size_t i = 0; i < r->nsrc; i++) {
+    rp_src *q = &r->src[i];
+    if (q->gone) continue;
+    uint8_t st = ps__srv_chain_state(s, q->id);
+    if (st != PS_CHAIN_LIVE && st != PS_CHAIN_LATE) {
+      if (!q->done && !r->synced)
+        ps__log(PS_LOG_WARN, "server %u left the job before its rows were copied here; they come from the chains' "
+                "new tails", q->id);
+      held_free(s, q);
+      q->gone = 1;
+      gone++;
+      continue;
+    }
+    if (!died || r->synced || (q->stream && q->cut_epoch >= s->epoch)) continue;
+    held_free(s, q);
+    q->done = 0;
+    q->rows = 0;
+    q->stream = 0;
+    q->cut_epoch = 0;
+    q->min_epoch = s->epoch;
+    again++;
+  }
+  if (r->synced) return;
+  if (gone || again) {
+    r->restarts++;
+    r->last_progress = uv_now(&s->loop);
+    ps__log(PS_LOG_INFO, "a server left the job while rows were copied here: copying again from %zu server%s (epoch %llu)",
+            again, again == 1 ? "" : "s", (unsigned long long)s->epoch);
+  }
+  if (rows_lost(s)) {
+    ps__log(PS_LOG_ERROR, "every other copy of some of this server's key ranges left the job before they were copied "
+            "here; this replacement stops");
+    ps__srv_fail(s, PS_ERR_UNAVAILABLE);
+  }
+}
+
+/* Start the streams that must start (want), now that no checkpoint's cut is read, or
+ * keep them wanted for the next tick. */
+static void start_wanted(ps__server *s) {
+  srv_repair *r = s->repair;
+  size_t n = r->nwant;
+  uint32_t todo[64];
+  if (n > sizeof todo / sizeof *todo) n = sizeof todo / sizeof *todo;
+  if (n) memcpy(todo, r->want, n * sizeof *todo);
+  for (size_t i = 0; i < n; i++) {
+    uint32_t x = todo[i];
+    ids_del(r->want, &r->nwant, x); /* its chains' places count x as next while it is cut */
+    if (ps__srv_chain_state(s, x) != PS_CHAIN_SYNCING) continue;
+    int rc = out_start(s, x);
+    if (rc) {
+      /* A checkpoint's cut is being read (or memory ran out). The copy must start in
+       * the same step as the forwards to the replacement, so until then nothing is
+       * forwarded to it from here (ps__srv_repair_blocked): the cut will hold those
+       * pushes. Tried again at the next tick. */
+      if (ids_add(&r->want, &r->nwant, x)) ps__log(PS_LOG_ERROR, "out of memory for the copy to server %u", x);
+      continue;
+    }
+    for (rp_out *o = r->outs; o; o = o->next)
+      if (o->to == x) out_pump(s, o);
+  }
+}
+
 void ps__srv_repair_membership(ps__server *s, const ps__membership *m) {
   if (s->replicas < 2) return;
   int self_syncing = s->self_state == PS_CHAIN_SYNCING;
@@ -597,17 +859,10 @@ void ps__srv_repair_membership(ps__server *s, const ps__membership *m) {
     ps__log(PS_LOG_ERROR, "out of memory for the copy of rows to or from a replacement");
     return;
   }
+  int died = deaths_since(r, m);
   if (self_syncing) {
     if (!r->syncing) in_begin(s, m);
-    for (size_t i = 0; i < r->nsrc; i++) {
-      rp_src *q = &r->src[i];
-      uint8_t st = ps__srv_chain_state(s, q->id);
-      if (q->done || st == PS_CHAIN_LIVE || st == PS_CHAIN_LATE) continue;
-      ps__log(PS_LOG_ERROR, "server %u left the job before its rows were copied here; this replacement stops "
-              "(start it again to copy them from the chains' new tails)", q->id);
-      ps__srv_fail(s, PS_ERR_UNAVAILABLE);
-      return;
-    }
+    else in_membership(s, died);
   } else if (r->syncing) { /* the scheduler took the copy as complete */
     for (size_t i = 0; i < r->nsrc; i++) held_free(s, &r->src[i]);
     free(r->src);
@@ -616,63 +871,59 @@ void ps__srv_repair_membership(ps__server *s, const ps__membership *m) {
     r->syncing = 0;
     ps__log(PS_LOG_INFO, "this server holds its copies; it serves as a replacement");
   }
-  /* Streams to replacements that died or are done. */
+  /* Streams to replacements that died or are done; after a death, every stream to a
+   * replacement still syncing starts again from a fresh cut (its tails changed). */
   for (rp_out *o = r->outs, *n; o; o = n) {
     n = o->next;
-    if (ps__srv_chain_state(s, o->to) == PS_CHAIN_SYNCING) continue;
+    int syncing = ps__srv_chain_state(s, o->to) == PS_CHAIN_SYNCING;
+    if (syncing && !died) continue;
+    if (syncing) {
+      ps__log(PS_LOG_INFO, "a server left the job: copying to replacement server %u again from a fresh cut", o->to);
+      r->restarts++;
+      if (ids_add(&r->want, &r->nwant, o->to)) ps__log(PS_LOG_ERROR, "out of memory for the copy to server %u", o->to);
+    }
     out_unlink(s, o);
     out_free(s, o);
   }
+  for (size_t i = r->nserved; i-- > 0;) {
+    uint32_t x = r->served[i];
+    int syncing = ps__srv_chain_state(s, x) == PS_CHAIN_SYNCING;
+    if (syncing && !died) continue;
+    ids_del(r->served, &r->nserved, x);
+    if (syncing) {
+      ps__log(PS_LOG_INFO, "a server left the job: copying to replacement server %u again from a fresh cut", x);
+      r->restarts++;
+      if (ids_add(&r->want, &r->nwant, x)) ps__log(PS_LOG_ERROR, "out of memory for the copy to server %u", x);
+    }
+  }
+  for (size_t i = r->nwant; i-- > 0;)
+    if (ps__srv_chain_state(s, r->want[i]) != PS_CHAIN_SYNCING) ids_del(r->want, &r->nwant, r->want[i]);
   /* New replacements to copy to: this server holds its copies (not syncing itself). */
-  if (self_syncing) return;
-  r->pending = 0;
+  if (self_syncing) {
+    r->nwant = 0;
+    return;
+  }
   for (uint32_t i = 0; i < m->n; i++) {
     const ps__member *x = &m->m[i];
     if (x->role != PS_ROLE_SERVER || x->id == s->id || !x->alive || !x->syncing) continue;
-    int have = 0;
+    int have = ids_has(r->served, r->nserved, x->id);
     for (rp_out *o = r->outs; o && !have; o = o->next) have = o->to == x->id;
-    if (have) continue;
-    int rc = out_start(s, x->id);
-    if (rc == PS_ERR_UNAVAILABLE) {
-      /* A checkpoint's cut is being read. The copy must start in the same step as the
-       * forwards to the replacement, so the replacement must see the forwards refused
-       * until then: it is not listed as our next member before the cut. Try at the next
-       * tick; forwards sent meanwhile are held by the replacement and applied after
-       * rows that already hold them, so none may be sent: see ps__srv_repair_next. */
-      r->pending = 1;
-      continue;
-    }
-    if (!rc) {
-      for (rp_out *o = r->outs; o; o = o->next)
-        if (o->to == x->id) out_pump(s, o);
-    }
+    if (!have && ids_add(&r->want, &r->nwant, x->id))
+      ps__log(PS_LOG_ERROR, "out of memory for the copy to server %u", x->id);
   }
+  start_wanted(s);
 }
 
 int ps__srv_repair_blocked(ps__server *s, uint32_t to) {
   srv_repair *r = s->repair;
-  if (!r || !r->pending || ps__srv_chain_state(s, to) != PS_CHAIN_SYNCING) return 0;
-  for (rp_out *o = r->outs; o; o = o->next)
-    if (o->to == to) return 0;
-  return 1;
+  return r && ids_has(r->want, r->nwant, to) && ps__srv_chain_state(s, to) == PS_CHAIN_SYNCING;
 }
 
 void ps__srv_repair_tick(ps__server *s) {
   srv_repair *r = s->repair;
   if (!r) return;
   uint64_t now = uv_now(&s->loop);
-  if (r->pending && s->self_state != PS_CHAIN_SYNCING) {
-    r->pending = 0;
-    for (size_t i = 0; i < s->npeers; i++) {
-      uint32_t id = ps__srv_peer_id(s, i);
-      if (ps__srv_chain_state(s, id) != PS_CHAIN_SYNCING) continue;
-      int have = 0;
-      for (rp_out *o = r->outs; o && !have; o = o->next) have = o->to == id;
-      if (have) continue;
-      int rc = out_start(s, id);
-      if (rc == PS_ERR_UNAVAILABLE) r->pending = 1;
-    }
-  }
+  if (r->nwant && s->self_state != PS_CHAIN_SYNCING) start_wanted(s);
   for (rp_out *o = r->outs, *n; o; o = n) {
     n = o->next;
     out_pump(s, o);
@@ -688,15 +939,17 @@ void ps__srv_repair_tick(ps__server *s) {
 void ps__srv_repair_stats(ps__server *s, char *line, size_t cap) {
   srv_repair *r = s->repair;
   size_t left = 0;
-  for (size_t i = 0; r && i < r->nsrc; i++) left += !r->src[i].done;
+  for (size_t i = 0; r && i < r->nsrc; i++) left += !r->src[i].done && !r->src[i].gone;
   size_t outs = 0;
   for (rp_out *o = r ? r->outs : NULL; o; o = o->next) outs++;
   snprintf(line, cap,
            "syncing %d\nrepair_sources_left %zu\nrepair_rows_in %llu\nrepair_forwards_held %llu\n"
-           "repair_copies_out %zu\nrepair_copies_done %llu\nrepair_rows_out %llu\n",
+           "repair_copies_out %zu\nrepair_copies_done %llu\nrepair_rows_out %llu\nrepair_restarts %llu\n"
+           "catchups_running %zu\n",
            s->self_state == PS_CHAIN_SYNCING, left, (unsigned long long)(r ? r->rows_in : 0),
            (unsigned long long)(r ? r->replayed : 0), outs, (unsigned long long)(r ? r->streams_done : 0),
-           (unsigned long long)(r ? r->rows_out : 0));
+           (unsigned long long)(r ? r->rows_out : 0), (unsigned long long)(r ? r->restarts : 0),
+           ps__srv_sync_catchups_running(s));
 }
 
 void ps__srv_repair_free(ps__server *s) {
@@ -709,6 +962,9 @@ void ps__srv_repair_free(ps__server *s) {
   }
   for (size_t i = 0; i < r->nsrc; i++) held_free(s, &r->src[i]);
   free(r->src);
+  free(r->want);
+  free(r->served);
+  free(r->live);
   free(r);
   s->repair = NULL;
 }

@@ -145,6 +145,38 @@ static void durable_update(ps__server *s, srv_sync *y) {
   }
 }
 
+int64_t ps__srv_sync_chain_rounds(ps__server *s, ps__table *t, uint32_t ck) {
+  srv_sync *y = sync_find(s, t->id);
+  ps__srv_chains x;
+  if (!y || ps__srv_chains_init(&x, s, t)) return t->version;
+  uint32_t nx;
+  size_t idx = ps__srv_chain_index(&x, ck);
+  int place = ps__srv_chain_place(&x, ck, &nx);
+  ps__srv_chains_free(&x);
+  if (idx >= y->nver) return t->version;
+  /* a head applies every round of its chains, but not those a catch-up rebuilds yet */
+  if (place == 1 && !(y->cu && y->cu->taken[idx])) return t->version;
+  return y->ver[idx];
+}
+
+size_t ps__srv_sync_catchups_running(ps__server *s) {
+  size_t n = 0;
+  for (srv_sync *y = s->syncs; y; y = y->next) n += y->cu != NULL;
+  return n;
+}
+
+void ps__srv_sync_set_chain_rounds(ps__server *s, ps__table *t, uint32_t ck, int64_t rounds) {
+  srv_sync *y = ps__table_is_sync(t) && s->ring ? sync_of(s, t) : NULL;
+  ps__srv_chains x;
+  if (!y || ps__srv_chains_init(&x, s, t)) {
+    ps__log(PS_LOG_ERROR, "table '%s': out of memory for its replication state", t->decl.name);
+    return;
+  }
+  size_t idx = ps__srv_chain_index(&x, ck);
+  ps__srv_chains_free(&x);
+  if (idx < y->nver) y->ver[idx] = rounds;
+}
+
 int64_t ps__srv_sync_durable_clock(ps__server *s, ps__table *t) {
   (void)s;
   int64_t v = t->durable < t->version ? t->durable : t->version;
@@ -378,6 +410,7 @@ void ps__srv_round_applied(void *arg, ps__table *t, ps__rowmap *acc, int64_t rou
 
 void ps__srv_on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__fwd fw;
+  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
   if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
   ps__table *t = ps__shard_table(s->sh, h->table);
   if (!t) {

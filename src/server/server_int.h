@@ -334,6 +334,13 @@ void ps__srv_sync_before(ps__server *s);
 void ps__srv_sync_after(ps__server *s);
 void ps__srv_sync_tick(ps__server *s);
 void ps__srv_sync_free(ps__server *s);
+/* The rounds of chain ck of sync table t held here (in its rows): the table's version
+ * where this server heads the chain, else the rounds forwarded to it (repair.c's cut). */
+int64_t ps__srv_sync_chain_rounds(ps__server *s, ps__table *t, uint32_t ck);
+/* Sync tables whose failover catch-up is running here. */
+size_t ps__srv_sync_catchups_running(ps__server *s);
+/* A replacement's copy of chain ck came from a cut that held `rounds` rounds. */
+void ps__srv_sync_set_chain_rounds(ps__server *s, ps__table *t, uint32_t ck, int64_t rounds);
 void ps__srv_agg_free(ps__server *s);
 /* Does this server hold back data requests (it stood still and may have been replaced)? */
 int ps__srv_fenced(ps__server *s);

@@ -11,7 +11,12 @@ compare with the pushes the workers saw acknowledged.
    the two original survivors is SIGKILLed: the job finishes and every count is exact,
    so the replacement held real copies (some chains have no other member left); its
    STATS show its rows. The same with a table that aggregates pushes.
-2. --join when no server is dead, or in a job without replicas: a clear refusal.
+2. S = 4, R = 3: a server SIGKILLed, a replacement joins, and a server streaming rows to
+   it is SIGKILLed while its copy is in flight (each copy frame the replacement receives
+   is held 1.5 s by fault injection): the replacement takes those chains from their new
+   tails, syncs, and is the only copy left of some chains after a third death; every
+   count is exact.
+3. --join when no server is dead, or in a job without replicas: a clear refusal.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -49,8 +54,10 @@ def wait_for(cond, what, timeout, logs):
         time.sleep(0.05)
 
 
-def join(c, name="joiner"):
-    return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], name)
+def join(c, name="joiner", env=None):
+    e = dict(c.env)
+    e.update(env or {})
+    return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], name, e)
 
 
 def stat_of(addr, name):
@@ -93,6 +100,45 @@ def test_a_replacement_syncs_and_holds_real_copies(extra):
         # It headed the chains it was left alone in: the workers' pushes came to it.
         m = re.search(r"^table \d+ name=count .* pushes=(\d+) ", stats(addr), re.M)
         assert m and int(m.group(1)) > 0, stats(addr)
+        assert x.poll() is None, c.log("joiner")
+
+
+def test_a_source_dying_mid_copy_restarts_the_copy_from_the_new_tails():
+    pushes = 1200
+    slow = {"PSHARD_FAULT": "delay=1500ms:type=sync-rows:n=1+"}
+    with Cluster(4, 2, replicas=3, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = start_workers(c, 2, pushes, 10)
+        time.sleep(0.6)
+        assert all(p.poll() is None for p in ps), "the workers finished before the kill"
+        os.killpg(c.server_procs[1].pid, signal.SIGKILL)
+        wait_for(lambda: "removed" in c.log("scheduler"), "the scheduler removes the dead server", 10 * SCALE, logs)
+        dead = [n for n, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
+        assert len(dead) == 1, sched_nodes(c)
+        x = join(c, env=slow)
+        # Every source streams rows to the replacement, whose first frame of each is held
+        # there 1.5 s: one of them dies meanwhile.
+        wait_for(lambda: "delayed received sync-rows" in c.log("joiner"), "the copies start", 10 * SCALE, logs)
+        time.sleep(0.3)
+        assert "copied" not in c.log("joiner"), c.log("joiner")
+        os.killpg(c.server_procs[2].pid, signal.SIGKILL)
+
+        def synced():
+            f = sched_nodes(c).get(dead[0], {})
+            return f.get("alive") == "1" and f.get("syncing") == "0"
+        wait_for(synced, "the replacement copies its rows again", 40 * SCALE, logs)
+        j = c.log("joiner")
+        assert "before its rows were copied here" in j, j
+        assert "copying again from" in j, j
+        assert x.poll() is None, j
+        addr = sched_nodes(c)[dead[0]]["addr"]
+        assert stat_of(addr, "repair_restarts") >= 1
+        assert all(p.poll() is None for p in ps), "the workers finished before the third kill: " + logs()
+        # A third death: some chains (those of servers 1, 2 and 0) have only the replacement left.
+        os.killpg(c.server_procs[0].pid, signal.SIGKILL)
+        assert c.wait(ps, 2 * RUN) == [0, 0], logs()
+        counted(c, 2, pushes)
         assert x.poll() is None, c.log("joiner")
 
 

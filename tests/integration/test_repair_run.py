@@ -1,0 +1,130 @@
+"""`pshard run --respawn-servers` with real processes: under R = 2, a server SIGKILLed
+mid-run is replaced by a `pshard server --join` that run starts itself; the replacement
+copies its rows (the scheduler's STATS show it `late=1 syncing=0`), and a second server
+SIGKILLed later still leaves every count exact (once_worker's counter table: each push
+adds 1 to every key, so the values are the number of pushes applied).
+
+Also: --respawn-servers without replicas is refused with the reason.
+Every process is in the run's process group or its children's, killed at the end; every
+wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
+"""
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+
+from cluster import binary
+from test_once import KEYS, RUN, SCALE
+SECRET, JOB = "5e" * 32, "0123456789abcdef"  # the job's secret and id, so that `pshard stats` may ask
+
+
+def stats(addr):
+    """`pshard stats HOST:PORT` of a node of the job: its counters as text."""
+    r = subprocess.run([binary("pshard"), "stats", addr], capture_output=True, text=True, timeout=20,
+                       env=dict(os.environ, PSHARD_SECRET=SECRET, PSHARD_JOB_ID=JOB))
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def children(pid):
+    """[(pid, argv)] of the live children of process pid."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                st = f.read()
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = [a.decode() for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        fields = st[st.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append((int(d), argv))
+    return out
+
+
+def wait_for(cond, what, timeout, log):
+    deadline = time.time() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        assert time.time() < deadline, f"{what} within {timeout}s\n" + log()
+        time.sleep(0.05)
+
+
+def test_pshard_run_starts_a_replacement_that_syncs_and_holds_real_copies():
+    pushes = 900
+    d = tempfile.mkdtemp(prefix="pshard-test-")
+    path = os.path.join(d, "run.log")
+    env = dict(os.environ, PSHARD_RETRY_MS="300", PSHARD_SECRET=SECRET, PSHARD_JOB_ID=JOB)
+    cmd = [binary("pshard"), "run", "-s", "3", "-w", "2", "--replicas", "2", "--respawn-servers", "--progress-ms", "0",
+           "--", binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", str(KEYS),
+           "--sleep-ms", "10"]
+    with open(path, "wb") as out:
+        run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def log():
+        with open(path, errors="replace") as f:
+            return f.read()
+    started = []
+    try:
+        def servers():
+            s = [(p, a) for p, a in children(run.pid) if len(a) > 1 and a[1] == "server"]
+            return s if len(s) == 3 else None
+        originals = wait_for(servers, "three servers", 10 * SCALE, log)
+        started = [p for p, _ in originals]
+        sched = [a for _, a in children(run.pid) if len(a) > 1 and a[1] == "scheduler"][0]
+        with open(sched[sched.index("--addr-file") + 1]) as f:
+            addr = f.read().strip()
+        wait_for(lambda: re.search(r"^started 1$", stats(addr), re.M), "the job starts", 10 * SCALE, log)
+        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        assert run.poll() is None, log()
+        os.killpg(originals[1][0], signal.SIGKILL)
+        wait_for(lambda: "[pshard] starting server r1 (pshard server --join" in log(), "run starts a replacement",
+                 20 * SCALE, log)
+
+        def synced():
+            return re.search(r"^node \d+ role=server .* alive=1 late=1 syncing=0$", stats(addr), re.M)
+        wait_for(synced, "the replacement copies its rows", 20 * SCALE, log)
+        wait_for(lambda: "[pshard] server r1 has copied its rows" in log(), "run says so", 10 * SCALE, log)
+        assert run.poll() is None, "the job ended before the second kill:\n" + log()
+        # A second original server dies: the chains it shared with the first now have
+        # the replacement as their only copy.
+        os.killpg(originals[0][0], signal.SIGKILL)
+        assert run.wait(timeout=2 * RUN) == 0, log()
+        text = log()
+        total = 0
+        values = None
+        for i in range(2):
+            m = re.search(rf"^\[worker {i}\] acked (\d+)$", text, re.M)
+            v = re.search(rf"^\[worker {i}\] values (\S+)$", text, re.M)
+            assert m and v, text
+            assert int(m.group(1)) == pushes, text
+            assert not re.search(rf"^\[worker {i}\] push \d+ rc=", text, re.M), text
+            total += int(m.group(1))
+            vals = [float(x) for x in v.group(1).split(",")]
+            assert values is None or vals == values, text
+            values = vals
+        assert values == [float(total)] * KEYS, text
+        assert "its keys are served by their other copies" in text
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        for pid in started:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_respawn_servers_needs_replicas():
+    r = subprocess.run([binary("pshard"), "run", "-s", "2", "-w", "1", "--respawn-servers", "--", "true"],
+                       capture_output=True, text=True, timeout=20)
+    assert r.returncode == 2
+    assert "--respawn-servers needs --replicas 2 or 3" in r.stderr, r.stderr
