@@ -143,12 +143,13 @@ static int dl_begin(dlink *d) {
   part *p = NULL;
   dlink *owner = d;
   for (unsigned i = 0; i < d->nparts; i++)
-    if (d->parts[i]->hdr.req_id == h->req_id && !d->parts[i]->reply_done) p = d->parts[i];
+    if (d->parts[i]->hdr.req_id == h->req_id && !d->parts[i]->reply_done && !d->parts[i]->again) p = d->parts[i];
   if (!p && ps__frame_is_tail_answer(h))
     for (unsigned j = 0; j < d->call->n && !p; j++) { /* a chain's tail answering for its head (batch) */
       dlink *o = &d->call->dl[j];
       for (unsigned i = 0; o->l->id == h->batch && i < o->nparts; i++)
-        if (o->parts[i]->hdr.req_id == h->req_id && !o->parts[i]->reply_done) p = o->parts[i], owner = o;
+        if (o->parts[i]->hdr.req_id == h->req_id && !o->parts[i]->reply_done && !o->parts[i]->again)
+          p = o->parts[i], owner = o;
     }
   if (!p) return 0; /* a reply to an earlier call that timed out: dropped */
   d->cur_p = p;
@@ -458,11 +459,16 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
         for (unsigned k = 0; k < d->nparts; k++) {
           part *p = d->parts[k];
           if (p->reply_done) continue;
-          if (ps__part_may_resend(ctx, p, now))
+          if (ps__part_may_resend(ctx, p, now)) {
             p->again = 1; /* on a new connection, through the loop */
-          else
+          } else {
             ps__req_set_error(p->req, PS_ERR_UNAVAILABLE, msg);
+            p->reply_done = 1; /* no answer is awaited for it any more */
+          }
         }
+        /* Nor here for the others: the call does not wait for them on other links. */
+        call.left -= d->pending;
+        d->pending = 0;
         continue;
       }
       int reading = d->pending || (d->listen && call.left);
