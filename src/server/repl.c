@@ -263,6 +263,18 @@ void ps__srv_repl_tick(ps__server *s) {
   }
 }
 
+void ps__srv_repl_lag(ps__server *s, uint64_t *n, uint64_t *bytes, uint64_t *oldest_ms) {
+  uint64_t now = uv_now(&s->loop), k = 0, b = 0, age = 0;
+  for (const srv_fwd *f = s->fwds; f; f = f->next) {
+    k++;
+    b += f->len;
+    if (now - f->born_ms > age) age = now - f->born_ms;
+  }
+  *n = k;
+  *bytes = b;
+  *oldest_ms = age;
+}
+
 /* ------------------------------------------------------------------ forwards */
 
 /* The answer to forward f (flags: the next member's answer's): to its group, or to

@@ -345,6 +345,9 @@ void ps__srv_agg_free(ps__server *s);
 /* Does this server hold back data requests (it stood still and may have been replaced)? */
 int ps__srv_fenced(ps__server *s);
 void ps__srv_repl_tick(ps__server *s);
+/* Replication lag: forwards sent down the chains and not answered yet, their bytes, and
+ * how long the oldest of them has waited (ms; 0 when none). */
+void ps__srv_repl_lag(ps__server *s, uint64_t *n, uint64_t *bytes, uint64_t *oldest_ms);
 int ps__srv_repl_membership(ps__server *s, const ps__membership *m);
 void ps__srv_repl_conn_closed(ps__server *s, ps__conn *c);
 void ps__srv_repl_free(ps__server *s);

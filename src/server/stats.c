@@ -95,11 +95,14 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                (unsigned long long)sh->mem_refused, (unsigned long long)s->fb.limit, (unsigned long long)s->fb.used,
                (unsigned long long)s->fb.peak, (unsigned long long)s->fb.refused, (unsigned long long)s->fb.expired);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  uint64_t nf, bf, lag;
+  ps__srv_repl_lag(s, &nf, &bf, &lag);
   m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforward_bytes %llu\nforwards_refused %llu\nfenced %d\ncatchups %llu\n"
-               "tail_answers %llu\n",
+               "tail_answers %llu\nforwards_inflight %llu\nforward_inflight_bytes %llu\nreplication_lag_ms %llu\n",
                s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forward_bytes,
                (unsigned long long)s->forwards_refused, s->fenced, (unsigned long long)s->catchups,
-               (unsigned long long)s->tail_answers);
+               (unsigned long long)s->tail_answers, (unsigned long long)nf, (unsigned long long)bf,
+               (unsigned long long)lag);
   ps__wbuf_bytes(&w, line, (size_t)m);
   ps__srv_repair_stats(s, line, sizeof line);
   ps__wbuf_bytes(&w, line, strlen(line));
@@ -365,6 +368,17 @@ static void render(ps__server *s, ps__wbuf *w) {
   ps__prom_u64(w, "ps_server_memory_refused_total", NULL, sh->mem_refused);
   fam(w, "ps_server_forwards_total", "counter", "Pushes forwarded down a replica chain.");
   ps__prom_u64(w, "ps_server_forwards_total", NULL, s->forwards);
+  fam(w, "ps_server_forward_bytes_total", "counter", "Bytes of the frames forwarded down the replica chains.");
+  ps__prom_u64(w, "ps_server_forward_bytes_total", NULL, s->forward_bytes);
+  uint64_t nf, bf, age;
+  ps__srv_repl_lag(s, &nf, &bf, &age);
+  fam(w, "ps_server_replication_inflight_forwards", "gauge", "Forwards sent down the chains and not answered yet.");
+  ps__prom_u64(w, "ps_server_replication_inflight_forwards", NULL, nf);
+  fam(w, "ps_server_replication_inflight_bytes", "gauge", "Bytes of the forwards not answered yet.");
+  ps__prom_u64(w, "ps_server_replication_inflight_bytes", NULL, bf);
+  fam(w, "ps_server_replication_lag_seconds", "gauge",
+      "How long the oldest forward not answered yet has waited for the next copy (0: none waits).");
+  ps__prom_f64(w, "ps_server_replication_lag_seconds", NULL, (double)age / 1e3);
 }
 
 void ps__srv_metrics_tick(ps__server *s) {

@@ -11,6 +11,8 @@ the workers saw acknowledged.
    (it fences itself, and forwards of its old epoch are refused): counts are exact.
 3. Forwards dropped or duplicated by fault injection: nothing lost, nothing applied twice.
 4. R > S is refused with a clear error.
+4c. Replication lag is seen: with the next copy stopped, the forwards it does not answer
+   show in STATS and /metrics (count, bytes, the oldest one's wait), and drain after.
 4b. Large dense pushes on one host go by peer memory under R = 2 too (the head reads
    the worker's buffers and forwards the values): counts exact, with a head SIGKILLed.
 4a. The tail answers the worker itself (one hop fewer): with R = 3 on three servers
@@ -173,6 +175,36 @@ def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill):
         alive = (1, 2) if kill else (0, 1, 2)
         assert sum(server_stat(c, i, "peer_mem_pushes") for i in alive) > 0
         assert sum(server_stat(c, i, "forwards") for i in alive) > 0
+
+
+def metric(text, name):
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+def test_replication_lag_shows_while_the_next_copy_stands_still():
+    import urllib.request
+    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=int(20000 * SCALE), extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        ps = start_workers(c, 2, 100, 5)
+        time.sleep(0.5)
+        os.kill(c.server_procs[1].pid, signal.SIGSTOP)
+        try:
+            time.sleep(1.5)
+            # server 0 heads a chain whose next copy is server 1: its forwards wait
+            assert server_stat(c, 0, "forwards_inflight") > 0
+            assert server_stat(c, 0, "forward_inflight_bytes") > 0
+            assert server_stat(c, 0, "replication_lag_ms") >= 1000
+            url = re.search(r"metrics on (http://\S+/metrics)", c.log("server0")).group(1)
+            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            assert metric(text, "ps_server_replication_lag_seconds") >= 1.0, text[-2000:]
+            assert metric(text, "ps_server_replication_inflight_forwards") > 0
+        finally:
+            os.kill(c.server_procs[1].pid, signal.SIGCONT)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 100)
+        assert all(server_stat(c, i, "forwards_inflight") == 0 for i in range(3))
+        assert all(server_stat(c, i, "replication_lag_ms") == 0 for i in range(3))
 
 
 def test_more_replicas_than_servers_is_refused():
