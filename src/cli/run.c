@@ -20,45 +20,30 @@
  * --checkpoint-keep, --restore) and hand them to the roles they start: the scheduler
  * writes and restores checkpoints, the servers load their rows from one, the worker of
  * rank 0 asks for one every N clocks.
+ *
+ * The children themselves (starting them, their output, their exits, the signals that
+ * end the job) are in run_procs.c.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/run_ckpt.h"
+#include "cli/run_procs.h"
 #include "common/common.h"
 #include "common/config.h"
 #include "net/auth.h"
 #include "net/oneshot.h"
 #include "proto/frame.h"
 
-#define MAX_PROCS 1024
-#define LINE_MAX_BYTES 8192
-
-typedef struct proc {
-  char name[32];
-  int is_worker;
-  pid_t pid;
-  int fd;          /* read end of its output pipe, -1 once closed */
-  char buf[LINE_MAX_BYTES];
-  size_t len;
-  int exited;
-  int status;      /* exit code, or 128 + signal */
-  int replaced;    /* a scheduler that died and was started again: not a failure */
-} proc;
-
-static proc procs[MAX_PROCS];
 static char *sched_argv_saved[32]; /* how the scheduler was started, to start it again */
 /* The dashboard: the file the scheduler writes its HTTP address to, the address, and
  * whether a restarted scheduler's is still to be printed (run_watch). */
@@ -78,148 +63,6 @@ static void cleanup_dir(void) {
   rmdir(run_dir);
   run_dir[0] = '\0';
 }
-static int nprocs;
-static int sig_pipe[2] = {-1, -1};
-static volatile sig_atomic_t got_signal;
-
-static void on_signal(int sig) {
-  int saved = errno;
-  if (sig != SIGCHLD) got_signal = sig;
-  char c = (char)sig;
-  if (write(sig_pipe[1], &c, 1) < 0) { /* the loop polls anyway */ }
-  errno = saved;
-}
-
-static void emit_line(proc *p, const char *line, size_t n) {
-  printf("[%s] %.*s\n", p->name, (int)n, line);
-}
-
-static void drain(proc *p, int final) {
-  for (;;) {
-    if (p->fd < 0) break;
-    ssize_t n = read(p->fd, p->buf + p->len, sizeof p->buf - p->len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN) break;
-    if (n <= 0) {
-      close(p->fd);
-      p->fd = -1;
-      break;
-    }
-    p->len += (size_t)n;
-    size_t start = 0;
-    for (size_t i = 0; i < p->len; i++) {
-      if (p->buf[i] == '\n') {
-        emit_line(p, p->buf + start, i - start);
-        start = i + 1;
-      }
-    }
-    memmove(p->buf, p->buf + start, p->len - start);
-    p->len -= start;
-    if (p->len == sizeof p->buf) { /* an over-long line: emit what we have */
-      emit_line(p, p->buf, p->len);
-      p->len = 0;
-    }
-  }
-  if ((final || p->fd < 0) && p->len) {
-    emit_line(p, p->buf, p->len);
-    p->len = 0;
-  }
-  fflush(stdout);
-}
-
-/* Start argv with extra environment (NAME=VALUE strings, NULL-terminated). */
-static proc *spawn(const char *name, int is_worker, char *const argv[], char *const env[]) {
-  int fds[2];
-  if (nprocs == MAX_PROCS || pipe(fds) != 0) return NULL;
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return NULL;
-  }
-  if (pid == 0) {
-    pid_t parent = getppid();
-    setpgid(0, 0);
-    /* If the launcher itself is killed (SIGKILL leaves it no chance to stop anyone),
-     * its children go too rather than linger as orphans. */
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    close(fds[0]);
-    close(fds[1]);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, NULL);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGCHLD, SIG_DFL);
-    signal(SIGPIPE, SIG_DFL);
-    for (int i = 0; env && env[i]; i++) putenv(env[i]);
-    execvp(argv[0], argv);
-    fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
-    _exit(127);
-  }
-  setpgid(pid, pid);
-  close(fds[1]);
-  fcntl(fds[0], F_SETFL, O_NONBLOCK);
-  fcntl(fds[0], F_SETFD, FD_CLOEXEC);
-  proc *p = &procs[nprocs++];
-  memset(p, 0, sizeof *p);
-  snprintf(p->name, sizeof p->name, "%s", name);
-  p->is_worker = is_worker;
-  p->pid = pid;
-  p->fd = fds[0];
-  return p;
-}
-
-static void reap(void) {
-  int st;
-  pid_t pid;
-  while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
-    for (int i = 0; i < nprocs; i++) {
-      if (procs[i].pid != pid) continue;
-      procs[i].exited = 1;
-      procs[i].status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    }
-  }
-}
-
-static void signal_all(int sig) {
-  for (int i = 0; i < nprocs; i++)
-    if (!procs[i].exited) kill(-procs[i].pid, sig);
-}
-
-/* Wait for every child to exit, draining output; SIGKILL after grace_ms. */
-static void stop_all(int grace_ms) {
-  signal_all(SIGTERM);
-  uint64_t deadline = ps__now_ms() + (uint64_t)grace_ms;
-  int killed = 0;
-  for (;;) {
-    reap();
-    int alive = 0;
-    for (int i = 0; i < nprocs; i++) {
-      drain(&procs[i], 0);
-      alive += !procs[i].exited;
-    }
-    if (!alive) break;
-    if (!killed && ps__now_ms() >= deadline) {
-      signal_all(SIGKILL);
-      killed = 1;
-    }
-    usleep(20000);
-  }
-  for (int i = 0; i < nprocs; i++) {
-    drain(&procs[i], 1);
-    /* the process group may still hold the pipe open (grandchildren) */
-    if (procs[i].fd >= 0) {
-      kill(-procs[i].pid, SIGKILL);
-      close(procs[i].fd);
-      procs[i].fd = -1;
-    }
-  }
-}
-
 /* Deadlines for asking the scheduler for its counters: the progress line must not hold
  * up the output loop; the final counters are worth a longer wait. */
 #define PROGRESS_STATS_MS 500
@@ -476,17 +319,7 @@ static int run_prepare(void) {
   }
   snprintf(run_dir, sizeof run_dir, "%s", dir);
   atexit(cleanup_dir);
-  if (pipe(sig_pipe) != 0) return 1;
-  fcntl(sig_pipe[0], F_SETFL, O_NONBLOCK);
-  fcntl(sig_pipe[1], F_SETFL, O_NONBLOCK);
-  struct sigaction sa;
-  memset(&sa, 0, sizeof sa);
-  sa.sa_handler = on_signal;
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  sigaction(SIGCHLD, &sa, NULL);
-  signal(SIGPIPE, SIG_IGN);
-  return 0;
+  return ps__procs_signals();
 }
 
 /* The scheduler's HTTP address HOST:PORT from dash_file into out: 1, or 0 when there is
@@ -501,7 +334,7 @@ static int read_dashboard(char *out, size_t cap) {
   return out[0] != '\0';
 }
 
-/* Start the scheduler (procs[0]) and wait up to 10 s for its address in addr_file.
+/* Start the scheduler (ps__procs[0]) and wait up to 10 s for its address in addr_file.
  * -1 with the address in addr, or the exit status (everything stopped). */
 static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, char *addr, size_t cap, uint64_t t0) {
   static char s_s[16], s_k[16], s_hbt[24], s_r[8]; /* static: sched_argv_saved points at them */
@@ -524,7 +357,7 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
   if (o->verbose) sched_argv[n++] = "--verbose";
   sched_argv[n] = NULL;
   for (int i = 0; i <= n; i++) sched_argv_saved[i] = sched_argv[i];
-  if (!spawn("scheduler", 0, sched_argv, NULL)) {
+  if (!ps__proc_spawn("scheduler", 0, sched_argv, NULL)) {
     fprintf(stderr, "pshard run: cannot start the scheduler\n");
     return 1;
   }
@@ -535,15 +368,15 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
       fclose(f);
       if (addr[0]) break;
     }
-    reap();
-    drain(&procs[0], 0);
-    if (procs[0].exited) break;
+    ps__procs_reap();
+    ps__proc_drain(&ps__procs[0], 0);
+    if (ps__procs[0].exited) break;
     usleep(10000);
   }
   if (!addr[0]) {
     fprintf(stderr, "pshard run: the scheduler did not start\n");
-    stop_all((int)o->grace);
-    return procs[0].exited && procs[0].status ? procs[0].status : 1;
+    ps__procs_stop((int)o->grace);
+    return ps__procs[0].exited && ps__procs[0].status ? ps__procs[0].status : 1;
   }
   snprintf(dash_file, sizeof dash_file, "%s.http", addr_file); /* written before the address */
   if (read_dashboard(dash_addr, sizeof dash_addr))
@@ -578,9 +411,9 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
   for (uint64_t i = 0; i < (o->colocate ? 0 : o->S); i++) {
     char name[32];
     snprintf(name, sizeof name, "server %llu", (unsigned long long)i);
-    if (!spawn(name, 0, srv_argv, NULL)) {
+    if (!ps__proc_spawn(name, 0, srv_argv, NULL)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
-      stop_all((int)o->grace);
+      ps__procs_stop((int)o->grace);
       return 1;
     }
   }
@@ -606,9 +439,9 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
     if (o->colocate) env[ne++] = env_colo;
     if (o->colocate) env[ne++] = strcmp(o->http_port, "off") ? env_http_any : env_http_off;
     env[ne] = NULL;
-    if (!spawn(name, 1, o->cmd, env)) {
+    if (!ps__proc_spawn(name, 1, o->cmd, env)) {
       fprintf(stderr, "pshard run: cannot start %s\n", name);
-      stop_all((int)o->grace);
+      ps__procs_stop((int)o->grace);
       return 1;
     }
     free(env_i); /* the child has its own copy */
@@ -617,31 +450,6 @@ static int run_nodes(const run_opts *o, const char *exe, char *addr) {
 }
 
 /* Wait up to 200 ms for output or a signal, and pass on what arrived. */
-static void run_poll(void) {
-  struct pollfd pf[MAX_PROCS + 1];
-  int map[MAX_PROCS + 1], n = 0;
-  pf[n].fd = sig_pipe[0];
-  pf[n].events = POLLIN;
-  map[n++] = -1;
-  for (int i = 0; i < nprocs; i++) {
-    if (procs[i].fd < 0) continue;
-    pf[n].fd = procs[i].fd;
-    pf[n].events = POLLIN;
-    map[n++] = i;
-  }
-  int r = poll(pf, (nfds_t)n, 200);
-  if (r <= 0) return;
-  for (int i = 0; i < n; i++) {
-    if (!pf[i].revents) continue;
-    if (map[i] < 0) {
-      char b[64];
-      while (read(sig_pipe[0], b, sizeof b) > 0) {}
-    } else {
-      drain(&procs[map[i]], 0);
-    }
-  }
-}
-
 /* --stats-out: the scheduler's counters into path. 0, or 1 (said why). */
 static int save_stats(const char *path, const char *addr) {
   static char stats[1 << 20];
@@ -669,19 +477,19 @@ static int run_finish(const run_opts *o, const char *addr, uint64_t t0) {
   int status = 0;
   if (o->stats_out) status = save_stats(o->stats_out, addr);
   /* Servers first, so they do not report the scheduler's exit as a loss. */
-  for (int i = 1; i < nprocs; i++)
-    if (!procs[i].exited && !procs[i].is_worker) kill(-procs[i].pid, SIGTERM);
+  for (int i = 1; i < ps__nprocs; i++)
+    if (!ps__procs[i].exited && !ps__procs[i].is_worker) kill(-ps__procs[i].pid, SIGTERM);
   for (uint64_t t1 = ps__now_ms(); ps__now_ms() - t1 < o->grace;) {
-    reap();
+    ps__procs_reap();
     int up = 0;
-    for (int i = 1; i < nprocs; i++) {
-      drain(&procs[i], 0);
-      up += !procs[i].exited && !procs[i].is_worker;
+    for (int i = 1; i < ps__nprocs; i++) {
+      ps__proc_drain(&ps__procs[i], 0);
+      up += !ps__procs[i].exited && !ps__procs[i].is_worker;
     }
     if (!up) break;
     usleep(10000);
   }
-  stop_all((int)o->grace);
+  ps__procs_stop((int)o->grace);
   fprintf(stderr, "[pshard] all %llu workers finished in %.1f s\n", (unsigned long long)o->K,
           (double)(ps__now_ms() - t0) / 1000.0);
   return status;
@@ -689,13 +497,13 @@ static int run_finish(const run_opts *o, const char *addr, uint64_t t0) {
 
 #define SCHED_RESTARTS 5 /* a scheduler that keeps dying is a failure after this many */
 
-/* The scheduler (procs[sched]) died while workers run: start it again on its port with
+/* The scheduler (ps__procs[sched]) died while workers run: start it again on its port with
  * its state directory, so the nodes, which wait for it, are taken back. 0, or -1 when it
  * cannot be (the caller fails the job). */
 static int restart_scheduler(const char *addr, int *sched, int *restarts) {
-  proc *old = &procs[*sched];
+  proc *old = &ps__procs[*sched];
   const char *colon = strrchr(addr, ':');
-  if (!colon || ++*restarts > SCHED_RESTARTS || nprocs == MAX_PROCS) return -1;
+  if (!colon || ++*restarts > SCHED_RESTARTS || ps__nprocs == MAX_PROCS) return -1;
   static char port[16], state_dir[96];
   snprintf(port, sizeof port, "%s", colon + 1);
   snprintf(state_dir, sizeof state_dir, "%s/state", run_dir);
@@ -720,9 +528,9 @@ static int restart_scheduler(const char *addr, int *sched, int *restarts) {
   fprintf(stderr, "[pshard] the scheduler exited with status %d; starting it again on port %s (%d of %d)\n",
           old->status, port, *restarts, SCHED_RESTARTS);
   old->replaced = 1;
-  proc *p = spawn("scheduler", 0, argv, NULL);
+  proc *p = ps__proc_spawn("scheduler", 0, argv, NULL);
   if (!p) return -1;
-  *sched = (int)(p - procs);
+  *sched = (int)(p - ps__procs);
   return 0;
 }
 
@@ -733,7 +541,7 @@ typedef struct respawn_state {
   unsigned pending;       /* server exits without a replacement yet */
   uint64_t pending_since; /* ms */
   uint64_t next_check;    /* ms: the scheduler's counters are read every RESPAWN_CHECK_MS */
-  int watched;            /* procs index of the replacement copying its rows, or -1 */
+  int watched;            /* ps__procs index of the replacement copying its rows, or -1 */
   int dead_at_start;      /* dead servers the scheduler listed when it was started */
   int seen_syncing;       /* the scheduler listed a replacement copying since then */
   uint64_t watched_since; /* ms */
@@ -774,7 +582,7 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
   /* It took a dead server's place (one dead fewer, or it was seen copying) and nobody
    * copies any more; or it is gone; or the scheduler never listed it (given up). */
   if (rs->watched >= 0 && !syncing && (dead < rs->dead_at_start || rs->seen_syncing)) {
-    proc *w = &procs[rs->watched];
+    proc *w = &ps__procs[rs->watched];
     if (!w->exited) {
       if (tty && o->prog) fprintf(stderr, "\n");
       fprintf(stderr, "[pshard] %s has copied its rows: it holds real copies of the dead server's key ranges\n",
@@ -782,7 +590,7 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
     }
     rs->watched = -1;
   }
-  if (rs->watched >= 0 && (procs[rs->watched].exited || now - rs->watched_since > RESPAWN_WAIT_MS)) rs->watched = -1;
+  if (rs->watched >= 0 && (ps__procs[rs->watched].exited || now - rs->watched_since > RESPAWN_WAIT_MS)) rs->watched = -1;
   if (!rs->pending || syncing || rs->watched >= 0) return;
   if (!dead) {
     if (now - rs->pending_since < RESPAWN_WAIT_MS) return;
@@ -793,7 +601,7 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
   char name[32];
   snprintf(name, sizeof name, "server r%llu", (unsigned long long)rs->started + 1);
   if (tty && o->prog) fprintf(stderr, "\n");
-  proc *p = nprocs < MAX_PROCS ? spawn(name, 0, join_argv, NULL) : NULL;
+  proc *p = ps__nprocs < MAX_PROCS ? ps__proc_spawn(name, 0, join_argv, NULL) : NULL;
   rs->pending--;
   rs->pending_since = now;
   if (!p) {
@@ -801,7 +609,7 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
     return;
   }
   rs->started++;
-  rs->watched = (int)(p - procs);
+  rs->watched = (int)(p - ps__procs);
   rs->dead_at_start = dead;
   rs->seen_syncing = 0;
   rs->watched_since = now;
@@ -819,12 +627,12 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
   const char *failed = NULL;
   respawn_state rs = {.watched = -1};
   for (;;) {
-    run_poll();
-    reap();
+    ps__procs_poll();
+    ps__procs_reap();
     if (o->respawn) respawn_tick(o, addr, &rs, tty);
-    if (procs[sched].exited && !got_signal && procs[sched].status != 0) {
+    if (ps__procs[sched].exited && !ps__got_signal && ps__procs[sched].status != 0) {
       int workers_up = 0;
-      for (int i = 0; i < nprocs; i++) workers_up += procs[i].is_worker && !procs[i].exited;
+      for (int i = 0; i < ps__nprocs; i++) workers_up += ps__procs[i].is_worker && !ps__procs[i].exited;
       if (workers_up && restart_scheduler(addr, &sched, &restarts) == 0) continue;
     }
     char dash_new[sizeof dash_addr];
@@ -835,15 +643,15 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
       fprintf(stderr, "[pshard] dashboard (the scheduler started again): http://%s/ (the job's metrics: http://%s/metrics)\n",
               dash_addr, dash_addr);
     }
-    if (got_signal) {
+    if (ps__got_signal) {
       if (tty && o->prog) fprintf(stderr, "\n");
       fprintf(stderr, "[pshard] interrupted; stopping every process\n");
-      stop_all((int)o->grace);
-      return 128 + got_signal;
+      ps__procs_stop((int)o->grace);
+      return 128 + ps__got_signal;
     }
     int workers_left = 0;
-    for (int i = 0; i < nprocs; i++) {
-      proc *p = &procs[i];
+    for (int i = 0; i < ps__nprocs; i++) {
+      proc *p = &ps__procs[i];
       if (p->is_worker && !p->exited) workers_left++;
       if (!p->exited || failed || p->replaced) continue;
       if (o->R >= 2 && !p->is_worker && i != sched && !strncmp(p->name, "server", 6)) {
@@ -873,7 +681,7 @@ static int run_watch(const run_opts *o, const char *addr, uint64_t t0) {
       char stats[16384], wait[128];
       if (!ps_cli_fetch_stats(addr, PROGRESS_STATS_MS, stats, sizeof stats) && !waiting_for(stats, wait, sizeof wait))
         fprintf(stderr, "[pshard] the job had not started: %s\n", wait);
-      stop_all((int)o->grace);
+      ps__procs_stop((int)o->grace);
       return status;
     }
     if (workers_left == 0) {
