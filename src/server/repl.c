@@ -526,6 +526,14 @@ int ps__srv_forward_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, co
   return 0;
 }
 
+ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, ps__fwd *fw) {
+  if (ps__srv_repair_hold(s, c, h, b)) return NULL; /* a replacement copying its rows (repair.c) */
+  if (ps__srv_forward_admit(s, c, h, b, fw)) return NULL;
+  ps__table *t = ps__shard_table(s->sh, h->table);
+  if (!t) ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
+  return t;
+}
+
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__fwd fw;
   if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */

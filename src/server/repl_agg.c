@@ -344,13 +344,8 @@ void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per
 
 void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__fwd fw;
-  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
-  if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
-  ps__table *t = ps__shard_table(s->sh, h->table);
-  if (!t) {
-    ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
-    return;
-  }
+  ps__table *t = ps__srv_forward_table(s, c, h, b, &fw);
+  if (!t) return;
   if (!ps__table_aggregates(t) || !s->ring || ps__ring_size(s->ring) <= 1) {
     ps__srv_reply_err(c, h, PS_ERR_INVALID, "table '%s' does not aggregate pushes here", t->decl.name);
     return;

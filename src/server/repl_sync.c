@@ -410,13 +410,8 @@ void ps__srv_round_applied(void *arg, ps__table *t, ps__rowmap *acc, int64_t rou
 
 void ps__srv_on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__fwd fw;
-  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
-  if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
-  ps__table *t = ps__shard_table(s->sh, h->table);
-  if (!t) {
-    ps__srv_reply_err(c, h, PS_ERR_NO_TABLE, "unknown table %u", h->table);
-    return;
-  }
+  ps__table *t = ps__srv_forward_table(s, c, h, b, &fw);
+  if (!t) return;
   srv_sync *y = ps__table_is_sync(t) && s->replicas > 1 && s->ring && ps__ring_size(s->ring) > 1 ? sync_of(s, t) : NULL;
   if (!y) {
     ps__srv_reply_err(c, h, PS_ERR_INVALID, "table '%s' is not a replicated sync table here", t->decl.name);

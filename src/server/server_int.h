@@ -233,6 +233,9 @@ int ps__srv_tail_answer(ps__server *s, const ps__frame_hdr *h, uint32_t worker);
 /* The checks every frame coming down a chain passes: its prefix (into *fw) names this
  * server's epoch, and its sender is another live server. 0, or -1 (answered MOVED). */
 int ps__srv_forward_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b, ps__fwd *fw);
+/* A FORWARD_AGG or FORWARD_ROUND arriving: held (a replacement copying its rows),
+ * admitted (ps__srv_forward_admit), and its table. The table, or NULL (held or answered). */
+ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, ps__fwd *fw);
 /* Send a frame of len body bytes (pooled, taken) to server `to` down a chain; its
  * answer goes to group g. Header fields sender, req_id and payload_len are set here.
  * 0 or PS_ERR_NOMEM (buf given back, nothing sent). */
