@@ -136,7 +136,13 @@ int ps__rp_out_start(ps__server *s, uint32_t x) {
       ps__wbuf_u32(&w, 0);
       ps__wbuf_u64(&w, (uint64_t)s->sh->workers[i].clock);
     }
-    ps__once_set_encode(&s->sh->once, &w);
+    /* The windows, without the pushes in aggregation buffers not applied yet: the cut's
+     * rows do not hold them, and the replacement must apply them when they come (in the
+     * buffer's forward, or each on its own when their workers send them again). */
+    ps__push_id *pending;
+    size_t np = ps__srv_agg_pending(s, &pending);
+    if (np == (size_t)-1 || ps__once_set_encode_except(&s->sh->once, pending, np, &w)) rc = PS_ERR_NOMEM;
+    free(pending);
     if (w.oom || w.len > PS_CTRL_MAX_BODY) rc = PS_ERR_NOMEM;
   }
   if (rc) {

@@ -440,6 +440,17 @@ void ps__srv_agg_conn_closed(ps__server *s, ps__conn *c) {
   }
 }
 
+size_t ps__srv_agg_pending(ps__server *s, ps__push_id **ids) {
+  size_t n = 0;
+  *ids = NULL;
+  for (srv_aggw *w = s->aggw; w; w = w->next) n++;
+  if (!n) return 0;
+  if (!(*ids = ps__malloc(n * sizeof **ids))) return (size_t)-1;
+  n = 0;
+  for (srv_aggw *w = s->aggw; w; w = w->next) (*ids)[n++] = w->id;
+  return n;
+}
+
 void ps__srv_agg_free(ps__server *s) {
   free(s->agg_cur);
   s->agg_cur = NULL;

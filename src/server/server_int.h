@@ -316,6 +316,10 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
 /* A forward of group g was answered (status 0: applied by every copy after this one). */
 void ps__srv_fwd_group_answer(ps__server *s, srv_fwd_group *g, int status, const char *msg);
 void ps__srv_agg_conn_closed(ps__server *s, ps__conn *c);
+/* The identities of the pushes in aggregation buffers not applied yet (their windows
+ * mark them, their rows do not hold them yet), into *ids (malloc'ed, NULL when none):
+ * their count, or (size_t)-1 when out of memory. */
+size_t ps__srv_agg_pending(ps__server *s, ps__push_id **ids);
 
 /* ---- replication of sync rounds (repl_sync.c) */
 /* A sync table created under R >= 2: its copies' versions start at its version. */

@@ -153,6 +153,50 @@ void ps__once_set_encode(const ps__once_set *s, ps__wbuf *out) {
     if (s->slot[i]) ps__once_encode(s->slot[i], out);
 }
 
+/* Unmark (inc, seq) in a copy of a window; its highest moves down to the highest still
+ * marked. */
+static void unmark(ps__once *w, uint64_t inc, uint32_t seq) {
+  if (!w->any || inc != w->inc) return;
+  int32_t d = (int32_t)(seq - w->high);
+  if (d > 0 || d <= -(int32_t)W) return;
+  bit_clear(w, seq);
+  if (seq != w->high) return;
+  for (uint32_t k = 1; k < W; k++)
+    if (bit_get(w, w->high - k)) {
+      w->high -= k;
+      return;
+    }
+  memset(w->bits, 0, sizeof w->bits);
+  w->any = 0, w->inc = 0, w->high = 0;
+}
+
+int ps__once_set_encode_except(const ps__once_set *s, const ps__push_id *ex, size_t n, ps__wbuf *out) {
+  if (!n) {
+    ps__once_set_encode(s, out);
+    return 0;
+  }
+  ps__once *tmp = ps__malloc(sizeof *tmp);
+  if (!tmp) return ps__fail(PS_ERR_NOMEM, "out of memory encoding push windows");
+  ps__wbuf_u8(out, 1);
+  ps__wbuf_u32(out, (uint32_t)s->n);
+  for (size_t i = 0; i < s->cap; i++) {
+    const ps__once *w = s->slot[i];
+    if (!w) continue;
+    int touched = 0;
+    for (size_t j = 0; j < n && !touched; j++) touched = ex[j].worker == w->worker;
+    if (!touched) {
+      ps__once_encode(w, out);
+      continue;
+    }
+    *tmp = *w;
+    for (size_t j = 0; j < n; j++)
+      if (ex[j].worker == w->worker) unmark(tmp, ex[j].inc, ex[j].seq);
+    ps__once_encode(tmp, out);
+  }
+  free(tmp);
+  return 0;
+}
+
 int ps__once_set_decode(ps__once_set *s, const void *p, size_t len) {
   ps__rbuf in;
   ps__rbuf_init(&in, p, len);

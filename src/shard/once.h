@@ -51,6 +51,13 @@ int ps__once_check(const ps__once *w, uint64_t inc, uint32_t seq);
  * incarnation starts the window afresh. */
 void ps__once_mark(ps__once *w, uint64_t inc, uint32_t seq);
 
+/* A push's identity: its worker, sequence and the worker's incarnation (a push combined
+ * into an aggregation buffer travels with the buffer as this). */
+typedef struct ps__push_id {
+  uint32_t worker, seq;
+  uint64_t inc;
+} ps__push_id;
+
 /* The windows of an engine: worker id -> window, open addressing. */
 typedef struct ps__once_set {
   ps__once **slot;  /* cap entries (a power of two), NULL = empty */
@@ -77,6 +84,12 @@ int ps__once_decode(ps__rbuf *in, ps__once *w);
 
 /* Every window of s: u8 format (1), u32 count, then count windows. */
 void ps__once_set_encode(const ps__once_set *s, ps__wbuf *out);
+/* The same, as if the n pushes ex had not been applied: their sequences unmarked, a
+ * window's highest moved down to the highest still marked (a window left with none is
+ * empty). For a cut whose rows do not hold those pushes yet (an aggregation buffer not
+ * applied): whoever takes the cut must still apply them when they come. 0, or
+ * PS_ERR_NOMEM (out holds nothing new then). */
+int ps__once_set_encode_except(const ps__once_set *s, const ps__push_id *ex, size_t n, ps__wbuf *out);
 /* Replace the windows of s by those encoded in p[0, len): 0, or PS_ERR_CORRUPT (count
  * above PS__ONCE_MAX_WORKERS, a worker id 0 or twice, trailing bytes, a bad window) or
  * PS_ERR_NOMEM, and s is unchanged. */

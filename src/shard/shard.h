@@ -491,11 +491,6 @@ int ps__async_admit(ps__shard *sh, ps__table *t, ps__worker *w, const ps__push *
 int ps__async_push(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v);
 /* A sync push's round accumulator, with its pusher and rate recorded (sync.c). */
 ps__rowmap *ps__sync_round_acc(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v);
-/* A push combined into an aggregation buffer, as its identity travels with the buffer. */
-typedef struct ps__push_id {
-  uint32_t worker, seq;
-  uint64_t inc;
-} ps__push_id;
 /* Apply an aggregation buffer as its chain's head applied it (replication): n rows of
  * width + 1 floats under keys (little-endian u64: row ids, or slices of a dense table),
  * with the head's rate, global batch and step, as ps__shard_agg_flush did there; then

@@ -264,3 +264,58 @@ Test(once, set_merge) {
   ps__once_set_clear(&a);
   ps__once_set_clear(&b);
 }
+
+/* Windows encoded without some pushes (a cut whose rows do not hold them yet): those
+ * read as new where the encoding is decoded, every other sequence as before; a
+ * window's highest sequence left out moves the highest down, and a window left with
+ * nothing is empty. The source's own windows are unchanged. */
+Test(once, encode_except_leaves_pushes_out) {
+  ps__once_set a, out;
+  memset(&a, 0, sizeof a);
+  memset(&out, 0, sizeof out);
+  ps__once *w5 = ps__once_get(&a, 5), *w9 = ps__once_get(&a, 9), *w12 = ps__once_get(&a, 12);
+  cr_assert(w5 && w9 && w12);
+  for (uint32_t s = 1; s <= 50; s++) take(w5, 100, s);
+  take(w9, 7, 3);
+  take(w12, 8, 40);
+  take(w12, 8, 44);
+  ps__push_id ex[] = {
+      {.worker = 5, .seq = 50, .inc = 100}, /* the highest: moves down */
+      {.worker = 5, .seq = 49, .inc = 100},
+      {.worker = 5, .seq = 10, .inc = 100},
+      {.worker = 5, .seq = 20, .inc = 99},  /* another incarnation: not this window's */
+      {.worker = 9, .seq = 3, .inc = 7},    /* its only one: the window empties */
+      {.worker = 12, .seq = 44, .inc = 8},
+      {.worker = 77, .seq = 1, .inc = 1},   /* no window */
+  };
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  cr_assert(eq(int, ps__once_set_encode_except(&a, ex, sizeof ex / sizeof *ex, &w), 0));
+  cr_assert(eq(int, ps__once_set_decode(&out, w.data, w.len), 0), "%s", ps_errmsg());
+  ps__once *o5 = ps__once_find(&out, 5), *o9 = ps__once_find(&out, 9), *o12 = ps__once_find(&out, 12);
+  cr_assert(o5 && o9 && o12);
+  cr_expect(eq(u32, o5->high, 48));
+  for (uint32_t s = 1; s <= 50; s++)
+    cr_expect(eq(int, ps__once_check(o5, 100, s), (s == 10 || s >= 49) ? PS__ONCE_NEW : PS__ONCE_DUP), "seq %u", s);
+  cr_expect(eq(int, o9->any, 0));
+  cr_expect(eq(int, ps__once_check(o9, 7, 3), PS__ONCE_NEW));
+  cr_expect(eq(u32, o12->high, 40));
+  cr_expect(eq(int, ps__once_check(o12, 8, 40), PS__ONCE_DUP));
+  cr_expect(eq(int, ps__once_check(o12, 8, 44), PS__ONCE_NEW));
+  /* the source's windows are as they were */
+  cr_expect(eq(int, ps__once_check(w5, 100, 50), PS__ONCE_DUP));
+  cr_expect(eq(int, ps__once_check(w9, 7, 3), PS__ONCE_DUP));
+  /* with nothing left out, the same bytes as the plain encoding */
+  ps__wbuf plain, none;
+  ps__wbuf_init(&plain);
+  ps__wbuf_init(&none);
+  ps__once_set_encode(&a, &plain);
+  cr_assert(eq(int, ps__once_set_encode_except(&a, NULL, 0, &none), 0));
+  cr_expect(eq(sz, plain.len, none.len));
+  cr_expect(memcmp(plain.data, none.data, plain.len) == 0);
+  ps__wbuf_free(&plain);
+  ps__wbuf_free(&none);
+  ps__wbuf_free(&w);
+  ps__once_set_clear(&a);
+  ps__once_set_clear(&out);
+}
