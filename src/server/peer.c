@@ -394,8 +394,56 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
   ps__srv_metrics_mem(s, c, h->table, 0, total); /* read, whatever the engine makes of it */
   ps__push p = ps__srv_push_of(h, buf, total / 4);
   ps__owned body = {buf, len};
+  /* Under replicas, the forward to the next copy may name the same regions (repl.c). */
+  s->pm_tail = (const uint8_t *)b->buf + kbytes;
+  s->pm_tail_len = b->len - kbytes;
   ps__srv_push(s, c, h, &p, &body, 1);
+  s->pm_tail = NULL;
+  s->pm_tail_len = 0;
   if (body.buf) ps__pool_put(c->pool, buf, len); /* not taken by the engine */
+}
+
+ps__conn *ps__srv_worker_peer_conn(ps__server *s, uint32_t node) {
+  for (srv_metlink *l = s->links; node && l; l = l->next)
+    if (l->node == node && l->conn && l->conn->is_unix && l->conn->peer_pid > 0) return l->conn;
+  return NULL;
+}
+
+int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr *h, const void *body, size_t blen,
+                                void **out, size_t *olen) {
+  size_t kbytes = 8u * (size_t)h->nkeys;
+  if (blen < PS_FWD_PREFIX + kbytes) return ps__fail(PS_ERR_SIZE, "peer-memory forward of %zu bytes", blen);
+  if (!wc || !ps__pm_usable())
+    return ps__fail(PS_ERR_UNAVAILABLE, "server %u cannot read the worker's memory (%s)", s->id,
+                    wc ? "peer memory is not usable here" : "no same-host connection of that worker here");
+  const uint8_t *keys = (const uint8_t *)body + PS_FWD_PREFIX;
+  ps__vx x;
+  if (ps__vx_open(&x, &s->shm, wc, s->pid, 0, keys + kbytes, blen - PS_FWD_PREFIX - kbytes))
+    return ps__fail(PS_ERR_PROTO, "%s", ps_errmsg());
+  uint64_t total = x.total;
+  if (total % 4 || PS_FWD_PREFIX + kbytes + total > s->o.max_payload) {
+    ps__vx_close(&x);
+    return ps__fail(PS_ERR_SIZE, "a peer-memory forward of %llu bytes of values", (unsigned long long)total);
+  }
+  size_t len = PS_FWD_PREFIX + kbytes + (size_t)total;
+  uint8_t *buf = ps__pool_get(s->pool, len);
+  if (!buf) {
+    ps__vx_close(&x);
+    return ps__fail(PS_ERR_NOMEM, "server out of memory for a %zu-byte forward", len);
+  }
+  memcpy(buf, body, PS_FWD_PREFIX + kbytes);
+  uv_buf_t dst = uv_buf_init((char *)buf + PS_FWD_PREFIX + kbytes, 0);
+  dst.len = (size_t)total;
+  int rc = pm_copy_par(s, &x, 0, &dst, 1);
+  ps__vx_close(&x);
+  if (rc) {
+    ps__pool_put(s->pool, buf, len);
+    return ps__fail(PS_ERR_UNAVAILABLE, "server %u could not read the worker's memory: %s", s->id, ps_errmsg());
+  }
+  ps__srv_metrics_mem(s, wc, h->table, 0, total);
+  *out = buf;
+  *olen = len;
+  return 0;
 }
 
 int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int64_t n) {

@@ -341,6 +341,29 @@ static int fwd_redirect(ps__server *s, srv_fwd *f, int status) {
   return 1;
 }
 
+/* A forward naming the worker's memory that the next copy could not read from: sent
+ * again with the values, read here from the same regions (the worker still waits). 1
+ * when sent again, 0 when it is to be answered. */
+static int fwd_with_values(ps__server *s, srv_fwd *f) {
+  srv_peer *p = peer_of(s, f->to);
+  void *nb;
+  size_t nlen;
+  if (f->hdr.xport != PS_XPORT_PEER_MEM || !f->up || !p || !p->conn ||
+      ps__srv_forward_peer_values(s, f->up, &f->hdr, f->buf, f->len, &nb, &nlen))
+    return 0;
+  ps__pool_put(s->pool, f->buf, f->len);
+  f->buf = nb;
+  f->len = nlen;
+  f->hdr.xport = PS_XPORT_INLINE;
+  f->hdr.payload_len = nlen;
+  f->req_id = ++s->fwd_seq;
+  f->hdr.req_id = f->req_id;
+  s->forward_bytes += nlen;
+  s->pm_fwd_inline++;
+  fwd_send(s, p, f);
+  return 1;
+}
+
 /* Fail every forward to server id (gone, or its connection lost): the worker sends its
  * push again, to the chain's new head if need be, and the windows apply it once; a
  * sync round's frame is re-addressed by its group. */
@@ -393,6 +416,7 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   for (srv_fwd *f = s->fwds; f; f = f->next) {
     if (f->req_id != h->req_id) continue;
     if ((h->status == PS_ERR_MOVED || h->status == PS_ERR_UNAVAILABLE) && fwd_redirect(s, f, h->status)) return;
+    if (h->status == PS_ERR_UNAVAILABLE && fwd_with_values(s, f)) return;
     char msg[300];
     snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
     fwd_answer(s, f, h->status, h->flags, msg[0] ? msg : ps_strerror(h->status));
@@ -484,7 +508,12 @@ int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, 
 int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const ps__push *p, uint32_t to,
                     float lr, uint64_t step) {
   srv_peer *pe = peer_of(s, to);
-  size_t kb = (size_t)p->nkeys * 8u, vb = (size_t)p->nvals * 4u, len = PS_FWD_PREFIX + kb + vb;
+  int dense = uh->type == PS_MSG_PUSH_DENSE || uh->type == PS_MSG_FORWARD_DENSE;
+  /* A worker's peer-memory dense push: the next copy, on the same host and holding its
+   * copies, reads the values where the head read them (the worker waits for the tail's
+   * answer, so its buffers stay put); the forward names the same regions. */
+  int by_mem = dense && s->pm_tail && !p->replica && pe && pe->state == PS_CHAIN_LIVE;
+  size_t kb = (size_t)p->nkeys * 8u, vb = by_mem ? s->pm_tail_len : (size_t)p->nvals * 4u, len = PS_FWD_PREFIX + kb + vb;
   srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
   uint8_t *buf = f ? ps__pool_get(s->pool, len) : NULL;
   if (!buf) {
@@ -501,12 +530,13 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
   }
   ps__fwd_put(buf, &fw);
   memcpy(buf + PS_FWD_PREFIX, p->keys, kb);
-  memcpy(buf + PS_FWD_PREFIX + kb, p->vals, vb);
-  int dense = uh->type == PS_MSG_PUSH_DENSE || uh->type == PS_MSG_FORWARD_DENSE;
+  memcpy(buf + PS_FWD_PREFIX + kb, by_mem ? (const void *)s->pm_tail : (const void *)p->vals, vb);
   f->up = up;
   f->up_hdr = *uh;
   ps__frame_hdr fh = {.type = dense ? PS_MSG_FORWARD_DENSE : PS_MSG_FORWARD, .table = p->table, .batch = p->batch,
-                      .clock = p->clock, .nkeys = p->nkeys, .lr = lr, .inc = p->inc, .seq = p->seq};
+                      .clock = p->clock, .nkeys = p->nkeys, .lr = lr, .inc = p->inc, .seq = p->seq,
+                      .xport = by_mem ? PS_XPORT_PEER_MEM : PS_XPORT_INLINE};
+  s->pm_fwd_out += by_mem;
   fwd_add(s, pe, f, to, &fh, buf, len);
   return 0;
 }
@@ -536,6 +566,27 @@ ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr
 
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__fwd fw;
+  ps__frame_hdr ih;
+  if (dense && h->xport == PS_XPORT_PEER_MEM) {
+    /* The values are in the worker's memory: read here first, so that whatever follows
+     * (held by a replacement, applied, forwarded on) has them inline. */
+    void *nb;
+    size_t nlen;
+    ps__fwd_get(b->buf, &fw);
+    int rc = ps__srv_forward_peer_values(s, ps__srv_worker_peer_conn(s, fw.worker), h, b->buf, b->len, &nb, &nlen);
+    if (rc) {
+      ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
+      return;
+    }
+    ps__pool_put(s->pool, b->buf, b->len);
+    b->buf = nb;
+    b->len = nlen;
+    ih = *h;
+    ih.xport = PS_XPORT_INLINE;
+    ih.payload_len = nlen;
+    h = &ih;
+    s->pm_fwd_in++;
+  }
   if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
   if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
   uint8_t *body = (uint8_t *)b->buf + PS_FWD_PREFIX;

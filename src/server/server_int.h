@@ -90,6 +90,9 @@ struct ps__server {
   char unix_path[PS_PATH_MAX];
   uv_idle_t apply_idle; /* runs while tables have a pending apply */
   uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
+  const uint8_t *pm_tail; /* the peer-memory push being served: its tail (regions), for a forward ... */
+  size_t pm_tail_len;     /* ... that names them instead of carrying the values (repl.c) */
+  uint64_t pm_fwd_out, pm_fwd_in, pm_fwd_inline; /* such forwards sent; read here; sent again with values */
   srv_ckpt *ckpt;        /* the checkpoint being cut or written, or NULL */
   uint64_t ckpt_last;    /* the last checkpoint written with tracking on: the tables'
                           * changed sets start at its cut (0: none) */
@@ -186,6 +189,15 @@ void ps__srv_free_pulls(ps__server *s);
 
 /* ---- the large-request path: values in the worker's memory (peer.c) */
 void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
+/* A peer-memory dense forward (FORWARD_DENSE, PS_XPORT_PEER_MEM: the forward prefix,
+ * the segments, then the tail of the worker's own request) made inline: its values read
+ * from the worker's memory through wc, a same-host connection of that worker, into a
+ * pooled body of prefix, segments and values (*out, *olen). 0, or an error code with a
+ * message (PS_ERR_UNAVAILABLE: they cannot be read from here). */
+int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr *h, const void *body, size_t blen,
+                                void **out, size_t *olen);
+/* The same connection of worker `node` this server reads from, or NULL. */
+ps__conn *ps__srv_worker_peer_conn(ps__server *s, uint32_t node);
 /* Answer a dense pull by writing into the worker's memory: 1 if done (or answered with
  * an error), 0 if the values must go in the reply instead. */
 int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,

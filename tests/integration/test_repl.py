@@ -175,6 +175,9 @@ def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill):
         alive = (1, 2) if kill else (0, 1, 2)
         assert sum(server_stat(c, i, "peer_mem_pushes") for i in alive) > 0
         assert sum(server_stat(c, i, "forwards") for i in alive) > 0
+        # The heads' forwards named the worker's buffers, and the next copies read them.
+        assert sum(server_stat(c, i, "peer_mem_forwards_out") for i in alive) > 0
+        assert sum(server_stat(c, i, "peer_mem_forwards_in") for i in alive) > 0
 
 
 def metric(text, name):

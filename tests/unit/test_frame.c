@@ -284,6 +284,13 @@ Test(frame, forward_prefix_round_trips_and_bounds_the_keys) {
   expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "odd");
   h.nkeys = 2;
   h.payload_len = PS_FWD_PREFIX + 16 + 4;
+  h.xport = PS_XPORT_PEER_MEM; /* naming the worker's memory: a tail of whole 16-byte words */
+  expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "peer-memory request carries 4 bytes");
+  h.payload_len = PS_FWD_PREFIX + 16 + 16 + 16; /* expiry and hint, one region */
+  expect_accept(&h, BIG_LIMIT);
+  h = hdr_of(PS_MSG_FORWARD); /* only a dense push's forward may */
+  h.nkeys = 2;
+  h.payload_len = PS_FWD_PREFIX + 16 + 32;
   h.xport = PS_XPORT_PEER_MEM;
   expect_reject(&h, BIG_LIMIT, PS_ERR_PROTO, "transport");
 }
