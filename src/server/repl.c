@@ -48,6 +48,7 @@ struct srv_peer {
   uint8_t state;   /* PS_CHAIN_*: the head rule's view of it (ring.h) */
   char host[PS_HOST_MAX];
   uint16_t port;
+  char unix_path[PS_PATH_MAX]; /* on this host: its AF_UNIX socket (empty: TCP) */
   ps__conn *conn;
   int connecting;
 };
@@ -461,7 +462,12 @@ static void peer_connect(ps__server *s, srv_peer *p) {
   peer_dial *d = ps__malloc(sizeof *d);
   p->connecting = 1;
   if (d) *d = (peer_dial){s, p->id};
-  if (!d || ps__connect_tcp(&s->loop, p->host, p->port, &peer_ops, p, s->pool, s->o.max_payload, on_peer_connected, d)) {
+  int rc = !d;
+  if (d && p->unix_path[0])
+    rc = ps__connect_unix(&s->loop, p->unix_path, &peer_ops, p, s->pool, s->o.max_payload, on_peer_connected, d);
+  else if (d)
+    rc = ps__connect_tcp(&s->loop, p->host, p->port, &peer_ops, p, s->pool, s->o.max_payload, on_peer_connected, d);
+  if (rc) {
     free(d);
     p->connecting = 0;
     fwd_fail_to(s, p->id, "could not be reached");
@@ -608,6 +614,7 @@ void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
 /* ------------------------------------------------------------------ membership */
 
 int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
+  char hostid[PS_HOST_MAX] = "";
   ps__srv_sync_before(s);
   for (uint32_t i = 0; i < m->n; i++) {
     const ps__member *x = &m->m[i];
@@ -623,6 +630,10 @@ int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
     }
     snprintf(p->host, sizeof p->host, "%s", x->host);
     p->port = x->port;
+    /* A server of this host is reached on its AF_UNIX socket, as the workers reach it. */
+    if (!hostid[0]) ps__hostid(hostid, sizeof hostid);
+    snprintf(p->unix_path, sizeof p->unix_path, "%s",
+             s->o.use_unix && x->unix_path[0] && !strcmp(x->hostid, hostid) ? x->unix_path : "");
     if (p->alive && !x->alive) {
       p->alive = 0;
       fwd_fail_to(s, p->id, "left the job");
