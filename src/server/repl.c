@@ -580,8 +580,8 @@ void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
     size_t nlen;
     ps__fwd_get(b->buf, &fw);
     int rc = ps__srv_forward_peer_values(s, ps__srv_worker_peer_conn(s, fw.worker), h, b->buf, b->len, &nb, &nlen);
-    if (rc) {
-      ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
+    if (rc) { /* out of memory too: the head sends the values instead */
+      ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
       return;
     }
     ps__pool_put(s->pool, b->buf, b->len);
