@@ -162,9 +162,12 @@ def counted_big(c, workers, pushes):
         assert vals == [float(workers * pushes)] * 16, vals
 
 
-@pytest.mark.parametrize("kill", [False, True], ids=["no-fault", "head-killed"])
-def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill):
-    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+@pytest.mark.parametrize("kill,replicas", [(False, 2), (True, 2), (False, 3), (True, 3)],
+                         ids=["no-fault", "head-killed", "r3-no-fault", "r3-head-killed"])
+def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill, replicas):
+    # Under R = 3 the middle member reads the values from the worker and forwards them
+    # on with the values.
+    with Cluster(3, 2, replicas=replicas, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         ps = start_workers(c, 2, 60 if kill else 30, 10 if kill else 0, BIG)
         if kill:
             time.sleep(0.6)
