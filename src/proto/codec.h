@@ -69,6 +69,14 @@ size_t ps__codec_size(const ps__codec *c, size_t n);
  * (topk's selection scratch), with a message via ps__fail. */
 int ps__codec_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out, size_t *len, float *err);
 
+/* topk (c->kind PS_CODEC_TOPK) with the choice made on another vector: the k values
+ * whose score[i] has the largest magnitude (ties: the lower index; a NaN score ranks
+ * first) are sent as (i, in[i]) pairs, the wire format above. err as for
+ * ps__codec_encode: 0 where sent, in[i] elsewhere (0 if not finite); err may be in,
+ * never score. 0, or the errors of ps__codec_encode (PS_ERR_INVALID for another codec). */
+int ps__codec_encode_topk_by(const ps__codec *c, const float *in, const float *score, size_t n, uint8_t *out,
+                              size_t *len, float *err);
+
 /* Decode len bytes of codec kind into out[0..n). 0, or PS_ERR_PROTO with a message
  * (via ps__fail) for an unknown codec, a size that is not the codec's for n, or a
  * malformed body (a topk index out of order or out of range, a non-finite or negative
