@@ -17,12 +17,16 @@
  * closes. A table's mutex covers the whole of one push's feedback, so concurrent
  * pushes to a table each see a consistent residual.
  *
- * topk chooses what to send by consistency, not size: a topk row also holds, per value,
- * the sum of squares of the gradients gathered since the value was last sent, and the
- * k values sent are those of largest |gathered| / sqrt(sum of squares), a t-statistic
- * of the gathered gradient (docs/design.md, section 5a). A value whose gradients keep
- * their sign climbs as they gather; one whose gradients cancel stays near 1 and waits.
- * What is sent is the gathered value itself, so error feedback conserves as before.
+ * With topk, what to send depends on the table's optimiser. SGD and momentum apply a
+ * value in proportion to its size: the k gathered values of largest magnitude go. Adam,
+ * Adagrad and FTRL divide each value's step by its running magnitude, so size counts
+ * for little and a burst of gradients that cancel moves a value as far as one that
+ * agrees: for them topk chooses by consistency. Such a row also holds, per value, the
+ * sum of squares of the gradients gathered since the value was last sent, and the k
+ * values sent are those of largest |gathered| / sqrt(sum of squares), a t-statistic of
+ * the gathered gradient (docs/design.md, section 5a): a value whose gradients keep their
+ * sign climbs as they gather, one whose gradients cancel stays near 1 and waits. Either
+ * way what is sent is the gathered value itself, so error feedback conserves the same.
  */
 #include <math.h>
 #include <stdio.h>
@@ -33,9 +37,10 @@
 
 struct ps__cx_table {
   pthread_mutex_t mu;
-  ps__rowmap *resid; /* rowlen floats per row: the residual, for topk the sums of squares,
+  ps__rowmap *resid; /* rowlen floats per row: the residual, if scored the sums of squares,
                         then a stamp (u32 bits) */
   uint32_t width, rowlen;
+  int scored;        /* topk choosing by consistency (a normalising optimiser) */
   uint32_t pushes;   /* stamps: 2 * pushes when a row's residual was added, + 1 when rewritten */
   uint64_t push_raw, push_wire, pull_raw, pull_wire; /* value bytes (atomics) */
 };
@@ -44,7 +49,9 @@ ps__cx_table *ps__cx_table_new(const ps__table_spec *spec) {
   ps__cx_table *t = ps__calloc(1, sizeof *t);
   if (!t) return NULL;
   t->width = spec->width;
-  t->rowlen = (spec->push_codec.kind == PS_CODEC_TOPK ? 2 * spec->width : spec->width) + 1;
+  ps__opt_kind o = spec->opt.kind;
+  t->scored = spec->push_codec.kind == PS_CODEC_TOPK && (o == PS__OPT_ADAM || o == PS__OPT_ADAGRAD || o == PS__OPT_FTRL);
+  t->rowlen = (t->scored ? 2 * spec->width : spec->width) + 1;
   if (spec->push_codec.kind != PS_CODEC_RAW && !(t->resid = ps__rowmap_new(t->rowlen))) {
     free(t);
     return NULL;
@@ -117,14 +124,14 @@ static int walk_runs(int dense, const uv_buf_t *keys, uint32_t w, int (*fn)(void
 typedef struct fb_arg {
   ps__cx_table *t;
   float *vals;     /* the part's vector: gradient + residual, then what encoding lost */
-  float *score;    /* topk: each value's t-statistic, SENT once sent; else NULL */
+  float *score;    /* scored topk: each value's t-statistic, SENT once sent; else NULL */
   uint32_t stamp;  /* 2 * push number */
 } fb_arg;
 
-#define SENT INFINITY /* the score of a value topk sent (a finite score never is) */
+#define SENT INFINITY /* the score of a value sent (a finite gradient's score never is) */
 
 /* Feedback in: a row's residual is added once per push (a key repeated in one push
- * takes it at its first place only). For topk each place's gradient also adds its
+ * takes it at its first place only). When scored, each place's gradient also adds its
  * square to the row's sums (non-finite ones do not), and gets its score: the gathered
  * value over the root of its sum of squares (the value itself where that sum is 0,
  * which a finite value reaches only by being 0). */
@@ -198,10 +205,10 @@ int ps__cx_encode_push(ps_ctx *ctx, ps_req *r, const table_info *ti) {
     maxn = n > maxn ? n : maxn;
   }
   if (!maxn) return 0;
-  int topk = cx->kind == PS_CODEC_TOPK;
+  int scored = t->scored;
   uint8_t *block = ps__malloc(total);
-  float *vals = ps__ubuf_get(ctx, maxn * 4), *score = topk ? ps__ubuf_get(ctx, maxn * 4) : NULL;
-  if (!block || !vals || (topk && !score)) {
+  float *vals = ps__ubuf_get(ctx, maxn * 4), *score = scored ? ps__ubuf_get(ctx, maxn * 4) : NULL;
+  if (!block || !vals || (scored && !score)) {
     free(block);
     ps__ubuf_put(ctx, vals, maxn * 4);
     ps__ubuf_put(ctx, score, maxn * 4);
@@ -220,11 +227,11 @@ int ps__cx_encode_push(ps_ctx *ctx, ps_req *r, const table_info *ti) {
       ps__fail(rc, "out of memory keeping a push's residual");
       break;
     }
-    /* on failure the residuals are untouched */
-    if ((rc = topk ? ps__codec_encode_topk_by(cx, vals, score, n, block + at, &len, vals)
-                   : ps__codec_encode(cx, vals, n, block + at, &len, vals)))
+    /* on failure the residuals are untouched (the sums of squares count this push) */
+    if ((rc = scored ? ps__codec_encode_topk_by(cx, vals, score, n, block + at, &len, vals)
+                     : ps__codec_encode(cx, vals, n, block + at, &len, vals)))
       break;
-    for (size_t j = 0; topk && j < len / 8; j++) score[ps__get_u32(block + at + 8 * j)] = SENT;
+    for (size_t j = 0; scored && j < len / 8; j++) score[ps__get_u32(block + at + 8 * j)] = SENT;
     walk_runs(dense, &p->send[0], t->width, fb_store, &a);
     p->send[1] = uv_buf_init((char *)block + at, 0);
     p->send[1].len = len;
