@@ -15,9 +15,11 @@
  *         s = max|x| / 127, then one int8 q = round(x / s) per value (symmetric,
  *         |q| <= 127, round to nearest even); decoded x = q * s. The error of a value is
  *         at most s / 2 (plus f32 rounding). 4 * ceil(n / 256) + n bytes.
- *   topk  k (u32 index, f32 value) pairs, indices strictly increasing and < n: the k
- *         values of largest magnitude (ties: the lower index), sent exactly; the others
- *         decode as 0. k = F (F >= 1, at most n) or ceil(F * n) (F < 1) of topk:F.
+ *   topk  k (u32 index, f32 value) pairs, indices strictly increasing and < n: k values
+ *         sent exactly, the others decode as 0. ps__codec_encode sends the k of largest
+ *         magnitude (ties: the lower index), ps__codec_encode_topk_by the k of largest
+ *         score the caller gives. k = F (F >= 1, at most n) or ceil(F * n) (F < 1) of
+ *         topk:F.
  * Non-finite values are refused by the server after decoding (spec option nonfinite=),
  * so codecs carry them rather than judge them.
  *
