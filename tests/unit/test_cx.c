@@ -2,7 +2,8 @@
  * test_cx.c - the worker's error feedback with topk (client/cx.c), through an embedded
  * job: under a normalising optimiser (Adagrad here, as Adam and FTRL) topk sends the
  * values whose gathered gradient is the most consistent (largest |gathered| / sqrt(sum
- * of squares since last sent)), under SGD the largest, on dense and sparse tables.
+ * of squares since last sent)), under SGD the largest, on dense and sparse tables, and
+ * a key repeated in one push gathers its residual once.
  */
 #include <criterion/criterion.h>
 #include <criterion/new/assert.h>
@@ -126,5 +127,28 @@ Test(cx, topk_keeps_a_steady_gradient_moving_among_noisy_ones, .timeout = 30) {
   for (int j = 1; j <= P - 4; j++) bound += 0.5 / sqrt(1.0 + 0.25 * j);
   double steady = -(double)w[N - 1];
   cr_assert(steady >= bound, "the steady value moved %g, less than %g", steady, bound);
+  ps_ctx_close(ctx);
+}
+
+/* A key twice in one push takes its residual at its first place only, and both places'
+ * gradients count in its sum of squares: places scored 1 / 1 and 1 / sqrt(2), the first
+ * is sent, the second's 1 is held. A later push of 0 gathers the held 1 (its sum of
+ * squares restarted at the send and still 0: the score is the value) and sends it. */
+Test(cx, topk_a_repeated_key_gathers_once, .timeout = 30) {
+  ps_ctx *ctx = open_embedded();
+  uint32_t t;
+  OK(ps_table_declare(ctx, "r", PS_SPARSE, 1, "opt=adagrad lr=1 acc0=1 update=sum push_codec=topk:1", &t));
+  uint64_t k55[2] = {5, 5}, k5 = 5;
+  float ones[2] = {1, 1}, zero = 0, w, wa = 0, a = 1;
+  OK(ps_push(ctx, t, k55, 2, ones, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(ctx));
+  OK(ps_pull(ctx, t, &k5, 1, &w, -1));
+  adagrad(&wa, &a, 1.0f);
+  cr_assert(fabsf(w - wa) <= 1e-6f, "after the repeat: %g, want %g", w, wa);
+  OK(ps_push(ctx, t, &k5, 1, &zero, 1, PS_LR_SCHEDULE, -1));
+  OK(ps_clock(ctx));
+  OK(ps_pull(ctx, t, &k5, 1, &w, -1));
+  adagrad(&wa, &a, 1.0f);
+  cr_assert(fabsf(w - wa) <= 1e-6f, "after the held value: %g, want %g", w, wa);
   ps_ctx_close(ctx);
 }
