@@ -50,7 +50,8 @@ ps__cx_table *ps__cx_table_new(const ps__table_spec *spec) {
   if (!t) return NULL;
   t->width = spec->width;
   ps__opt_kind o = spec->opt.kind;
-  t->scored = spec->push_codec.kind == PS_CODEC_TOPK && (o == PS__OPT_ADAM || o == PS__OPT_ADAGRAD || o == PS__OPT_FTRL);
+  t->scored = spec->push_codec.kind == PS_CODEC_TOPK &&
+              (o == PS__OPT_ADAM || o == PS__OPT_ADAGRAD || o == PS__OPT_FTRL);
   t->rowlen = (t->scored ? 2 * spec->width : spec->width) + 1;
   if (spec->push_codec.kind != PS_CODEC_RAW && !(t->resid = ps__rowmap_new(t->rowlen))) {
     free(t);
@@ -128,7 +129,10 @@ typedef struct fb_arg {
   uint32_t stamp;  /* 2 * push number */
 } fb_arg;
 
-#define SENT INFINITY /* the score of a value sent (a finite gradient's score never is) */
+/* The score of a value once sent. A finite score |gathered| / sqrt(S) is at most
+ * sqrt(places gathered), so an unsent value scores +Inf only if its gradient was not
+ * finite or its S underflowed; restarting its S then does no harm. */
+#define SENT INFINITY
 
 /* Feedback in: a row's residual is added once per push (a key repeated in one push
  * takes it at its first place only). When scored, each place's gradient also adds its
