@@ -16,7 +16,19 @@
  * is one f32 per value pushed (plus the map's index), and it lives until the context
  * closes. A table's mutex covers the whole of one push's feedback, so concurrent
  * pushes to a table each see a consistent residual.
+ *
+ * With topk, what to send depends on the table's optimiser. SGD and momentum apply a
+ * value in proportion to its size: the k gathered values of largest magnitude go. Adam,
+ * Adagrad and FTRL divide each value's step by its running magnitude, so size counts
+ * for little and a burst of gradients that cancel moves a value as far as one that
+ * agrees: for them topk chooses by consistency. Such a row also holds, per value, the
+ * sum of squares of the gradients gathered since the value was last sent, and the k
+ * values sent are those of largest |gathered| / sqrt(sum of squares), a t-statistic of
+ * the gathered gradient (docs/design.md, section 5a): a value whose gradients keep their
+ * sign climbs as they gather, one whose gradients cancel stays near 1 and waits. Either
+ * way what is sent is the gathered value itself, so error feedback conserves the same.
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,8 +37,10 @@
 
 struct ps__cx_table {
   pthread_mutex_t mu;
-  ps__rowmap *resid; /* width + 1 floats per row: the residual, then a stamp (u32 bits) */
-  uint32_t width;
+  ps__rowmap *resid; /* rowlen floats per row: the residual, if scored the sums of squares,
+                        then a stamp (u32 bits) */
+  uint32_t width, rowlen;
+  int scored;        /* topk choosing by consistency (a normalising optimiser) */
   uint32_t pushes;   /* stamps: 2 * pushes when a row's residual was added, + 1 when rewritten */
   uint64_t push_raw, push_wire, pull_raw, pull_wire; /* value bytes (atomics) */
 };
@@ -35,7 +49,11 @@ ps__cx_table *ps__cx_table_new(const ps__table_spec *spec) {
   ps__cx_table *t = ps__calloc(1, sizeof *t);
   if (!t) return NULL;
   t->width = spec->width;
-  if (spec->push_codec.kind != PS_CODEC_RAW && !(t->resid = ps__rowmap_new((size_t)spec->width + 1))) {
+  ps__opt_kind o = spec->opt.kind;
+  t->scored = spec->push_codec.kind == PS_CODEC_TOPK &&
+              (o == PS__OPT_ADAM || o == PS__OPT_ADAGRAD || o == PS__OPT_FTRL);
+  t->rowlen = (t->scored ? 2 * spec->width : spec->width) + 1;
+  if (spec->push_codec.kind != PS_CODEC_RAW && !(t->resid = ps__rowmap_new(t->rowlen))) {
     free(t);
     return NULL;
   }
@@ -61,12 +79,13 @@ int ps__cx_stat(const ps__cx_table *t, const char *which, double *value) {
   return 0;
 }
 
-static inline uint32_t stamp_of(const float *row, uint32_t w) {
+/* A row's stamp: its last float (l = the table's rowlen). */
+static inline uint32_t stamp_of(const float *row, uint32_t l) {
   uint32_t s;
-  memcpy(&s, row + w, 4);
+  memcpy(&s, row + l - 1, 4);
   return s;
 }
-static inline void stamp_set(float *row, uint32_t w, uint32_t s) { memcpy(row + w, &s, 4); }
+static inline void stamp_set(float *row, uint32_t l, uint32_t s) { memcpy(row + l - 1, &s, 4); }
 
 /* A run of n values at position pos of a part's vector that belong to residual row key,
  * starting at `within` in that row. */
@@ -106,22 +125,40 @@ static int walk_runs(int dense, const uv_buf_t *keys, uint32_t w, int (*fn)(void
 typedef struct fb_arg {
   ps__cx_table *t;
   float *vals;     /* the part's vector: gradient + residual, then what encoding lost */
+  float *score;    /* scored topk: each value's t-statistic, SENT once sent; else NULL */
   uint32_t stamp;  /* 2 * push number */
 } fb_arg;
 
+/* The score of a value once sent. A finite score |gathered| / sqrt(S) is at most
+ * sqrt(places gathered), so an unsent value scores +Inf only if its gradient was not
+ * finite or its S underflowed; restarting its S then does no harm. */
+#define SENT INFINITY
+
 /* Feedback in: a row's residual is added once per push (a key repeated in one push
- * takes it at its first place only). */
+ * takes it at its first place only). When scored, each place's gradient also adds its
+ * square to the row's sums (non-finite ones do not), and gets its score: the gathered
+ * value over the root of its sum of squares (the value itself where that sum is 0,
+ * which a finite value reaches only by being 0). */
 static int fb_add(void *arg, const run *r) {
   fb_arg *a = arg;
   int created;
   float *row = ps__rowmap_upsert(a->t->resid, r->key, &created);
   if (!row) return PS_ERR_NOMEM;
-  uint32_t w = a->t->width;
-  if (stamp_of(row, w) == a->stamp) return 0; /* a repeat of a key in this push */
+  uint32_t w = a->t->width, l = a->t->rowlen;
+  int repeat = stamp_of(row, l) == a->stamp; /* a key's later place in this push */
   float *v = a->vals + r->pos; /* a new row is zero */
-  const float *res = row + r->within;
-  for (uint32_t i = 0; i < r->n; i++) v[i] += res[i];
-  stamp_set(row, w, a->stamp);
+  if (a->score) {
+    float *ss = row + w + r->within, *sc = a->score + r->pos;
+    for (uint32_t i = 0; i < r->n; i++)
+      if (isfinite(v[i])) ss[i] += v[i] * v[i];
+    if (!repeat)
+      for (uint32_t i = 0; i < r->n; i++) v[i] += row[r->within + i];
+    for (uint32_t i = 0; i < r->n; i++) sc[i] = ss[i] > 0.0f ? v[i] / sqrtf(ss[i]) : v[i];
+  } else if (!repeat) {
+    const float *res = row + r->within;
+    for (uint32_t i = 0; i < r->n; i++) v[i] += res[i];
+  }
+  stamp_set(row, l, a->stamp);
   return 0;
 }
 
@@ -129,16 +166,22 @@ static int fb_add(void *arg, const run *r) {
  * a key's places). Only the runs' part of a dense row is touched. */
 static int fb_store(void *arg, const run *r) {
   fb_arg *a = arg;
-  uint32_t w = a->t->width;
+  uint32_t w = a->t->width, l = a->t->rowlen;
   float *row = ps__rowmap_get(a->t->resid, r->key);
   PS_ASSERT(row);
   const float *e = a->vals + r->pos;
   float *res = row + r->within;
-  if (stamp_of(row, w) != a->stamp + 1) {
+  if (stamp_of(row, l) != a->stamp + 1) {
     memcpy(res, e, (size_t)r->n * 4);
-    stamp_set(row, w, a->stamp + 1);
+    stamp_set(row, l, a->stamp + 1);
   } else {
     for (uint32_t i = 0; i < r->n; i++) res[i] += e[i];
+  }
+  if (a->score) { /* a value sent starts gathering afresh */
+    float *ss = row + w + r->within;
+    const float *sc = a->score + r->pos;
+    for (uint32_t i = 0; i < r->n; i++)
+      if (sc[i] == SENT) ss[i] = 0.0f;
   }
   return 0;
 }
@@ -166,11 +209,13 @@ int ps__cx_encode_push(ps_ctx *ctx, ps_req *r, const table_info *ti) {
     maxn = n > maxn ? n : maxn;
   }
   if (!maxn) return 0;
+  int scored = t->scored;
   uint8_t *block = ps__malloc(total);
-  float *vals = ps__ubuf_get(ctx, maxn * 4);
-  if (!block || !vals) {
+  float *vals = ps__ubuf_get(ctx, maxn * 4), *score = scored ? ps__ubuf_get(ctx, maxn * 4) : NULL;
+  if (!block || !vals || (scored && !score)) {
     free(block);
     ps__ubuf_put(ctx, vals, maxn * 4);
+    ps__ubuf_put(ctx, score, maxn * 4);
     return ps__fail(PS_ERR_NOMEM, "out of memory encoding a push");
   }
   int rc = 0;
@@ -180,13 +225,17 @@ int ps__cx_encode_push(ps_ctx *ctx, ps_req *r, const table_info *ti) {
     part *p = &r->parts[i];
     size_t n = part_values(p, vals), len = 0;
     if (!n) continue;
-    fb_arg a = {t, vals, 2u * ++t->pushes};
+    fb_arg a = {t, vals, score, 2u * ++t->pushes};
     if (a.stamp == 0) a.stamp = 2u * ++t->pushes; /* after a wrap: never the stamp of a new row */
     if ((rc = walk_runs(dense, &p->send[0], t->width, fb_add, &a))) {
       ps__fail(rc, "out of memory keeping a push's residual");
       break;
     }
-    if ((rc = ps__codec_encode(cx, vals, n, block + at, &len, vals))) break; /* residuals untouched */
+    /* on failure the residuals are untouched (the sums of squares count this push) */
+    if ((rc = scored ? ps__codec_encode_topk_by(cx, vals, score, n, block + at, &len, vals)
+                     : ps__codec_encode(cx, vals, n, block + at, &len, vals)))
+      break;
+    for (size_t j = 0; scored && j < len / 8; j++) score[ps__get_u32(block + at + 8 * j)] = SENT;
     walk_runs(dense, &p->send[0], t->width, fb_store, &a);
     p->send[1] = uv_buf_init((char *)block + at, 0);
     p->send[1].len = len;
@@ -198,6 +247,7 @@ int ps__cx_encode_push(ps_ctx *ctx, ps_req *r, const table_info *ti) {
   }
   pthread_mutex_unlock(&t->mu);
   ps__ubuf_put(ctx, vals, maxn * 4);
+  ps__ubuf_put(ctx, score, maxn * 4);
   if (rc) {
     free(block);
     return rc;

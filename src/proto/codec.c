@@ -733,6 +733,40 @@ static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *o
   return 0;
 }
 
+int ps__codec_encode_topk_by(const ps__codec *c, const float *in, const float *score, size_t n, uint8_t *out,
+                              size_t *len, float *err) {
+  if (c->kind != PS_CODEC_TOPK) return ps__fail(PS_ERR_INVALID, "%s is not topk", ps__codec_name(c->kind));
+  size_t k = ps__codec_topk_count(c, n);
+  if (n > UINT32_MAX) return ps__fail(PS_ERR_TOO_LARGE, "topk of %zu values: at most 2^32 - 1 per frame", n);
+  uint32_t thr = 0;
+  size_t need_eq = k;
+  if (k && k < n) {
+    size_t above = 0;
+    int rc = topk_threshold(score, n, k, &thr, &above);
+    if (rc) return rc;
+    need_eq = k - above;
+  }
+  /* As topk_encode's pass, the choice made on score[i] and the pair carrying in[i]. */
+  size_t j = 0;
+  for (size_t i = 0; i < n; i++) {
+    float x = in[i];
+    uint32_t a = bits_of(score[i]) & 0x7fffffffu;
+    int take = j < k && (a > thr || (a == thr && need_eq > 0));
+    if (take) {
+      need_eq -= a == thr;
+      ps__put_u32(out + 8 * j, (uint32_t)i);
+      ps__put_u32(out + 8 * j + 4, bits_of(x));
+      j++;
+    } else if (!err && j == k) {
+      break;
+    }
+    if (err) err[i] = take || !isfinite(x) ? 0.0f : x;
+  }
+  PS_ASSERT(j == k);
+  *len = 8 * k;
+  return 0;
+}
+
 static int topk_decode(const uint8_t *in, size_t len, float *out, size_t n) {
   if (len % 8) return ps__fail(PS_ERR_PROTO, "topk body of %zu bytes is not whole (index, value) pairs", len);
   size_t k = len / 8;

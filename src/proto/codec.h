@@ -15,9 +15,11 @@
  *         s = max|x| / 127, then one int8 q = round(x / s) per value (symmetric,
  *         |q| <= 127, round to nearest even); decoded x = q * s. The error of a value is
  *         at most s / 2 (plus f32 rounding). 4 * ceil(n / 256) + n bytes.
- *   topk  k (u32 index, f32 value) pairs, indices strictly increasing and < n: the k
- *         values of largest magnitude (ties: the lower index), sent exactly; the others
- *         decode as 0. k = F (F >= 1, at most n) or ceil(F * n) (F < 1) of topk:F.
+ *   topk  k (u32 index, f32 value) pairs, indices strictly increasing and < n: k values
+ *         sent exactly, the others decode as 0. ps__codec_encode sends the k of largest
+ *         magnitude (ties: the lower index), ps__codec_encode_topk_by the k of largest
+ *         score the caller gives. k = F (F >= 1, at most n) or ceil(F * n) (F < 1) of
+ *         topk:F.
  * Non-finite values are refused by the server after decoding (spec option nonfinite=),
  * so codecs carry them rather than judge them.
  *
@@ -68,6 +70,14 @@ size_t ps__codec_size(const ps__codec *c, size_t n);
  * itself). 0, or PS_ERR_TOO_LARGE (topk of more than 2^32 values) / PS_ERR_NOMEM
  * (topk's selection scratch), with a message via ps__fail. */
 int ps__codec_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out, size_t *len, float *err);
+
+/* topk (c->kind PS_CODEC_TOPK) with the choice made on another vector: the k values
+ * whose score[i] has the largest magnitude (ties: the lower index; a NaN score ranks
+ * first) are sent as (i, in[i]) pairs, the wire format above. err as for
+ * ps__codec_encode: 0 where sent, in[i] elsewhere (0 if not finite); err may be in,
+ * never score. 0, or the errors of ps__codec_encode (PS_ERR_INVALID for another codec). */
+int ps__codec_encode_topk_by(const ps__codec *c, const float *in, const float *score, size_t n, uint8_t *out,
+                              size_t *len, float *err);
 
 /* Decode len bytes of codec kind into out[0..n). 0, or PS_ERR_PROTO with a message
  * (via ps__fail) for an unknown codec, a size that is not the codec's for n, or a

@@ -85,6 +85,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       CHECK(buf && again);
       CHECK(ps__codec_encode(&c, out, n, buf, &elen, NULL) == 0);
       CHECK(ps__codec_decode(kind, buf, elen, again, n) == 0);
+      if (kind == PS_CODEC_TOPK) {
+        /* chosen on another vector (the values reversed): the pairs decode, and each
+         * value is sent whole or kept whole as its error */
+        float *score = malloc(n * sizeof *score), *err = malloc(n * sizeof *err), *dec = malloc(n * sizeof *dec);
+        size_t slen = 0;
+        CHECK(score && err && dec);
+        for (size_t i = 0; i < n; i++) score[i] = out[n - 1 - i];
+        CHECK(ps__codec_encode_topk_by(&c, out, score, n, buf, &slen, err) == 0);
+        CHECK(slen == elen && ps__codec_decode(kind, buf, slen, dec, n) == 0);
+        for (size_t i = 0; i < n; i++)
+          if (isfinite(out[i])) CHECK(dec[i] + err[i] == out[i] && (dec[i] == 0.0f || err[i] == 0.0f));
+        free(score), free(err), free(dec);
+      }
       for (size_t i = 0; i < n; i++) {
         if (isnan(out[i])) {
           CHECK(isnan(again[i]) || kind == PS_CODEC_TOPK || kind == PS_CODEC_INT8);

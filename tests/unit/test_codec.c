@@ -1,7 +1,8 @@
 /*
  * test_codec.c - the value codecs (proto/codec.h): round trips within each codec's
  * stated bound (fp16 and bf16 exact on the values they represent), rounding to nearest
- * even, saturation, top-k's choice of values, error feedback conserving the gradient
+ * even, saturation, top-k's choice of values (by magnitude, or on a score), error
+ * feedback conserving the gradient
  * over many steps, decoders refusing short, long and malformed bodies, and the vector
  * kernels giving the portable loops' bits (int8 over groups of blocks of every sort).
  */
@@ -228,6 +229,37 @@ Test(codec, topk_ties_go_to_the_lower_index) {
   cr_assert(eq(u32, ps__get_u32(buf + 16), 4));
 }
 
+/* topk chosen on a score: the k largest |score| (ties: the lower index, NaN first),
+ * each pair carrying the value, the error the value where not sent. */
+Test(codec, topk_by_chooses_on_the_score_and_sends_the_values) {
+  float in[8] = {100, -1, 2, 50, -3, 4, 5, 6}, score[8] = {0.1f, -9, 3, 0.2f, -3, NAN, 1, 3}, err[8];
+  ps__codec c = {PS_CODEC_TOPK, 4};
+  uint8_t buf[32];
+  size_t len;
+  cr_assert(eq(int, ps__codec_encode_topk_by(&c, in, score, 8, buf, &len, err), 0), "%s", ps_errmsg());
+  cr_assert(eq(sz, len, 32));
+  uint32_t want[4] = {1, 2, 4, 5}; /* NaN and -9, then of three 3s the two lower indices */
+  for (int j = 0; j < 4; j++) {
+    cr_assert(eq(u32, ps__get_u32(buf + 8 * j), want[j]), "pair %d", j);
+    cr_assert(eq(u32, ps__get_u32(buf + 8 * j + 4), bits(in[want[j]])), "pair %d carries the value", j);
+  }
+  float want_err[8] = {100, 0, 0, 50, 0, 0, 5, 6};
+  for (int i = 0; i < 8; i++) cr_assert(eq(flt, err[i], want_err[i]), "err[%d]", i);
+  /* err may be in itself; the decoder reads the pairs as any topk body */
+  float dec[8];
+  cr_assert(eq(int, ps__codec_encode_topk_by(&c, in, score, 8, buf, &len, in), 0));
+  for (int i = 0; i < 8; i++) cr_assert(eq(flt, in[i], want_err[i]), "in-place err[%d]", i);
+  cr_assert(eq(int, ps__codec_decode(PS_CODEC_TOPK, buf, len, dec, 8), 0), "%s", ps_errmsg());
+  cr_assert(eq(flt, dec[1], -1.0f));
+  cr_assert(eq(flt, dec[0], 0.0f));
+  /* k of n >= n: everything; another codec: refused */
+  ps__codec all = {PS_CODEC_TOPK, 1.0f};
+  float one[1] = {7}, sc1[1] = {0};
+  cr_assert(eq(int, ps__codec_encode_topk_by(&all, one, sc1, 1, buf, &len, NULL), 0));
+  cr_assert(eq(sz, len, 8));
+  cr_assert(eq(int, ps__codec_encode_topk_by(&INT8, one, sc1, 1, buf, &len, NULL), PS_ERR_INVALID));
+}
+
 /* ---------------------------------------------------------------- error feedback */
 
 /* Over many steps, what was sent plus what is still held equals what was produced. */
@@ -261,6 +293,35 @@ static void check_conservation(const ps__codec *c) {
   free(g), free(resid), free(dec), free(produced), free(sent), free(mag), free(buf);
 }
 
+/* The same with topk chosen on a score unrelated to the values (the choice moves what
+ * is sent when, never how much in all). */
+static void check_conservation_by_score(const ps__codec *c) {
+  enum { N = 500, STEPS = 200 };
+  float *g = malloc(N * sizeof *g), *resid = calloc(N, sizeof *resid), *dec = malloc(N * sizeof *dec);
+  float *score = malloc(N * sizeof *score);
+  double *produced = calloc(N, sizeof *produced), *sent = calloc(N, sizeof *sent), *mag = calloc(N, sizeof *mag);
+  uint8_t *buf = malloc(ps__codec_size(c, N));
+  for (int s = 0; s < STEPS; s++) {
+    for (size_t i = 0; i < N; i++) {
+      g[i] = unif() * (i % 5 == 0 ? 3.0f : 0.02f);
+      produced[i] += g[i];
+      mag[i] += fabs(g[i]);
+      resid[i] += g[i];
+      score[i] = unif();
+    }
+    size_t len;
+    cr_assert(eq(int, ps__codec_encode_topk_by(c, resid, score, N, buf, &len, resid), 0));
+    cr_assert(eq(int, ps__codec_decode(c->kind, buf, len, dec, N), 0), "%s", ps_errmsg());
+    for (size_t i = 0; i < N; i++) sent[i] += dec[i];
+  }
+  for (size_t i = 0; i < N; i++) {
+    double d = fabs(sent[i] + resid[i] - produced[i]);
+    cr_assert(d <= 1e-5 * mag[i] + 1e-6, "value %zu: sent %g + held %g != produced %g", i, sent[i], (double)resid[i],
+              produced[i]);
+  }
+  free(g), free(resid), free(dec), free(score), free(produced), free(sent), free(mag), free(buf);
+}
+
 Test(codec, error_feedback_conserves_the_gradient) {
   ps__codec topk = {PS_CODEC_TOPK, 0.01f}, topk_n = {PS_CODEC_TOPK, 5};
   check_conservation(&FP16);
@@ -268,6 +329,8 @@ Test(codec, error_feedback_conserves_the_gradient) {
   check_conservation(&INT8);
   check_conservation(&topk);
   check_conservation(&topk_n);
+  check_conservation_by_score(&topk);
+  check_conservation_by_score(&topk_n);
 }
 
 Test(codec, error_feedback_skips_nonfinite_inputs) {
