@@ -32,8 +32,12 @@
  * an empty entry) is looked up in the new index only, any other in the old one and then
  * the new one. The move ends halfway to the next growth; a clear drops the old index.
  * A fresh index is zero pages from mmap, and the first inserts into it land all over
- * it: to keep them from faulting it in whole at once, the next index is allocated and
- * faulted in a little per insert over the last 1/64 of the rows before the growth.
+ * it: to keep them from faulting it in whole at once, the next index is faulted in
+ * before the growth. One in huge pages is allocated at 3/4 of the rows and faulted in
+ * by a helper thread (prefault.c), which stops taking steps before the index is used
+ * (at the growth at the latest); over the last 1/64 of the rows the map's own thread
+ * faults in whatever the helper has not reached, at the pace that finishes at the
+ * growth (prepare()).
  * Lookups never write, so two threads may look keys up at once (shard/apply.c's huge
  * requests). Callers walking many keys hide the misses with ps__rowmap_find_many, or
  * with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
@@ -51,6 +55,7 @@
 #include <sys/mman.h>
 
 #include "common/common.h"
+#include "store/prefault.h"
 
 #define NONE UINT32_MAX                /* row number reported for an absent key */
 #define MAX_ROWS ((size_t)UINT32_MAX)  /* rows are numbered 0 .. MAX_ROWS - 1 */
@@ -64,6 +69,7 @@
 #define KEY_BYTES 8u                   /* a record's key, before its row */
 #define MIGRATE_EVERY 32               /* inserts between two steps of a move */
 #define MIGRATE_STEP 64                /* rows moved to the new index per step */
+#define PF_WAIT_MS 10                  /* a growth waits this long at most for a helper's step */
 
 /* An index: cap 4-byte entries. */
 typedef struct rowidx {
@@ -104,7 +110,9 @@ struct ps__rowmap {
   size_t safe;        /* the first mig entries up to an empty one: whole runs moved */
   size_t old_n, moved; /* rows the old index holds, rows of it moved */
   rowidx next;        /* the index to grow into, being faulted in (cap 0: none) */
-  size_t touched;     /* bytes of next faulted in */
+  size_t touched;     /* bytes of next faulted in (without a helper) */
+  ps__prefault *pf;   /* the helper faulting in next (NULL: none); next is its until pf_end */
+  size_t own_faulted; /* bytes of next indexes this thread faulted in itself, ever */
 };
 
 /* Rows held by chunk c. */
@@ -335,28 +343,69 @@ static void migrate(ps__rowmap *m, size_t k) {
 
 static size_t next_cap(const ps__rowmap *m) { return m->cur.cap ? 2 * m->cur.cap : MIN_INDEX; }
 
-/* Fault in the pages of next [touched, to): one write per 4 KiB page (a 2 MiB page
- * faults whole on its first write). */
-static void touch_next(ps__rowmap *m, size_t to) {
-  volatile unsigned char *p = (volatile unsigned char *)m->next.e;
-  for (size_t b = m->touched; b < to; b += 4096) p[b] = 0;
-  if (to > m->touched) m->touched = to;
+/* Bytes of the next index faulted in (or being faulted in) so far. */
+static size_t next_touched(const ps__rowmap *m) {
+  if (!m->next.cap) return 0;
+  size_t bytes = m->next.cap * sizeof(uint32_t), t = m->pf ? ps__prefault_claimed(m->pf) : m->touched;
+  return t < bytes ? t : bytes;
 }
 
-/* The last PREP_SHARE of the rows the current index holds: the next index is allocated
- * and its pages faulted in a little per insert, so that the first inserts into it,
- * which land all over it, do not fault in (zero) the whole index at once: at 10^7 rows
- * that was a pause of 50-200 ms. */
-#define PREP_SHARE 64
-static void prepare(ps__rowmap *m) {
-  size_t max = m->cur.max_rows, start = max - max / PREP_SHARE;
-  if (m->old.cap || m->count < start || m->count >= max || max < 4096) return;
-  if (!m->next.cap) {
-    if (ix_make(&m->next, next_cap(m))) return; /* out of memory: grow() tries again */
-    m->touched = m->next.mapped ? 0 : m->next.cap * sizeof(uint32_t); /* calloc'd: zeroed */
+/* End the helper faulting in the next index. keep: the index is about to be used
+ * (waiting up to wait_ms, only for a step that writes it), else about to be freed. 0:
+ * the next index is this thread's (m->touched: the bytes faulted in); -1: it went to
+ * the helper, which unmaps it when its step ends, and there is no next index now. */
+static int pf_end(ps__rowmap *m, int keep, unsigned wait_ms) {
+  size_t claimed = 0;
+  ps__prefault *pf = m->pf;
+  m->pf = NULL;
+  if (ps__prefault_stop(pf, keep, wait_ms, &claimed) == 0) {
+    m->touched = claimed;
+    return 0;
   }
-  size_t bytes = m->next.cap * sizeof(uint32_t), left = max - m->count;
-  if (m->touched < bytes) touch_next(m, m->touched + (bytes - m->touched + left - 1) / left);
+  memset(&m->next, 0, sizeof m->next);
+  m->touched = 0;
+  return -1;
+}
+
+/* Ready the next index before the current one is full, so that the first inserts into
+ * it, which land all over it, do not fault in (zero) the whole index at once: at 10^7
+ * rows that was a pause of 50-200 ms.
+ *
+ * A next index in huge pages (2 MiB or more) is allocated when the map holds 3/4 of the
+ * rows the current index takes (PF_SHARE; the move from the index before it has just
+ * ended then), and a helper thread faults it in (prefault.c): a huge page's fault with
+ * memory compaction costs the serving thread milliseconds. Over the last 1/64 of the
+ * rows (PREP_SHARE) this thread keeps pace itself, a 2 MiB step at a time, for the part
+ * the helper has not reached (a starved helper, a slow kernel), so the index is faulted
+ * in whole at the growth, as it is when there is no helper (none could be started, or a
+ * smaller index, allocated and zeroed by calloc over the last 1/64). */
+#define PREP_SHARE 64
+#define PF_SHARE 4
+#define PF_STEP HUGE_PAGE
+static void prepare(ps__rowmap *m) {
+  size_t max = m->cur.max_rows;
+  if (m->old.cap || m->count >= max || max < 4096) return;
+  if (!m->next.cap) {
+    size_t cap = next_cap(m);
+    if (m->count < max - max / (cap * sizeof(uint32_t) >= HUGE_PAGE ? PF_SHARE : PREP_SHARE)) return;
+    if (ix_make(&m->next, cap)) return; /* out of memory: grow() tries again */
+    m->touched = m->next.mapped ? 0 : cap * sizeof(uint32_t); /* calloc'd: zeroed */
+    if (m->next.mapped) m->pf = ps__prefault_start(m->next.e, m->next.mapped); /* NULL: this thread does it */
+  }
+  if (m->pf && ps__prefault_finished(m->pf)) pf_end(m, 1, 0); /* all faulted in: join it */
+  size_t share = max / PREP_SHARE, left = max - m->count;
+  if (left > share) return;
+  size_t bytes = m->next.cap * sizeof(uint32_t);
+  size_t due = bytes - (size_t)((unsigned __int128)bytes * left / share);
+  if (m->pf) {
+    m->own_faulted += ps__prefault_claim(m->pf, due);
+  } else if (m->touched < due) {
+    due = (due + PF_STEP - 1) / PF_STEP * PF_STEP;
+    if (due > bytes) due = bytes;
+    ps__pages_populate((char *)m->next.e + m->touched, due - m->touched);
+    m->own_faulted += due - m->touched;
+    m->touched = due;
+  }
 }
 
 /* Room in the index for one more row: a bigger index when the current one is full,
@@ -366,6 +415,7 @@ static int grow(ps__rowmap *m) {
   rowidx nx;
   if (m->count < m->cur.max_rows) return 0;
   if (m->old.cap) migrate(m, SIZE_MAX);
+  if (m->pf) pf_end(m, 1, PF_WAIT_MS); /* normally done long ago */
   if (m->next.cap) {
     nx = m->next;
     memset(&m->next, 0, sizeof m->next);
@@ -395,6 +445,7 @@ int ps__rowmap_reserve(ps__rowmap *m, size_t rows) {
   if (cap < MIN_INDEX) cap = MIN_INDEX;
   if (ix_make(&nx, cap)) return -1;
   if (m->old.cap) ix_free(&m->old);
+  if (m->pf) pf_end(m, 0, 0);
   if (m->next.cap) ix_free(&m->next);
   m->touched = 0;
   if (m->cur.cap) ix_free(&m->cur);
@@ -426,6 +477,7 @@ void ps__rowmap_free(ps__rowmap *m) {
   free(m->chunks);
   if (m->cur.cap) ix_free(&m->cur);
   if (m->old.cap) ix_free(&m->old);
+  if (m->pf) pf_end(m, 0, 0); /* never waits: a helper inside a step unmaps the index */
   if (m->next.cap) ix_free(&m->next);
   free(m);
 }
@@ -729,14 +781,22 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u) {
   u->rows = m->count;
   u->payload = m->count * m->row_bytes;
   u->keys = m->count * KEY_BYTES;
-  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + (m->next.cap ? m->touched : 0);
+  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + next_touched(m);
   u->total = ps__rowmap_bytes(m);
   u->spare = u->total - u->payload - u->keys - u->index;
 }
 
 size_t ps__rowmap_bytes(const ps__rowmap *m) {
   return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes + (m->cur.cap + m->old.cap) * sizeof(uint32_t) +
-         (m->next.cap ? m->touched : 0);
+         next_touched(m);
+}
+
+void ps__rowmap_next_state(const ps__rowmap *m, ps__rowmap_next *s) {
+  s->bytes = m->next.cap * sizeof(uint32_t);
+  s->faulted = m->pf ? ps__prefault_faulted(m->pf) : next_touched(m);
+  if (s->faulted > s->bytes) s->faulted = s->bytes;
+  s->own = m->own_faulted;
+  s->helper = m->pf != NULL;
 }
 
 /* ---------------------------------------------------------------- views */
