@@ -117,7 +117,7 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u);
  * it holds that many (the rows there are moved at once: a pause). 0, or -1 out of memory
  * or rows > 2^32 - 1 (the map is unchanged then). */
 int ps__rowmap_reserve(ps__rowmap *m, size_t rows);
-/* The next index, made ready before the current one is full (over its last quarter for
+/* The next index, made ready before the current one is full (over its last 1/8 for
  * an index of 2 MiB or more, on a helper thread; rowmap.c): its bytes (0: none now),
  * the bytes faulted in so far, whether a helper thread is faulting it in, and the
  * bytes of next indexes the map's own thread faulted in itself over the map's life
