@@ -32,6 +32,8 @@
 struct ps__prefault {
   char *p;
   size_t bytes;
+  void *map;      /* the mapping the range lies in (unmapped by the helper when it is its) */
+  size_t map_len;
   size_t claim;   /* atomic: next byte offset to claim (may pass bytes) */
   size_t faulted; /* atomic: bytes of steps done */
   int writes;     /* steps write the mapping (no MADV_POPULATE_WRITE) */
@@ -45,7 +47,7 @@ struct ps__prefault {
   pthread_t th;
 };
 
-void (*ps__prefault_test_hook)(int where);
+void (*ps__prefault_test_hook)(size_t bytes, int where);
 int ps__prefault_test_write;
 
 static unsigned running; /* atomic: helpers not yet ended */
@@ -87,12 +89,13 @@ static void job_free(ps__prefault *pf) {
 
 static void *helper_main(void *arg) {
   ps__prefault *pf = arg;
+  pthread_setname_np(pthread_self(), "pshard-prefault");
   pthread_mutex_lock(&pf->mu);
   for (;;) {
     if (pf->stop) break;
     if (ps__prefault_test_hook) {
       pthread_mutex_unlock(&pf->mu);
-      ps__prefault_test_hook(0);
+      ps__prefault_test_hook(pf->bytes, 0);
       pthread_mutex_lock(&pf->mu);
       if (pf->stop) break;
     }
@@ -101,7 +104,7 @@ static void *helper_main(void *arg) {
     size_t n = pf->bytes - off < STEP ? pf->bytes - off : STEP;
     pf->in_step = 1;
     pthread_mutex_unlock(&pf->mu);
-    if (ps__prefault_test_hook) ps__prefault_test_hook(1);
+    if (ps__prefault_test_hook) ps__prefault_test_hook(pf->bytes, 1);
     fault_range(pf->p + off, n, pf->writes);
     __atomic_fetch_add(&pf->faulted, n, __ATOMIC_RELAXED);
     pthread_mutex_lock(&pf->mu);
@@ -111,19 +114,23 @@ static void *helper_main(void *arg) {
   __atomic_store_n(&pf->ended, 1, __ATOMIC_RELEASE);
   int gone = pf->gone, unmap = pf->unmap;
   pthread_mutex_unlock(&pf->mu);
-  if (unmap) munmap(pf->p, pf->bytes);
+  if (unmap) munmap(pf->map, pf->map_len);
   if (gone) job_free(pf); /* else the owner joins this thread, then frees it */
   __atomic_fetch_sub(&running, 1, __ATOMIC_RELEASE);
   return NULL;
 }
 
-ps__prefault *ps__prefault_start(void *p, size_t bytes) {
+int ps__prefault_writes_nothing(void) { return !ps__prefault_test_write && can_populate(); }
+
+ps__prefault *ps__prefault_start(void *p, size_t bytes, void *map, size_t map_len) {
   ps__prefault *pf = ps__calloc(1, sizeof *pf);
   pthread_condattr_t ca;
   if (!pf) return NULL;
   pf->p = p;
   pf->bytes = bytes;
-  pf->writes = ps__prefault_test_write || !can_populate();
+  pf->map = map;
+  pf->map_len = map_len;
+  pf->writes = !ps__prefault_writes_nothing();
   pthread_mutex_init(&pf->mu, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -142,7 +149,6 @@ ps__prefault *ps__prefault_start(void *p, size_t bytes) {
     job_free(pf);
     return NULL;
   }
-  pthread_setname_np(pf->th, "pshard-prefault");
   return pf;
 }
 

@@ -89,6 +89,8 @@ typedef struct chunk {
 typedef struct arena {
   char *base;
   size_t len, used;
+  size_t ready;     /* bytes from base on faulted in, or given to a helper to fault in */
+  ps__prefault *pf; /* the helper faulting in the arena ahead of its chunks (NULL: none) */
 } arena;
 
 struct ps__rowmap {
@@ -171,6 +173,35 @@ static void *huge_alloc(size_t n) {
 
 static size_t round_huge(size_t n) { return (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
 
+/* Keep the AHEAD bytes of arena a after its chunks faulted in by a helper, so that the
+ * map's thread, writing new records, does not take their huge pages' faults (the
+ * kernel zeroing 2 MiB, at times compacting memory first). Only where the helper's
+ * faults write no byte (MADV_POPULATE_WRITE): records are written meanwhile, and
+ * perhaps into the page the helper is in. A window is given once the last one is done
+ * and less than half of one is left ahead; the chunks catching up with a window that is
+ * still being faulted in just take their faults (the kernel serialises them). */
+#define AHEAD ((size_t)8 << 20)
+static void arena_ahead(arena *a) {
+  size_t claimed;
+  if (a->pf) {
+    if (!ps__prefault_finished(a->pf)) return;
+    ps__prefault_stop(a->pf, 1, 0, &claimed); /* ended: 0 */
+    a->pf = NULL;
+  }
+  if (a->ready >= a->len || a->ready >= a->used + AHEAD / 2 || !ps__prefault_writes_nothing()) return;
+  size_t from = a->ready > a->used ? a->ready : round_huge(a->used), to = from + AHEAD < a->len ? from + AHEAD : a->len;
+  if (from >= to) return;
+  a->pf = ps__prefault_start(a->base + from, to - from, a->base, a->len);
+  a->ready = to; /* failed: the map's thread takes these faults, as before */
+}
+
+/* Unmap arena a, or leave it to its helper if that is inside a step. */
+static void arena_free(arena *a) {
+  size_t claimed;
+  if (a->pf && ps__prefault_stop(a->pf, 0, 0, &claimed) < 0) return;
+  munmap(a->base, a->len);
+}
+
 /* n bytes (a multiple of ALIGN) from the map's arenas, or NULL. */
 static void *arena_take(ps__rowmap *m, size_t n) {
   arena *a = m->narenas ? &m->arenas[m->narenas - 1] : NULL;
@@ -181,13 +212,21 @@ static void *arena_take(ps__rowmap *m, size_t n) {
     m->arenas = as;
     char *base = huge_alloc(len);
     if (!base) return NULL;
+    if (m->narenas && m->arenas[m->narenas - 1].pf) { /* the full arena's helper: done, or nearly */
+      size_t claimed;
+      ps__prefault_stop(m->arenas[m->narenas - 1].pf, 1, 0, &claimed);
+      m->arenas[m->narenas - 1].pf = NULL;
+    }
     a = &m->arenas[m->narenas++];
     a->base = base;
     a->len = len;
     a->used = 0;
+    a->ready = 0;
+    a->pf = NULL;
   }
   void *p = a->base + a->used;
   a->used += n;
+  arena_ahead(a);
   return p;
 }
 
@@ -392,7 +431,8 @@ static void prepare(ps__rowmap *m) {
     if (m->count < max - max / (cap * sizeof(uint32_t) >= HUGE_PAGE ? PF_SHARE : PREP_SHARE)) return;
     if (ix_make(&m->next, cap)) return; /* out of memory: grow() tries again */
     m->touched = m->next.mapped ? 0 : cap * sizeof(uint32_t); /* calloc'd: zeroed */
-    if (m->next.mapped) m->pf = ps__prefault_start(m->next.e, m->next.mapped); /* NULL: this thread does it */
+    if (m->next.mapped) /* NULL: this thread does it */
+      m->pf = ps__prefault_start(m->next.e, m->next.mapped, m->next.e, m->next.mapped);
   }
   if (m->pf && ps__prefault_finished(m->pf)) pf_end(m, 1, 0); /* all faulted in: join it */
   size_t share = max / PREP_SHARE, left = max - m->count;
@@ -474,7 +514,7 @@ ps__rowmap *ps__rowmap_new(size_t row_floats) {
 void ps__rowmap_free(ps__rowmap *m) {
   if (!m) return;
   for (size_t c = 0; c < m->nchunks; c++) free(m->chunks[c].mem);
-  for (size_t a = 0; a < m->narenas; a++) munmap(m->arenas[a].base, m->arenas[a].len);
+  for (size_t a = 0; a < m->narenas; a++) arena_free(&m->arenas[a]);
   free(m->arenas);
   free(m->chunks);
   if (m->cur.cap) ix_free(&m->cur);
