@@ -2,9 +2,9 @@
  * store.h - parameter storage: row maps, initialisers and optimisers.
  *
  * No I/O: everything here is called from one server event-loop thread and is testable
- * on its own. The one thread of the store is a row map's own helper, which faults in
- * the next index of a large map before it is needed (store/prefault.c); the map starts
- * and joins it, and it touches nothing else.
+ * on its own. The only threads of the store are a row map's helpers, which fault in the
+ * next index of a large map and its record arena ahead of use (store/prefault.c); the
+ * map starts and ends them, and they touch nothing but those pages.
  *
  * A server keeps every table as a row map. A sparse table's rows are its embedding
  * rows; a dense table of n floats is cut into slices of `slice` elements and each
