@@ -18,7 +18,9 @@
  * ones to compare across runs.
  *
  * --engine: the same on the shard engine in this process (no server, no sockets): the
- * store's and the optimiser's cost apart from the wire's. Pushes go through
+ * store's and the optimiser's cost apart from the wire's. The load lines then also say
+ * how much of the tables' next indexes this thread faulted in itself (the part the row
+ * map's helper thread had not reached in time). Pushes go through
  * ps__shard_push (async), pulls through ps__shard_read_rows, as a server's loop calls
  * them.
  *
@@ -249,6 +251,11 @@ int main(int argc, char **argv) {
            "target >= 5 M rows/s per server",
            names[w], (unsigned long long)rows[w], load_batch, r / 1e6, rc / 1e6, engine ? "engine" : "server");
     if (!engine) printf("; server RSS %.0f MB", (double)bench_rss(c.server_pid[0]) / 1e6);
+    if (engine) {
+      ps__rowmap_next nx;
+      ps__rowmap_next_state(ps__shard_table(g.sh, g.tid[w])->params, &nx);
+      printf("; next indexes faulted in by this thread itself %.0f MiB", (double)nx.own / (1 << 20));
+    }
     printf("\n");
     fflush(stdout);
   }

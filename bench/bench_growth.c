@@ -13,10 +13,11 @@
  * worst latency in ms, the p99 ratio of grow to fixed (target <= 2) and the worst
  * request of grow (target < 50 ms) with what the table was doing then, and the
  * requests that ran while rows moved to a grown index apart (their p50 and p99 against
- * fixed's in the same steps); also the index growths seen and the bytes per row at the
- * end. The same figures in this thread's CPU time (CLOCK_THREAD_CPUTIME_ID, which counts
- * page faults but not the time the thread waited for a core) tell a pause of the table
- * from a busy machine's.
+ * fixed's in the same steps); also the index growths seen, the bytes per row at the
+ * end, and how much of the next indexes this thread faulted in itself (the rest was
+ * the row map's helper thread's). The same figures in this thread's CPU time
+ * (CLOCK_THREAD_CPUTIME_ID, which counts page faults but not the time the thread waited
+ * for a core) tell a pause of the table from a busy machine's.
  *
  * usage: bench_growth [--from N] [--to N] [--dim D] [--opt O] [--batch B]
  *        defaults: --from 1000000 --to 100000000 --dim 1 --opt sgd --batch 1000
@@ -242,6 +243,10 @@ int main(int argc, char **argv) {
     printf("bytes per row, %-6s %8.2f (index %.2f)\n", names[k], (double)u.total / (double)u.rows,
            (double)u.index / (double)u.rows);
   }
+  ps__rowmap_next nx;
+  ps__rowmap_next_state(tabs[0].t->params, &nx);
+  printf("next indexes of 'grow' faulted in by this thread itself: %.1f MiB (the rest by the helper thread)\n",
+         (double)nx.own / (1 << 20));
   for (int k = 0; k < 2; k++) {
     free(tabs[k].push_ms);
     free(tabs[k].pull_ms);

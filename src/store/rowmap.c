@@ -32,8 +32,12 @@
  * an empty entry) is looked up in the new index only, any other in the old one and then
  * the new one. The move ends halfway to the next growth; a clear drops the old index.
  * A fresh index is zero pages from mmap, and the first inserts into it land all over
- * it: to keep them from faulting it in whole at once, the next index is allocated and
- * faulted in a little per insert over the last 1/64 of the rows before the growth.
+ * it: to keep them from faulting it in whole at once, the next index is faulted in
+ * before the growth. One in huge pages is allocated at 7/8 of the rows and faulted in
+ * by a helper thread (prefault.c), which stops taking steps before the index is used
+ * (at the growth at the latest); over the last 1/64 of the rows the map's own thread
+ * faults in whatever the helper has not reached, at the pace that finishes at the
+ * growth (prepare()).
  * Lookups never write, so two threads may look keys up at once (shard/apply.c's huge
  * requests). Callers walking many keys hide the misses with ps__rowmap_find_many, or
  * with ps__rowmap_prefetch / ps__rowmap_prefetch_row a few keys ahead.
@@ -51,6 +55,7 @@
 #include <sys/mman.h>
 
 #include "common/common.h"
+#include "store/prefault.h"
 
 #define NONE UINT32_MAX                /* row number reported for an absent key */
 #define MAX_ROWS ((size_t)UINT32_MAX)  /* rows are numbered 0 .. MAX_ROWS - 1 */
@@ -64,6 +69,7 @@
 #define KEY_BYTES 8u                   /* a record's key, before its row */
 #define MIGRATE_EVERY 32               /* inserts between two steps of a move */
 #define MIGRATE_STEP 64                /* rows moved to the new index per step */
+#define PF_WAIT_MS 10                  /* a growth waits this long at most for a helper's step */
 
 /* An index: cap 4-byte entries. */
 typedef struct rowidx {
@@ -83,6 +89,8 @@ typedef struct chunk {
 typedef struct arena {
   char *base;
   size_t len, used;
+  size_t ready;     /* bytes from base on faulted in, or given to a helper to fault in */
+  ps__prefault *pf; /* the helper faulting in the arena ahead of its chunks (NULL: none) */
 } arena;
 
 struct ps__rowmap {
@@ -104,7 +112,9 @@ struct ps__rowmap {
   size_t safe;        /* the first mig entries up to an empty one: whole runs moved */
   size_t old_n, moved; /* rows the old index holds, rows of it moved */
   rowidx next;        /* the index to grow into, being faulted in (cap 0: none) */
-  size_t touched;     /* bytes of next faulted in */
+  size_t touched;     /* bytes of next faulted in (without a helper) */
+  ps__prefault *pf;   /* the helper faulting in next (NULL: none); next is its until pf_end */
+  size_t own_faulted; /* bytes of next indexes this thread faulted in itself, ever */
 };
 
 /* Rows held by chunk c. */
@@ -163,6 +173,35 @@ static void *huge_alloc(size_t n) {
 
 static size_t round_huge(size_t n) { return (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
 
+/* Keep the AHEAD bytes of arena a after its chunks faulted in by a helper, so that the
+ * map's thread, writing new records, does not take their huge pages' faults (the
+ * kernel zeroing 2 MiB, at times compacting memory first). Only where the helper's
+ * faults write no byte (MADV_POPULATE_WRITE): records are written meanwhile, and
+ * perhaps into the page the helper is in. A window is given once the last one is done
+ * and less than half of one is left ahead; the chunks catching up with a window that is
+ * still being faulted in just take their faults (the kernel serialises them). */
+#define AHEAD ((size_t)8 << 20)
+static void arena_ahead(arena *a) {
+  size_t claimed;
+  if (a->pf) {
+    if (!ps__prefault_finished(a->pf)) return;
+    ps__prefault_stop(a->pf, 1, 0, &claimed); /* ended: 0 */
+    a->pf = NULL;
+  }
+  if (a->ready >= a->len || a->ready >= a->used + AHEAD / 2 || !ps__prefault_writes_nothing()) return;
+  size_t from = a->ready > a->used ? a->ready : round_huge(a->used), to = from + AHEAD < a->len ? from + AHEAD : a->len;
+  if (from >= to) return;
+  a->pf = ps__prefault_start(a->base + from, to - from, a->base, a->len);
+  a->ready = to; /* failed: the map's thread takes these faults, as before */
+}
+
+/* Unmap arena a, or leave it to its helper if that is inside a step. */
+static void arena_free(arena *a) {
+  size_t claimed;
+  if (a->pf && ps__prefault_stop(a->pf, 0, 0, &claimed) < 0) return;
+  munmap(a->base, a->len);
+}
+
 /* n bytes (a multiple of ALIGN) from the map's arenas, or NULL. */
 static void *arena_take(ps__rowmap *m, size_t n) {
   arena *a = m->narenas ? &m->arenas[m->narenas - 1] : NULL;
@@ -173,13 +212,21 @@ static void *arena_take(ps__rowmap *m, size_t n) {
     m->arenas = as;
     char *base = huge_alloc(len);
     if (!base) return NULL;
+    if (m->narenas && m->arenas[m->narenas - 1].pf) { /* the full arena's helper: done, or nearly */
+      size_t claimed;
+      ps__prefault_stop(m->arenas[m->narenas - 1].pf, 1, 0, &claimed);
+      m->arenas[m->narenas - 1].pf = NULL;
+    }
     a = &m->arenas[m->narenas++];
     a->base = base;
     a->len = len;
     a->used = 0;
+    a->ready = 0;
+    a->pf = NULL;
   }
   void *p = a->base + a->used;
   a->used += n;
+  arena_ahead(a);
   return p;
 }
 
@@ -327,6 +374,12 @@ static void migrate(ps__rowmap *m, size_t k) {
     moved += n;
   }
   m->moved += moved;
+  /* The records the next step will read (MIGRATE_STEP rows lie in about 80 entries at
+   * load 7/8 or less): asked for now, they arrive while the inserts before it run. */
+  for (size_t i = 0, p = m->ostart + 1 + m->mig; i < MIGRATE_STEP * 5 / 4 && m->mig + i < o->cap; i++, p++) {
+    uint32_t e = o->e[p >= o->cap ? p - o->cap : p];
+    if (e) __builtin_prefetch(rec_at(m, ix_row(o, e)));
+  }
   if (m->mig == o->cap) {
     ix_free(&m->old);
     m->mig = m->moved = m->old_n = m->ostart = m->safe = 0;
@@ -335,28 +388,72 @@ static void migrate(ps__rowmap *m, size_t k) {
 
 static size_t next_cap(const ps__rowmap *m) { return m->cur.cap ? 2 * m->cur.cap : MIN_INDEX; }
 
-/* Fault in the pages of next [touched, to): one write per 4 KiB page (a 2 MiB page
- * faults whole on its first write). */
-static void touch_next(ps__rowmap *m, size_t to) {
-  volatile unsigned char *p = (volatile unsigned char *)m->next.e;
-  for (size_t b = m->touched; b < to; b += 4096) p[b] = 0;
-  if (to > m->touched) m->touched = to;
+/* Bytes of the next index faulted in (or being faulted in) so far. */
+static size_t next_touched(const ps__rowmap *m) {
+  if (!m->next.cap) return 0;
+  size_t bytes = m->next.cap * sizeof(uint32_t), t = m->pf ? ps__prefault_claimed(m->pf) : m->touched;
+  return t < bytes ? t : bytes;
 }
 
-/* The last PREP_SHARE of the rows the current index holds: the next index is allocated
- * and its pages faulted in a little per insert, so that the first inserts into it,
- * which land all over it, do not fault in (zero) the whole index at once: at 10^7 rows
- * that was a pause of 50-200 ms. */
-#define PREP_SHARE 64
-static void prepare(ps__rowmap *m) {
-  size_t max = m->cur.max_rows, start = max - max / PREP_SHARE;
-  if (m->old.cap || m->count < start || m->count >= max || max < 4096) return;
-  if (!m->next.cap) {
-    if (ix_make(&m->next, next_cap(m))) return; /* out of memory: grow() tries again */
-    m->touched = m->next.mapped ? 0 : m->next.cap * sizeof(uint32_t); /* calloc'd: zeroed */
+/* End the helper faulting in the next index. keep: the index is about to be used
+ * (waiting up to wait_ms, only for a step that writes it), else about to be freed. 0:
+ * the next index is this thread's (m->touched: the bytes faulted in); -1: it went to
+ * the helper, which unmaps it when its step ends, and there is no next index now. */
+static int pf_end(ps__rowmap *m, int keep, unsigned wait_ms) {
+  size_t claimed = 0;
+  ps__prefault *pf = m->pf;
+  m->pf = NULL;
+  if (ps__prefault_stop(pf, keep, wait_ms, &claimed) == 0) {
+    m->touched = claimed;
+    return 0;
   }
-  size_t bytes = m->next.cap * sizeof(uint32_t), left = max - m->count;
-  if (m->touched < bytes) touch_next(m, m->touched + (bytes - m->touched + left - 1) / left);
+  memset(&m->next, 0, sizeof m->next);
+  m->touched = 0;
+  return -1;
+}
+
+/* Ready the next index before the current one is full, so that the first inserts into
+ * it, which land all over it, do not fault in (zero) the whole index at once: at 10^7
+ * rows that was a pause of 50-200 ms.
+ *
+ * A next index in huge pages (2 MiB or more) is allocated when the map holds 7/8 of the
+ * rows the current index takes (PF_SHARE), and a helper thread faults it in
+ * (prefault.c): a huge page's fault with memory compaction costs the serving thread
+ * milliseconds. At 5 M new rows a second the last 1/8 of 58.7 M rows (a 512 MiB next
+ * index) takes 1.5 s, the helper's time for 256 faults; an earlier start would hold
+ * the next index (twice the current one) longer. Over the last 1/64 of the
+ * rows (PREP_SHARE) this thread keeps pace itself, a 2 MiB step at a time, for the part
+ * the helper has not reached (a starved helper, a slow kernel), so the index is faulted
+ * in whole at the growth, as it is when there is no helper (none could be started, or a
+ * smaller index, allocated and zeroed by calloc over the last 1/64). */
+#define PREP_SHARE 64
+#define PF_SHARE 8
+#define PF_STEP HUGE_PAGE
+static void prepare(ps__rowmap *m) {
+  size_t max = m->cur.max_rows;
+  if (m->old.cap || m->count >= max || max < 4096) return;
+  if (!m->next.cap) {
+    size_t cap = next_cap(m);
+    if (m->count < max - max / (cap * sizeof(uint32_t) >= HUGE_PAGE ? PF_SHARE : PREP_SHARE)) return;
+    if (ix_make(&m->next, cap)) return; /* out of memory: grow() tries again */
+    m->touched = m->next.mapped ? 0 : cap * sizeof(uint32_t); /* calloc'd: zeroed */
+    if (m->next.mapped) /* NULL: this thread does it */
+      m->pf = ps__prefault_start(m->next.e, m->next.mapped, m->next.e, m->next.mapped);
+  }
+  if (m->pf && ps__prefault_finished(m->pf)) pf_end(m, 1, 0); /* all faulted in: join it */
+  size_t share = max / PREP_SHARE, left = max - m->count;
+  if (left > share) return;
+  size_t bytes = m->next.cap * sizeof(uint32_t);
+  size_t due = bytes - (size_t)((unsigned __int128)bytes * left / share);
+  if (m->pf) {
+    m->own_faulted += ps__prefault_claim(m->pf, due);
+  } else if (m->touched < due) {
+    due = (due + PF_STEP - 1) / PF_STEP * PF_STEP;
+    if (due > bytes) due = bytes;
+    ps__pages_populate((char *)m->next.e + m->touched, due - m->touched);
+    m->own_faulted += due - m->touched;
+    m->touched = due;
+  }
 }
 
 /* Room in the index for one more row: a bigger index when the current one is full,
@@ -366,6 +463,7 @@ static int grow(ps__rowmap *m) {
   rowidx nx;
   if (m->count < m->cur.max_rows) return 0;
   if (m->old.cap) migrate(m, SIZE_MAX);
+  if (m->pf) pf_end(m, 1, PF_WAIT_MS); /* normally done long ago */
   if (m->next.cap) {
     nx = m->next;
     memset(&m->next, 0, sizeof m->next);
@@ -395,6 +493,7 @@ int ps__rowmap_reserve(ps__rowmap *m, size_t rows) {
   if (cap < MIN_INDEX) cap = MIN_INDEX;
   if (ix_make(&nx, cap)) return -1;
   if (m->old.cap) ix_free(&m->old);
+  if (m->pf) pf_end(m, 0, 0);
   if (m->next.cap) ix_free(&m->next);
   m->touched = 0;
   if (m->cur.cap) ix_free(&m->cur);
@@ -421,11 +520,12 @@ ps__rowmap *ps__rowmap_new(size_t row_floats) {
 void ps__rowmap_free(ps__rowmap *m) {
   if (!m) return;
   for (size_t c = 0; c < m->nchunks; c++) free(m->chunks[c].mem);
-  for (size_t a = 0; a < m->narenas; a++) munmap(m->arenas[a].base, m->arenas[a].len);
+  for (size_t a = 0; a < m->narenas; a++) arena_free(&m->arenas[a]);
   free(m->arenas);
   free(m->chunks);
   if (m->cur.cap) ix_free(&m->cur);
   if (m->old.cap) ix_free(&m->old);
+  if (m->pf) pf_end(m, 0, 0); /* never waits: a helper inside a step unmaps the index */
   if (m->next.cap) ix_free(&m->next);
   free(m);
 }
@@ -616,9 +716,11 @@ static float *upsert(ps__rowmap *m, uint64_t key, int *created, int zero, uint32
 /* The pipeline of find_many, inserting the keys it does not find at the emit stage,
  * where their index entries are in cache (prefetched for writing). An insert may grow
  * the index or move rows between the stages: a candidate found before is still a row
- * number (rows never move) and its record's key decides, and a key not found is looked
- * up in full, in the map as it is then, before it is inserted (a key repeated in the
- * batch is found there). */
+ * number (rows never move) and its record's key decides. A key that had no candidate
+ * at stage 2 was absent then, and growths and moves only move entries: it is inserted
+ * without a second lookup, unless one of the FM_GAP keys emitted since stage 2 was the
+ * same key (repeated in the batch: then it is looked up in full, and found). */
+#define FM_GAP (FM_SLOT_AHEAD - FM_ROW_AHEAD)
 size_t ps__rowmap_upsert_many(ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows,
                               uint32_t *idx, uint8_t *created, int zero) {
   uint64_t hring[FM_RING];
@@ -647,11 +749,17 @@ size_t ps__rowmap_upsert_many(ps__rowmap *m, const uint64_t *k64, const uint8_t 
       uint32_t r = rring[c & (FM_RING - 1)];
       char *rec = NULL;
       uint8_t made = 0;
+      int again = 0; /* look the key up in full */
       if (r != NONE) {
         rec = rec_at(m, r);
-        if (rec_key(rec) != key) rec = NULL;
+        again = rec_key(rec) != key;
+        if (again) rec = NULL;
+      } else { /* absent at stage 2 stays absent unless a key emitted since was this one */
+        for (size_t j = c > FM_GAP ? c - FM_GAP : 0; j < c && !again; j++)
+          again = (k64 ? k64[j] : key_le(kle + 8 * j)) == key;
       }
-      if (!rec && (r = find_h(m, key, h, &rec)) == NONE) {
+      if (again) r = find_h(m, key, h, &rec);
+      if (!rec) {
         rec = insert_new(m, key, h, zero, &r);
         if (!rec) return c;
         made = 1;
@@ -729,14 +837,22 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u) {
   u->rows = m->count;
   u->payload = m->count * m->row_bytes;
   u->keys = m->count * KEY_BYTES;
-  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + (m->next.cap ? m->touched : 0);
+  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + next_touched(m);
   u->total = ps__rowmap_bytes(m);
   u->spare = u->total - u->payload - u->keys - u->index;
 }
 
 size_t ps__rowmap_bytes(const ps__rowmap *m) {
   return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes + (m->cur.cap + m->old.cap) * sizeof(uint32_t) +
-         (m->next.cap ? m->touched : 0);
+         next_touched(m);
+}
+
+void ps__rowmap_next_state(const ps__rowmap *m, ps__rowmap_next *s) {
+  s->bytes = m->next.cap * sizeof(uint32_t);
+  s->faulted = m->pf ? ps__prefault_faulted(m->pf) : next_touched(m);
+  if (s->faulted > s->bytes) s->faulted = s->bytes;
+  s->own = m->own_faulted;
+  s->helper = m->pf != NULL;
 }
 
 /* ---------------------------------------------------------------- views */

@@ -1,8 +1,10 @@
 /*
  * store.h - parameter storage: row maps, initialisers and optimisers.
  *
- * No I/O, no threads: everything here is called from one server event-loop thread and
- * is testable on its own.
+ * No I/O: everything here is called from one server event-loop thread and is testable
+ * on its own. The only threads of the store are a row map's helpers, which fault in the
+ * next index of a large map and its record arena ahead of use (store/prefault.c); the
+ * map starts and ends them, and they touch nothing but those pages.
  *
  * A server keeps every table as a row map. A sparse table's rows are its embedding
  * rows; a dense table of n floats is cut into slices of `slice` elements and each
@@ -115,6 +117,16 @@ void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u);
  * it holds that many (the rows there are moved at once: a pause). 0, or -1 out of memory
  * or rows > 2^32 - 1 (the map is unchanged then). */
 int ps__rowmap_reserve(ps__rowmap *m, size_t rows);
+/* The next index, made ready before the current one is full (over its last 1/8 for
+ * an index of 2 MiB or more, on a helper thread; rowmap.c): its bytes (0: none now),
+ * the bytes faulted in so far, whether a helper thread is faulting it in, and the
+ * bytes of next indexes the map's own thread faulted in itself over the map's life
+ * (the part a helper did not reach in time, or all of it when no helper could start). */
+typedef struct ps__rowmap_next {
+  size_t bytes, faulted, own;
+  int helper;
+} ps__rowmap_next;
+void ps__rowmap_next_state(const ps__rowmap *m, ps__rowmap_next *s);
 /* Rows still to move from the index being replaced to the new one (0: none). */
 size_t ps__rowmap_moving(const ps__rowmap *m);
 /* If at most `budget` rows are still moving, move them all now (the old index is freed)

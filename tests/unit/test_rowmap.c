@@ -398,6 +398,35 @@ Test(rowmap_batch, upsert_many_edges) {
   ps__rowmap_free(m);
 }
 
+/* A new key repeated d keys later in one batch, for every distance d around the
+ * pipeline's stages (1 to 40), on a map growing meanwhile: created once, at its first
+ * place, and both places get its row. */
+Test(rowmap_batch, upsert_many_repeats_at_every_distance) {
+  enum { B = 512 };
+  ps__rowmap *m = ps__rowmap_new(1);
+  uint64_t keys[B];
+  float *rows[B];
+  uint32_t idx[B];
+  uint8_t made[B];
+  uint64_t next = 1;
+  for (size_t round = 0; round < 400; round++) {
+    size_t d = 1 + round % 40, before = ps__rowmap_count(m);
+    for (size_t j = 0; j < B; j++) keys[j] = (j >= d && (j / d) % 2 == 1) ? keys[j - d] : (next++) * 0x9E3779B97F4A7C15ull;
+    cr_assert(eq(sz, ps__rowmap_upsert_many(m, keys, NULL, B, rows, idx, made, 1), B));
+    size_t fresh = 0;
+    for (size_t j = 0; j < B; j++) {
+      int repeat = j >= d && (j / d) % 2 == 1;
+      if (made[j] != !repeat) cr_fatal("distance %zu: key %zu created %u", d, j, made[j]);
+      if (repeat && (rows[j] != rows[j - d] || idx[j] != idx[j - d])) cr_fatal("distance %zu: key %zu", d, j);
+      if (rows[j] != ps__rowmap_get(m, keys[j])) cr_fatal("distance %zu: key %zu not found", d, j);
+      fresh += !repeat;
+    }
+    cr_assert(eq(sz, ps__rowmap_count(m), before + fresh));
+  }
+  cr_assert(gt(sz, ps__rowmap_count(m), 100000), "the map grew through several index sizes");
+  ps__rowmap_free(m);
+}
+
 /* ps__rowmap_settle: while rows move, a budget below the rows left changes nothing; one
  * at least as large moves them all (the old index freed), every row still found. */
 Test(rowmap_growth, settle_finishes_a_move_within_its_budget) {
