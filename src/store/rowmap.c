@@ -33,7 +33,7 @@
  * the new one. The move ends halfway to the next growth; a clear drops the old index.
  * A fresh index is zero pages from mmap, and the first inserts into it land all over
  * it: to keep them from faulting it in whole at once, the next index is faulted in
- * before the growth. One in huge pages is allocated at 7/8 of the rows and faulted in
+ * before the growth. One in huge pages is allocated at 15/16 of the rows and faulted in
  * by a helper thread (prefault.c), which stops taking steps before the index is used
  * (at the growth at the latest); over the last 1/64 of the rows the map's own thread
  * faults in whatever the helper has not reached, at the pace that finishes at the
@@ -416,18 +416,20 @@ static int pf_end(ps__rowmap *m, int keep, unsigned wait_ms) {
  * it, which land all over it, do not fault in (zero) the whole index at once: at 10^7
  * rows that was a pause of 50-200 ms.
  *
- * A next index in huge pages (2 MiB or more) is allocated when the map holds 7/8 of the
- * rows the current index takes (PF_SHARE), and a helper thread faults it in
+ * A next index in huge pages (2 MiB or more) is allocated when the map holds 15/16 of
+ * the rows the current index takes (PF_SHARE), and a helper thread faults it in
  * (prefault.c): a huge page's fault with memory compaction costs the serving thread
- * milliseconds. At 5 M new rows a second the last 1/8 of 58.7 M rows (a 512 MiB next
- * index) takes 1.5 s, the helper's time for 256 faults; an earlier start would hold
- * the next index (twice the current one) longer. Over the last 1/64 of the
+ * milliseconds. At 5 M new rows a second the last 1/16 of 58.7 M rows (a 512 MiB next
+ * index) takes 0.7 s, the helper's time for 256 faults; an earlier start holds the next
+ * index (twice the current one) longer: from 7/8 on, a table of 10^8 rows of dim 1
+ * took 30 B per row in bench_memory instead of 22 to 23, for growth latencies that were
+ * no better (bench_growth: push p99 2.0x fixed against 1.7-1.8x from 15/16). Over the last 1/64 of the
  * rows (PREP_SHARE) this thread keeps pace itself, a 2 MiB step at a time, for the part
  * the helper has not reached (a starved helper, a slow kernel), so the index is faulted
  * in whole at the growth, as it is when there is no helper (none could be started, or a
  * smaller index, allocated and zeroed by calloc over the last 1/64). */
 #define PREP_SHARE 64
-#define PF_SHARE 8
+#define PF_SHARE 16
 #define PF_STEP HUGE_PAGE
 static void prepare(ps__rowmap *m) {
   size_t max = m->cur.max_rows;

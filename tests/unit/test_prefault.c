@@ -23,7 +23,7 @@
 
 #define STEP ((size_t)2 << 20)
 #define RESERVED 1000000u
-#define START (RESERVED - RESERVED / 8) /* where the next index is made */
+#define START (RESERVED - RESERVED / 16) /* where the next index is made */
 #define NEXT_BYTES ((size_t)2285716 * 4) /* 2 x ceil(10^6 x 8 / 7) entries of 4 bytes */
 #define NEXT_MAPPED ((size_t)5 * STEP)
 
@@ -82,7 +82,7 @@ static ps__rowmap *map_before_start(void) {
   insert_rows(m, 0, START - 1);
   ps__rowmap_next s;
   ps__rowmap_next_state(m, &s);
-  cr_assert(eq(sz, s.bytes, 0), "no next index before 7/8 of the rows");
+  cr_assert(eq(sz, s.bytes, 0), "no next index before 15/16 of the rows");
   return m;
 }
 
