@@ -427,15 +427,31 @@ uint64_t bench_zipf_next(bench_zipf *z) {
   }
 }
 
+/* utime + stime of a /proc stat file, in clock ticks (0 when unreadable). */
+static unsigned long long stat_ticks(const char *path) {
+  char buf[1024];
+  FILE *f = fopen(path, "r");
+  if (!f) return 0;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')'); /* the command may hold blanks */
+  unsigned long long ut = 0, st = 0;
+  if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) return 0;
+  return ut + st;
+}
+
 double bench_cpu_s(pid_t pid) {
   char path[64];
-  unsigned long long ns = 0;
+  unsigned long long ns = 0, live_ticks = 0;
   if (pid == 0) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
   }
-  /* Sum over the process's threads (schedstat: first field, ns on CPU). */
+  /* Sum over the live threads (schedstat: first field, ns on CPU), plus what threads
+   * that ended took (the process's ticks beyond its live threads': a server's helper
+   * threads come and go). */
   snprintf(path, sizeof path, "/proc/%d/task", (int)pid);
   DIR *d = opendir(path);
   if (!d) return 0;
@@ -450,7 +466,13 @@ double bench_cpu_s(pid_t pid) {
       if (fscanf(f, "%llu", &v) == 1) ns += v;
       fclose(f);
     }
+    snprintf(p2, sizeof p2, "/proc/%d/task/%s/stat", (int)pid, e->d_name);
+    live_ticks += stat_ticks(p2);
   }
   closedir(d);
-  return (double)ns * 1e-9;
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  unsigned long long all = stat_ticks(path);
+  double hz = (double)sysconf(_SC_CLK_TCK);
+  double gone = all > live_ticks && hz > 0 ? (double)(all - live_ticks) / hz : 0;
+  return (double)ns * 1e-9 + gone;
 }
