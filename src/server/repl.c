@@ -416,11 +416,18 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR || !(h->type & PS_FRAME_REPLY)) return;
   for (srv_fwd *f = s->fwds; f; f = f->next) {
     if (f->req_id != h->req_id) continue;
-    if ((h->status == PS_ERR_MOVED || h->status == PS_ERR_UNAVAILABLE) && fwd_redirect(s, f, h->status)) return;
-    if (h->status == PS_ERR_UNAVAILABLE && fwd_with_values(s, f)) return;
+    /* The next copy out of memory did not apply it, while this one did: the push is to
+     * be sent again (the windows apply it once), not failed with copies that differ. */
+    int status = h->status == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : h->status;
+    if ((status == PS_ERR_MOVED || status == PS_ERR_UNAVAILABLE) && fwd_redirect(s, f, status)) return;
+    if (status == PS_ERR_UNAVAILABLE && fwd_with_values(s, f)) return;
     char msg[300];
-    snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
-    fwd_answer(s, f, h->status, h->flags, msg[0] ? msg : ps_strerror(h->status));
+    if (h->status == PS_ERR_NOMEM)
+      snprintf(msg, sizeof msg, "server %u, the next copy of these keys, is out of memory (%.*s); send again", f->to,
+               (int)(b->len < 200 ? b->len : 200), b->buf ? (const char *)b->buf : "");
+    else
+      snprintf(msg, sizeof msg, "%.*s", (int)(b->len < 256 ? b->len : 256), b->buf ? (const char *)b->buf : "");
+    fwd_answer(s, f, status, h->flags, msg[0] ? msg : ps_strerror(status));
     fwd_free(s, f);
     return;
   }

@@ -183,6 +183,34 @@ def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill, replicas)
         assert sum(server_stat(c, i, "peer_mem_forwards_in") for i in alive) > 0
 
 
+def test_a_member_that_cannot_read_a_forward_gets_the_values_from_the_head():
+    # The first allocation of one server while it handles a forward naming the worker's
+    # buffers fails: it answers that it cannot read them, the head sends the forward again
+    # with the values, and no push fails or is lost.
+    env = {"PSHARD_RETRY_MS": "300", "PSHARD_FAULT": "alloc:type=forward-dense:n=1:node=server.1"}
+    with Cluster(3, 2, replicas=2, extra_env=env) as c:
+        ps = start_workers(c, 2, 20, 0, BIG)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted_big(c, 2, 20)
+        logs = "".join(c.log(f"server{i}") for i in range(3))
+        assert "failed allocation #1" in logs, logs[-3000:]
+        assert sum(server_stat(c, i, "peer_mem_forwards_resent") for i in range(3)) >= 1
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_member_out_of_memory_has_the_push_sent_again(n):
+    # One allocation of a member fails while it applies a forward: the head, which
+    # applied the push, answers that it is to be sent again (not that it failed), and
+    # the windows apply the copy once: no push fails, every count is exact.
+    env = {"PSHARD_RETRY_MS": "300", "PSHARD_FAULT": f"alloc:type=forward:n={n}:node=server.1"}
+    with Cluster(3, 2, replicas=2, extra_env=env) as c:
+        ps = start_workers(c, 2, 30, 0)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted(c, 2, 30)
+        logs = "".join(c.log(f"server{i}") for i in range(3))
+        assert f"failed allocation #{n}" in logs, logs[-3000:]
+
+
 def metric(text, name):
     m = re.search(rf"^{name} (\S+)$", text, re.M)
     assert m, name
