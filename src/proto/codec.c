@@ -697,17 +697,28 @@ TARGET_AVX2 static size_t topk_pick_avx2(const float *in, size_t n, size_t k, ui
 }
 #endif
 
-static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out, size_t *len, float *err) {
-  size_t k = ps__codec_topk_count(c, n);
+/* The choice of top-k on the magnitudes of score[0, n): k, the threshold (bits of a
+ * magnitude) and how many values equal to it are still to take, in index order. */
+static int topk_choice(const ps__codec *c, const float *score, size_t n, size_t *k, uint32_t *thr,
+                       size_t *need_eq) {
+  *k = ps__codec_topk_count(c, n);
   if (n > UINT32_MAX) return ps__fail(PS_ERR_TOO_LARGE, "topk of %zu values: at most 2^32 - 1 per frame", n);
-  uint32_t thr = 0;
-  size_t need_eq = k; /* values equal to the threshold still to take, in index order */
-  if (k && k < n) {
+  *thr = 0;
+  *need_eq = *k;
+  if (*k && *k < n) {
     size_t above = 0;
-    int rc = topk_threshold(in, n, k, &thr, &above);
+    int rc = topk_threshold(score, n, *k, thr, &above);
     if (rc) return rc;
-    need_eq = k - above;
+    *need_eq = *k - above;
   }
+  return 0;
+}
+
+static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *out, size_t *len, float *err) {
+  size_t k, need_eq;
+  uint32_t thr;
+  int rc = topk_choice(c, in, n, &k, &thr, &need_eq);
+  if (rc) return rc;
   /* One pass: the pairs sent, and (error feedback) what was not sent is all error, what
    * was is exact. err may be in itself: each value is read before its error is written. */
   size_t j = 0, i = 0;
@@ -736,16 +747,10 @@ static int topk_encode(const ps__codec *c, const float *in, size_t n, uint8_t *o
 int ps__codec_encode_topk_by(const ps__codec *c, const float *in, const float *score, size_t n, uint8_t *out,
                               size_t *len, float *err) {
   if (c->kind != PS_CODEC_TOPK) return ps__fail(PS_ERR_INVALID, "%s is not topk", ps__codec_name(c->kind));
-  size_t k = ps__codec_topk_count(c, n);
-  if (n > UINT32_MAX) return ps__fail(PS_ERR_TOO_LARGE, "topk of %zu values: at most 2^32 - 1 per frame", n);
-  uint32_t thr = 0;
-  size_t need_eq = k;
-  if (k && k < n) {
-    size_t above = 0;
-    int rc = topk_threshold(score, n, k, &thr, &above);
-    if (rc) return rc;
-    need_eq = k - above;
-  }
+  size_t k, need_eq;
+  uint32_t thr;
+  int rc = topk_choice(c, score, n, &k, &thr, &need_eq);
+  if (rc) return rc;
   /* As topk_encode's pass, the choice made on score[i] and the pair carrying in[i]. */
   size_t j = 0;
   for (size_t i = 0; i < n; i++) {
