@@ -580,12 +580,12 @@ ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__fwd fw;
   ps__frame_hdr ih;
-  if (dense && h->xport == PS_XPORT_PEER_MEM) {
+  if (dense && h->xport == PS_XPORT_PEER_MEM && (ps__fwd_get(b->buf, &fw), fw.epoch == s->epoch)) {
     /* The values are in the worker's memory: read here first, so that whatever follows
-     * (held by a replacement, applied, forwarded on) has them inline. */
+     * (held by a replacement, applied, forwarded on) has them inline. (At another epoch
+     * it is refused below, unread.) */
     void *nb;
     size_t nlen;
-    ps__fwd_get(b->buf, &fw);
     int rc = ps__srv_forward_peer_values(s, ps__srv_worker_peer_conn(s, fw.worker), h, b->buf, b->len, &nb, &nlen);
     if (rc) { /* out of memory too: the head sends the values instead */
       ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
