@@ -166,6 +166,8 @@ struct peer {
   uint8_t *dbuf;           /* borrowers' read buffer; bytes [doff, dlen) not parsed yet */
   size_t doff, dlen;
   int lost;                /* a connection was lost: tell the server the clock again */
+  int fail_over_due;       /* its server left while a caller used the link: fail over
+                            * when it comes back (loop) */
   uint64_t reconnect_ms;   /* a failed connect: the next try (sweep), 0 = none due */
 };
 

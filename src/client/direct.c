@@ -621,11 +621,13 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
   direct_io(ctx, dl, n, deadline_ms, ctx->spin_ns > 0 && pm_bytes < PM_NOSPIN_BYTES);
   direct_release(ctx, dl, n);
   /* A peer-memory part left unanswered (a failed link) keeps the caller's buffers until
-   * its deadline, as on the loop (ps__part_finish). */
+   * its deadline, as on the loop (ps__part_finish). Not one the loop sends again: the
+   * call goes on there, and the loop holds it if it must when it finishes it. */
   for (int held = 1; held;) {
     held = 0;
     for (unsigned j = 0; j < n; j++)
-      for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++) held |= ps__part_must_hold(dl[j].parts[k]);
+      for (unsigned k = 0; k < dl[j].nparts && dl[j].failed != PS_ERR_CLOSED; k++)
+        held |= !dl[j].parts[k]->again && ps__part_must_hold(dl[j].parts[k]);
     if (held) usleep(20000);
   }
   for (unsigned q = 0; q < nreqs; q++) {

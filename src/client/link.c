@@ -304,8 +304,17 @@ static void link_flush(ps_ctx *ctx, peer *l) {
 
 /* Loop: l, no longer lent, is the loop's again: resume it and send what waited for it
  * (or fail that if its server left). */
+static void link_fail_over(ps_ctx *ctx, peer *l, const char *why);
 static void link_returned(ps_ctx *ctx, peer *l) {
   link_resume(l);
+  if (l->fail_over_due) {
+    /* Its server left while a caller used it: what ps__on_membership left for now (the
+     * parts sent again, the kept pushes and the REPLAYED list) happens here, even if a
+     * replacement with its id came meanwhile. */
+    char msg[96];
+    snprintf(msg, sizeof msg, "server %u left the job", l->id);
+    link_fail_over(ctx, l, msg);
+  }
   if (l->alive)
     link_flush(ctx, l);
   else
@@ -527,6 +536,7 @@ static part *inflight_find(peer *l, uint64_t req_id) {
  * once (the windows of shard/once.h apply a push there once, should l have forwarded
  * it already); the others fail. */
 static void link_fail_over(ps_ctx *ctx, peer *l, const char *why) {
+  l->fail_over_due = 0;
   /* The pushes to replicated sync tables among them: the new heads wait for them. */
   size_t nkeep = 0, ki = 0;
   for (part *p = l->queue_head; p; p = p->next) nkeep += p->keep && ps__frame_is_push_req(p->hdr.type);
@@ -618,7 +628,10 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
       int in_use = l->lent && l->busy;
       if (ps__link_idle_lent(l)) l->lent = 0;
       pthread_mutex_unlock(&ctx->lend_mu);
-      if (in_use) continue;
+      if (in_use) { /* when the caller gives it back (link_returned) */
+        l->fail_over_due = 1;
+        continue;
+      }
       char msg[96];
       snprintf(msg, sizeof msg, "server %u left the job", x->id);
       link_fail_over(ctx, l, msg);
