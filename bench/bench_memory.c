@@ -13,8 +13,12 @@
  * parameters, optimiser state, keys, index, spare chunk room), exact: bytes per row and
  * the ratio to key + payload, the floor of any layout that keeps both. Fast enough for
  * 10^8 rows; the figures are ps__rowmap_usage's, which counts every allocation.
+ * --reserve (with --engine): the index is sized for the N rows before the fill
+ * (ps__rowmap_reserve, as a table loaded by requests as large as itself is), with
+ * room to stay below the point where the next index would be prepared; no growth, no
+ * old index beside the new one, so the peak is the end's figure. For 10^9 rows.
  *
- * usage: bench_memory [--rows N] [--dim D] [--batch B] [--opt adagrad] [--transport T] [--engine]
+ * usage: bench_memory [--rows N] [--dim D] [--batch B] [--opt adagrad] [--transport T] [--engine [--reserve]]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,11 +29,16 @@
 #include "store/store.h"
 
 /* --engine: fill a row map with nrows keys, print its memory apart. */
-static int engine_bytes(uint64_t nrows, unsigned dim, unsigned nstate, const char *opt) {
+static int engine_bytes(uint64_t nrows, unsigned dim, unsigned nstate, const char *opt, int reserve) {
   size_t rf = (size_t)dim * (1 + nstate);
   ps__rowmap *m = ps__rowmap_new(rf);
   if (!m) return 1;
   double t0 = bench_now();
+  /* The next index is prepared from 15/16 of the rows an index holds: keep below it. */
+  if (reserve && ps__rowmap_reserve(m, (size_t)(nrows + nrows / 15 + 4096))) {
+    fprintf(stderr, "bench_memory: cannot reserve an index for %llu rows\n", (unsigned long long)nrows);
+    return 1;
+  }
   for (uint64_t i = 0; i < nrows; i++)
     if (!ps__rowmap_upsert(m, i * 0x9e3779b97f4a7c15ull, NULL)) {
       fprintf(stderr, "bench_memory: out of memory at row %llu\n", (unsigned long long)i);
@@ -40,7 +49,8 @@ static int engine_bytes(uint64_t nrows, unsigned dim, unsigned nstate, const cha
   ps__rowmap_usage(m, &u);
   double n = (double)u.rows, params = n * dim * 4, state = (double)u.payload - params;
   printf("# bench_memory --engine: row map of %llu rows x dim %u, opt=%s (%zu floats per row), filled in %.1f s "
-         "(%.2f M rows/s); exact accounting\n", (unsigned long long)nrows, dim, opt, rf, t, n / t / 1e6);
+         "(%.2f M rows/s)%s; exact accounting\n", (unsigned long long)nrows, dim, opt, rf, t, n / t / 1e6,
+         reserve ? ", index reserved first" : "");
   printf("%-12s %14s %10s\n", "part", "bytes", "per row");
   printf("%-12s %14.0f %10.2f\n", "parameters", params, params / n);
   printf("%-12s %14.0f %10.2f\n", "optim_state", state, state / n);
@@ -51,6 +61,8 @@ static int engine_bytes(uint64_t nrows, unsigned dim, unsigned nstate, const cha
   printf("%-28s %8.3f   (rows still moving to a new index: %zu)\n", "total / (key + payload)",
          (double)u.total / (double)(u.keys + u.payload), ps__rowmap_moving(m));
   printf("%-28s %8.3f\n", "total / payload", (double)u.total / (double)u.payload);
+  size_t rss = bench_rss(getpid());
+  printf("%-28s %14zu %10.2f   (this process, the map and the benchmark)\n", "rss", rss, (double)rss / n);
   ps__rowmap_free(m);
   return 0;
 }
@@ -60,7 +72,7 @@ int main(int argc, char **argv) {
   unsigned dim = 16;
   size_t batch = 100000;
   const char *opt = "adagrad", *transport = "auto";
-  int engine = 0;
+  int engine = 0, reserve = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--dim") && i + 1 < argc) dim = (unsigned)atoi(argv[++i]);
@@ -68,8 +80,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--opt") && i + 1 < argc) opt = argv[++i];
     else if (!strcmp(argv[i], "--transport") && i + 1 < argc) transport = argv[++i];
     else if (!strcmp(argv[i], "--engine")) engine = 1;
+    else if (!strcmp(argv[i], "--reserve")) reserve = 1;
     else {
-      fprintf(stderr, "usage: bench_memory [--rows N] [--dim D] [--batch B] [--opt O] [--transport T] [--engine]\n");
+      fprintf(stderr, "usage: bench_memory [--rows N] [--dim D] [--batch B] [--opt O] [--transport T] [--engine [--reserve]]\n");
       return 2;
     }
   }
@@ -78,7 +91,11 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_memory: --rows and --dim must be positive\n");
     return 2;
   }
-  if (engine) return engine_bytes(nrows, dim, nstate, opt);
+  if (reserve && !engine) {
+    fprintf(stderr, "bench_memory: --reserve goes with --engine\n");
+    return 2;
+  }
+  if (engine) return engine_bytes(nrows, dim, nstate, opt, reserve);
   bench_cluster c;
   bench_cluster_start(&c, 1, 1, transport);
   ps_ctx *ctx = bench_open(&c, 0, 1, transport, "async");
