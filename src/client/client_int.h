@@ -209,9 +209,10 @@ struct ps_ctx {
   uint32_t push_seq;       /* the last push sequence number given (atomic): one counter per
                             * worker, so a part sent again to another server keeps its identity */
   unsigned replicas;       /* R of the job (membership; atomic) */
-  kept *kept;              /* copies of pushes to replicated sync tables (loop; keep.c) */
+  pthread_mutex_t keep_mu; /* the three below (keep.c) */
+  kept *kept;              /* copies of pushes to replicated sync tables */
   size_t kept_bytes;
-  int any_keep;            /* a push to a replicated sync table was kept (loop) */
+  int any_keep;            /* a push to a replicated sync table was kept */
 
   /* shared state under mu */
   pthread_mutex_t mu;
@@ -414,8 +415,12 @@ void ps__cx_pull_done(ps_req *r);
 /* One request with a single control part to target carrying body (copied). */
 ps_req *ps__ctrl_req(ps_ctx *ctx, uint32_t target, uint8_t type, const void *body, size_t len, uint64_t deadline);
 
-/* ---- copies of pushes to replicated sync tables (keep.c), on the loop */
-/* A push part with keep answered (h): keep its copy, let go of those now on every copy. */
+/* ---- copies of pushes to replicated sync tables (keep.c); the failover on the loop */
+/* A push part with keep is sent for the first time (its identity just given): keep a
+ * copy of its frame, the values inline (from the caller's buffers for peer memory). */
+void ps__keep_sent(ps_ctx *ctx, part *p);
+/* A push part with keep answered (h): note who holds it (a copy made if none was), let
+ * go of those now on every copy. */
 void ps__keep_push(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
 /* A pull part with keep answered (h): let go of the copies of rounds before its clock. */
 void ps__keep_pull(ps_ctx *ctx, part *p, const ps__frame_hdr *h);

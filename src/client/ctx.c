@@ -241,6 +241,7 @@ int ps__ctx_new(const ps_config *cfg, ps_ctx **out) {
   ctx->ckpt_last_ms = ps__now_ms();
   ctx->peer_mem = ps__config_uint(cfg, "peer_mem", 1) && ps__pm_usable();
   pthread_mutex_init(&ctx->lend_mu, NULL);
+  pthread_mutex_init(&ctx->keep_mu, NULL);
   pthread_cond_init(&ctx->lend_cv, NULL);
   pthread_mutex_init(&ctx->upool_mu, NULL);
   ctx->upool = ps__pool_new(512u << 20);
@@ -348,6 +349,7 @@ void ps_ctx_close(ps_ctx *ctx) {
   }
   free(ctx->tables);
   ps__keep_free(ctx); /* the loop has stopped */
+  pthread_mutex_destroy(&ctx->keep_mu);
   pthread_mutex_destroy(&ctx->mu);
   pthread_cond_destroy(&ctx->cv);
   free(ctx);

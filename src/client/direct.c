@@ -388,6 +388,29 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
   if (post) ps__mailbox_post(ctx->mail, ps__mail_reclaim, ctx);
 }
 
+/* How often a call with replicated parts looks for servers written off. */
+#define DIRECT_ALIVE_MS 10
+
+/* Links of the call whose server left the job: their parts unanswered go to the loop
+ * (sent again to the next member), and the connection is not used again. Returns 1 if
+ * any. */
+static int direct_written_off(ps_ctx *ctx, dlink *dl, unsigned n, dcall *call) {
+  int any = 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    if (!d->iov || d->failed || d->l->alive || !(d->pending || d->iov_at < d->niov)) continue;
+    d->failed = PS_ERR_UNAVAILABLE;
+    for (unsigned k = 0; k < d->nparts; k++)
+      if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
+    call->left -= d->pending;
+    d->pending = 0;
+    any = 1;
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  return any;
+}
+
 /* Run the parts of reqs[] (in order on each link) on claimed links dl[0..n) until
  * every reply arrived or the deadline passed. Part failures are recorded in their
  * requests. */
@@ -423,6 +446,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
         p->hdr.inc = ctx->incarnation;
         p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
+        if (p->keep) ps__keep_sent(ctx, p);
       }
       if (ps__frame_is_push_req(p->hdr.type)) pushes++;
       p->attempts++;
@@ -441,6 +465,12 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
     }
   }
   uint64_t window = ctx->spin_ns + ps__poll_extra_ns(sending);
+  /* Replicated parts: a server the membership wrote off (a zombie: its socket stays
+   * open) is given up on at once, its parts sent to the next member through the loop. */
+  int chained = 0;
+  for (unsigned j = 0; j < n; j++)
+    for (unsigned k = 0; k < dl[j].nparts; k++) chained |= dl[j].parts[k]->nchain > 1;
+  uint64_t alive_check_ms = 0;
   /* A push unanswered retry_ms after every frame was written: the unanswered parts go
    * to the loop, which sends them again (ps__direct_run). */
   uint64_t attempt_end = UINT64_MAX;
@@ -500,6 +530,10 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       t0 = ps__now_ns();
     }
     uint64_t now = ps__now_ms();
+    if (chained && now >= alive_check_ms) {
+      alive_check_ms = now + DIRECT_ALIVE_MS;
+      if (direct_written_off(ctx, dl, n, &call)) continue;
+    }
     if (now >= attempt_end && now < deadline_ms) {
       /* Only when every part still unanswered may be sent again; else all wait here. */
       int all = 1;
@@ -540,7 +574,8 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
       continue;
     }
     uint64_t wait = (attempt_end < deadline_ms ? attempt_end : deadline_ms) - now;
-    poll(pf, np, wait > 1000 ? 1000 : (int)wait);
+    uint64_t cap = chained ? DIRECT_ALIVE_MS : 1000;
+    poll(pf, np, wait > cap ? (int)cap : (int)wait);
   }
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
@@ -586,8 +621,8 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
   if (!ctx->direct || !ctx->thread_started) return 0;
   /* Replicated parts go to their chain's head, answered on its link or, a push, by the
    * chain's tail on the tail's (claim_listeners); a part to be sent again (its head
-   * failed, or moved) goes through the loop, which re-routes it. A call with parts of a
-   * replicated sync table goes through the loop: their copies are kept there (keep.c). */
+   * failed, or moved) goes through the loop, which re-routes it. A push to a replicated
+   * sync table is kept (keep.c) when it is first sent, here as on the loop. */
   if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1) {
     pthread_mutex_lock(&ctx->lend_mu);
     int ok = 1;
@@ -595,7 +630,7 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
       for (unsigned i = 0; i < reqs[q]->nparts && ok; i++) {
         part *p = &reqs[q]->parts[i];
         uint32_t head = p->nchain > 1 ? ps__part_head(ctx, p) : p->target;
-        if (p->keep || !head) ok = 0;
+        if (!head) ok = 0;
         else p->target = head;
       }
     pthread_mutex_unlock(&ctx->lend_mu);

@@ -5,16 +5,23 @@
  * Under R >= 2 the head of a chain answers a sync push once it is in the round's
  * accumulator, and forwards the round only when it is applied (server/repl_sync.c).
  * Until then the head holds the only copy of the round's pushes, besides the workers.
- * So each worker keeps a copy of every push it sent to a sync table (its frame: header
- * and body) until a server's answer says the push's round is on every copy: a push
- * answer's clock is the clock before which every round of the table is on every copy
- * there, and a pull answered at clock c says the same of the rounds before c's.
+ * So each worker keeps a copy of every push it sends to a sync table (its frame: header
+ * and body, the values inline even when the push itself names the caller's buffers by
+ * peer memory), made when the push is first sent, until a server's answer says the
+ * push's round is on every copy: a push answer's clock is the clock before which every
+ * round of the table is on every copy there, and a pull answered at clock c says the
+ * same of the rounds before c's.
  *
- * When a server dies, the pushes kept for it are sent again to their chains' new heads,
- * with their identities, and every live server is told, in a REPLAYED frame, which
- * pushes to the dead server this worker had not seen reach every copy (those kept, and
- * those in flight): the new heads wait for them to rebuild the rounds the dead server
- * had not handed on. Everything here runs on the loop thread.
+ * When a server dies, the pushes kept for it (answered or not) are sent again to their
+ * chains' new heads, with their identities, and every live server is told, in a
+ * REPLAYED frame, which pushes to the dead server this worker had not seen reach every
+ * copy: the new heads wait for them to rebuild the rounds the dead server had not
+ * handed on. A push in flight is then sent twice (its copy, and the part itself to the
+ * next member); the chain's windows apply it once.
+ *
+ * Copies are made where the push is sent: on the loop thread, or on a caller's thread
+ * that sends it on a lent link (direct.c). The list is under ctx->keep_mu; the failover
+ * runs on the loop thread.
  */
 #include <string.h>
 
@@ -22,7 +29,7 @@
 
 struct kept {
   kept *next;
-  uint32_t server;   /* the server that answered it */
+  uint32_t server;   /* the server it was sent to, then the one that answered it */
   uint32_t every;    /* the table's clocks per round */
   ps__frame_hdr hdr; /* as sent: type, table, batch, clock, nkeys, lr, identity */
   uint32_t chain[PS_MAX_REPLICAS];
@@ -54,44 +61,102 @@ static void keep_release(ps_ctx *ctx, uint32_t server, uint32_t table, int64_t c
   }
 }
 
+/* A copy of push part p's frame (the values inline), or NULL (out of memory). */
+static kept *keep_copy(const part *p) {
+  const uv_buf_t *v = p->send;
+  unsigned nv = p->nsend;
+  int pm = p->hdr.xport == PS_XPORT_PEER_MEM;
+  if (pm) { /* segment list, peer-memory tail, then the caller's regions (route.c) */
+    if (p->nsend < 1) return NULL;
+    nv = p->hdr.nkeys / 2;
+  }
+  size_t len = pm ? v[0].len : 0;
+  const uv_buf_t *vals = pm ? v + 2 : v;
+  for (unsigned i = 0; i < nv; i++) len += vals[i].len;
+  kept *k = ps__calloc(1, sizeof *k);
+  uint8_t *body = k ? ps__malloc(len ? len : 1) : NULL;
+  if (!body) {
+    free(k);
+    return NULL;
+  }
+  size_t o = 0;
+  if (pm) memcpy(body, v[0].base, v[0].len), o = v[0].len;
+  for (unsigned i = 0; i < nv; i++) memcpy(body + o, vals[i].base, vals[i].len), o += vals[i].len;
+  k->server = p->target;
+  k->every = p->keep;
+  k->hdr = p->hdr;
+  k->hdr.xport = PS_XPORT_INLINE;
+  k->hdr.payload_len = len;
+  memcpy(k->chain, p->chain, sizeof k->chain);
+  k->nchain = p->nchain;
+  k->body = body;
+  k->len = len;
+  return k;
+}
+
+static kept *keep_find(ps_ctx *ctx, const ps__frame_hdr *h) {
+  for (kept *k = ctx->kept; k; k = k->next)
+    if (k->hdr.inc == h->inc && k->hdr.seq == h->seq && k->hdr.table == h->table) return k;
+  return NULL;
+}
+
+/* keep_mu held. */
+static void keep_add(ps_ctx *ctx, kept *k) {
+  k->next = ctx->kept;
+  ctx->kept = k;
+  ctx->kept_bytes += k->len;
+  while (ctx->kept_bytes > KEEP_MAX_BYTES && ctx->kept) {
+    kept **pp = &ctx->kept;
+    while ((*pp)->next) pp = &(*pp)->next; /* the oldest */
+    ps__log(PS_LOG_WARN, "more than %zu MiB of pushes kept for a failover: letting the oldest go",
+            KEEP_MAX_BYTES >> 20);
+    keep_drop(ctx, pp);
+  }
+}
+
+void ps__keep_sent(ps_ctx *ctx, part *p) {
+  if (!p->keep || !ps__frame_is_push_req(p->hdr.type)) return;
+  kept *k = keep_copy(p); /* outside the lock: a MiB copy */
+  pthread_mutex_lock(&ctx->keep_mu);
+  ctx->any_keep = 1;
+  if (k) keep_add(ctx, k);
+  pthread_mutex_unlock(&ctx->keep_mu);
+  if (!k) ps__log(PS_LOG_WARN, "out of memory keeping a copy of a push: a failover may miss it");
+}
+
 void ps__keep_push(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
   if (!p->keep) return;
+  pthread_mutex_lock(&ctx->keep_mu);
   ctx->any_keep = 1;
   if (!(h->flags & PS_FLAG_DROPPED)) {
-    size_t len = 0;
-    for (unsigned i = 0; i < p->nsend; i++) len += p->send[i].len;
-    kept *k = ps__calloc(1, sizeof *k);
-    uint8_t *body = k ? ps__malloc(len ? len : 1) : NULL;
-    if (!body) {
-      free(k);
-      ps__log(PS_LOG_WARN, "out of memory keeping a copy of a push: a failover may miss it");
-    } else {
-      size_t o = 0;
-      for (unsigned i = 0; i < p->nsend; i++) memcpy(body + o, p->send[i].base, p->send[i].len), o += p->send[i].len;
+    kept *k = keep_find(ctx, &p->hdr);
+    if (k) {
       k->server = p->target;
-      k->every = p->keep;
-      k->hdr = p->hdr;
-      memcpy(k->chain, p->chain, sizeof k->chain);
-      k->nchain = p->nchain;
-      k->body = body;
-      k->len = len;
-      k->next = ctx->kept;
-      ctx->kept = k;
-      ctx->kept_bytes += len;
-      while (ctx->kept_bytes > KEEP_MAX_BYTES && ctx->kept) {
-        kept **pp = &ctx->kept;
-        while ((*pp)->next) pp = &(*pp)->next; /* the oldest */
-        ps__log(PS_LOG_WARN, "more than %zu MiB of pushes kept for a failover: letting the oldest go",
-                KEEP_MAX_BYTES >> 20);
-        keep_drop(ctx, pp);
+    } else { /* a copy sent again after a failover (its own request's body), or none was made */
+      pthread_mutex_unlock(&ctx->keep_mu);
+      k = keep_copy(p);
+      pthread_mutex_lock(&ctx->keep_mu);
+      if (k && keep_find(ctx, &p->hdr)) { /* made meanwhile */
+        free(k->body);
+        free(k);
+        k = keep_find(ctx, &p->hdr);
+        k->server = p->target;
+      } else if (k) {
+        keep_add(ctx, k);
+      } else {
+        ps__log(PS_LOG_WARN, "out of memory keeping a copy of a push: a failover may miss it");
       }
     }
   }
   keep_release(ctx, p->target, p->hdr.table, h->clock);
+  pthread_mutex_unlock(&ctx->keep_mu);
 }
 
 void ps__keep_pull(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
-  if (p->keep) keep_release(ctx, p->target, p->hdr.table, h->clock);
+  if (!p->keep) return;
+  pthread_mutex_lock(&ctx->keep_mu);
+  keep_release(ctx, p->target, p->hdr.table, h->clock);
+  pthread_mutex_unlock(&ctx->keep_mu);
 }
 
 /* Send a kept push again, as a request nobody waits for, to its chain's head. */
@@ -143,13 +208,25 @@ static void put_entry(uint8_t *q, const ps__frame_hdr *h, const uint32_t *chain,
 
 void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmoving) {
   if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) < 2) return;
+  pthread_mutex_lock(&ctx->keep_mu);
   size_t n = 0;
   for (kept *k = ctx->kept; k; k = k->next) n += k->server == dead;
-  for (size_t i = 0; i < nmoving; i++) n += moving[i]->keep != 0;
-  if (!n && !ctx->any_keep) return; /* this worker never pushed to a replicated sync table */
+  /* a push being moved is listed from its copy (made when it was sent), else here */
+  uint8_t *listed = nmoving ? ps__calloc(nmoving, 1) : NULL;
+  for (size_t i = 0; i < nmoving; i++) {
+    const kept *k = moving[i]->keep ? keep_find(ctx, &moving[i]->hdr) : NULL;
+    if (moving[i]->keep && !(k && k->server == dead) && listed) listed[i] = 1, n++;
+  }
+  if ((!n && !ctx->any_keep) || (nmoving && !listed)) { /* this worker never pushed to a replicated sync table */
+    pthread_mutex_unlock(&ctx->keep_mu);
+    if (nmoving && !listed) ps__log(PS_LOG_WARN, "out of memory telling the servers which pushes to server %u to wait for", dead);
+    return;
+  }
   size_t len = 8 + n * PS_REPLAYED_ENTRY;
   uint8_t *body = ps__malloc(len);
   if (!body) {
+    pthread_mutex_unlock(&ctx->keep_mu);
+    free(listed);
     ps__log(PS_LOG_WARN, "out of memory telling the servers which pushes to server %u to wait for", dead);
     return;
   }
@@ -157,8 +234,9 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmovin
   ps__put_u32(body + 4, (uint32_t)n);
   size_t e = 0;
   for (size_t i = 0; i < nmoving; i++)
-    if (moving[i]->keep) put_entry(body + 8 + PS_REPLAYED_ENTRY * e++, &moving[i]->hdr, moving[i]->chain, moving[i]->nchain);
-  size_t resent = 0;
+    if (listed[i]) put_entry(body + 8 + PS_REPLAYED_ENTRY * e++, &moving[i]->hdr, moving[i]->chain, moving[i]->nchain);
+  free(listed);
+  kept *gone = NULL;
   for (kept **pp = &ctx->kept; *pp;) {
     kept *k = *pp;
     if (k->server != dead) {
@@ -168,6 +246,14 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmovin
     put_entry(body + 8 + PS_REPLAYED_ENTRY * e++, &k->hdr, k->chain, k->nchain);
     *pp = k->next;
     ctx->kept_bytes -= k->len;
+    k->next = gone;
+    gone = k;
+  }
+  pthread_mutex_unlock(&ctx->keep_mu);
+  size_t resent = 0;
+  while (gone) {
+    kept *k = gone;
+    gone = k->next;
     keep_resend(ctx, k); /* takes k->body */
     free(k);
     resent++;
@@ -181,5 +267,7 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmovin
 }
 
 void ps__keep_free(ps_ctx *ctx) {
+  pthread_mutex_lock(&ctx->keep_mu);
   while (ctx->kept) keep_drop(ctx, &ctx->kept);
+  pthread_mutex_unlock(&ctx->keep_mu);
 }

@@ -213,6 +213,7 @@ void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
   if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, kept when sent again */
     p->hdr.inc = ctx->incarnation;
     p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
+    if (p->keep) ps__keep_sent(ctx, p);
   }
   if (p->lk != l) { /* a push sent again on its connection is on the list already */
     p->lk = l;

@@ -295,15 +295,15 @@ typedef struct link_ask {
  * Under replicas only a push, and only when every member of its chain takes peer
  * memory: a part is sent again to the next member when its head fails, and a server
  * that reads the worker's buffers after the call returned (a copy sent again) reads a
- * push every copy has applied already, which its window drops. A pull is answered
- * inline: a head written off while it stood still must not write into the caller's
- * buffers later. */
+ * push every copy has applied already, which its window drops (a push to a replicated
+ * sync table too: the copy kept for a failover, keep.c, holds its values inline). A
+ * pull is answered inline: a head written off while it stood still must not write into
+ * the caller's buffers later. */
 static int link_takes_pm(void *arg) {
   const link_ask *a = arg;
   ps_ctx *ctx = a->ctx;
   int repl = __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1;
-  /* (a push to a replicated sync table is kept whole for a failover, keep.c: inline) */
-  if (!ctx->peer_mem || a->encoded || (repl && (!a->is_push || a->p->nchain < 2 || a->p->keep))) return 0;
+  if (!ctx->peer_mem || a->encoded || (repl && (!a->is_push || a->p->nchain < 2))) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
   peer *l = ps__link_find(ctx, a->target);
   int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;

@@ -33,8 +33,9 @@ def data_ports(ports, log):
 
 
 class Cluster:
-    def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False, replicas=1):
-        """colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
+    def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False, replicas=1,
+                 server_env=None):
+        """server_env: {index: environment} for single servers, on top of extra_env. colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
         one each), so no server process is started. replicas: copies of every key range
         (the scheduler's --replicas)."""
         self.dir = tempfile.mkdtemp(prefix="pshard-test-")
@@ -59,7 +60,8 @@ class Cluster:
         self.env["PSHARD_SCHEDULER"] = self.addr
         if colocate:
             self.env["PSHARD_COLOCATE"] = "1"
-        self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr], f"server{i}")
+        self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr], f"server{i}",
+                                         {**self.env, **(server_env or {}).get(i, {})})
                              for i in range(0 if colocate else servers)]
 
     def _spawn(self, argv, name, env=None):

@@ -10,6 +10,11 @@
  * a pull of both, and one line per table with every value in hex ("%a"):
  *   model w 0x1.8p-3,...
  *   model e ...
+ * --big N adds a dense table "b" of N floats (Adam, slices of 1024) pulled and pushed
+ * the same way: large enough that, on one host, its parts go by peer memory. Its line
+ * is a hash of its bits, and a line "calls direct=D peer_mem=P" follows, from the
+ * context's counters:
+ *   model b fnv=0123456789abcdef
  * A failed call prints "fail ROUND CALL rc=NAME msg=..." and the worker exits 1.
  * Exit status 0 when the script ran, 2 bad usage. Connection settings from PSHARD_*.
  */
@@ -32,19 +37,20 @@ static int fail(int round, const char *call, int rc) {
 }
 
 int main(int argc, char **argv) {
-  int rounds = 20, sleep_ms = 0;
+  int rounds = 20, sleep_ms = 0, nbig = 0;
   const char *mode = "sync";
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
+    else if (!strcmp(argv[i], "--big")) nbig = atoi(argv[i + 1]);
     else {
       fprintf(stderr, "repl_sync_worker: unknown option %s\n", argv[i]);
       return 2;
     }
   }
-  if (argc % 2 == 0 || rounds < 1) {
-    fprintf(stderr, "usage: repl_sync_worker [--rounds N] [--sleep-ms MS] [--mode MODE]\n");
+  if (argc % 2 == 0 || rounds < 1 || nbig < 0) {
+    fprintf(stderr, "usage: repl_sync_worker [--rounds N] [--sleep-ms MS] [--mode MODE] [--big N]\n");
     return 2;
   }
   ps_ctx *ctx;
@@ -56,6 +62,16 @@ int main(int argc, char **argv) {
   uint32_t tw, te;
   if ((rc = ps_table_declare(ctx, "w", PS_DENSE, NW, ow, &tw))) return fail(-1, "declare w", rc);
   if ((rc = ps_table_declare(ctx, "e", PS_SPARSE, DIM, oe, &te))) return fail(-1, "declare e", rc);
+  uint32_t tb = 0;
+  float *b = NULL, *gb = NULL;
+  if (nbig) {
+    char ob[160];
+    snprintf(ob, sizeof ob, "opt=adam lr=0.01 init=uniform:0.3 seed=9 slice=1024 mode=%s", mode);
+    if ((rc = ps_table_declare(ctx, "b", PS_DENSE, (uint64_t)nbig, ob, &tb))) return fail(-1, "declare b", rc);
+    b = malloc((size_t)nbig * sizeof *b);
+    gb = malloc((size_t)nbig * sizeof *gb);
+    if (!b || !gb) return fail(-1, "malloc", PS_ERR_NOMEM);
+  }
   int rank = ps_ctx_rank(ctx);
   uint64_t keys[NK];
   for (int k = 0; k < NK; k++) keys[k] = (uint64_t)k * 7919u + 1;
@@ -67,6 +83,12 @@ int main(int argc, char **argv) {
     for (int i = 0; i < NK * DIM; i++) ge[i] = e[i] * 0.5f - 0.02f * (float)((i + c + rank) % 7);
     if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
     if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
+    if (nbig) {
+      if ((rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
+      for (int i = 0; i < nbig; i++) gb[i] = b[i] * (0.5f + 0.125f * (float)rank) - 0.01f * (float)((i + c) % 11);
+      if ((rc = ps_push_range(ctx, tb, 0, (uint64_t)nbig, gb, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1)))
+        return fail(c, "push b", rc);
+    }
     if ((rc = ps_clock(ctx))) return fail(c, "clock", rc);
     if (sleep_ms) {
       struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
@@ -81,6 +103,18 @@ int main(int argc, char **argv) {
   printf("\nmodel e");
   for (int i = 0; i < NK * DIM; i++) printf("%c%a", i ? ',' : ' ', (double)e[i]);
   printf("\n");
+  if (nbig) {
+    if ((rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(rounds, "pull b", rc);
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the bits */
+    const unsigned char *p = (const unsigned char *)b;
+    for (size_t i = 0; i < (size_t)nbig * sizeof *b; i++) h = (h ^ p[i]) * 1099511628211ull;
+    double dc = 0, pm = 0;
+    ps_ctx_stat(ctx, "direct_calls", &dc);
+    ps_ctx_stat(ctx, "peer_mem_parts", &pm);
+    printf("model b fnv=%016llx\ncalls direct=%.0f peer_mem=%.0f\n", (unsigned long long)h, dc, pm);
+    free(b);
+    free(gb);
+  }
   ps_ctx_close(ctx);
   return 0;
 }
