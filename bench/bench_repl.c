@@ -158,14 +158,20 @@ static void *sync_worker(void *arg) {
   return NULL;
 }
 
-static double sync_rounds_s(int R, int rounds, const char *xport) {
+/* Rounds per second; the CPU time per round of the two workers (this process, warm-up
+ * included) and of the two servers into cpu_us[0..1]. */
+static double sync_rounds_s(int R, int rounds, const char *xport, double cpu_us[2]) {
   bench_cluster c;
   set_replicas(R);
   bench_cluster_start(&c, 2, 2, xport);
+  double w0 = bench_cpu_s(0), s0 = bench_cpu_s(c.server_pid[0]) + bench_cpu_s(c.server_pid[1]);
   sync_arg a[2] = {{&c, rounds, xport, 0}, {&c, rounds, xport, 0}};
   pthread_t th[2];
   for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, sync_worker, &a[i]);
   for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  double n = rounds + 6; /* the warm-up's five and the last pull */
+  cpu_us[0] = 1e6 * (bench_cpu_s(0) - w0) / n;
+  cpu_us[1] = 1e6 * (bench_cpu_s(c.server_pid[0]) + bench_cpu_s(c.server_pid[1]) - s0) / n;
   bench_cluster_stop(&c);
   double s = a[0].secs > a[1].secs ? a[0].secs : a[1].secs;
   return rounds / s;
@@ -175,19 +181,33 @@ static void part_sync(int rounds) {
   printf("sync rounds, replicated after aggregation (S = 2, K = 2 workers, 1 MiB table, %d rounds, median of 3)\n",
          rounds);
   printf("  %-34s %10s %10s %10s\n", "rounds per second", "R = 1", "R = 2", "R2 / R1");
-  /* tcp: the same transport for both; auto: R = 1 also takes the same-host transports
-   * (shared memory for dense values, caller-thread I/O), which R >= 2 does not use */
+  /* tcp: the same transport for both; auto: the same-host transports, of which R >= 2
+   * does not use peer memory for pulls (a head written off must not write into a
+   * caller's buffers later) */
   const char *xports[2] = {"tcp", "auto"};
+  double cpu[2][2][2]; /* [transport][R - 1][workers, servers]: medians, us per round */
   for (int x = 0; x < 2; x++) {
-    double r1[3], r2[3];
+    double r1[3], r2[3], c[2][2][3];
     for (int k = 0; k < 3; k++) { /* alternated, medians: the machine is noisy */
-      r1[k] = sync_rounds_s(1, rounds, xports[x]);
-      r2[k] = sync_rounds_s(2, rounds, xports[x]);
+      double u[2];
+      r1[k] = sync_rounds_s(1, rounds, xports[x], u);
+      c[0][0][k] = u[0], c[0][1][k] = u[1];
+      r2[k] = sync_rounds_s(2, rounds, xports[x], u);
+      c[1][0][k] = u[0], c[1][1][k] = u[1];
     }
+    for (int r = 0; r < 2; r++)
+      for (int w = 0; w < 2; w++) cpu[x][r][w] = bench_median(c[r][w], 3);
     double m1 = bench_median(r1, 3), m2 = bench_median(r2, 3);
     printf("  %-34s %10.1f %10.1f %9.2fx   (target >= 0.85x)\n",
            x ? "transport auto (same host)" : "transport tcp", m1, m2, m2 / m1);
   }
+  /* Where the time goes: CPU per round against the round's wall time on this machine's
+   * cores. With every process busy, a round cannot take less than its CPU / cores. */
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  printf("  CPU per round (us, medians; %ld cores)  workers R1  servers R1  workers R2  servers R2\n", cores);
+  for (int x = 0; x < 2; x++)
+    printf("  %-34s %10.0f  %10.0f  %10.0f  %10.0f\n", x ? "transport auto (same host)" : "transport tcp",
+           cpu[x][0][0], cpu[x][0][1], cpu[x][1][0], cpu[x][1][1]);
 }
 
 /* ------------------------------------------------------------------ failover */
