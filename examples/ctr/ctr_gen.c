@@ -16,7 +16,14 @@
  *  - integer field f: a count c = k - 1 with k ~ Zipf(s_f) on {1..V_f}, bucketised into
  *    b = 0 for c = 0, else 1 + floor(log2 c).
  * The feature id of (field f, value v) is xxh64 of the 16 bytes le64(f) le64(v) with seed
- * 0, keeping the top --id-bits bits. The planted weight of an id is a pure function of
+ * 0, keeping the top --id-bits bits. With --crosses K, an example that has both fields of
+ * cross j (0 <= j < K) present also has the feature (j, value a, value b), of id xxh64 of
+ * the 32 bytes "cross\0\0\0" le64(j) le64(a) le64(b), seed 0, top --id-bits bits. The
+ * crosses pair the categorical fields in order of vocabulary (largest first, ties by
+ * field number): ranks (0,1), (0,2), (1,2), (0,3), (1,3), (2,3), (0,4), ... so the first
+ * crosses pair the fields with the most values, as click-through models' crosses of
+ * user, item and context ids do. Crosses draw no random numbers: the single-field
+ * features and the label's draw are those of the data without crosses. The planted weight of an id is a pure function of
  * (seed, id): with probability 0.1 "large" (sd 0.8), otherwise "small" (sd 0.1), from an
  * approximately normal draw (sum of four uniforms). The bias is solved so that the mean
  * click probability on a calibration sample is --ctr. The label is 1 with probability
@@ -43,6 +50,8 @@
 
 #define GEN_VERSION 1
 #define MAX_FIELDS 1000
+#define MAX_CROSSES 1000
+#define MAX_IDS (MAX_FIELDS + MAX_CROSSES)
 #define MAX_PARTS 100000
 #define EXACT_AUC_MAX (1u << 23)
 #define CALIB_ROWS 50000
@@ -148,6 +157,8 @@ typedef struct gen {
   int nfields, nint, ncat, id_bits;
   uint64_t signal_top; /* only values of rank <= this carry planted weight (0 = all) */
   field f[MAX_FIELDS];
+  int ncross;
+  int cross[MAX_CROSSES][2]; /* the two (categorical) fields of each cross */
   double bias;
 } gen;
 
@@ -174,6 +185,32 @@ static void fields_init(gen *g, uint64_t max_vocab) {
   }
 }
 
+/* The crosses' fields: pairs of categorical fields by vocabulary rank (see the top).
+ * Returns -1 if there are fewer than g->ncross pairs. */
+static int crosses_init(gen *g) {
+  int ord[MAX_FIELDS], n = 0;
+  for (int i = g->nint; i < g->nfields; i++) { /* insertion sort: largest vocab first */
+    int k = n++;
+    for (; k > 0 && g->f[ord[k - 1]].vocab < g->f[i].vocab; k--) ord[k] = ord[k - 1];
+    ord[k] = i;
+  }
+  int c = 0;
+  for (int q = 1; q < n && c < g->ncross; q++)
+    for (int p = 0; p < q && c < g->ncross; p++) g->cross[c][0] = ord[p], g->cross[c][1] = ord[q], c++;
+  return c == g->ncross ? 0 : -1;
+}
+
+static inline uint64_t cross_id(const gen *g, uint64_t j, uint64_t a, uint64_t b) {
+  unsigned char x[32] = {'c', 'r', 'o', 's', 's', 0, 0, 0};
+  for (int i = 0; i < 8; i++) {
+    x[8 + i] = (unsigned char)(j >> (8 * i));
+    x[16 + i] = (unsigned char)(a >> (8 * i));
+    x[24 + i] = (unsigned char)(b >> (8 * i));
+  }
+  uint64_t h = XXH64(x, 32, 0);
+  return g->id_bits < 64 ? h >> (64 - g->id_bits) : h;
+}
+
 static inline uint64_t feature_id(const gen *g, uint64_t fld, uint64_t value) {
   unsigned char b[16];
   for (int i = 0; i < 8; i++) {
@@ -195,7 +232,16 @@ static inline double weight(const gen *g, uint64_t id) {
   return (double)(h1 >> 11) * 0x1p-53 < P_LARGE ? SD_LARGE * z : SD_SMALL * z;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return (x > y) - (x < y);
+}
+
 static inline void sort_ids(uint64_t *a, size_t n) {
+  if (n > 64) { /* with crosses */
+    qsort(a, n, sizeof *a, cmp_u64);
+    return;
+  }
   for (size_t i = 1; i < n; i++) {
     uint64_t v = a[i];
     size_t j = i;
@@ -211,10 +257,13 @@ static size_t gen_row(const gen *g, uint64_t stream, uint64_t row, uint64_t *ids
   rng r = rng_for(g->seed, stream, row);
   size_t n = 0;
   double s = 0;
+  uint64_t val[MAX_FIELDS]; /* categorical values, 0 when missing (values start at 1) */
   for (int i = 0; i < g->nfields; i++) {
     const field *f = &g->f[i];
+    val[i] = 0;
     if (f->missing > 0 && rng_unit(&r) < f->missing) continue;
     uint64_t k = zipf_draw(&f->z, &r), v;
+    if (!f->is_int) val[i] = k;
     if (f->is_int) {
       uint64_t c = k - 1;
       v = c == 0 ? 0 : 64 - (uint64_t)__builtin_clzll(c);
@@ -225,6 +274,14 @@ static size_t gen_row(const gen *g, uint64_t stream, uint64_t row, uint64_t *ids
     /* With --signal-top, the long tail of rare values is noise (weight 0): a model can
      * learn only what the data shows often enough, so the planted optimum is reachable. */
     if (!g->signal_top || f->is_int || k <= g->signal_top) s += weight(g, id);
+    ids[n++] = id;
+  }
+  for (int j = 0; j < g->ncross; j++) {
+    uint64_t a = val[g->cross[j][0]], b = val[g->cross[j][1]];
+    if (!a || !b) continue;
+    uint64_t id = cross_id(g, (uint64_t)j, a, b);
+    /* with --signal-top, a cross carries weight when both its values do */
+    if (!g->signal_top || (a <= g->signal_top && b <= g->signal_top)) s += weight(g, id);
     ids[n++] = id;
   }
   sort_ids(ids, n);
@@ -240,7 +297,7 @@ static inline double sigmoid(double x) {
 /* Solve mean(sigmoid(s_i + b)) = ctr on a calibration sample by bisection. */
 static double calibrate_bias(const gen *g, double ctr) {
   double *s = malloc(CALIB_ROWS * sizeof *s);
-  uint64_t ids[MAX_FIELDS];
+  uint64_t ids[MAX_IDS];
   if (!s) return log(ctr / (1 - ctr));
   for (uint64_t i = 0; i < CALIB_ROWS; i++) {
     double u;
@@ -316,7 +373,7 @@ static int run_unit(job *j, int unit) {
     return -1;
   }
   unit_result *res = &j->res[unit];
-  uint64_t ids[MAX_FIELDS];
+  uint64_t ids[MAX_IDS];
   double ll = 0;
   uint64_t correct = 0;
   for (uint64_t row = lo; row < hi; row++) {
@@ -386,6 +443,8 @@ static void usage(FILE *f) {
           "  --ctr R         target click rate, 0 < R < 1 (0.22)\n"
           "  --id-bits B     keep the top B bits of each feature hash, 8..64 (64)\n"
           "  --max-vocab V   cap every field's vocabulary at V values (no cap)\n"
+          "  --crosses K     add K crosses of two categorical fields, those with the most\n"
+          "                  values first (0)\n"
           "  --signal-top N  only each field's N most frequent values carry planted weight;\n"
           "                  rarer ones are pure noise (0 = all values carry weight)\n"
           "  --threads T     threads writing files in parallel (CPUs)\n"
@@ -449,7 +508,7 @@ static double now_s(void) {
 int main(int argc, char **argv) {
   static gen g;
   uint64_t rows = 1000000, test_rows = 100000, parts = 1, seed = 1, id_bits = 64,
-           max_vocab = 0, threads = 0, signal_top = 0;
+           max_vocab = 0, threads = 0, signal_top = 0, crosses = 0;
   const char *dir = "ctr-data";
   int format = CTR_FMT_LIBSVM, quiet = 0;
   double ctr = 0.22;
@@ -507,6 +566,8 @@ int main(int argc, char **argv) {
         BAD("--id-bits: '%s' is not in 8..64", v);
     } else if (!strcmp(key, "--max-vocab")) {
       if (parse_count(v, &max_vocab) || max_vocab < 1) BAD("--max-vocab: '%s' is not a count >= 1", v);
+    } else if (!strcmp(key, "--crosses")) {
+      if (parse_u64(v, &crosses) || crosses > MAX_CROSSES) BAD("--crosses: '%s' is not in 0..%d", v, MAX_CROSSES);
     } else if (!strcmp(key, "--signal-top")) {
       if (parse_count(v, &signal_top)) BAD("--signal-top: '%s' is not a count", v);
     } else if (!strcmp(key, "--threads")) {
@@ -527,6 +588,10 @@ int main(int argc, char **argv) {
   g.id_bits = (int)id_bits;
   g.signal_top = signal_top;
   fields_init(&g, max_vocab);
+  g.ncross = (int)crosses;
+  if (crosses_init(&g))
+    BAD("--crosses: %llu crosses need more categorical fields than %d (%d pairs)", (unsigned long long)crosses,
+        g.ncat, g.ncat * (g.ncat - 1) / 2);
 
   if (mkdirs(dir) != 0) {
     fprintf(stderr, "ctr_gen: cannot create directory %s: %s\n", dir, strerror(errno));
@@ -623,6 +688,7 @@ int main(int argc, char **argv) {
           "id_hash=xxh64(le64 field, le64 value; seed 0)\n"
           "max_vocab=%llu\n"
           "signal_top=%llu\n"
+          "crosses=%d\n"
           "target_ctr=%.6f\n"
           "bias=%.9f\n"
           "nnz=%llu\n"
@@ -637,7 +703,7 @@ int main(int argc, char **argv) {
           GEN_VERSION, (unsigned long long)seed, ctr_format_name(format),
           (unsigned long long)rows, (unsigned long long)test_rows, (unsigned long long)parts,
           ext(format), ext(format), g.nint, g.ncat, g.nfields, g.id_bits,
-          (unsigned long long)max_vocab, (unsigned long long)signal_top, ctr, g.bias, (unsigned long long)tr.nnz,
+          (unsigned long long)max_vocab, (unsigned long long)signal_top, g.ncross, ctr, g.bias, (unsigned long long)tr.nnz,
           (unsigned long long)te->nnz, pos_rate, test_rate, j.t_logloss, auc, acc, base,
           j.t_score ? "exact" : "histogram");
   if (fflush(m) != 0 || ferror(m) || fclose(m) != 0) {

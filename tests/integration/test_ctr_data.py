@@ -264,3 +264,83 @@ def test_generator_rejects_bad_options(tmp_path):
     f.write_text("")
     r = run(tool("ctr_gen"), "--out", f, "--rows", "10", check=False)
     assert r.returncode == 1 and "cannot create directory" in r.stderr
+
+
+def examples(path):
+    """The examples of a libsvm file: (label, set of feature ids) each."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        label, *feats = line.split()
+        out.append((label, {int(f.split(":")[0]) for f in feats}))
+    return out
+
+
+def test_crosses_add_one_feature_per_cross_and_leave_the_rest(tmp_path):
+    plain, crossed, zero = tmp_path / "p", tmp_path / "c", tmp_path / "z"
+    gen(plain, *SMALL, "--seed", "3")
+    gen(zero, *SMALL, "--seed", "3", "--crosses", "0")
+    gen(crossed, *SMALL, "--seed", "3", "--crosses", "20")
+    for name in ("train-00000.txt", "test.txt"):  # --crosses 0 is the data without crosses
+        assert (plain / name).read_bytes() == (zero / name).read_bytes(), name
+    assert meta(zero)["crosses"] == "0" and meta(crossed)["crosses"] == "20"
+    a, b = examples(plain / "train-00000.txt"), examples(crossed / "train-00000.txt")
+    assert len(a) == len(b) == 20000
+    extra, every_plain, every_cross = [], set(), set()
+    for (_, fa), (_, fb) in zip(a, b):
+        assert fa <= fb  # crosses draw no random numbers: the same single-field features
+        extra.append(len(fb) - len(fa))
+        every_plain |= fa
+        every_cross |= fb - fa
+    assert max(extra) <= 20 and min(extra) >= 0
+    # the first crosses pair the fields with most values, rarely missing: most are present
+    assert sum(extra) / len(extra) > 15, sum(extra) / len(extra)
+    assert not every_plain & every_cross
+    # and they multiply the distinct ids, which is what they are for
+    assert len(every_cross) > 3 * len(every_plain), (len(every_cross), len(every_plain))
+    m = meta(crossed)
+    assert int(m["nnz"]) == sum(len(f) for _, f in b)
+    assert 0.7 < float(m["planted_test_auc"]) < 0.99
+
+
+def test_crosses_are_deterministic_across_parts_and_threads(tmp_path):
+    one, four = tmp_path / "one", tmp_path / "four"
+    gen(one, *SMALL, "--crosses", "30", "--format", "bin", "--parts", "1", "--threads", "1")
+    gen(four, *SMALL, "--crosses", "30", "--format", "bin", "--parts", "4")
+    joined = b"".join((four / f"train-{i:05d}.bin").read_bytes() for i in range(4))
+    # binary parts carry a header each: compare the examples through ctr_check's counts
+    # and a conversion of the concatenation to text
+    ta, tb = tmp_path / "a.txt", tmp_path / "b.txt"
+    run(tool("ctr_check"), "--convert", ta, one / "train-00000.bin")
+    texts = []
+    for i in range(4):
+        t = tmp_path / f"p{i}.txt"
+        run(tool("ctr_check"), "--convert", t, four / f"train-{i:05d}.bin")
+        texts.append(t.read_bytes())
+    tb.write_bytes(b"".join(texts))
+    assert ta.read_bytes() == tb.read_bytes()
+    assert (one / "test.bin").read_bytes() == (four / "test.bin").read_bytes()
+    assert len(joined) > 0
+
+
+def test_ctr_check_counts_distinct_ids(tmp_path):
+    d = tmp_path / "d"
+    gen(d, *SMALL, "--crosses", "10", "--parts", "2")
+    r = run(tool("ctr_check"), "--distinct", d / "train-00000.txt", d / "train-00001.txt")
+    m = re.search(r"^distinct_ids=(\d+)$", r.stdout, re.M)
+    assert m, r.stdout
+    ids = set()
+    for p in ("train-00000.txt", "train-00001.txt"):
+        for _, f in examples(d / p):
+            ids |= f
+    assert int(m[1]) == len(ids)
+
+
+def test_bad_crosses_are_refused(tmp_path):
+    for args, what in [(["--crosses", "-1"], "--crosses: '-1' is not in 0..1000"),
+                       (["--crosses", "x"], "--crosses: 'x' is not in 0..1000"),
+                       (["--crosses", "1001"], "--crosses: '1001' is not in 0..1000"),
+                       (["--crosses", "326"], "326 crosses need more categorical fields than 26 (325 pairs)"),
+                       (["--fields", "13,1", "--crosses", "1"], "1 crosses need more categorical fields than 1")]:
+        r = run(tool("ctr_gen"), "--out", tmp_path / "x", *args, check=False)
+        assert r.returncode == 2 and what in r.stderr, (args, r.stderr)
+        assert not (tmp_path / "x" / "meta.txt").exists()
