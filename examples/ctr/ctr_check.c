@@ -37,6 +37,7 @@ static int cmp_u64(const void *x, const void *y) {
 }
 
 static void idset_compact(idset *d) {
+  if (!d->n) return; /* (qsort and memcpy want a buffer, and there is none yet) */
   qsort(d->a, d->n, sizeof *d->a, cmp_u64); /* (a merge would do; this is a check tool) */
   size_t k = 0;
   for (size_t i = 0; i < d->n; i++)
@@ -55,7 +56,7 @@ static int idset_add(idset *d, const uint64_t *ids, size_t n) {
       d->cap = cap;
     }
   }
-  memcpy(d->a + d->n, ids, n * sizeof *ids);
+  if (n) memcpy(d->a + d->n, ids, n * sizeof *ids);
   d->n += n;
   return 0;
 }
