@@ -424,8 +424,9 @@ void ps__keep_sent(ps_ctx *ctx, part *p);
 void ps__keep_push(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
 /* A pull part with keep answered (h): let go of the copies of rounds before its clock. */
 void ps__keep_pull(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
-/* Server `dead` left the job; moving: its parts being sent to their chains' next members. */
-void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmoving);
+/* Server `dead` left the job, as the membership of `epoch` says; moving: its parts being
+ * sent to their chains' next members. */
+void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, uint64_t epoch, part **moving, size_t nmoving);
 void ps__keep_free(ps_ctx *ctx);
 /* Send a control frame to every live server, after the parts queued on each link. */
 void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len);

@@ -206,7 +206,7 @@ static void put_entry(uint8_t *q, const ps__frame_hdr *h, const uint32_t *chain,
   for (unsigned i = 0; i < nchain && i < PS_MAX_REPLICAS; i++) ps__put_u32(q + 32 + 4 * i, chain[i]);
 }
 
-void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmoving) {
+void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, uint64_t epoch, part **moving, size_t nmoving) {
   if (__atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) < 2) return;
   pthread_mutex_lock(&ctx->keep_mu);
   size_t n = 0;
@@ -260,8 +260,11 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, part **moving, size_t nmovin
   }
   if (resent) ps__log(PS_LOG_INFO, "server %u left the job; sending %zu push%s of unfinished rounds again", dead, resent,
                       resent == 1 ? "" : "es");
-  /* to every live server: the new heads of the dead server's chains wait for it */
-  ps__frame_hdr h = {.type = PS_MSG_REPLAYED, .sender = ctx->id};
+  /* To every live server: the new heads of the dead server's chains wait for it. It
+   * carries the epoch of the membership that said the server left, so that a server
+   * that has not had that membership yet keeps the list until it has (its catch-up
+   * starts then). */
+  ps__frame_hdr h = {.type = PS_MSG_REPLAYED, .sender = ctx->id, .epoch = epoch};
   ps__fire_servers(ctx, &h, body, len);
   free(body);
 }

@@ -305,7 +305,7 @@ static void link_flush(ps_ctx *ctx, peer *l) {
 
 /* Loop: l, no longer lent, is the loop's again: resume it and send what waited for it
  * (or fail that if its server left). */
-static void link_fail_over(ps_ctx *ctx, peer *l, const char *why);
+static void link_fail_over(ps_ctx *ctx, peer *l, uint64_t epoch, const char *why);
 static void link_returned(ps_ctx *ctx, peer *l) {
   link_resume(l);
   if (l->fail_over_due) {
@@ -314,7 +314,8 @@ static void link_returned(ps_ctx *ctx, peer *l) {
      * replacement with its id came meanwhile. */
     char msg[96];
     snprintf(msg, sizeof msg, "server %u left the job", l->id);
-    link_fail_over(ctx, l, msg);
+    uint64_t epoch = __atomic_load_n(&ctx->epoch, __ATOMIC_RELAXED); /* that membership's, or a later one's */
+    link_fail_over(ctx, l, epoch, msg);
   }
   if (l->alive)
     link_flush(ctx, l);
@@ -535,8 +536,8 @@ static part *inflight_find(peer *l, uint64_t req_id) {
  * dead servers' links failed and closed, counts and the ring of a newer epoch. */
 /* Server l left the job: its replicated parts go to their chains' next live member at
  * once (the windows of shard/once.h apply a push there once, should l have forwarded
- * it already); the others fail. */
-static void link_fail_over(ps_ctx *ctx, peer *l, const char *why) {
+ * it already); the others fail. epoch: the membership's that said so. */
+static void link_fail_over(ps_ctx *ctx, peer *l, uint64_t epoch, const char *why) {
   l->fail_over_due = 0;
   /* The pushes to replicated sync tables among them: the new heads wait for them. */
   size_t nkeep = 0, ki = 0;
@@ -588,7 +589,7 @@ static void link_fail_over(ps_ctx *ctx, peer *l, const char *why) {
   if (k) ps__log(PS_LOG_WARN, "%s; sending %zu request%s to the next copy", why, k, k == 1 ? "" : "s");
   free(v);
   /* (the parts' headers are read before any of them could finish: on this thread) */
-  ps__keep_fail_over(ctx, l->id, keeps, ki);
+  ps__keep_fail_over(ctx, l->id, epoch, keeps, ki);
   free(keeps);
 }
 
@@ -635,7 +636,7 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
       }
       char msg[96];
       snprintf(msg, sizeof msg, "server %u left the job", x->id);
-      link_fail_over(ctx, l, msg);
+      link_fail_over(ctx, l, m.epoch, msg);
       if (l->conn) {
         l->conn->udata = NULL;
         ps__conn_close(l->conn, 0);

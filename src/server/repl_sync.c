@@ -719,7 +719,7 @@ void ps__srv_sync_after(ps__server *s) {
     cu->deadline_ms = uv_now(&s->loop) + (wait > CATCHUP_MIN_MS ? wait : CATCHUP_MIN_MS);
     y->cu = cu;
     t->hold++;
-    ps__log(PS_LOG_INFO, "table '%s': taking over %zu chain%s of server %u at round %lld (rebuilding from %lld)",
+      ps__log(PS_LOG_INFO, "table '%s': taking over %zu chain%s of server %u at round %lld (rebuilding from %lld)",
             t->decl.name, n, n == 1 ? "" : "s", dead, (long long)cu->V, (long long)cu->from);
     cu_check(s, y);
   }
@@ -774,25 +774,19 @@ void ps__srv_sync_pushed(ps__server *s, ps__table *t) {
   if (y && y->cu) cu_check(s, y);
 }
 
-void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
-  (void)c;
-  if (h->payload_len < 8) return;
-  const uint8_t *p = b->buf;
+/* A worker's REPLAYED list (validated): its marker and expected pushes, in the catch-up
+ * of every table that takes over chains of `dead`. */
+static void replayed_apply(ps__server *s, uint32_t sender, const uint8_t *p) {
   uint32_t dead = ps__get_u32(p), n = ps__get_u32(p + 4);
-  if ((h->payload_len - 8) / PS_REPLAYED_ENTRY < n || 8 + (uint64_t)n * PS_REPLAYED_ENTRY != h->payload_len) {
-    ps__log(PS_LOG_WARN, "a REPLAYED frame of %llu bytes for %u entries from node %u ignored",
-            (unsigned long long)h->payload_len, n, h->sender);
-    return;
-  }
   for (srv_sync *y = s->syncs; y; y = y->next) {
     srv_catchup *cu = y->cu;
     ps__table *t = ps__shard_table(s->sh, y->table);
     if (!cu || !t || cu->dead != dead) continue;
     int have = 0;
-    for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == h->sender;
+    for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == sender;
     if (!have) {
       uint32_t *m = ps__realloc(cu->markers, (cu->nmarkers + 1) * sizeof *m);
-      if (m) cu->markers = m, cu->markers[cu->nmarkers++] = h->sender;
+      if (m) cu->markers = m, cu->markers[cu->nmarkers++] = sender;
     }
     ps__srv_chains x;
     if (ps__srv_chains_init(&x, s, t)) continue;
@@ -802,7 +796,7 @@ void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
       uint32_t batch = ps__get_u32(q + 4), seq = ps__get_u32(q + 24), nch = ps__get_u32(q + 28);
       int64_t clock = (int64_t)ps__get_u64(q + 8);
       uint64_t inc = ps__get_u64(q + 16);
-      cu_batch(cu, t, h->sender, clock, batch);
+      cu_batch(cu, t, sender, clock, batch);
       if (nch == 0 || nch > PS_MAX_REPLICAS || clock < 0) continue;
       /* the entry's chain, by its servers: one of those taken over here? */
       for (size_t i = 0; i < y->nver && i < ps__srv_nchains(&x); i++) {
@@ -814,7 +808,7 @@ void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
         if (!same) continue;
         if (clock / (int64_t)t->spec.every >= y->ver[i]) {
           cu_push *np = ps__realloc(cu->expect, (cu->nexpect + 1) * sizeof *np);
-          if (np) cu->expect = np, cu->expect[cu->nexpect++] = (cu_push){h->sender, seq, inc};
+          if (np) cu->expect = np, cu->expect[cu->nexpect++] = (cu_push){sender, seq, inc};
         }
         break;
       }
@@ -824,7 +818,94 @@ void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
   }
 }
 
+/* Lists that came before the membership they answer (a worker may hear of a death
+ * before this server does, over another connection): kept until this server is at
+ * their epoch, when the catch-ups they are for have begun. At most EARLY_MAX of them
+ * and EARLY_MAX_BYTES in all; beyond, the oldest is let go (its catch-up then ends at
+ * its deadline). */
+struct srv_early {
+  srv_early *next;
+  uint64_t epoch;
+  uint32_t sender;
+  size_t len;
+  uint8_t body[];
+};
+
+#define EARLY_MAX 64
+#define EARLY_MAX_BYTES ((size_t)16 << 20)
+
+static void early_drop_oldest(ps__server *s) {
+  srv_early **pp = &s->early;
+  while (*pp && (*pp)->next) pp = &(*pp)->next;
+  srv_early *e = *pp;
+  if (!e) return;
+  *pp = NULL;
+  s->nearly--;
+  s->early_bytes -= e->len;
+  ps__log(PS_LOG_WARN, "a REPLAYED list from node %u for epoch %llu let go: too many wait for a membership",
+          e->sender, (unsigned long long)e->epoch);
+  free(e);
+}
+
+static void early_keep(ps__server *s, const ps__frame_hdr *h, const uint8_t *p) {
+  while (s->early && (s->nearly >= EARLY_MAX || s->early_bytes + h->payload_len > EARLY_MAX_BYTES))
+    early_drop_oldest(s);
+  srv_early *e = h->payload_len <= EARLY_MAX_BYTES ? ps__malloc(sizeof *e + h->payload_len) : NULL;
+  if (!e) {
+    ps__log(PS_LOG_WARN, "a REPLAYED list from node %u for epoch %llu let go: out of memory", h->sender,
+            (unsigned long long)h->epoch);
+    return;
+  }
+  e->epoch = h->epoch;
+  e->sender = h->sender;
+  e->len = h->payload_len;
+  memcpy(e->body, p, h->payload_len);
+  e->next = s->early; /* newest first */
+  s->early = e;
+  s->nearly++;
+  s->early_bytes += e->len;
+}
+
+void ps__srv_sync_epoch(ps__server *s) {
+  /* oldest first, in the order they came */
+  while (s->early) {
+    srv_early **pp = &s->early, **at = NULL;
+    for (; *pp; pp = &(*pp)->next)
+      if ((*pp)->epoch <= s->epoch) at = pp;
+    if (!at) return;
+    srv_early *e = *at;
+    *at = e->next;
+    s->nearly--;
+    s->early_bytes -= e->len;
+    replayed_apply(s, e->sender, e->body);
+    free(e);
+  }
+}
+
+void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
+  (void)c;
+  if (h->payload_len < 8) return;
+  const uint8_t *p = b->buf;
+  uint32_t n = ps__get_u32(p + 4);
+  if ((h->payload_len - 8) / PS_REPLAYED_ENTRY < n || 8 + (uint64_t)n * PS_REPLAYED_ENTRY != h->payload_len) {
+    ps__log(PS_LOG_WARN, "a REPLAYED frame of %llu bytes for %u entries from node %u ignored",
+            (unsigned long long)h->payload_len, n, h->sender);
+    return;
+  }
+  if (h->epoch > s->epoch) {
+    early_keep(s, h, p); /* this server has not heard of that death yet */
+    return;
+  }
+  replayed_apply(s, h->sender, p);
+}
+
 void ps__srv_sync_free(ps__server *s) {
+  while (s->early) {
+    srv_early *e = s->early;
+    s->early = e->next;
+    free(e);
+  }
+  s->nearly = s->early_bytes = 0;
   while (s->syncs) {
     srv_sync *y = s->syncs;
     s->syncs = y->next;

@@ -308,6 +308,7 @@ static void agent_membership(void *arg, const ps__membership *m) {
   }
   free(ids);
   s->epoch = m->epoch;
+  ps__srv_sync_epoch(s); /* the REPLAYED lists that came before this membership */
   s->sh->started = m->started;
   ps__srv_repair_membership(s, m); /* copies to or from a replacement (repair.c) */
   if (m->started == 2) { /* the scheduler finished the job */

@@ -29,6 +29,7 @@ typedef struct srv_peer srv_peer;       /* another server, as a forward's destin
 typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
 typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
 typedef struct srv_sync srv_sync;       /* a sync table's replication state (repl_sync.c) */
+typedef struct srv_early srv_early;     /* a REPLAYED list that came before its membership (repl_sync.c) */
 typedef struct srv_repair srv_repair;   /* copies of rows to or from a replacement (repair.c) */
 
 /* A worker (or forwarding server) connection, for the metrics by peer (stats.c): its
@@ -113,6 +114,8 @@ struct ps__server {
   srv_aggw *aggw;        /* pushes in aggregation buffers, answered once a buffer reached every copy */
   srv_fwd_group *groups; /* aggregation buffers being forwarded */
   srv_sync *syncs;       /* sync tables under R >= 2: versions per chain, rounds in flight, catch-ups */
+  srv_early *early;      /* REPLAYED lists of an epoch this server has not reached, newest first */
+  size_t nearly, early_bytes;
   uint64_t catchups;     /* failovers of sync tables caught up */
   uint64_t tail_answers; /* workers' pushes this server answered as their chain's tail */
   srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
@@ -352,6 +355,8 @@ void ps__srv_sync_pushed(ps__server *s, ps__table *t);
 void ps__srv_sync_before(ps__server *s);
 void ps__srv_sync_after(ps__server *s);
 void ps__srv_sync_tick(ps__server *s);
+/* The server's epoch moved on: the REPLAYED lists that waited for it are taken in. */
+void ps__srv_sync_epoch(ps__server *s);
 void ps__srv_sync_free(ps__server *s);
 /* The rounds of chain ck of sync table t held here (in its rows): the table's version
  * where this server heads the chain, else the rounds forwarded to it (repair.c's cut). */

@@ -29,13 +29,16 @@ ROUNDS = 40
 BIG = 3 * 32768  # floats: a part per server of 128 KiB, above the peer-memory minimum
 
 
-def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None):
+def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None, env=None,
+        logs_out=None):
     """The model lines of a job, after killing (or stopping) server index kill/stop;
     with big, a large dense table too, and each worker's call counters into calls;
-    victim_env: the environment of the victim alone."""
+    victim_env: the environment of the victim alone; env: of every process; logs_out:
+    a list that gets the survivors' logs."""
     hbt = int(1000 * SCALE)
     victim = kill if kill is not None else stop
-    with Cluster(3, workers, replicas=replicas, heartbeat_timeout_ms=hbt, extra_env={"PSHARD_RETRY_MS": "300"},
+    with Cluster(3, workers, replicas=replicas, heartbeat_timeout_ms=hbt,
+                 extra_env={"PSHARD_RETRY_MS": "300", **(env or {})},
                  server_env={victim: victim_env} if victim_env else None) as c:
         extra = ["--big", str(big)] if big else []
         ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(ROUNDS), "--sleep-ms", str(sleep_ms)] + extra,
@@ -70,6 +73,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
                 calls.append((int(m.group(1)), int(m.group(2))))
         assert all(m == models[0] for m in models), "the workers pulled different models"
         alive = [i for i in range(3) if i != victim]
+        if logs_out is not None:
+            logs_out.extend(c.log(f"server{i}") for i in alive)
         stats = {name: [server_stat(c, i, name) for i in alive] for name in ("catchups", "forwards", "forward_bytes")}
         return models[0], stats
 
@@ -97,6 +102,23 @@ def test_a_head_stopped_past_the_heartbeat_timeout_leaves_the_sync_model_unchang
     model, stats = run(2, stop=1)
     assert model == reference
     assert sum(stats["catchups"]) >= 2, stats
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_workers_hearing_of_a_death_before_the_servers_keeps_the_sync_model(reference, victim):
+    # The membership that says a server died reaches the servers 1 s after the workers
+    # (their second membership, after the job's start), so the workers' REPLAYED lists
+    # come before the survivors know they took over chains: they are kept until then,
+    # and the catch-ups end on every push listed, not at their deadline. The victim
+    # hands its rounds on late, so it dies holding rounds only it applied.
+    late = "delay=1000ms:type=membership:n=2+:node=server"
+    logs = []
+    model, stats = run(2, kill=victim, env={"PSHARD_FAULT": late}, logs_out=logs,
+                       victim_env={"PSHARD_FAULT": late + ",delay=150ms:type=forward-round:n=1+:dir=out"})
+    assert model == reference
+    assert sum(stats["catchups"]) >= 2, stats
+    assert all("delayed received membership frame #2" in log for log in logs), logs
+    assert not any("ends at its deadline" in log for log in logs), logs
 
 
 def test_replica_traffic_is_one_update_per_round_not_one_per_push():
