@@ -367,7 +367,11 @@ PS_API int ps_clock(ps_ctx *ctx);
  * c (the number of its ps_clock calls): every sync table as it is once the rounds of
  * clocks before c are applied, every other table as it is when its server gets the
  * request. Blocks until the checkpoint is complete (its manifest written), at most
- * timeout_ms (< 0: the context's timeout_ms); its id into *id (may be NULL). In a sync
+ * timeout_ms (< 0: the context's timeout_ms); its id into *id (may be NULL). The
+ * scheduler fails it sooner when a server neither answers nor gets on with its file for
+ * its checkpoint timeout (`pshard scheduler --checkpoint-timeout-ms`, 120 s): a server
+ * writing a large table says every second that it got on, so a write of minutes
+ * completes. In a sync
  * job the other workers wait at clock c meanwhile; `checkpoint_every` takes checkpoints
  * without stopping the caller. Thread-safe.
  * Errors: PS_ERR_INVALID (ctx is NULL), PS_ERR_CONFIG (the job has no checkpoint

@@ -1180,9 +1180,12 @@ int main(int argc, char **argv) {
            (unsigned long long)steps, pushed - praw + pwire, pulled);
   }
   if (o.save && rank == 0) {
-    /* The whole job's tables, cut at this clock: every worker's pushes are in it. */
+    /* The whole job's tables, cut at this clock: every worker's pushes are in it. A
+     * server holding 10^8 rows or more writes for minutes; the scheduler fails the
+     * checkpoint when a server stops getting on with its file (--checkpoint-timeout-ms),
+     * so this deadline only bounds a write that goes on for more than an hour. */
     uint64_t id;
-    PS_CHECK("save", ps_checkpoint_to(m.ctx, o.save, &id, 130000));
+    PS_CHECK("save", ps_checkpoint_to(m.ctx, o.save, &id, 3600000));
     printf("saved the model: checkpoint %llu in %s (clock %lld)\n", (unsigned long long)id, o.save,
            (long long)ps_ctx_clock(m.ctx));
     fflush(stdout);

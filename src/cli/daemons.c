@@ -172,6 +172,8 @@ static void sched_usage(FILE *f) {
           "                            exit 1 if a worker died instead of leaving\n"
           "  --checkpoint-dir DIR      take checkpoints on request into DIR/ckpt-<id> [PSHARD_CHECKPOINT_DIR]\n"
           "  --checkpoint-keep K       complete checkpoints kept (3) [PSHARD_CHECKPOINT_KEEP]\n"
+          "  --checkpoint-timeout-ms N a checkpoint fails when a server neither answers nor says it got\n"
+          "                            on with its file for N ms (120000) [PSHARD_CHECKPOINT_TIMEOUT_MS]\n"
           "  --checkpoint-full-every N one checkpoint in N whole, the others increments (1)\n"
           "                            [PSHARD_CHECKPOINT_FULL_EVERY]\n"
           "  --restore DIR             resume the checkpoint DIR, or the newest one in DIR [PSHARD_RESTORE]\n"
@@ -197,7 +199,7 @@ int ps_cli_scheduler(int argc, char **argv) {
       {"stall-timeout-ms", required_argument, 0, 'S'}, {"addr-file", required_argument, 0, 'a'}, {"verbose", no_argument, 0, 'v'},
       {"help", no_argument, 0, 'h'},          {"exit-when-done", no_argument, 0, 'x'},
       {"checkpoint-dir", required_argument, 0, 'C'}, {"checkpoint-keep", required_argument, 0, 'K'},
-      {"checkpoint-full-every", required_argument, 0, 'F'},
+      {"checkpoint-full-every", required_argument, 0, 'F'}, {"checkpoint-timeout-ms", required_argument, 0, 'T'},
       {"restore", required_argument, 0, 'R'}, {"state-dir", required_argument, 0, 'D'},
       {"replicas", required_argument, 0, 'r'}, {"vnodes", required_argument, 0, 'n'},
       AUTH_LONG_OPTS, HTTP_LONG_OPTS, {0, 0, 0, 0}};
@@ -206,7 +208,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   if (http_env("scheduler", &hf)) return 2;
   int exit_when_done = 0;
   uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 1,
-           vnodes = 128, stall = 60000;
+           vnodes = 128, stall = 60000, ckpt_timeout = 120000;
   const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
   const char *state_dir = getenv("PSHARD_STATE_DIR");
   int have_s = env_uint("PSHARD_SERVERS", &servers), have_w = env_uint("PSHARD_WORKERS", &workers);
@@ -218,6 +220,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   env_uint("PSHARD_HEARTBEAT_TIMEOUT_MS", &hbt);
   env_uint("PSHARD_STALL_TIMEOUT_MS", &stall);
   env_uint("PSHARD_CHECKPOINT_KEEP", &keep);
+  env_uint("PSHARD_CHECKPOINT_TIMEOUT_MS", &ckpt_timeout);
   env_uint("PSHARD_CHECKPOINT_FULL_EVERY", &full_every);
   env_uint("PSHARD_REPLICAS", &replicas);
   env_uint("PSHARD_VNODES", &vnodes);
@@ -249,6 +252,12 @@ int ps_cli_scheduler(int argc, char **argv) {
     case 'F':
       if (parse_uint_flag("--checkpoint-full-every", optarg, 1000000, &full_every) || !full_every) {
         fprintf(stderr, "pshard scheduler: --checkpoint-full-every must be 1 to 1000000\n");
+        return 2;
+      }
+      break;
+    case 'T':
+      if (parse_uint_flag("--checkpoint-timeout-ms", optarg, 86400000, &ckpt_timeout) || ckpt_timeout < 1000) {
+        fprintf(stderr, "pshard scheduler: --checkpoint-timeout-ms must be 1000 to 86400000\n");
         return 2;
       }
       break;
@@ -284,6 +293,11 @@ int ps_cli_scheduler(int argc, char **argv) {
             (unsigned long long)replicas, (unsigned long long)servers);
     return 2;
   }
+  if (ckpt_timeout < 1000 || ckpt_timeout > 86400000) { /* (PSHARD_CHECKPOINT_TIMEOUT_MS) */
+    fprintf(stderr, "pshard scheduler: the checkpoint timeout must be 1000 to 86400000 ms, not %llu\n",
+            (unsigned long long)ckpt_timeout);
+    return 2;
+  }
   ps__log_to_stderr(verbose ? PS_LOG_INFO : PS_LOG_WARN, "");
   if (auth_apply(&af, "scheduler")) return 2;
   sigctx sc = {0};
@@ -294,6 +308,7 @@ int ps_cli_scheduler(int argc, char **argv) {
                       .exit_when_done = exit_when_done,
                       .checkpoint_dir = ckpt_dir && *ckpt_dir ? ckpt_dir : NULL,
                       .checkpoint_keep = (unsigned)keep,
+                      .checkpoint_timeout_ms = (uint32_t)ckpt_timeout,
                       .checkpoint_full_every = (unsigned)(full_every ? full_every : 1),
                       .restore_dir = restore && *restore ? restore : NULL,
                       .state_dir = state_dir && *state_dir ? state_dir : NULL,

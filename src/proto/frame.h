@@ -66,7 +66,10 @@ enum {
    * the tail of the push's chain, straight to the worker: its batch field names the
    * chain's head, which the worker sent the push to. In a FORWARD's answer up the
    * chain: the worker has been answered so (the head does not answer). */
-  PS_FLAG_TAIL = 2
+  PS_FLAG_TAIL = 2,
+  /* CKPT reply from a server still writing its file: rows went out since its last word
+   * (no body; the final answer comes later, without the flag). */
+  PS_FLAG_PROGRESS = 4
 };
 #define PS_FLAG_MASK 0x0fu
 #define PS_XPORT_SHIFT 4

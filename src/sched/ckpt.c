@@ -169,15 +169,23 @@ static void fail(ps__sched *s, int status, const char *fmt, ...) {
   reset(s);
 }
 
+/* A server that neither answered nor said it progressed within the deadline fails the
+ * checkpoint; else the timer waits for the earliest of their deadlines. */
 static void on_deadline(uv_timer_t *t) {
   ps__sched *s = t->data;
   ps__sched_ckpt *k = &s->ck;
+  uint64_t now = ps__now_ms(), next = 0;
   for (uint32_t i = 0; i < k->nparts; i++) {
     if (k->parts[i].answered) continue;
-    fail(s, PS_ERR_TIMEOUT, "server rank %u did not answer within %u s", k->parts[i].rank,
-         PS__CKPT_DEADLINE_MS / 1000);
-    return;
+    uint64_t due = k->parts[i].word_ms + s->o.checkpoint_timeout_ms;
+    if (due <= now) {
+      fail(s, PS_ERR_TIMEOUT, "server rank %u did not answer within %.1f s, nor say it got on with writing",
+           k->parts[i].rank, s->o.checkpoint_timeout_ms / 1000.0);
+      return;
+    }
+    if (!next || due < next) next = due;
   }
+  if (next) uv_timer_start(&k->deadline, on_deadline, next - now, 0);
 }
 
 /* Send every part its CKPT (id 0 for the probe). 0, or fails the checkpoint. */
@@ -220,6 +228,7 @@ static int send_all(ps__sched *s, uint64_t id) {
     ps__ckpt_part *p = &k->parts[i];
     ps__sched_node *n = node_by_id(s, p->node);
     p->answered = 0;
+    p->word_ms = ps__now_ms();
     p->req_id = ++k->next_req;
     ps__frame_hdr h = {.type = PS_MSG_CKPT, .req_id = p->req_id, .clock = k->clock, .epoch = s->epoch};
     ps__put_u32((uint8_t *)w.data + w.len - 4, i);
@@ -498,7 +507,7 @@ void ps__sched_ckpt_request(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, c
   k->phase = h->clock < 0 ? PS__CKPT_PROBING : PS__CKPT_CUTTING;
   ps__log(PS_LOG_INFO, "checkpoint %llu: %s %u servers (clock %lld)", (unsigned long long)id,
           k->phase == PS__CKPT_PROBING ? "probing" : "asking", k->nparts, (long long)h->clock);
-  uv_timer_start(&k->deadline, on_deadline, PS__CKPT_DEADLINE_MS, 0);
+  uv_timer_start(&k->deadline, on_deadline, s->o.checkpoint_timeout_ms, 0);
   send_all(s, k->phase == PS__CKPT_PROBING ? 0 : id);
 }
 
@@ -508,6 +517,8 @@ void ps__sched_ckpt_reply(ps__sched *s, ps__sched_node *n, const ps__frame_hdr *
   for (uint32_t i = 0; k->phase != PS__CKPT_IDLE && i < k->nparts; i++)
     if (k->parts[i].node == n->m.id && k->parts[i].req_id == h->req_id && !k->parts[i].answered) p = &k->parts[i];
   if (!p) return; /* the answer to a checkpoint that already failed */
+  p->word_ms = ps__now_ms();
+  if (h->flags & PS_FLAG_PROGRESS) return; /* still writing, and getting on: its deadline starts again */
   if (h->status) {
     int len = b->len > 512 ? 512 : (int)b->len;
     fail(s, h->status, "server rank %u: %.*s", p->rank, len, b->buf ? (const char *)b->buf : "");

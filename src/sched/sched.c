@@ -711,6 +711,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.stall_timeout_ms) s->o.stall_timeout_ms = 60000;
   if (!s->o.max_payload) s->o.max_payload = 2048ull << 20;
   if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
+  if (!s->o.checkpoint_timeout_ms) s->o.checkpoint_timeout_ms = PS__CKPT_DEADLINE_MS;
   if (!s->o.checkpoint_full_every) s->o.checkpoint_full_every = 1;
   if (!s->o.replicas) s->o.replicas = 1;
   if (!s->o.vnodes) s->o.vnodes = 128;

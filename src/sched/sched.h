@@ -29,6 +29,7 @@ typedef struct ps__sched_opts {
   /* Checkpoints (docs/checkpoint.md). */
   const char *checkpoint_dir; /* where CHECKPOINT requests write DIR/ckpt-<id>; NULL: refused */
   unsigned checkpoint_keep;   /* complete checkpoints kept after each one (0 = 3) */
+  uint32_t checkpoint_timeout_ms; /* a server answers a CKPT, or says it progressed, within this (0 = 120000) */
   unsigned checkpoint_full_every; /* a whole checkpoint every N, increments between (0, 1: all whole) */
   const char *restore_dir;    /* a checkpoint (or a directory of them, the newest is used)
                                * to resume: the table registry, the clock, the tasks */

@@ -90,6 +90,7 @@ typedef struct ps__ckpt_part {
   uint32_t rank;
   uint64_t req_id;   /* of the CKPT request it was sent */
   int answered;
+  uint64_t word_ms;  /* when it last answered or said it progressed (its deadline runs from there) */
   int64_t probe_clock;
   ps__ckpt_done done;
 } ps__ckpt_part;
@@ -190,7 +191,7 @@ int ps__sched_state_load(ps__sched *s);
 
 /* ------------------------------------------------------------ ckpt.c */
 
-#define PS__CKPT_DEADLINE_MS 120000u /* every server answers a CKPT within this */
+#define PS__CKPT_DEADLINE_MS 120000u /* the default of checkpoint_timeout_ms */
 #define PS__CKPT_PROBE_MARGIN 2      /* clocks added to the probed clock */
 
 /* Set up the checkpoint state (timer) at create; with o.restore_dir, read the

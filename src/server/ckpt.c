@@ -60,6 +60,9 @@ struct srv_ckpt {
   uint64_t base;          /* the file is an increment on this checkpoint; 0: whole */
   ps__srv_rows rows;      /* the rows this server writes: of the chains it heads (R >= 2) */
   uint64_t t0_ms, cut_ms, sort_ms, rows_ms, sync_ms; /* where the time went */
+  /* Progress: rows put in order, rows and bytes written so far (the writer adds, atomically);
+   * the loop tells the scheduler when it grew (ps__srv_ckpt_tick). */
+  uint64_t progress, progress_said, said_ms;
 };
 
 /* On the loop thread, with the writer thread gone: the tables forget their cuts. */
@@ -114,6 +117,7 @@ static void ckpt_reply_err(ps__server *s, const ps__frame_hdr *req, int err, con
  * it was sorted). The rows themselves are read once, in the file's order, by the writer. */
 typedef struct places {
   const ps__snap_table *t;
+  uint64_t *progress; /* rows gone through, added to as the passes go */
   row_filter f;
   int whole, dense, shift;
   uint64_t *e;      /* entries, bucket by bucket: next 32 bits of the position << 32 | row */
@@ -151,8 +155,8 @@ static void places_free(places *p) {
 #define PLACE_BATCH 256 /* rows a pass of places_open looks at before it touches their buckets */
 
 /* 0, or -1 (out of memory, or more rows than 32-bit row numbers hold). */
-static int places_open(places *p, const ps__snap_table *t, int whole, const ps__srv_rows *rows) {
-  *p = (places){.t = t, .whole = whole, .dense = t->decl.kind == PS_DENSE};
+static int places_open(places *p, const ps__snap_table *t, int whole, const ps__srv_rows *rows, uint64_t *progress) {
+  *p = (places){.t = t, .whole = whole, .dense = t->decl.kind == PS_DENSE, .progress = progress};
   uint64_t nslices = (t->decl.size + t->width - 1) / t->width;
   if (t->n > UINT32_MAX || filter_open(&p->f, rows, t->decl.id, p->dense, nslices)) return -1;
   int bits = p->dense ? 64 - __builtin_clzll(nslices | 1) : 64; /* a slice number, or a 64-bit hash */
@@ -169,6 +173,7 @@ static int places_open(places *p, const ps__snap_table *t, int whole, const ps__
   for (int pass = 0; pass < 2; pass++) {
     for (uint64_t i0 = 0; i0 < t->n; i0 += PLACE_BATCH) {
       uint32_t nb = 0;
+      if (!(i0 & 0xffff)) __atomic_add_fetch(p->progress, i0 + 0x10000 < t->n ? 0x10000 : t->n - i0, __ATOMIC_RELAXED);
       for (uint64_t i = i0; i < t->n && i < i0 + PLACE_BATCH; i++) {
         if (!place_of(p, i, &key, &pos)) continue;
         bk[nb] = (uint32_t)(pos >> p->shift) + (pass == 0);
@@ -282,6 +287,7 @@ static int write_table_rows(ps__ckpt_writer *w, ps__snap_table *t, places *p) {
     if (!rc)
       rc = ps__ckpt_write_rows(w, t->decl.id, (uint32_t)rf, keys, rows, m, place_pos(p, keys[0]),
                                place_pos(p, keys[m - 1]));
+    __atomic_add_fetch(p->progress, m, __ATOMIC_RELAXED);
   }
   free(keys);
   free(rows);
@@ -293,7 +299,7 @@ static int write_table_rows(ps__ckpt_writer *w, ps__snap_table *t, places *p) {
 static int write_table(srv_ckpt *k, ps__ckpt_writer *w, ps__snap_table *t) {
   places p;
   uint64_t t0 = ps__now_ms();
-  if (places_open(&p, t, k->base == 0, &k->rows)) {
+  if (places_open(&p, t, k->base == 0, &k->rows, &k->progress)) {
     places_free(&p);
     return ps__fail(PS_ERR_NOMEM, "out of memory sorting table '%s' (%llu rows)", t->decl.name,
                     (unsigned long long)t->n);
@@ -325,6 +331,7 @@ static void *writer_main(void *arg) {
                        .nservers = k->q.nservers, .base = k->base};
   ps__ckpt_writer *w = NULL;
   int rc = ps__ckpt_writer_open(&w, path, &h);
+  ps__ckpt_writer_progress(w, &k->progress); /* (rows and bytes alike: any growth is progress) */
   for (size_t i = 0; !rc && i < k->nt; i++) rc = write_table(k, w, &k->t[i]);
   if (rc) snprintf(k->msg, sizeof k->msg, "%s", ps_errmsg());
   uint64_t t0 = ps__now_ms();
@@ -372,7 +379,24 @@ void ps__srv_ckpt_written(void *arg) {
   ckpt_free(k);
 }
 
+/* Each heartbeat: while the writer gets on (rows put in order or written since the last
+ * word), say so to the scheduler every PS__CKPT_PROGRESS_MS, so that a large file's
+ * write is not taken for a hung server; a writer stuck in one place says nothing. */
+#define PS__CKPT_PROGRESS_MS 1000
+void ps__srv_ckpt_tick(ps__server *s) {
+  srv_ckpt *k = s->ckpt;
+  if (!k || !k->thread_started || !s->agent.conn) return;
+  uint64_t now = ps__now_ms(), done = __atomic_load_n(&k->progress, __ATOMIC_RELAXED);
+  if (done == k->progress_said || now - k->said_ms < PS__CKPT_PROGRESS_MS) return;
+  k->progress_said = done;
+  k->said_ms = now;
+  ps__frame_hdr r = {.type = PS_MSG_CKPT | PS_FRAME_REPLY, .flags = PS_FLAG_PROGRESS, .req_id = k->req.req_id,
+                     .clock = k->q.clock, .sender = s->id};
+  ps__conn_send_ctrl(s->agent.conn, &r, NULL, 0);
+}
+
 static void start_writer(srv_ckpt *k) {
+  k->said_ms = ps__now_ms();
   if (pthread_create(&k->thread, NULL, writer_main, k)) {
     ckpt_reply_err(k->s, &k->req, PS_ERR_NOMEM, "cannot start the checkpoint writer thread");
     k->s->ckpt = NULL;

@@ -359,6 +359,7 @@ static void report_laggards(ps__server *s) {
 static void agent_tick(void *arg) {
   ps__shm_sweep(((ps__server *)arg)->shm);
   ps__srv_repl_tick(arg);
+  ps__srv_ckpt_tick(arg);
   report_laggards(arg);
 }
 

@@ -216,6 +216,8 @@ void ps__srv_round_done(void *arg, ps__table *t, void *token);
 void ps__srv_on_ckpt(ps__server *s, const ps__frame_hdr *h, const ps__body *b);
 void ps__srv_cut(void *arg, ps__table *t);        /* the engine's cut hook */
 void ps__srv_ckpt_written(void *arg);              /* mail from the writer thread */
+/* Each heartbeat: tell the scheduler a checkpoint being written gets on. */
+void ps__srv_ckpt_tick(ps__server *s);
 void ps__srv_ckpt_stop(ps__server *s);
 /* Read the restore directory's manifest (at create): 0, or an error with a message. */
 int ps__srv_restore_open(ps__server *s, const char *dir);

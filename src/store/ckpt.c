@@ -53,6 +53,7 @@ struct ps__ckpt_writer {
   uint64_t table_rows;
   uint64_t last_pos, last_key; /* of the table's last row written */
   int renamed;                /* PATH exists: the temporary was renamed */
+  uint64_t *progress;         /* bytes handed to the disk are added to it (atomically), or NULL */
   /* manifest */
   uint32_t files;
   uint8_t *ranks;             /* nservers flags: a FILE block for that rank */
@@ -191,6 +192,7 @@ static int flush_out(ps__ckpt_writer *w) {
     while (ms && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
   }
+  if (w->progress) __atomic_add_fetch(w->progress, w->out_len, __ATOMIC_RELAXED);
   if (!w->io_started) {
     int rc = write_all(w, w->out, w->out_len);
     w->out_len = 0;
@@ -272,6 +274,10 @@ static int block_whole(ps__ckpt_writer *w, int kind, const void *p, size_t n) {
 static int writer_buf_ok(ps__ckpt_writer *w) {
   if (w->buf.oom) return wfail(w, PS_ERR_NOMEM, "out of memory");
   return w->err;
+}
+
+void ps__ckpt_writer_progress(ps__ckpt_writer *w, uint64_t *counter) {
+  if (w) w->progress = counter;
 }
 
 int ps__ckpt_writer_open(ps__ckpt_writer **out, const char *path, const ps__ckpt_header *h) {

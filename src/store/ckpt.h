@@ -136,6 +136,9 @@ typedef struct ps__ckpt_reader ps__ckpt_reader;
  * does not allow (the message says which; the file is failed), or the file's first
  * error. */
 int ps__ckpt_writer_open(ps__ckpt_writer **out, const char *path, const ps__ckpt_header *h);
+/* From now on, the bytes of each piece handed to the disk are added to *counter
+ * (atomically: another thread may read it to see the write getting on). */
+void ps__ckpt_writer_progress(ps__ckpt_writer *w, uint64_t *counter);
 /* A TABLE block: in a data file the ROWS of that table follow it (t->nrows of them). */
 int ps__ckpt_write_table(ps__ckpt_writer *w, const ps__ckpt_table *t);
 /* n rows of the table of the last TABLE block (keys host-order, rows n * row_floats

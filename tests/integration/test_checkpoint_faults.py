@@ -313,6 +313,43 @@ def test_kill_during_a_checkpoint_write_keeps_the_previous_one(tmp, at_c1, whole
     assert not diff, f"{len(diff)} parameters differ, first: {diff[:3]}"
 
 
+# ---------------------------------------------------------------- a long write
+
+CK_TIMEOUT_MS = 4000  # the scheduler's checkpoint timeout in these tests
+
+
+def slow_checkpoint(tmp, name, slowdisk_ms):
+    """A job whose servers' disks make each 8 MiB of a checkpoint file wait slowdisk_ms
+    (about 48 MB a server: six waits), one checkpoint at clock C1, a checkpoint timeout
+    of CK_TIMEOUT_MS: (exit code, output, checkpoint directory)."""
+    ck = os.path.join(tmp, "ck")
+    env = {"PSHARD_FAULT": f"slowdisk={slowdisk_ms}ms:n=1+:node=server",
+           "PSHARD_CHECKPOINT_TIMEOUT_MS": str(CK_TIMEOUT_MS)}
+    j = Job(tmp, name, run_argv(2, 2, ["--steps", str(C2), "--ckpt-at", str(C1)] + FILL, ckpt_dir=ck), env=env)
+    try:
+        rc = j.wait(90 * SLOW)
+        return rc, j.log(), ck
+    finally:
+        j.close()
+
+
+def test_a_write_longer_than_the_checkpoint_timeout_completes_while_it_gets_on(tmp):
+    # Six waits of 1 s: each server's write takes over 6 s, past the 4 s timeout, but a
+    # server that gets on with its file says so every second, so the checkpoint holds.
+    rc, log, ck = slow_checkpoint(tmp, "slow", 1000)
+    assert rc == 0, log
+    assert f"checkpoint 1 at clock {C1}" in log, log
+    assert complete_checkpoints(ck) == [1]
+
+
+def test_a_write_stuck_past_the_checkpoint_timeout_fails_it_naming_the_server(tmp):
+    # The first 8 MiB waits 6 s: nothing moves for longer than the timeout.
+    rc, log, ck = slow_checkpoint(tmp, "stuck", 6000)
+    assert rc != 0, log
+    assert re.search(r"server rank \d did not answer within 4\.0 s, nor say it got on with writing", log), log
+    assert complete_checkpoints(ck) == []
+
+
 # ---------------------------------------------------------------- a restore that cannot load
 
 DENSE = 4096  # dense rows of the small checkpoint: most of a data file is ROWS blocks
