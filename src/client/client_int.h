@@ -168,6 +168,7 @@ struct peer {
   int lost;                /* a connection was lost: tell the server the clock again */
   int fail_over_due;       /* its server left while a caller used the link: fail over
                             * when it comes back (loop) */
+  uint64_t left_epoch;     /* the epoch of the membership that said its server left */
   uint64_t reconnect_ms;   /* a failed connect: the next try (sweep), 0 = none due */
 };
 
@@ -213,6 +214,9 @@ struct ps_ctx {
   kept *kept;              /* copies of pushes to replicated sync tables */
   size_t kept_bytes;
   int any_keep;            /* a push to a replicated sync table was kept */
+  uint64_t yield_until_ms; /* after a server's death, until then (atomic): a call on the
+                            * caller's thread gives back a link the loop wants, so the
+                            * fail-over's frames are not queued behind the call */
 
   /* shared state under mu */
   pthread_mutex_t mu;

@@ -50,6 +50,7 @@ typedef struct dlink {
   uv_buf_t errbuf;
   char errtxt[512];
   int failed;                   /* a mid-frame failure: the link is broken */
+  int released;                 /* given back before the call ended (its server left) */
   uint64_t moved;               /* bytes written and read so far (progress) */
 } dlink;
 
@@ -380,6 +381,7 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
   pthread_mutex_lock(&ctx->lend_mu);
   for (unsigned j = 0; j < n; j++) {
     peer *l = dl[j].l;
+    if (dl[j].released) continue;
     l->busy = 0;
     if (dl[j].failed) l->broken = 1;
     if (l->want_back || l->broken || !l->alive) post = 1;
@@ -392,22 +394,65 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
 #define DIRECT_ALIVE_MS 10
 
 /* Links of the call whose server left the job: their parts unanswered go to the loop
- * (sent again to the next member), and the connection is not used again. Returns 1 if
- * any. */
+ * (sent again to the next member), the connection is not used again, and the link is
+ * given back to the loop at once, answered or listening alike: its fail-over (the
+ * pushes sent again, the REPLAYED list the new heads wait for) must not wait for this
+ * call, which may itself wait for those heads. Returns 1 if any. */
 static int direct_written_off(ps_ctx *ctx, dlink *dl, unsigned n, dcall *call) {
   int any = 0;
   pthread_mutex_lock(&ctx->lend_mu);
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
-    if (!d->iov || d->failed || d->l->alive || !(d->pending || d->iov_at < d->niov)) continue;
-    d->failed = PS_ERR_UNAVAILABLE;
+    if (d->released || d->l->alive) continue;
+    if (d->iov && !d->failed && (d->pending || d->iov_at < d->niov)) {
+      for (unsigned k = 0; k < d->nparts; k++)
+        if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
+      call->left -= d->pending;
+      d->pending = 0;
+    }
+    if (!d->failed) d->failed = PS_ERR_UNAVAILABLE;
+    d->l->busy = 0;
+    d->l->broken = 1;
+    d->released = 1;
+    any = 1;
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (any) ps__mailbox_post(ctx->mail, ps__mail_reclaim, ctx);
+  return any;
+}
+
+/* After a server's death (ctx->yield_until_ms): links of the call the loop wants back
+ * (the fail-over's frames wait for them: pushes sent again, the REPLAYED list) are
+ * given back between frames, their unanswered parts to be sent again through the loop
+ * (a pull again, a push once: the windows of shard/once.h). Only links that read
+ * nothing for other links and carry no part another link may answer (a replicated
+ * push's tail answer): their replies cannot come elsewhere. Without this, a pull held
+ * by a new head's catch-up kept the links the catch-up's lists had to come by. Returns
+ * 1 if any. */
+static int direct_yield(ps_ctx *ctx, dlink *dl, unsigned n, dcall *call) {
+  if (ps__now_ms() >= __atomic_load_n(&ctx->yield_until_ms, __ATOMIC_RELAXED)) return 0;
+  int any = 0;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (unsigned j = 0; j < n; j++) {
+    dlink *d = &dl[j];
+    if (d->released || d->failed || !d->iov || d->listen || !d->l->want_back || d->iov_at < d->niov || d->in_body ||
+        d->l->dlen != d->l->doff)
+      continue;
+    int tail_answered = 0;
+    for (unsigned k = 0; k < d->nparts; k++)
+      tail_answered |= !d->parts[k]->reply_done && d->parts[k]->nchain > 1 && ps__frame_is_push_req(d->parts[k]->hdr.type);
+    if (tail_answered) continue;
     for (unsigned k = 0; k < d->nparts; k++)
       if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
     call->left -= d->pending;
     d->pending = 0;
+    d->failed = PS_ERR_UNAVAILABLE; /* not used by this call again (the stream is whole: not broken) */
+    d->l->busy = 0;
+    d->released = 1;
     any = 1;
   }
   pthread_mutex_unlock(&ctx->lend_mu);
+  if (any) ps__mailbox_post(ctx->mail, ps__mail_reclaim, ctx);
   return any;
 }
 
@@ -532,7 +577,7 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
     uint64_t now = ps__now_ms();
     if (chained && now >= alive_check_ms) {
       alive_check_ms = now + DIRECT_ALIVE_MS;
-      if (direct_written_off(ctx, dl, n, &call)) continue;
+      if (direct_written_off(ctx, dl, n, &call) | direct_yield(ctx, dl, n, &call)) continue;
     }
     if (now >= attempt_end && now < deadline_ms) {
       /* Only when every part still unanswered may be sent again; else all wait here. */

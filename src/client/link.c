@@ -314,8 +314,7 @@ static void link_returned(ps_ctx *ctx, peer *l) {
      * replacement with its id came meanwhile. */
     char msg[96];
     snprintf(msg, sizeof msg, "server %u left the job", l->id);
-    uint64_t epoch = __atomic_load_n(&ctx->epoch, __ATOMIC_RELAXED); /* that membership's, or a later one's */
-    link_fail_over(ctx, l, epoch, msg);
+    link_fail_over(ctx, l, l->left_epoch, msg);
   }
   if (l->alive)
     link_flush(ctx, l);
@@ -532,6 +531,8 @@ static part *inflight_find(peer *l, uint64_t req_id) {
   return NULL;
 }
 
+#define FAIL_OVER_YIELD_MS 10000 /* how long callers give back links the loop wants after a death */
+
 /* Membership from the scheduler (through the node agent): links for new servers,
  * dead servers' links failed and closed, counts and the ring of a newer epoch. */
 /* Server l left the job: its replicated parts go to their chains' next live member at
@@ -539,6 +540,9 @@ static part *inflight_find(peer *l, uint64_t req_id) {
  * it already); the others fail. epoch: the membership's that said so. */
 static void link_fail_over(ps_ctx *ctx, peer *l, uint64_t epoch, const char *why) {
   l->fail_over_due = 0;
+  /* What follows (parts sent again, kept pushes, the REPLAYED list) goes on links a
+   * caller may hold, in a call that waits for the new heads, which wait for it. */
+  __atomic_store_n(&ctx->yield_until_ms, ps__now_ms() + FAIL_OVER_YIELD_MS, __ATOMIC_RELAXED);
   /* The pushes to replicated sync tables among them: the new heads wait for them. */
   size_t nkeep = 0, ki = 0;
   for (part *p = l->queue_head; p; p = p->next) nkeep += p->keep && ps__frame_is_push_req(p->hdr.type);
@@ -632,6 +636,7 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
       pthread_mutex_unlock(&ctx->lend_mu);
       if (in_use) { /* when the caller gives it back (link_returned) */
         l->fail_over_due = 1;
+        l->left_epoch = m.epoch;
         continue;
       }
       char msg[96];

@@ -646,8 +646,30 @@ static void cu_check(ps__server *s, srv_sync *y) {
   if (cu_complete(s, y->cu, &missing)) {
     cu_finish(s, y, t, "every push came");
   } else if (uv_now(&s->loop) >= y->cu->deadline_ms) {
-    ps__log(PS_LOG_WARN, "table '%s': the catch-up after server %u's death ends at its deadline, %zu push%s or lists missing",
-            t->decl.name, y->cu->dead, missing, missing == 1 ? "" : "es");
+    /* which: the workers whose list never came, and whose listed pushes did not */
+    srv_catchup *cu = y->cu;
+    char who[160] = "";
+    size_t at = 0, lists = 0;
+    for (size_t k = 0; k < s->sh->nworkers; k++) {
+      ps__worker *w = &s->sh->workers[k];
+      int have = !w->alive;
+      for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == w->id;
+      if (have) continue;
+      lists++;
+      if (at < sizeof who - 16) at += (size_t)snprintf(who + at, sizeof who - at, " list of worker %u;", w->id);
+    }
+    for (size_t i = 0; i < cu->nexpect; i++) {
+      int got = 0;
+      for (size_t j = 0; j < cu->narrived && !got; j++)
+        got = push_eq(&cu->arrived[j], cu->expect[i].worker, cu->expect[i].inc, cu->expect[i].seq);
+      if (!got && at < sizeof who - 40)
+        at += (size_t)snprintf(who + at, sizeof who - at, " push %u of worker %u;", cu->expect[i].seq,
+                               cu->expect[i].worker);
+    }
+    ps__log(PS_LOG_WARN,
+            "table '%s': the catch-up after server %u's death ends at its deadline, %zu push%s or lists missing (%zu "
+            "lists):%s",
+            t->decl.name, y->cu->dead, missing, missing == 1 ? "" : "es", lists, who);
     cu_finish(s, y, t, "at the deadline");
   }
 }
@@ -892,6 +914,9 @@ void ps__srv_on_replayed(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps_
             (unsigned long long)h->payload_len, n, h->sender);
     return;
   }
+  ps__log(PS_LOG_INFO, "worker %u's list of %u push%s to server %u (epoch %llu, this server's %llu)%s", h->sender, n,
+          n == 1 ? "" : "es", ps__get_u32(p), (unsigned long long)h->epoch, (unsigned long long)s->epoch,
+          h->epoch > s->epoch ? ": kept until this server is at that epoch" : "");
   if (h->epoch > s->epoch) {
     early_keep(s, h, p); /* this server has not heard of that death yet */
     return;
