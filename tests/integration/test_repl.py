@@ -233,7 +233,14 @@ def test_replication_lag_shows_while_the_next_copy_stands_still():
             assert server_stat(c, w, "forwards_inflight") > 0
             assert server_stat(c, w, "forward_inflight_bytes") > 0
             url = re.search(r"metrics on (http://\S+/metrics)", c.log(f"server{w}")).group(1)
-            text = urllib.request.urlopen(url, timeout=10).read().decode()
+            # /metrics is rendered once a second: the page read may be from before the
+            # lag passed 1 s, and the next one shows it (it only grows while the copy stands).
+            deadline = time.time() + 5 * SCALE
+            while True:
+                text = urllib.request.urlopen(url, timeout=10).read().decode()
+                if metric(text, "ps_server_replication_lag_seconds") >= 1.0 or time.time() > deadline:
+                    break
+                time.sleep(0.2)
             assert metric(text, "ps_server_replication_lag_seconds") >= 1.0, text[-2000:]
             assert metric(text, "ps_server_replication_inflight_forwards") > 0
         finally:
