@@ -255,12 +255,7 @@ int ps_cli_scheduler(int argc, char **argv) {
         return 2;
       }
       break;
-    case 'T':
-      if (parse_uint_flag("--checkpoint-timeout-ms", optarg, 86400000, &ckpt_timeout) || ckpt_timeout < 1000) {
-        fprintf(stderr, "pshard scheduler: --checkpoint-timeout-ms must be 1000 to 86400000\n");
-        return 2;
-      }
-      break;
+    case 'T': if (parse_uint_flag("--checkpoint-timeout-ms", optarg, 86400000, &ckpt_timeout)) return 2; break;
     case 'R': restore = optarg; break;
     case 'D': state_dir = optarg; break;
     case 'r':
@@ -293,7 +288,7 @@ int ps_cli_scheduler(int argc, char **argv) {
             (unsigned long long)replicas, (unsigned long long)servers);
     return 2;
   }
-  if (ckpt_timeout < 1000 || ckpt_timeout > 86400000) { /* (PSHARD_CHECKPOINT_TIMEOUT_MS) */
+  if (ckpt_timeout < 1000 || ckpt_timeout > 86400000) { /* the flag's, or PSHARD_CHECKPOINT_TIMEOUT_MS's */
     fprintf(stderr, "pshard scheduler: the checkpoint timeout must be 1000 to 86400000 ms, not %llu\n",
             (unsigned long long)ckpt_timeout);
     return 2;

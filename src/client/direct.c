@@ -393,6 +393,22 @@ static void direct_release(ps_ctx *ctx, dlink *dl, unsigned n) {
 /* How often a call with replicated parts looks for servers written off. */
 #define DIRECT_ALIVE_MS 10
 
+/* lend_mu held: the call gives link d back to the loop before it ends; its unanswered
+ * parts are to be sent again through the loop, and the call uses it no more (broken: the
+ * loop closes its stream). */
+static void dl_give_back(dlink *d, dcall *call, int broken) {
+  if (d->iov && !d->failed) {
+    for (unsigned k = 0; k < d->nparts; k++)
+      if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
+    call->left -= d->pending;
+    d->pending = 0;
+  }
+  if (!d->failed) d->failed = PS_ERR_UNAVAILABLE;
+  d->l->busy = 0;
+  if (broken) d->l->broken = 1;
+  d->released = 1;
+}
+
 /* Links of the call whose server left the job: their parts unanswered go to the loop
  * (sent again to the next member), the connection is not used again, and the link is
  * given back to the loop at once, answered or listening alike: its fail-over (the
@@ -404,16 +420,7 @@ static int direct_written_off(ps_ctx *ctx, dlink *dl, unsigned n, dcall *call) {
   for (unsigned j = 0; j < n; j++) {
     dlink *d = &dl[j];
     if (d->released || d->l->alive) continue;
-    if (d->iov && !d->failed && (d->pending || d->iov_at < d->niov)) {
-      for (unsigned k = 0; k < d->nparts; k++)
-        if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
-      call->left -= d->pending;
-      d->pending = 0;
-    }
-    if (!d->failed) d->failed = PS_ERR_UNAVAILABLE;
-    d->l->busy = 0;
-    d->l->broken = 1;
-    d->released = 1;
+    dl_give_back(d, call, 1);
     any = 1;
   }
   pthread_mutex_unlock(&ctx->lend_mu);
@@ -442,13 +449,7 @@ static int direct_yield(ps_ctx *ctx, dlink *dl, unsigned n, dcall *call) {
     for (unsigned k = 0; k < d->nparts; k++)
       tail_answered |= !d->parts[k]->reply_done && d->parts[k]->nchain > 1 && ps__frame_is_push_req(d->parts[k]->hdr.type);
     if (tail_answered) continue;
-    for (unsigned k = 0; k < d->nparts; k++)
-      if (!d->parts[k]->reply_done) d->parts[k]->again = 1;
-    call->left -= d->pending;
-    d->pending = 0;
-    d->failed = PS_ERR_UNAVAILABLE; /* not used by this call again (the stream is whole: not broken) */
-    d->l->busy = 0;
-    d->released = 1;
+    dl_give_back(d, call, 0); /* between frames: the stream is whole */
     any = 1;
   }
   pthread_mutex_unlock(&ctx->lend_mu);

@@ -577,21 +577,30 @@ static void cu_arrived(srv_catchup *cu, uint32_t worker, uint64_t inc, uint32_t 
   cu->arrived[cu->narrived++] = (cu_push){worker, seq, inc};
 }
 
-/* Every live worker's list came, and every push on it (or the deadline passed). */
-static int cu_complete(ps__server *s, srv_catchup *cu, size_t *missing) {
-  *missing = 0;
-  for (size_t i = 0; i < cu->nexpect; i++) {
-    int got = 0;
-    for (size_t j = 0; j < cu->narrived && !got; j++)
-      got = push_eq(&cu->arrived[j], cu->expect[i].worker, cu->expect[i].inc, cu->expect[i].seq);
-    *missing += !got;
-  }
+/* Every live worker's list came, and every push on it (or the deadline passed). *missing:
+ * the lists and pushes not come, *lists of them lists; with who, what they are, named
+ * into who[cap]. */
+static int cu_complete(ps__server *s, srv_catchup *cu, size_t *missing, size_t *lists, char *who, size_t cap) {
+  size_t at = 0;
+  *missing = *lists = 0;
   for (size_t k = 0; k < s->sh->nworkers; k++) {
     ps__worker *w = &s->sh->workers[k];
     if (!w->alive) continue;
     int have = 0;
     for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == w->id;
-    if (!have) (*missing)++;
+    if (have) continue;
+    (*lists)++;
+    if (who && at + 32 < cap) at += (size_t)snprintf(who + at, cap - at, " list of worker %u;", w->id);
+  }
+  *missing = *lists;
+  for (size_t i = 0; i < cu->nexpect; i++) {
+    int got = 0;
+    for (size_t j = 0; j < cu->narrived && !got; j++)
+      got = push_eq(&cu->arrived[j], cu->expect[i].worker, cu->expect[i].inc, cu->expect[i].seq);
+    if (got) continue;
+    (*missing)++;
+    if (who && at + 40 < cap)
+      at += (size_t)snprintf(who + at, cap - at, " push %u of worker %u;", cu->expect[i].seq, cu->expect[i].worker);
   }
   return *missing == 0;
 }
@@ -641,31 +650,13 @@ static void cu_finish(ps__server *s, srv_sync *y, ps__table *t, const char *how)
 
 static void cu_check(ps__server *s, srv_sync *y) {
   ps__table *t = ps__shard_table(s->sh, y->table);
-  size_t missing;
+  size_t missing, lists;
   if (!t || !y->cu) return;
-  if (cu_complete(s, y->cu, &missing)) {
+  if (cu_complete(s, y->cu, &missing, &lists, NULL, 0)) {
     cu_finish(s, y, t, "every push came");
   } else if (uv_now(&s->loop) >= y->cu->deadline_ms) {
-    /* which: the workers whose list never came, and whose listed pushes did not */
-    srv_catchup *cu = y->cu;
-    char who[160] = "";
-    size_t at = 0, lists = 0;
-    for (size_t k = 0; k < s->sh->nworkers; k++) {
-      ps__worker *w = &s->sh->workers[k];
-      int have = !w->alive;
-      for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == w->id;
-      if (have) continue;
-      lists++;
-      if (at < sizeof who - 16) at += (size_t)snprintf(who + at, sizeof who - at, " list of worker %u;", w->id);
-    }
-    for (size_t i = 0; i < cu->nexpect; i++) {
-      int got = 0;
-      for (size_t j = 0; j < cu->narrived && !got; j++)
-        got = push_eq(&cu->arrived[j], cu->expect[i].worker, cu->expect[i].inc, cu->expect[i].seq);
-      if (!got && at < sizeof who - 40)
-        at += (size_t)snprintf(who + at, sizeof who - at, " push %u of worker %u;", cu->expect[i].seq,
-                               cu->expect[i].worker);
-    }
+    char who[160] = ""; /* which: the workers whose list never came, and whose listed pushes did not */
+    (void)cu_complete(s, y->cu, &missing, &lists, who, sizeof who);
     ps__log(PS_LOG_WARN,
             "table '%s': the catch-up after server %u's death ends at its deadline, %zu push%s or lists missing (%zu "
             "lists):%s",
