@@ -361,7 +361,10 @@ def test_an_aggregated_buffer_is_one_forward_not_one_per_push():
         taken = sum(int(re.search(r"^table \d+ name=count .*? pushes=(\d+)", stats(server_port(c, i)), re.M).group(1))
                     for i in range(3))
         sent = forwards(c, range(3))
-        assert 0 < sent and sent * 4 <= taken, (sent, taken)
+        # One forward a push would be taken / 2; this run is about taken / 4. A buffer
+        # that its 100 ms closes before 4 pushes came (a slow machine, ASan) is one
+        # forward too: taken / 3 leaves room for those, and none for one per push.
+        assert 0 < sent and sent * 3 <= taken, (sent, taken)
 
 
 def test_dropped_and_duplicated_buffer_forwards_lose_nothing_and_apply_nothing_twice():
