@@ -745,23 +745,35 @@ void ps__srv_sync_tick(ps__server *s) {
 
 int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p) {
   srv_sync *y = sync_find(s, t->id);
-  if (!y || !y->cu || !p->nkeys) return 0;
+  if (!y || !p->nkeys) return 0;
   srv_catchup *cu = y->cu;
   ps__srv_chains x;
   if (ps__srv_chains_init(&x, s, t)) return 0;
-  size_t idx = ps__srv_chain_index(&x, ps__srv_push_chain(&x, p));
+  uint32_t nx, ck = ps__srv_push_chain(&x, p);
+  size_t idx = ps__srv_chain_index(&x, ck);
+  int head = ps__srv_chain_place(&x, ck, &nx) == 1;
   ps__srv_chains_free(&x);
-  if (idx >= y->nver || !cu->taken[idx]) return 0;
+  if (idx >= y->nver) return 0;
   int64_t r = p->clock / (int64_t)t->spec.every;
-  if (p->inc) cu_arrived(cu, p->sender, p->inc, p->seq);
-  cu_batch(cu, t, p->sender, p->clock, p->batch);
-  if (r >= cu->V) return 0; /* a later round: as usual (the caller checks the catch-up after) */
+  /* A round this server's table has not passed, but the chain holds already: it took the
+   * chain over while a member a round ahead of its own table (the dead head forwarded
+   * the round before this server had every worker's CLOCK). Such a push, sent again,
+   * must not go into the table's round, which would apply it to the chain twice. */
+  int ahead = head && r >= t->version && r < y->ver[idx];
+  int catching = cu && cu->taken[idx];
+  if (!catching && !ahead) return 0;
+  if (catching) {
+    if (p->inc) cu_arrived(cu, p->sender, p->inc, p->seq);
+    cu_batch(cu, t, p->sender, p->clock, p->batch);
+    if (r >= cu->V && !ahead) return 0; /* a later round: as usual (the caller checks the catch-up after) */
+  }
   ps__verdict v;
   if (ps__shard_push_identity(s->sh, t, p, &v) != PS__APPLIED) {
     ps__srv_reply_verdict(c, h, &v);
     return 1;
   }
-  if (!v.dup && r >= y->ver[idx]) {
+  if (ahead) s->held_ahead++;
+  if (!v.dup && catching && r >= y->ver[idx]) {
     cu_round *cr = &cu->rounds[r - cu->from];
     if (!cr->acc && !(cr->acc = ps__rowmap_new(t->spec.width))) {
       ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");
@@ -778,7 +790,7 @@ int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__ta
   ps__frame_hdr r0 = {.type = (uint8_t)(h->type | PS_FRAME_REPLY), .req_id = h->req_id, .table = h->table,
                       .clock = ps__srv_sync_durable_clock(s, t)};
   ps__conn_send_ctrl(c, &r0, NULL, 0);
-  cu_check(s, y);
+  if (catching) cu_check(s, y);
   return 1;
 }
 

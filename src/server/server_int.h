@@ -117,6 +117,7 @@ struct ps__server {
   srv_early *early;      /* REPLAYED lists of an epoch this server has not reached, newest first */
   size_t nearly, early_bytes;
   uint64_t catchups;     /* failovers of sync tables caught up */
+  uint64_t held_ahead;   /* pushes sent again for a round a chain taken over held ahead of its table */
   uint64_t tail_answers; /* workers' pushes this server answered as their chain's tail */
   srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
   int agg_taken;         /* ... which was applied and forwarded with it */

@@ -98,10 +98,10 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   uint64_t nf, bf, lag;
   ps__srv_repl_lag(s, &nf, &bf, &lag);
   m = snprintf(line, sizeof line, "replicas %u\nforwards %llu\nforward_bytes %llu\nforwards_refused %llu\nfenced %d\ncatchups %llu\n"
-               "tail_answers %llu\nforwards_inflight %llu\nforward_inflight_bytes %llu\nreplication_lag_ms %llu\n",
+               "held_ahead %llu\ntail_answers %llu\nforwards_inflight %llu\nforward_inflight_bytes %llu\nreplication_lag_ms %llu\n",
                s->replicas ? s->replicas : 1, (unsigned long long)s->forwards, (unsigned long long)s->forward_bytes,
                (unsigned long long)s->forwards_refused, s->fenced, (unsigned long long)s->catchups,
-               (unsigned long long)s->tail_answers, (unsigned long long)nf, (unsigned long long)bf,
+               (unsigned long long)s->held_ahead, (unsigned long long)s->tail_answers, (unsigned long long)nf, (unsigned long long)bf,
                (unsigned long long)lag);
   ps__wbuf_bytes(&w, line, (size_t)m);
   ps__srv_repair_stats(s, line, sizeof line);

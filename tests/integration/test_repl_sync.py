@@ -30,16 +30,19 @@ BIG = 3 * 32768  # floats: a part per server of 128 KiB, above the peer-memory m
 
 
 def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None, env=None,
-        logs_out=None):
+        logs_out=None, survivor_env=None):
     """The model lines of a job, after killing (or stopping) server index kill/stop;
     with big, a large dense table too, and each worker's call counters into calls;
-    victim_env: the environment of the victim alone; env: of every process; logs_out:
-    a list that gets the survivors' logs."""
+    victim_env: the environment of the victim alone; survivor_env: of the other
+    servers; env: of every process; logs_out: a list that gets the survivors' logs."""
     hbt = int(1000 * SCALE)
     victim = kill if kill is not None else stop
+    server_env = {i: survivor_env for i in range(3) if i != victim} if survivor_env else {}
+    if victim_env:
+        server_env[victim] = victim_env
     with Cluster(3, workers, replicas=replicas, heartbeat_timeout_ms=hbt,
                  extra_env={"PSHARD_RETRY_MS": "300", **(env or {})},
-                 server_env={victim: victim_env} if victim_env else None) as c:
+                 server_env=server_env or None) as c:
         extra = ["--big", str(big)] if big else []
         ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(ROUNDS), "--sleep-ms", str(sleep_ms)] + extra,
                        f"w{i}") for i in range(workers)]
@@ -75,7 +78,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
         alive = [i for i in range(3) if i != victim]
         if logs_out is not None:
             logs_out.extend(c.log(f"server{i}") for i in alive)
-        stats = {name: [server_stat(c, i, name) for i in alive] for name in ("catchups", "forwards", "forward_bytes")}
+        stats = {name: [server_stat(c, i, name) for i in alive]
+                 for name in ("catchups", "forwards", "forward_bytes", "held_ahead")}
         return models[0], stats
 
 
@@ -119,6 +123,22 @@ def test_workers_hearing_of_a_death_before_the_servers_keeps_the_sync_model(refe
     assert sum(stats["catchups"]) >= 2, stats
     assert all("delayed received membership frame #2" in log for log in logs), logs
     assert not any("ends at its deadline" in log for log in logs), logs
+
+
+@pytest.mark.parametrize("victim", [0, 1])
+def test_a_member_a_round_ahead_of_its_table_takes_over_without_applying_that_round_twice(reference, victim):
+    # The survivors get the workers' CLOCKs 150 ms late, so each applies the round the
+    # victim forwarded before its own table has passed that round: at the kill, a chain
+    # taken over is a round ahead of the new head's table. The pushes of that round the
+    # workers send again are held by the chain already; applied again, they would change
+    # the model.
+    logs = []
+    model, stats = run(2, kill=victim, logs_out=logs,
+                       survivor_env={"PSHARD_FAULT": "delay=150ms:type=clock:n=1+:dir=in"})
+    assert model == reference
+    assert sum(stats["catchups"]) >= 2, stats
+    assert all("delayed received clock frame" in log for log in logs), logs
+    assert sum(stats["held_ahead"]) > 0, stats  # the case this is about came to pass
 
 
 def test_replica_traffic_is_one_update_per_round_not_one_per_push():
