@@ -57,13 +57,20 @@ typedef struct cu_seen {
   int64_t clock;
 } cu_seen;
 
+typedef struct cu_marker {
+  uint32_t dead, worker;
+} cu_marker;
+
+#define CU_MAX_DEAD 8
+
 typedef struct srv_catchup {
-  uint32_t dead;        /* the server whose chains this one took over */
+  uint32_t dead[CU_MAX_DEAD]; /* the servers whose chains this one took over */
+  size_t ndead;               /* more than one: another died while it ran */
   int64_t V;            /* the table's version when it began: rounds [from, V) are rebuilt */
   int64_t from;
   uint8_t *taken;       /* per chain index: taken over */
   cu_round *rounds;     /* V - from of them */
-  uint32_t *markers;    /* workers whose REPLAYED came */
+  cu_marker *markers;   /* (dead server, worker) whose REPLAYED came */
   size_t nmarkers;
   cu_push *expect, *arrived;
   size_t nexpect, narrived;
@@ -551,6 +558,21 @@ static void cu_free(srv_catchup *cu, size_t nrounds) {
   free(cu);
 }
 
+static int cu_has_dead(const srv_catchup *cu, uint32_t dead) {
+  for (size_t i = 0; i < cu->ndead; i++)
+    if (cu->dead[i] == dead) return 1;
+  return 0;
+}
+
+/* The dead servers, as "1" or "1, 3", into buf. */
+static const char *cu_deads(const srv_catchup *cu, char *buf, size_t cap) {
+  size_t at = 0;
+  buf[0] = 0;
+  for (size_t i = 0; i < cu->ndead && at + 12 < cap; i++)
+    at += (size_t)snprintf(buf + at, cap - at, "%s%u", i ? ", " : "", cu->dead[i]);
+  return buf;
+}
+
 static int push_eq(const cu_push *a, uint32_t worker, uint64_t inc, uint32_t seq) {
   return a->worker == worker && a->inc == inc && a->seq == seq;
 }
@@ -577,7 +599,7 @@ static void cu_arrived(srv_catchup *cu, uint32_t worker, uint64_t inc, uint32_t 
   cu->arrived[cu->narrived++] = (cu_push){worker, seq, inc};
 }
 
-/* Every live worker's list came, and every push on it (or the deadline passed). *missing:
+/* Every live worker's list about each dead server came, and every push on them (or the deadline passed). *missing:
  * the lists and pushes not come, *lists of them lists; with who, what they are, named
  * into who[cap]. */
 static int cu_complete(ps__server *s, srv_catchup *cu, size_t *missing, size_t *lists, char *who, size_t cap) {
@@ -586,11 +608,15 @@ static int cu_complete(ps__server *s, srv_catchup *cu, size_t *missing, size_t *
   for (size_t k = 0; k < s->sh->nworkers; k++) {
     ps__worker *w = &s->sh->workers[k];
     if (!w->alive) continue;
-    int have = 0;
-    for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == w->id;
-    if (have) continue;
-    (*lists)++;
-    if (who && at + 32 < cap) at += (size_t)snprintf(who + at, cap - at, " list of worker %u;", w->id);
+    for (size_t d = 0; d < cu->ndead; d++) {
+      int have = 0;
+      for (size_t i = 0; i < cu->nmarkers && !have; i++)
+        have = cu->markers[i].worker == w->id && cu->markers[i].dead == cu->dead[d];
+      if (have) continue;
+      (*lists)++;
+      if (who && at + 48 < cap)
+        at += (size_t)snprintf(who + at, cap - at, " list of worker %u for server %u;", w->id, cu->dead[d]);
+    }
   }
   *missing = *lists;
   for (size_t i = 0; i < cu->nexpect; i++) {
@@ -637,8 +663,9 @@ static void cu_finish(ps__server *s, srv_sync *y, ps__table *t, const char *how)
   for (size_t j = 0; j < y->nver; j++)
     if (cu->taken[j] && y->ver[j] < cu->V) y->ver[j] = cu->V;
   if (have_x) ps__srv_chains_free(&x);
-  ps__log(PS_LOG_INFO, "table '%s': took over server %u's chains; rounds %lld..%lld rebuilt (%s)", t->decl.name, cu->dead,
-          (long long)cu->from, (long long)cu->V - 1, how);
+  char deads[96];
+  ps__log(PS_LOG_INFO, "table '%s': took over the chains of server%s %s; rounds %lld..%lld rebuilt (%s)", t->decl.name,
+          cu->ndead > 1 ? "s" : "", cu_deads(cu, deads, sizeof deads), (long long)cu->from, (long long)cu->V - 1, how);
   cu_free(cu, nr);
   y->cu = NULL;
   t->hold--;
@@ -655,12 +682,14 @@ static void cu_check(ps__server *s, srv_sync *y) {
   if (cu_complete(s, y->cu, &missing, &lists, NULL, 0)) {
     cu_finish(s, y, t, "every push came");
   } else if (uv_now(&s->loop) >= y->cu->deadline_ms) {
-    char who[160] = ""; /* which: the workers whose list never came, and whose listed pushes did not */
+    char who[200] = ""; /* which: the workers whose list never came, and whose listed pushes did not */
+    char deads[96];
     (void)cu_complete(s, y->cu, &missing, &lists, who, sizeof who);
     ps__log(PS_LOG_WARN,
-            "table '%s': the catch-up after server %u's death ends at its deadline, %zu push%s or lists missing (%zu "
-            "lists):%s",
-            t->decl.name, y->cu->dead, missing, missing == 1 ? "" : "es", lists, who);
+            "table '%s': the catch-up after the death of server%s %s ends at its deadline, %zu push%s or lists missing "
+            "(%zu lists):%s",
+            t->decl.name, y->cu->ndead > 1 ? "s" : "", cu_deads(y->cu, deads, sizeof deads), missing,
+            missing == 1 ? "" : "es", lists, who);
     cu_finish(s, y, t, "at the deadline");
   }
 }
@@ -683,57 +712,98 @@ void ps__srv_sync_before(ps__server *s) {
   }
 }
 
+/* Rounds [from, cu->V) to rebuild, from [cu->from, cu->V): the new rounds in front. */
+static int cu_widen(srv_catchup *cu, int64_t from) {
+  if (from >= cu->from) return 0;
+  size_t had = (size_t)(cu->V - cu->from), more = (size_t)(cu->from - from);
+  cu_round *r = ps__calloc(had + more, sizeof *r);
+  if (!r) return ps__fail(PS_ERR_NOMEM, "out of memory");
+  if (had) memcpy(r + more, cu->rounds, had * sizeof *r);
+  free(cu->rounds);
+  cu->rounds = r;
+  cu->from = from;
+  return 0;
+}
+
 void ps__srv_sync_after(ps__server *s) {
   for (srv_sync *y = s->syncs; y; y = y->next) {
     ps__table *t = ps__shard_table(s->sh, y->table);
     ps__srv_chains x;
     if (!t || ps__srv_chains_init(&x, s, t)) continue;
-    uint32_t dead = 0;
-    size_t n = 0;
-    for (size_t i = 0; i < y->nver && i < ps__srv_nchains(&x); i++) {
+    /* the chains this server heads now and followed the head of before, not yet taken
+     * over, and their dead heads */
+    uint8_t *mine = ps__calloc(y->nver ? y->nver : 1, 1);
+    uint32_t dead[CU_MAX_DEAD];
+    size_t n = 0, ndead = 0;
+    int64_t from = t->version;
+    for (size_t i = 0; mine && i < y->nver && i < ps__srv_nchains(&x); i++) {
       uint32_t nx;
       if (!y->member[i] || ps__srv_chain_place(&x, ps__srv_chain_name(&x, i), &nx) != 1) continue;
       if (y->cu && y->cu->taken[i]) continue;
-      if (!dead) dead = y->old_head[i];
+      mine[i] = 1;
       n++;
+      if (y->ver[i] < from) from = y->ver[i];
+      int seen = 0;
+      for (size_t d = 0; d < ndead && !seen; d++) seen = dead[d] == y->old_head[i];
+      if (!seen && ndead < CU_MAX_DEAD) dead[ndead++] = y->old_head[i];
     }
     ps__srv_chains_free(&x);
-    if (!n) continue;
-    if (y->cu) {
-      /* another death during a catch-up: finish this one with what came, then start anew */
-      cu_finish(s, y, t, "another server died meanwhile");
-    }
-    srv_catchup *cu = ps__calloc(1, sizeof *cu);
-    if (cu) cu->taken = ps__calloc(y->nver, 1);
-    if (!cu || !cu->taken) {
-      cu_free(cu, 0);
-      ps__log(PS_LOG_ERROR, "table '%s': out of memory taking over server %u's chains", t->decl.name, dead);
+    if (!mine) {
+      ps__log(PS_LOG_ERROR, "table '%s': out of memory taking over chains", t->decl.name);
       continue;
     }
-    cu->dead = dead;
-    cu->V = t->version;
-    cu->from = cu->V;
-    if (ps__srv_chains_init(&x, s, t) == 0) {
-      for (size_t i = 0; i < y->nver && i < ps__srv_nchains(&x); i++) {
-        uint32_t nx;
-        if (!y->member[i] || ps__srv_chain_place(&x, ps__srv_chain_name(&x, i), &nx) != 1) continue;
-        cu->taken[i] = 1;
-        if (y->ver[i] < cu->from) cu->from = y->ver[i];
-      }
-      ps__srv_chains_free(&x);
+    if (!n) {
+      free(mine);
+      continue;
     }
+    char deads[96];
+    uint64_t wait = 10ull * s->o.heartbeat_ms + 2000;
+    uint64_t deadline = uv_now(&s->loop) + (wait > CATCHUP_MIN_MS ? wait : CATCHUP_MIN_MS);
+    srv_catchup *cu = y->cu;
+    if (cu && cu->V == t->version && cu->ndead + ndead <= CU_MAX_DEAD && cu_widen(cu, from) == 0) {
+      /* Another death during a catch-up: this one takes the new chains in, waits for
+       * the lists about every dead server, and rebuilds from the oldest round any of
+       * its chains lacks. (The table, held, has not moved since it began.) */
+      for (size_t i = 0; i < y->nver; i++) cu->taken[i] |= mine[i];
+      for (size_t d = 0; d < ndead; d++)
+        if (!cu_has_dead(cu, dead[d])) cu->dead[cu->ndead++] = dead[d];
+      if (deadline > cu->deadline_ms) cu->deadline_ms = deadline;
+      free(mine);
+      ps__log(PS_LOG_INFO, "table '%s': taking over %zu more chain%s, of server%s %s, during a catch-up at round %lld "
+              "(rebuilding from %lld)", t->decl.name, n, n == 1 ? "" : "s", cu->ndead > 1 ? "s" : "",
+              cu_deads(cu, deads, sizeof deads), (long long)cu->V, (long long)cu->from);
+      cu_check(s, y);
+      continue;
+    }
+    if (cu) {
+      /* the table moved, or too many dead: finish this one with what came, then start anew */
+      cu_finish(s, y, t, "another server died meanwhile");
+    }
+    cu = ps__calloc(1, sizeof *cu);
+    if (cu) cu->taken = mine;
+    if (!cu || !cu->taken) {
+      if (cu) cu->taken = NULL;
+      free(mine);
+      cu_free(cu, 0);
+      ps__log(PS_LOG_ERROR, "table '%s': out of memory taking over server %u's chains", t->decl.name, dead[0]);
+      continue;
+    }
+    memcpy(cu->dead, dead, ndead * sizeof *dead);
+    cu->ndead = ndead;
+    cu->V = t->version;
+    cu->from = from < cu->V ? from : cu->V;
     size_t nr = (size_t)(cu->V - cu->from);
     cu->rounds = ps__calloc(nr ? nr : 1, sizeof *cu->rounds);
     if (!cu->rounds) {
       cu_free(cu, 0);
       continue;
     }
-    uint64_t wait = 10ull * s->o.heartbeat_ms + 2000;
-    cu->deadline_ms = uv_now(&s->loop) + (wait > CATCHUP_MIN_MS ? wait : CATCHUP_MIN_MS);
+    cu->deadline_ms = deadline;
     y->cu = cu;
     t->hold++;
-      ps__log(PS_LOG_INFO, "table '%s': taking over %zu chain%s of server %u at round %lld (rebuilding from %lld)",
-            t->decl.name, n, n == 1 ? "" : "s", dead, (long long)cu->V, (long long)cu->from);
+    ps__log(PS_LOG_INFO, "table '%s': taking over %zu chain%s of server%s %s at round %lld (rebuilding from %lld)",
+            t->decl.name, n, n == 1 ? "" : "s", ndead > 1 ? "s" : "", cu_deads(cu, deads, sizeof deads),
+            (long long)cu->V, (long long)cu->from);
     cu_check(s, y);
   }
 }
@@ -806,12 +876,12 @@ static void replayed_apply(ps__server *s, uint32_t sender, const uint8_t *p) {
   for (srv_sync *y = s->syncs; y; y = y->next) {
     srv_catchup *cu = y->cu;
     ps__table *t = ps__shard_table(s->sh, y->table);
-    if (!cu || !t || cu->dead != dead) continue;
+    if (!cu || !t || !cu_has_dead(cu, dead)) continue;
     int have = 0;
-    for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i] == sender;
+    for (size_t i = 0; i < cu->nmarkers && !have; i++) have = cu->markers[i].worker == sender && cu->markers[i].dead == dead;
     if (!have) {
-      uint32_t *m = ps__realloc(cu->markers, (cu->nmarkers + 1) * sizeof *m);
-      if (m) cu->markers = m, cu->markers[cu->nmarkers++] = sender;
+      cu_marker *m = ps__realloc(cu->markers, (cu->nmarkers + 1) * sizeof *m);
+      if (m) cu->markers = m, cu->markers[cu->nmarkers++] = (cu_marker){dead, sender};
     }
     ps__srv_chains x;
     if (ps__srv_chains_init(&x, s, t)) continue;

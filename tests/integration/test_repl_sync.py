@@ -11,6 +11,11 @@ final model, printed in hex, shows any difference bit for bit.
 4. Replica traffic is one combined update per round, about 1/K of the push traffic.
 5. The same faults with a large dense table whose pushes go by peer memory, on the
    caller's thread (the copies kept for a failover hold their values).
+6. A survivor a round ahead of its own table in a chain it takes over (it got the
+   workers' CLOCKs late) answers the pushes of that round sent again, and applies
+   none of them twice.
+7. R = 3: a second server killed while the catch-up of the first death waits for the
+   workers' lists: the catch-up takes the second death in; the model is unchanged.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -30,13 +35,15 @@ BIG = 3 * 32768  # floats: a part per server of 128 KiB, above the peer-memory m
 
 
 def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None, env=None,
-        logs_out=None, survivor_env=None):
+        logs_out=None, survivor_env=None, then_kill=None):
     """The model lines of a job, after killing (or stopping) server index kill/stop;
     with big, a large dense table too, and each worker's call counters into calls;
     victim_env: the environment of the victim alone; survivor_env: of the other
-    servers; env: of every process; logs_out: a list that gets the survivors' logs."""
+    servers; env: of every process; logs_out: a list that gets the survivors' logs;
+    then_kill: (index, seconds): another server SIGKILLed that long after the first."""
     hbt = int(1000 * SCALE)
     victim = kill if kill is not None else stop
+    victims = {victim} | ({then_kill[0]} if then_kill else set())
     server_env = {i: survivor_env for i in range(3) if i != victim} if survivor_env else {}
     if victim_env:
         server_env[victim] = victim_env
@@ -52,6 +59,10 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
             proc = c.server_procs[victim]
             if kill is not None:
                 os.killpg(proc.pid, signal.SIGKILL)
+                if then_kill:
+                    time.sleep(then_kill[1])
+                    assert all(p.poll() is None for p in ps), "the workers finished before the second fault"
+                    os.killpg(c.server_procs[then_kill[0]].pid, signal.SIGKILL)
             else:
                 os.kill(proc.pid, signal.SIGSTOP)
                 try:
@@ -75,7 +86,7 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
                 assert m, log
                 calls.append((int(m.group(1)), int(m.group(2))))
         assert all(m == models[0] for m in models), "the workers pulled different models"
-        alive = [i for i in range(3) if i != victim]
+        alive = [i for i in range(3) if i not in victims]
         if logs_out is not None:
             logs_out.extend(c.log(f"server{i}") for i in alive)
         stats = {name: [server_stat(c, i, name) for i in alive]
@@ -139,6 +150,18 @@ def test_a_member_a_round_ahead_of_its_table_takes_over_without_applying_that_ro
     assert sum(stats["catchups"]) >= 2, stats
     assert all("delayed received clock frame" in log for log in logs), logs
     assert sum(stats["held_ahead"]) > 0, stats  # the case this is about came to pass
+
+
+def test_a_second_death_during_a_catch_up_keeps_the_sync_model(reference):
+    # R = 3: server 0 dies, and server 1 while the catch-ups of server 0's chains wait for
+    # the workers' lists (held 1.5 s at every server); server 2 takes over the chains of
+    # both. Its catch-up takes in the second death and waits for the lists of both.
+    logs = []
+    late = {"PSHARD_FAULT": "delay=1500ms:type=membership:n=2+:node=worker,delay=150ms:type=forward-round:n=1+:dir=out"}
+    model, stats = run(3, kill=0, then_kill=(1, 0.5), logs_out=logs, env=late)
+    assert model == reference
+    assert sum(stats["catchups"]) >= 2, stats
+    assert not any("ends at its deadline" in log for log in logs), logs
 
 
 def test_replica_traffic_is_one_update_per_round_not_one_per_push():
