@@ -25,6 +25,7 @@
  * same-host transports R = 1 can use and R = 2 does not.
  *
  * Usage: bench_repl [--iters N] [--kills N] [--rounds N] [--part cost|failover|sync|all]
+ *                   [--transport tcp|auto]   (the sync part over that transport only)
  * Needs the pshard binary (PSHARD_BIN, else the build's).
  */
 #include <pthread.h>
@@ -177,7 +178,7 @@ static double sync_rounds_s(int R, int rounds, const char *xport, double cpu_us[
   return rounds / s;
 }
 
-static void part_sync(int rounds) {
+static void part_sync(int rounds, const char *only) {
   printf("sync rounds, replicated after aggregation (S = 2, K = 2 workers, 1 MiB table, %d rounds, median of 3)\n",
          rounds);
   printf("  %-34s %10s %10s %10s\n", "rounds per second", "R = 1", "R = 2", "R2 / R1");
@@ -188,6 +189,10 @@ static void part_sync(int rounds) {
   double cpu[2][2][2]; /* [transport][R - 1][workers, servers]: medians, us per round */
   for (int x = 0; x < 2; x++) {
     double r1[3], r2[3], c[2][2][3];
+    if (only && strcmp(only, xports[x])) {
+      memset(cpu[x], 0, sizeof cpu[x]);
+      continue;
+    }
     for (int k = 0; k < 3; k++) { /* alternated, medians: the machine is noisy */
       double u[2];
       r1[k] = sync_rounds_s(1, rounds, xports[x], u);
@@ -299,14 +304,17 @@ static void part_failover(int kills) {
 
 int main(int argc, char **argv) {
   int iters = 5000, kills = 20, rounds = 200;
-  const char *part = "all";
+  const char *part = "all", *only = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--iters")) iters = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--kills")) kills = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--part")) part = argv[i + 1];
     else if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--transport") && (!strcmp(argv[i + 1], "tcp") || !strcmp(argv[i + 1], "auto")))
+      only = argv[i + 1];
     else {
-      fprintf(stderr, "usage: bench_repl [--iters N] [--kills N] [--rounds N] [--part cost|failover|sync|all]\n");
+      fprintf(stderr, "usage: bench_repl [--iters N] [--kills N] [--rounds N] [--part cost|failover|sync|all] "
+                      "[--transport tcp|auto (sync: that one only)]\n");
       return 2;
     }
   }
@@ -317,7 +325,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   int all = !strcmp(part, "all");
   if (all || !strcmp(part, "cost")) part_cost(iters);
-  if (all || !strcmp(part, "sync")) part_sync(rounds);
+  if (all || !strcmp(part, "sync")) part_sync(rounds, only);
   if (all || !strcmp(part, "failover")) part_failover(kills);
   return 0;
 }
