@@ -2,10 +2,13 @@
 
 Every process gets its own process group and is killed (SIGKILL to the group) when the
 cluster is closed, whatever happened. Ports are ephemeral: the scheduler binds port 0
-and writes its address to a file.
+and writes its address to a file. Each cluster's logs are in a directory under /tmp,
+removed at the end of the test run unless the cluster closed on an exception.
 """
+import atexit
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -13,6 +16,20 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("PSHARD_BUILD", os.path.join(ROOT, "build"))
+
+
+# Directories of clusters closed without an exception: removed when the test process
+# exits (a test may read a log after its cluster closed). A cluster closed by an
+# exception keeps its directory, as does every one with PSHARD_KEEP_TEST_DIRS=1.
+_done_dirs = []
+
+
+@atexit.register
+def _remove_done_dirs():
+    if os.environ.get("PSHARD_KEEP_TEST_DIRS") == "1":
+        return
+    for d in _done_dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def binary(name):
@@ -114,5 +131,7 @@ class Cluster:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, tb):
         self.close()
+        if exc_type is None:
+            _done_dirs.append(self.dir)
