@@ -503,7 +503,10 @@ int ps__shard_pull(ps__shard *sh, uint32_t table, int64_t c, ps__verdict *v) {
 }
 
 int ps__shard_pull_ready(ps__shard *sh, ps__table *t, int64_t c) {
-  return !sh->started || ps__shard_mode(t)->pull_ready(sh, t, c);
+  /* Before the job started (this server has not heard so from the scheduler), no round
+   * is applied: a sync pull waits like any other for the rounds before its clock, which
+   * may be under way elsewhere already (a server can hear of the start last). */
+  return (!sh->started && !ps__table_is_sync(t)) || ps__shard_mode(t)->pull_ready(sh, t, c);
 }
 
 int64_t ps__shard_pull_answered(ps__shard *sh, ps__table *t, uint32_t sender, int64_t c) {

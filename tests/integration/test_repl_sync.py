@@ -16,6 +16,7 @@ final model, printed in hex, shows any difference bit for bit.
    none of them twice.
 7. R = 3: a second server killed while the catch-up of the first death waits for the
    workers' lists: the catch-up takes the second death in; the model is unchanged.
+8. Servers that hear of the job's start after the workers (R = 1 and 2): the same model.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -162,6 +163,16 @@ def test_a_second_death_during_a_catch_up_keeps_the_sync_model(reference):
     assert model == reference
     assert sum(stats["catchups"]) >= 2, stats
     assert not any("ends at its deadline" in log for log in logs), logs
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_servers_hearing_of_the_start_late_keep_the_sync_model(reference, replicas):
+    # Every membership reaches the servers 600 ms late, the job's start among them: the
+    # workers start first. A server that has not heard of the start holds a sync pull
+    # until the rounds before its clock are applied (it answered at once, with no round
+    # applied, and the workers ran 8 clocks ahead until their pushes were refused).
+    model, _ = run(replicas, survivor_env={"PSHARD_FAULT": "delay=600ms:type=membership:n=1+:node=server"})
+    assert model == reference
 
 
 def test_replica_traffic_is_one_update_per_round_not_one_per_push():
