@@ -4,6 +4,8 @@ Every process gets its own process group and is killed (SIGKILL to the group) wh
 cluster is closed, whatever happened. Ports are ephemeral: the scheduler binds port 0
 and writes its address to a file. Each cluster's logs are in a directory under /tmp,
 removed at the end of the test run unless the cluster closed on an exception.
+PSHARD_TEST_VERBOSE=1 starts the servers with --verbose (catch-ups, table creation and
+membership changes in their logs).
 """
 import atexit
 import os
@@ -77,7 +79,7 @@ class Cluster:
         self.env["PSHARD_SCHEDULER"] = self.addr
         if colocate:
             self.env["PSHARD_COLOCATE"] = "1"
-        self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr], f"server{i}",
+        self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr] + (["--verbose"] if os.environ.get("PSHARD_TEST_VERBOSE") else []), f"server{i}",
                                          {**self.env, **(server_env or {}).get(i, {})})
                              for i in range(0 if colocate else servers)]
 
