@@ -53,6 +53,9 @@
 
 #include <string.h>
 #include <sys/mman.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #include "common/common.h"
 #include "store/prefault.h"
@@ -297,14 +300,8 @@ static inline uint32_t ix_find(const ps__rowmap *m, const rowidx *x, uint64_t ke
 
 /* The first row of x whose tag matches h, or NONE: the candidate a pipeline prefetches
  * (its key is checked when the record is in cache). */
-static inline uint32_t ix_candidate(const rowidx *x, uint64_t h) {
-  uint32_t tag = ix_tag(x, h);
-  for (size_t s = ix_home(x, h);; s = ix_next(x, s)) {
-    uint32_t e = x->e[s];
-    if (!e) return NONE;
-    if ((e & x->tmask) == tag) return ix_row(x, e);
-  }
-}
+static inline uint32_t cand_at(const rowidx *x, size_t s, uint32_t tag);
+static inline uint32_t ix_candidate(const rowidx *x, uint64_t h) { return cand_at(x, ix_home(x, h), ix_tag(x, h)); }
 
 /* Whether the old index's entry for hash h, if there is one, has surely moved to the
  * current index. The old index moves in order of position, from just after the empty
@@ -544,6 +541,7 @@ size_t ps__rowmap_index(const ps__rowmap *m, uint64_t key) {
   return r == NONE ? SIZE_MAX : r;
 }
 
+/* ps__rowmap_upsert_many's pipeline (find_many's is below). */
 #define FM_SLOT_AHEAD 16 /* keys between hashing (entry prefetch) and emitting */
 #define FM_ROW_AHEAD 8   /* keys between probing (record prefetch) and emitting */
 #define FM_RING 32       /* > FM_SLOT_AHEAD, a power of two */
@@ -567,50 +565,94 @@ static inline void prefetch_rec(const ps__rowmap *m, const char *r) {
   __builtin_prefetch(r + n - 1);
 }
 
-/* Stage 1 at key t (hash, prefetch the entries), stage 2 at t - (SLOT_AHEAD -
- * ROW_AHEAD) (the first entry with the key's tag: prefetch its record), emit at
- * t - SLOT_AHEAD (the record's key decides; a wrong candidate, rare, is resolved by a
- * plain lookup). Hashes and candidates wait in small rings between stages. */
+/* The row of the first entry of x from position s on whose tag is tag, or NONE if an
+ * empty entry comes first. The first FM_WIN entries are compared at once where SSE2 is
+ * available (no branch per entry: the probe's length is data, and a mispredicted exit
+ * cost more than the compares); a longer probe, or one that would run past the end of
+ * the index, goes on one entry at a time. */
+#define FM_WIN 8
+static inline uint32_t cand_at(const rowidx *x, size_t s, uint32_t tag) {
+#ifdef __SSE2__
+  if (s + FM_WIN <= x->cap) {
+    __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(x->e + s));
+    __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(x->e + s + 4));
+    __m128i zero = _mm_setzero_si128(), mk = _mm_set1_epi32((int)x->tmask), tg = _mm_set1_epi32((int)tag);
+    unsigned z = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(a, zero))) |
+                 (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(b, zero))) << 4;
+    unsigned t = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(a, mk), tg))) |
+                 (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, mk), tg))) << 4;
+    t &= ~z;
+    if (t | z) {
+      unsigned p = (unsigned)__builtin_ctz(t | z);
+      return (t >> p) & 1 ? ix_row(x, x->e[s + p]) : NONE;
+    }
+    s += FM_WIN - 1; /* the loop below starts at the entry after */
+    s = ix_next(x, s);
+  }
+#endif
+  for (;; s = ix_next(x, s)) {
+    uint32_t e = x->e[s];
+    if (!e) return NONE;
+    if ((e & x->tmask) == tag) return ix_row(x, e);
+  }
+}
+
+/* Three stages, each a tight loop over a batch of FM_B keys: stage 1 hashes the newest
+ * batch and prefetches its entries (the home's line, and the next one when cand_at's
+ * window reaches it); stage 2 takes the batch before, finds each key's candidate (the
+ * first entry with its tag) and prefetches its record; stage 3 takes the batch before
+ * that, where the record's key decides (a wrong candidate, rare, is resolved by a plain
+ * lookup). A key's misses thus have 1-2 batches of other keys' work to arrive in.
+ * Hashes, candidates and records wait in small rings between stages. */
+#define FM_B 16
+#define FM_R (4 * FM_B) /* ring slots: > 3 batches, a power of two */
 static inline void find_many(const ps__rowmap *m, const uint64_t *k64, const uint8_t *kle, size_t n, float **rows,
                              uint32_t *idx) {
-  uint64_t hring[FM_RING];
-  uint32_t rring[FM_RING];
+  uint64_t hring[FM_R];
+  char *cring[FM_R];
+  uint32_t rring[FM_R];
   if (m->count == 0) {
     for (size_t i = 0; i < n; i++) rows[i] = NULL;
     for (size_t i = 0; idx && i < n; i++) idx[i] = NONE;
     return;
   }
   const rowidx *cx = &m->cur, *ox = m->old.cap ? &m->old : NULL;
-  for (size_t t = 0; t < n + FM_SLOT_AHEAD; t++) {
-    if (t < n) {
+  for (size_t base = 0; base < n + 2 * FM_B; base += FM_B) {
+    for (size_t t = base, e = base + FM_B < n ? base + FM_B : n; t < e; t++) {
       uint64_t h = ps__mix64(k64 ? k64[t] : key_le(kle + 8 * t));
-      hring[t & (FM_RING - 1)] = h;
-      __builtin_prefetch(&cx->e[ix_home(cx, h)]);
+      hring[t & (FM_R - 1)] = h;
+      size_t s = ix_home(cx, h);
+      __builtin_prefetch(&cx->e[s]);
+      __builtin_prefetch(&cx->e[s + FM_WIN - 1 < cx->cap ? s + FM_WIN - 1 : s]); /* cand_at reads it too */
       if (ox && !old_moved(m, h)) __builtin_prefetch(&ox->e[ix_home(ox, h)]);
     }
-    size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);
-    if (t >= FM_SLOT_AHEAD - FM_ROW_AHEAD && b < n) {
-      uint64_t h = hring[b & (FM_RING - 1)];
-      uint32_t r = ox && !old_moved(m, h) ? ix_candidate(ox, h) : NONE;
-      if (r == NONE) r = ix_candidate(cx, h);
-      rring[b & (FM_RING - 1)] = r;
-      if (r != NONE) prefetch_rec(m, rec_at(m, r));
-    }
-    if (t >= FM_SLOT_AHEAD) {
-      size_t c = t - FM_SLOT_AHEAD;
-      uint32_t r = rring[c & (FM_RING - 1)];
-      float *row = NULL;
-      if (r != NONE) {
-        uint64_t key = k64 ? k64[c] : key_le(kle + 8 * c);
-        char *rec = rec_at(m, r);
-        if (rec_key(rec) != key) { /* a wrong tag match: look it up in full */
-          r = find_h(m, key, hring[c & (FM_RING - 1)], &rec);
-          if (r == NONE) rec = NULL;
-        }
-        if (rec) row = rec_row(rec);
+    if (base >= FM_B) {
+      for (size_t b = base - FM_B, e = base < n ? base : n; b < e; b++) {
+        uint64_t h = hring[b & (FM_R - 1)];
+        uint32_t r = ox && !old_moved(m, h) ? ix_candidate(ox, h) : NONE;
+        if (r == NONE) r = ix_candidate(cx, h);
+        char *rec = r != NONE ? rec_at(m, r) : NULL;
+        rring[b & (FM_R - 1)] = r;
+        cring[b & (FM_R - 1)] = rec;
+        if (rec) prefetch_rec(m, rec);
       }
-      rows[c] = row;
-      if (idx) idx[c] = r;
+    }
+    if (base >= 2 * FM_B) {
+      for (size_t c = base - 2 * FM_B, e = base - FM_B < n ? base - FM_B : n; c < e; c++) {
+        char *rec = cring[c & (FM_R - 1)];
+        uint32_t r = rring[c & (FM_R - 1)];
+        float *row = NULL;
+        if (rec) {
+          uint64_t key = k64 ? k64[c] : key_le(kle + 8 * c);
+          if (rec_key(rec) != key) { /* a wrong tag match: look it up in full */
+            r = find_h(m, key, hring[c & (FM_R - 1)], &rec);
+            if (r == NONE) rec = NULL;
+          }
+          if (rec) row = rec_row(rec);
+        }
+        rows[c] = row;
+        if (idx) idx[c] = r;
+      }
     }
   }
 }
