@@ -4,8 +4,8 @@ Every process gets its own process group and is killed (SIGKILL to the group) wh
 cluster is closed, whatever happened. Ports are ephemeral: the scheduler binds port 0
 and writes its address to a file. Each cluster's logs are in a directory under /tmp,
 removed at the end of the test run unless the cluster closed on an exception.
-PSHARD_TEST_VERBOSE=1 starts the servers with --verbose (catch-ups, table creation and
-membership changes in their logs).
+Servers run with --verbose (catch-ups, table creation and membership changes in their
+logs) when a test asks (verbose=True) or PSHARD_TEST_VERBOSE=1 is set.
 """
 import atexit
 import os
@@ -53,7 +53,7 @@ def data_ports(ports, log):
 
 class Cluster:
     def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False, replicas=1,
-                 server_env=None):
+                 server_env=None, verbose=False):
         """server_env: {index: environment} for single servers, on top of extra_env. colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
         one each), so no server process is started. replicas: copies of every key range
         (the scheduler's --replicas)."""
@@ -79,7 +79,7 @@ class Cluster:
         self.env["PSHARD_SCHEDULER"] = self.addr
         if colocate:
             self.env["PSHARD_COLOCATE"] = "1"
-        self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr] + (["--verbose"] if os.environ.get("PSHARD_TEST_VERBOSE") else []), f"server{i}",
+        self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr] + (["--verbose"] if verbose or os.environ.get("PSHARD_TEST_VERBOSE") else []), f"server{i}",
                                          {**self.env, **(server_env or {}).get(i, {})})
                              for i in range(0 if colocate else servers)]
 

@@ -36,12 +36,13 @@ BIG = 3 * 32768  # floats: a part per server of 128 KiB, above the peer-memory m
 
 
 def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None, env=None,
-        logs_out=None, survivor_env=None, then_kill=None):
+        logs_out=None, survivor_env=None, then_kill=None, victim_logs=None):
     """The model lines of a job, after killing (or stopping) server index kill/stop;
     with big, a large dense table too, and each worker's call counters into calls;
     victim_env: the environment of the victim alone; survivor_env: of the other
     servers; env: of every process; logs_out: a list that gets the survivors' logs;
-    then_kill: (index, seconds): another server SIGKILLed that long after the first."""
+    then_kill: (index, seconds): another server SIGKILLed that long after the first;
+    victim_logs: a dict that gets the victims' logs (servers run with --verbose)."""
     hbt = int(1000 * SCALE)
     victim = kill if kill is not None else stop
     victims = {victim} | ({then_kill[0]} if then_kill else set())
@@ -50,7 +51,7 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
         server_env[victim] = victim_env
     with Cluster(3, workers, replicas=replicas, heartbeat_timeout_ms=hbt,
                  extra_env={"PSHARD_RETRY_MS": "300", **(env or {})},
-                 server_env=server_env or None) as c:
+                 server_env=server_env or None, verbose=victim_logs is not None) as c:
         extra = ["--big", str(big)] if big else []
         ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(ROUNDS), "--sleep-ms", str(sleep_ms)] + extra,
                        f"w{i}") for i in range(workers)]
@@ -90,6 +91,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
         alive = [i for i in range(3) if i not in victims]
         if logs_out is not None:
             logs_out.extend(c.log(f"server{i}") for i in alive)
+        if victim_logs is not None:
+            victim_logs.update({i: c.log(f"server{i}") for i in victims})
         stats = {name: [server_stat(c, i, name) for i in alive]
                  for name in ("catchups", "forwards", "forward_bytes", "held_ahead")}
         return models[0], stats
@@ -154,14 +157,20 @@ def test_a_member_a_round_ahead_of_its_table_takes_over_without_applying_that_ro
 
 
 def test_a_second_death_during_a_catch_up_keeps_the_sync_model(reference):
-    # R = 3: server 0 dies, and server 1 while the catch-ups of server 0's chains wait for
-    # the workers' lists (held 1.5 s at every server); server 2 takes over the chains of
-    # both. Its catch-up takes in the second death and waits for the lists of both.
-    logs = []
+    # R = 3: server 0 dies, and server 1 half a second later, while the catch-ups of
+    # server 0's chains (on servers 1 and 2) wait for the workers' lists: the workers
+    # hear of each death 1.5 s late. Every server hands its rounds on 150 ms late, so
+    # the dead hold rounds only they applied. Server 2 takes over the chains of both:
+    # its catch-up takes in the second death and waits for the lists about both, and
+    # server 1's catch-ups, which died with it, are redone from the pushes the workers
+    # list again.
+    logs, victims = [], {}
     late = {"PSHARD_FAULT": "delay=1500ms:type=membership:n=2+:node=worker,delay=150ms:type=forward-round:n=1+:dir=out"}
-    model, stats = run(3, kill=0, then_kill=(1, 0.5), logs_out=logs, env=late)
+    model, stats = run(3, kill=0, then_kill=(1, 0.5), logs_out=logs, env=late, victim_logs=victims)
     assert model == reference
     assert sum(stats["catchups"]) >= 2, stats
+    assert "more chain" in logs[0], logs[0]  # the catch-up took the second death in
+    assert "taking over" in victims[1], victims[1]  # the second victim ran catch-ups
     assert not any("ends at its deadline" in log for log in logs), logs
 
 
