@@ -218,6 +218,9 @@ void ps__conn_close_after_flush(ps__conn *c, int status) {
     return;
   }
   c->closing = 1; /* no further reads or sends; shutdown_cb finishes the close */
+  /* The fault timers close now, with their callbacks: a loop-wide walk meanwhile skips
+   * this closing connection and would close them without (conn_fault.c's state leaked). */
+  if (c->fq) ps__conn_fault_stop(c);
 }
 
 /* ------------------------------------------------------------------ writing */

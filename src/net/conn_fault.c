@@ -39,8 +39,15 @@ typedef struct ps__held_frame {
   void *arg;
 } held_frame;
 
+static size_t fq_live; /* atomic: fault states allocated and not freed */
+
+size_t ps__conn_fault_states(void) { return __atomic_load_n(&fq_live, __ATOMIC_RELAXED); }
+
 static void fq_unref(struct ps__fault_q *q) {
-  if (--q->refs == 0) free(q);
+  if (--q->refs == 0) {
+    free(q);
+    __atomic_fetch_sub(&fq_live, 1, __ATOMIC_RELAXED);
+  }
 }
 
 static void fq_timer_closed(uv_handle_t *h) { fq_unref(h->data); }
@@ -57,6 +64,7 @@ static struct ps__fault_q *fq_get(ps__conn *c) {
     ps__log(PS_LOG_WARN, "fault: no memory to inject a fault on the connection to %s", c->peer);
     return NULL;
   }
+  __atomic_fetch_add(&fq_live, 1, __ATOMIC_RELAXED);
   q->conn = c;
   q->refs = 3;
   uv_timer_init(c->loop, &q->out_timer);

@@ -84,6 +84,9 @@ int ps__conn_fault_hold_close(ps__conn *c, int status);
 void ps__conn_fault_stop(ps__conn *c);
 /* The connection is being freed: cancel what is still held and let go of c->fq. */
 void ps__conn_fault_release(ps__conn *c);
+/* Connections' fault states allocated and not yet freed, in this process (for tests:
+ * every one is freed once its connection and timers are closed). */
+size_t ps__conn_fault_states(void);
 
 /* ---------------------------------------------------------------- conn.c, for conn_fault.c */
 

@@ -22,7 +22,9 @@
 #include <uv.h>
 
 #include "common/common.h"
+#include "agent/agent.h"
 #include "common/fault.h"
+#include "net/conn_int.h"
 #include "net/net.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
@@ -848,5 +850,26 @@ Test(fault_conn, close_after_flush_sends_the_held_frames, .fini = disarm) {
   uv_run(&p.loop, UV_RUN_DEFAULT);
   cr_expect(eq(int, p.closed, 2));
   cr_expect(eq(int, uv_loop_close(&p.loop), 0));
+  ps__pool_free(p.pool);
+}
+
+/* A connection closing after its flush, with fault state, then a loop-wide walk that
+ * closes every handle (as a context's shutdown does): the walk skips the closing
+ * connection, so the fault timers must have been closed with it, or their state leaks.
+ * Everything closes, the state is freed and the loop is left without handles. */
+Test(fault_conn, close_after_flush_then_a_loop_walk_leaves_nothing, .fini = disarm) {
+  OK(ps__fault_arm("delay=10ms:type=clock:n=1:dir=out"));
+  pair p;
+  pair_open(&p);
+  send_ctrl_seq(&p, 1);
+  pair_run(&p, 1, 3000);
+  order_is(&p, "1");
+  cr_expect(eq(sz, ps__conn_fault_states(), 1));
+  ps__conn_close_after_flush(p.tx, 0);
+  ps__loop_close_all(&p.loop);
+  uv_run(&p.loop, UV_RUN_DEFAULT);
+  cr_expect(eq(int, p.closed, 2));
+  cr_expect(eq(sz, ps__conn_fault_states(), 0), "the fault state outlived its connection");
+  cr_expect(eq(int, uv_loop_close(&p.loop), 0), "a handle is left on the loop");
   ps__pool_free(p.pool);
 }
