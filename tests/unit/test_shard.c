@@ -255,12 +255,25 @@ Test(shard, a_sender_the_membership_never_listed_holds_no_round) {
   cr_assert(ps__shard_worker(SH, 99)->pending);
 }
 
-Test(shard, pulls_before_the_job_starts_are_answered_at_once) {
+/* Before this server hears of the job's start no round is applied: a sync pull past
+ * the first round waits for its rounds (the workers may have started already), and is
+ * answered once the start came and the clocks it needs are in. An async pull is
+ * answered at once. */
+Test(shard, a_sync_pull_before_the_job_starts_waits_for_its_rounds) {
   ps__table *t = create(1, PS_SPARSE, 1, SPARSE1);
+  ps__table *a = create(2, PS_SPARSE, 1, SPARSE1 " mode=async");
   ps__shard_member(SH, 1, 1);
-  cr_assert(ps__shard_pull_ready(SH, t, 5));
+  cr_assert(ps__shard_pull_ready(SH, t, 0), "the first round needs nothing applied");
+  cr_assert(not(ps__shard_pull_ready(SH, t, 2)));
+  cr_assert(ps__shard_pull_ready(SH, a, 5));
+  ps__shard_clock(SH, 1, 1);
+  ps__shard_clock(SH, 1, 2);
+  cr_assert(eq(i64, t->version, 0), "no round before the start");
+  cr_assert(not(ps__shard_pull_ready(SH, t, 2)));
   ps__shard_set_started(SH, 1);
-  cr_assert(not(ps__shard_pull_ready(SH, t, 5)));
+  cr_assert(eq(i64, t->version, 2));
+  cr_assert(ps__shard_pull_ready(SH, t, 2));
+  cr_assert(not(ps__shard_pull_ready(SH, t, 3)));
 }
 
 /* ---------------------------------------------------------------- ssp */
