@@ -817,6 +817,11 @@ int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__ta
   srv_sync *y = sync_find(s, t->id);
   if (!y || !p->nkeys) return 0;
   srv_catchup *cu = y->cu;
+  if (!cu) { /* the usual case: no catch-up, and no chain here ahead of the table */
+    int ahead = 0;
+    for (size_t i = 0; i < y->nver && !ahead; i++) ahead = y->ver[i] > t->version;
+    if (!ahead) return 0;
+  }
   ps__srv_chains x;
   if (ps__srv_chains_init(&x, s, t)) return 0;
   uint32_t nx, ck = ps__srv_push_chain(&x, p);
