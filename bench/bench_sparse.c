@@ -21,11 +21,19 @@
  *
  * usage: bench_sparse [--rows N] [--dims 1,8,32,128] [--batches 1000,10000,100000]
  *                     [--transport tcp|auto] [--no-redis] [--seconds S] [--rounds R] [--big-only]
- *                     [--once-cost] [--track-cost] [--finite-cost]
+ *                     [--against BIN] [--once-cost] [--track-cost] [--finite-cost]
  *
  * --big-only: only the 10M-key calls at dim 1 (populate, then three pull/push pairs;
  * no batch sweep, no Redis), each run printed with the server's and this process's
  * CPU time, for quick before/after comparisons on a busy machine.
+ *
+ * --big-only --against BIN: the same calls on two servers at once, this build's and
+ * one run from the pshard binary BIN (another build), each holding the same table;
+ * --rounds rounds (after one unmeasured) of a pull and a push on each, the server that
+ * goes first alternating. Prints each call's server CPU and wall time and, per figure,
+ * both medians and the median of the rounds' ratios (this build / BIN): the calls
+ * compared run seconds apart, so a machine whose load drifts between whole runs of
+ * the benchmark does not decide the comparison.
  *
  * --once-cost: what exactly-once pushes cost the server (shard/once.h), measured on
  * the shard engine in this process (no sockets, whose noise would hide it): for each
@@ -510,10 +518,99 @@ static const ec_variant EC_FINITE = {.title = "finite check of pushed values", .
                                      .opts_a = "opt=sgd lr=0.001 mode=async nonfinite=allow",
                                      .opts_b = "opt=sgd lr=0.001 mode=async", .footer = finite_footer};
 
+/* ---------------------------------------------------------------- --against */
+
+/* One server of a side-by-side comparison: its cluster, worker context and table. */
+typedef struct big_side {
+  bench_cluster c;
+  ps_ctx *ctx;
+  uint32_t tid;
+  float *vals;
+  double t[4][ROUNDS_MAX]; /* pull cpu, pull wall, push cpu, push wall */
+} big_side;
+
+/* A cluster of one server run from binary bin, a dim-1 table in it filled with nrows
+ * rows (pulls of 1M new keys, as in the main run). */
+static void big_side_start(big_side *b, const char *bin, uint64_t nrows, size_t nbig, const char *transport) {
+  char *old = getenv("PSHARD_BIN") ? strdup(getenv("PSHARD_BIN")) : NULL;
+  setenv("PSHARD_BIN", bin, 1); /* bench_cluster_start runs the binary it names */
+  bench_cluster_start(&b->c, 1, 1, transport);
+  if (old) setenv("PSHARD_BIN", old, 1);
+  else unsetenv("PSHARD_BIN");
+  free(old);
+  b->ctx = bench_open(&b->c, 0, 1, transport, "async");
+  bench_check(ps_table_declare(b->ctx, "emb1", PS_SPARSE, 1, "opt=sgd lr=0.01 mode=async init=uniform:0.01", &b->tid),
+              "declare");
+  size_t chunk = 1u << 20;
+  uint64_t *keys = malloc(chunk * 8);
+  float *out = malloc(chunk * 4);
+  for (uint64_t base = 0; base < nrows; base += chunk) {
+    size_t n = nrows - base < chunk ? (size_t)(nrows - base) : chunk;
+    for (size_t i = 0; i < n; i++) keys[i] = base + i;
+    bench_check(ps_pull(b->ctx, b->tid, keys, n, out, -1), "populate pull");
+  }
+  free(keys);
+  free(out);
+  b->vals = malloc(nbig * 4);
+}
+
+/* The 10M-key calls on this build's server and on one run from binary `base`,
+ * alternating (see --against at the top). */
+static int big_against(const char *base, uint64_t nrows, const char *transport) {
+  static big_side sd[2]; /* 0: this build, 1: base */
+  const char *bins[2] = {bench_pshard_bin(), base};
+  size_t nbig = nrows;
+  uint64_t *big = malloc(nbig * sizeof *big);
+  bench_zipf z;
+  bench_zipf_init(&z, nrows, ZIPF_S, 42);
+  for (size_t i = 0; i < POOL_KEYS; i++) bench_zipf_next(&z); /* the keys of the main run's 10M-key call */
+  for (size_t i = 0; i < nbig; i++) big[i] = bench_zipf_next(&z);
+  for (int s = 0; s < 2; s++) big_side_start(&sd[s], bins[s], nrows, nbig, transport);
+  printf("# bench_sparse --big-only --against: %llu keys of dim 1 per call, Zipf(%.1f); transport %s\n"
+         "# A = this build (%s), B = %s; %d rounds after one unmeasured, the first server alternating\n",
+         (unsigned long long)nbig, ZIPF_S, transport, bins[0], bins[1], rounds);
+  for (int r = -1; r < rounds; r++) {
+    for (int o = 0; o < 2; o++) {
+      int s = r & 1 ? 1 - o : o;
+      big_side *b = &sd[s];
+      pid_t sp = b->c.server_pid[0];
+      for (size_t i = 0; i < nbig; i++) b->vals[i] = 1e-4f;
+      double c0 = bench_cpu_s(sp), t0 = bench_now();
+      bench_check(ps_pull(b->ctx, b->tid, big, nbig, b->vals, -1), "big pull");
+      double c1 = bench_cpu_s(sp), t1 = bench_now();
+      bench_check(ps_push(b->ctx, b->tid, big, nbig, b->vals, 1, -1, -1), "big push");
+      double c2 = bench_cpu_s(sp), t2 = bench_now();
+      if (r < 0) continue;
+      b->t[0][r] = c1 - c0, b->t[1][r] = t1 - t0, b->t[2][r] = c2 - c1, b->t[3][r] = t2 - t1;
+      printf("# round %d %c: pull %.3f s (server cpu %.3f s); push %.3f s (server cpu %.3f s)\n", r, "AB"[s],
+             b->t[1][r], b->t[0][r], b->t[3][r], b->t[2][r]);
+    }
+  }
+  static const char *what[4] = {"pull server cpu", "pull wall", "push server cpu", "push wall"};
+  for (int k = 0; k < 4; k++) {
+    double a[ROUNDS_MAX], bb[ROUNDS_MAX], q[ROUNDS_MAX], lo = 1e300, hi = 0;
+    for (int r = 0; r < rounds; r++) {
+      a[r] = sd[0].t[k][r], bb[r] = sd[1].t[k][r], q[r] = a[r] / bb[r];
+      if (q[r] < lo) lo = q[r];
+      if (q[r] > hi) hi = q[r];
+    }
+    printf("%-16s A median %.3f s, B median %.3f s; A/B median of rounds %.2f (%.2f-%.2f)\n", what[k],
+           bench_median(a, (size_t)rounds), bench_median(bb, (size_t)rounds), bench_median(q, (size_t)rounds), lo, hi);
+  }
+  for (int s = 0; s < 2; s++) {
+    ps_ctx_close(sd[s].ctx);
+    bench_cluster_stop(&sd[s].c);
+    free(sd[s].vals);
+  }
+  free(big);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   uint64_t nrows = 10000000;
   const char *dims_s = "1,8,32,128", *batches_s = "1000,10000,100000", *transport = "tcp";
   int use_redis = 1, big_only = 0, once_only = 0, track_only = 0, finite_only = 0;
+  const char *against = NULL;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--rows") && i + 1 < argc) nrows = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--dims") && i + 1 < argc) dims_s = argv[++i];
@@ -523,13 +620,14 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--no-redis")) use_redis = 0;
     else if (!strcmp(argv[i], "--big-only")) big_only = 1;
+    else if (!strcmp(argv[i], "--against") && i + 1 < argc) against = argv[++i];
     else if (!strcmp(argv[i], "--once-cost")) once_only = 1;
     else if (!strcmp(argv[i], "--track-cost")) track_only = 1;
     else if (!strcmp(argv[i], "--finite-cost")) finite_only = 1;
     else {
       fprintf(stderr, "usage: bench_sparse [--rows N] [--dims LIST] [--batches LIST] [--transport tcp|auto] "
-                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--once-cost] [--track-cost] "
-                      "[--finite-cost]\n");
+                      "[--no-redis] [--seconds S] [--rounds R] [--big-only] [--against BIN] [--once-cost] "
+                      "[--track-cost] [--finite-cost]\n");
       return 2;
     }
   }
@@ -546,6 +644,11 @@ int main(int argc, char **argv) {
   for (char *s = strtok(buf, ","); s && nd < 8; s = strtok(NULL, ",")) dims[nd++] = (unsigned)atoi(s);
   snprintf(buf, sizeof buf, "%s", batches_s);
   for (char *s = strtok(buf, ","); s && nb < 8; s = strtok(NULL, ",")) batches[nb++] = (size_t)atol(s);
+  if (against && !big_only) {
+    fprintf(stderr, "bench_sparse: --against goes with --big-only\n");
+    return 2;
+  }
+  if (against) return big_against(against, nrows, transport);
   if (once_only) return engine_cost(&EC_ONCE, nrows, dims, nd, batches, nb);
   if (track_only) return engine_cost(&EC_TRACK, nrows, dims, nd, batches, nb);
   if (finite_only) return engine_cost(&EC_FINITE, nrows, dims, nd, batches, nb);
