@@ -148,8 +148,9 @@ def test_a_member_a_round_ahead_of_its_table_takes_over_without_applying_that_ro
     # workers send again are held by the chain already; applied again, they would change
     # the model.
     logs = []
-    model, stats = run(2, kill=victim, logs_out=logs,
-                       survivor_env={"PSHARD_FAULT": "delay=150ms:type=clock:n=1+:dir=in"})
+    # (scaled under ASan: the failover must come while the survivors still wait)
+    late = f"delay={int(150 * SCALE)}ms:type=clock:n=1+:dir=in"
+    model, stats = run(2, kill=victim, logs_out=logs, survivor_env={"PSHARD_FAULT": late})
     assert model == reference
     assert sum(stats["catchups"]) >= 2, stats
     assert all("delayed received clock frame" in log for log in logs), logs
