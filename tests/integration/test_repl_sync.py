@@ -75,8 +75,9 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
                     time.sleep(0.3)
                 finally:
                     os.kill(proc.pid, signal.SIGCONT)
-        logs = "".join(c.log(f"w{i}") for i in range(workers))
-        assert c.wait(ps, RUN) == [0] * workers, logs + c.log("scheduler")
+        codes = c.wait(ps, RUN)
+        assert codes == [0] * workers, "".join(f"--- w{i}\n{c.log(f'w{i}')[-3000:]}" for i in range(workers)) + \
+            c.log("scheduler")
         models = []
         for i in range(workers):
             log = c.log(f"w{i}")
