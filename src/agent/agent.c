@@ -264,6 +264,13 @@ static void agent_on_close(ps__conn *c, int status) {
   uv_timer_stop(&a->hb_timer);
   char msg[160];
   snprintf(msg, sizeof msg, "lost the scheduler (%s)", ps_strerror(status ? status : PS_ERR_CLOSED));
+  if (!a->registered && ps__now_ms() < a->deadline_ms) {
+    /* Lost before the registration (or the rejoin) was answered: the scheduler went
+     * away, since a refusal comes as an answer first. Try again until the deadline to
+     * register, as while it did not listen yet; one started again takes the node. */
+    uv_timer_start(&a->retry_timer, retry_tick, a->o.retry_ms, 0);
+    return;
+  }
   if (a->registered && a->o.rejoin_ms) {
     /* Wait for it: a restarted scheduler takes its nodes back (sched.c, its state file). */
     a->registered = 0;

@@ -54,6 +54,8 @@ typedef struct fake {
   int started;         /* the membership's started field */
   int close_after_hb;  /* > 0: close the connection after this many heartbeats */
   int64_t hello_clock; /* the HELLO reply's clock (a restored job's start clock) */
+  int drop_first;      /* close the first connection after its HELLO, unanswered */
+  int hellos;          /* HELLOs seen (atomic) */
   int stop;            /* set by the test (atomic) */
   /* what it saw (atomics) */
   int got_hello, heartbeats, got_leave;
@@ -117,6 +119,7 @@ static void serve(fake *f, int fd) {
     if (h.type == PS_MSG_HELLO) {
       cr_assert(eq(int, ps__hello_decode(body, (size_t)h.payload_len, &f->hello), 0));
       __atomic_store_n(&f->got_hello, 1, __ATOMIC_RELEASE);
+      if (__atomic_add_fetch(&f->hellos, 1, __ATOMIC_RELEASE) == 1 && f->drop_first) return; /* as if it died */
       if (f->mode == FAKE_SILENT) continue;
       ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h.req_id, .table = 7, .batch = 3,
                          .clock = f->hello_clock};
@@ -150,6 +153,7 @@ static void *fake_main(void *arg) {
     if (fd < 0) continue;
     serve(f, fd);
     close(fd);
+    if (f->drop_first && __atomic_load_n(&f->hellos, __ATOMIC_ACQUIRE) == 1) continue; /* and the next */
     break; /* one connection per test */
   }
   return NULL;
@@ -407,6 +411,25 @@ Test(agent, gives_up_at_the_deadline_without_an_answer, .timeout = 30) {
   cr_assert(ge(dbl, dt, 0.35), "gave up after %.2fs", dt);
   cr_assert(eq(int, o.registered, 0));
   cr_assert(eq(int, o.links_down, 1), "the owner was not told the connection is gone");
+  owner_close(&o, 1);
+  fake_stop(&f);
+}
+
+/* The scheduler goes away after the HELLO, unanswered (it died; one started again
+ * listens on the same port): the agent connects again and registers, before its
+ * deadline, instead of giving up. */
+Test(agent, a_connection_lost_before_the_registration_is_tried_again, .timeout = 30) {
+  fake f;
+  owner o;
+  fake_start(&f, 0, FAKE_ANSWER);
+  f.drop_first = 1;
+  fake_run(&f);
+  owner_init(&o, &f, 5000);
+  OK(ps__agent_start(&o.agent));
+  run_until(&o, &o.registered, 1, 10);
+  cr_assert(eq(int, o.lost, 0), "gave up: %s", o.lost_msg);
+  cr_assert(eq(int, o.registered, 1));
+  cr_assert(eq(int, __atomic_load_n(&f.hellos, __ATOMIC_ACQUIRE), 2));
   owner_close(&o, 1);
   fake_stop(&f);
 }
