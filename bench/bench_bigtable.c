@@ -17,6 +17,8 @@
  * a busy moment stretches the wall clock, not the CPU time, so the CPU figures are the
  * ones to compare across runs.
  *
+ * --load-only: the load phase alone (the two fills), without the requests after it.
+ *
  * --engine: the same on the shard engine in this process (no server, no sockets): the
  * store's and the optimiser's cost apart from the wire's. The load lines then also say
  * how much of the tables' next indexes this thread faulted in itself (the part the row
@@ -25,7 +27,7 @@
  * them.
  *
  * usage: bench_bigtable [--small N] [--big N] [--opt O] [--batches LIST] [--load-batch B]
- *                       [--seconds S] [--rounds R] [--transport tcp|auto] [--engine]
+ *                       [--seconds S] [--rounds R] [--transport tcp|auto] [--engine] [--load-only]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -163,7 +165,7 @@ int main(int argc, char **argv) {
   uint64_t rows[2] = {10000000, 100000000};
   const char *opt = "adagrad", *batches_s = "1000,10000,100000", *transport = "tcp";
   size_t load_batch = 100000;
-  int engine = 0;
+  int engine = 0, load_only = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--small") && i + 1 < argc) rows[0] = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--big") && i + 1 < argc) rows[1] = strtoull(argv[++i], NULL, 10);
@@ -174,9 +176,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) g_rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--transport") && i + 1 < argc) transport = argv[++i];
     else if (!strcmp(argv[i], "--engine")) engine = 1;
+    else if (!strcmp(argv[i], "--load-only")) load_only = 1;
     else {
       fprintf(stderr, "usage: bench_bigtable [--small N] [--big N] [--opt O] [--batches LIST] [--load-batch B] "
-                      "[--seconds S] [--rounds R] [--transport tcp|auto] [--engine]\n");
+                      "[--seconds S] [--rounds R] [--transport tcp|auto] [--engine] [--load-only]\n");
       return 2;
     }
   }
@@ -260,6 +263,7 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
 
+  if (load_only) goto done;
   printf("# rows/s over the wall clock and per CPU second of the %s; cost x = small rows/s / big rows/s (the "
          "per-row cost at the big size over the small one; target <= 1.5), median of the rounds' ratios [range]\n",
          engine ? "engine thread" : "server process");
@@ -300,6 +304,7 @@ int main(int argc, char **argv) {
              op ? "push" : "pull", batches[bi], med[0][0], med[0][1], med[0][2] * 1e3, med[0][3] * 1e3, med[1][0],
              med[1][1], med[1][2] * 1e3, med[1][3] * 1e3, mq[0], lo[0], hi[0], mq[1], lo[1], hi[1]);
     }
+done:
   if (engine) {
     ps__shard_free(g.sh);
     free(g.kbuf);
