@@ -10,13 +10,17 @@
  * reserve megabytes.
  *
  * Index. Open addressing with linear probing over 4-byte entries: 0 is a free entry,
- * anything else is (row number + 1) << tag_bits | tag, where the tag is tag_bits low
- * bits of the key's hash and tag_bits = 32 - the bits of the largest row number the
- * index can hold (5 bits for 10^8 rows, more in smaller maps). A probe compares tags,
- * and only a matching tag costs the access to the record, whose key decides; so a hit
+ * anything else is (row number + 1) << tag_bits | tag, where tag_bits = 32 - the bits
+ * of the largest row number the index can hold (5 bits for 10^8 rows, more in smaller
+ * maps). The tag's low bit says the entry is at its home; the bits above it are the top
+ * bits of the hash's fraction below the home (the low 64 bits of hash * capacity). A
+ * probe compares tags, the home flag included (an entry at the key's home must have it,
+ * one further on must not: about as selective as tag_bits bits of the hash), and lets a
+ * move to an index twice as large place an entry at its home without its key (below).
+ * Only a matching tag costs the access to the record, whose key decides; so a hit
  * costs the entry's cache line and the record's (the record is the row itself: the
  * access brings the row), and a miss costs the entries' line or two, a wrong tag match
- * (1 in 2^tag_bits entries scanned) a record more. A position is the hash times the
+ * (about 1 in 2^tag_bits entries scanned) a record more. A position is the hash times the
  * capacity, shifted (multiply-shift range reduction: any capacity works, as
  * ps__rowmap_reserve asks for, and positions keep the order of the hashes); the load is
  * at most 7/8 and the index doubles when it is reached, so its load stays between 7/16
@@ -25,8 +29,11 @@
  *
  * Growth without a pause (as Redis's dict does it, for open addressing): the new index
  * replaces the old one at once, new rows go into it, and every MIGRATE_EVERY inserts
- * MIGRATE_STEP rows of the old index move to it, in order of position, each key read
- * from its record (a batch of records prefetched together). Positions keep the hash
+ * MIGRATE_STEP rows of the old index move to it, in order of position. An entry at its
+ * home (about 56% of them at load 7/8) needs no record: its home in an index twice as
+ * large is twice the old one plus the fraction's top bit, and the fraction's next bits
+ * are its new tag. Any other entry's key is read from its record (a batch of records
+ * prefetched together), which is the move's cost: a random access. Positions keep the hash
  * order, so the writes into the new index go in order too. The old index does not
  * change meanwhile: a key whose home lies in a stretch of it that has moved whole (up to
  * an empty entry) is looked up in the new index only, any other in the old one and then
@@ -79,7 +86,8 @@ typedef struct rowidx {
   uint32_t *e;
   size_t cap;
   size_t max_rows; /* rows it may hold: 7/8 of cap (and at most MAX_ROWS) */
-  unsigned tb;     /* tag bits */
+  unsigned tb;     /* tag bits: the home flag and fb fraction bits */
+  unsigned fb;     /* tb - 1 (0 if tb is 0) */
   uint32_t tmask;  /* (1 << tb) - 1 */
   size_t mapped;   /* bytes mapped by huge_alloc, 0 if calloc'd */
 } rowidx;
@@ -243,7 +251,18 @@ static inline size_t ix_next(const rowidx *x, size_t s) { return s + 1 == x->cap
 
 static inline uint32_t ix_row(const rowidx *x, uint32_t e) { return (e >> x->tb) - 1; }
 
-static inline uint32_t ix_tag(const rowidx *x, uint64_t h) { return (uint32_t)h & x->tmask; }
+/* The tag of hash h at its home, or 1 less (the home flag clear) anywhere else: the
+ * fraction's top fb bits above the home flag. */
+static inline uint32_t ix_tag_lo(const rowidx *x, uint64_t lo) {
+  return x->tb ? (x->fb ? (uint32_t)(lo >> (64 - x->fb)) << 1 : 0) | 1 : 0;
+}
+
+/* Home and home tag of hash h in one multiply. */
+static inline size_t ix_home_tag(const rowidx *x, uint64_t h, uint32_t *tag) {
+  unsigned __int128 p = (unsigned __int128)h * x->cap;
+  *tag = ix_tag_lo(x, (uint64_t)p);
+  return (size_t)(p >> 64);
+}
 
 /* An empty index of cap entries into *x; 0 or -1. */
 static int ix_make(rowidx *x, size_t cap) {
@@ -265,6 +284,7 @@ static int ix_make(rowidx *x, size_t cap) {
   unsigned rb = (unsigned)(64 - __builtin_clzll((unsigned long long)x->max_rows)); /* holds row + 1 */
   x->tb = rb >= 32 ? 0 : 32 - rb;
   x->tmask = x->tb ? ((uint32_t)1 << x->tb) - 1 : 0;
+  x->fb = x->tb ? x->tb - 1 : 0;
   return 0;
 }
 
@@ -274,20 +294,29 @@ static void ix_free(rowidx *x) {
   memset(x, 0, sizeof *x);
 }
 
+/* Row r, whose home in x is s0 and home tag tag, into x (its key is not there yet):
+ * away from home the home flag is cleared. */
+static inline void ix_put_at(rowidx *x, size_t s0, uint32_t tag, uint32_t r) {
+  size_t s = s0;
+  while (x->e[s]) s = ix_next(x, s);
+  x->e[s] = ((r + 1) << x->tb) | (s == s0 ? tag : tag & ~(uint32_t)1);
+}
+
 /* Row r of hash h into x (its key is not there yet). */
 static inline void ix_put(rowidx *x, uint64_t h, uint32_t r) {
-  size_t s = ix_home(x, h);
-  while (x->e[s]) s = ix_next(x, s);
-  x->e[s] = ((r + 1) << x->tb) | ix_tag(x, h);
+  uint32_t tag;
+  size_t s = ix_home_tag(x, h, &tag);
+  ix_put_at(x, s, tag, r);
 }
 
 /* The row of key (hash h) in x, or NONE; its record into *rec when found. */
 static inline uint32_t ix_find(const ps__rowmap *m, const rowidx *x, uint64_t key, uint64_t h, char **rec) {
-  uint32_t tag = ix_tag(x, h);
-  for (size_t s = ix_home(x, h);; s = ix_next(x, s)) {
+  uint32_t tag;
+  size_t s0 = ix_home_tag(x, h, &tag);
+  for (size_t s = s0;; s = ix_next(x, s)) {
     uint32_t e = x->e[s];
     if (!e) return NONE;
-    if ((e & x->tmask) == tag) {
+    if ((e & x->tmask) == (s == s0 ? tag : tag & ~(uint32_t)1)) {
       uint32_t r = ix_row(x, e);
       char *p = rec_at(m, r);
       if (rec_key(p) == key) {
@@ -301,7 +330,11 @@ static inline uint32_t ix_find(const ps__rowmap *m, const rowidx *x, uint64_t ke
 /* The first row of x whose tag matches h, or NONE: the candidate a pipeline prefetches
  * (its key is checked when the record is in cache). */
 static inline uint32_t cand_at(const rowidx *x, size_t s, uint32_t tag);
-static inline uint32_t ix_candidate(const rowidx *x, uint64_t h) { return cand_at(x, ix_home(x, h), ix_tag(x, h)); }
+static inline uint32_t ix_candidate(const rowidx *x, uint64_t h) {
+  uint32_t tag;
+  size_t s = ix_home_tag(x, h, &tag);
+  return cand_at(x, s, tag);
+}
 
 /* Whether the old index's entry for hash h, if there is one, has surely moved to the
  * current index. The old index moves in order of position, from just after the empty
@@ -351,15 +384,31 @@ static void migrate(ps__rowmap *m, size_t k) {
   uint32_t rows[BATCH];
   uint64_t hs[BATCH];
   const rowidx *o = &m->old;
+  rowidx *x = &m->cur;
+  /* An entry at its home (flag set) moves without its record when the new index is
+   * twice the old one and its tag has a fraction bit for each: the new home is twice
+   * the old one plus the fraction's top bit, and the bits after it are the new tag's. */
+  int quick = x->cap == 2 * o->cap && o->fb >= x->fb + 1;
+  unsigned drop = quick ? o->fb - 1 - x->fb : 0;
+  uint32_t fmask = ((uint32_t)1 << x->fb) - 1;
   size_t moved = 0;
   while (moved < k && m->mig < o->cap) {
     size_t n = 0;
     while (n < BATCH && moved + n < k && m->mig < o->cap) {
       size_t p = m->ostart + 1 + m->mig;
-      uint32_t e = o->e[p >= o->cap ? p - o->cap : p];
+      if (p >= o->cap) p -= o->cap;
+      uint32_t e = o->e[p];
       m->mig++;
       if (e) {
-        rows[n] = ix_row(o, e);
+        uint32_t r = ix_row(o, e);
+        if (quick && (e & 1)) {
+          uint32_t f = (e & o->tmask) >> 1;
+          uint32_t tag = x->tb ? (((f >> drop) & fmask) << 1) | 1 : 0;
+          ix_put_at(x, 2 * p + (f >> (o->fb - 1)), tag, r);
+          moved++;
+          continue;
+        }
+        rows[n] = r;
         __builtin_prefetch(rec_at(m, rows[n]));
         n++;
       } else {
@@ -367,7 +416,7 @@ static void migrate(ps__rowmap *m, size_t k) {
       }
     }
     for (size_t j = 0; j < n; j++) hs[j] = ps__mix64(rec_key(rec_at(m, rows[j])));
-    for (size_t j = 0; j < n; j++) ix_put(&m->cur, hs[j], rows[j]);
+    for (size_t j = 0; j < n; j++) ix_put(x, hs[j], rows[j]);
     moved += n;
   }
   m->moved += moved;
@@ -375,7 +424,7 @@ static void migrate(ps__rowmap *m, size_t k) {
    * load 7/8 or less): asked for now, they arrive while the inserts before it run. */
   for (size_t i = 0, p = m->ostart + 1 + m->mig; i < MIGRATE_STEP * 5 / 4 && m->mig + i < o->cap; i++, p++) {
     uint32_t e = o->e[p >= o->cap ? p - o->cap : p];
-    if (e) __builtin_prefetch(rec_at(m, ix_row(o, e)));
+    if (e && !(quick && (e & 1))) __builtin_prefetch(rec_at(m, ix_row(o, e)));
   }
   if (m->mig == o->cap) {
     ix_free(&m->old);
@@ -572,14 +621,16 @@ static inline void prefetch_rec(const ps__rowmap *m, const char *r) {
  * the index, goes on one entry at a time. */
 #define FM_WIN 8
 static inline uint32_t cand_at(const rowidx *x, size_t s, uint32_t tag) {
+  uint32_t away = tag & ~(uint32_t)1; /* the tag past the home */
 #ifdef __SSE2__
   if (s + FM_WIN <= x->cap) {
     __m128i a = _mm_loadu_si128((const __m128i *)(const void *)(x->e + s));
     __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(x->e + s + 4));
-    __m128i zero = _mm_setzero_si128(), mk = _mm_set1_epi32((int)x->tmask), tg = _mm_set1_epi32((int)tag);
+    __m128i zero = _mm_setzero_si128(), mk = _mm_set1_epi32((int)x->tmask), tg = _mm_set1_epi32((int)away);
+    __m128i tg0 = _mm_set_epi32((int)away, (int)away, (int)away, (int)tag);
     unsigned z = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(a, zero))) |
                  (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(b, zero))) << 4;
-    unsigned t = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(a, mk), tg))) |
+    unsigned t = (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(a, mk), tg0))) |
                  (unsigned)_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, mk), tg))) << 4;
     t &= ~z;
     if (t | z) {
@@ -588,9 +639,10 @@ static inline uint32_t cand_at(const rowidx *x, size_t s, uint32_t tag) {
     }
     s += FM_WIN - 1; /* the loop below starts at the entry after */
     s = ix_next(x, s);
+    tag = away;
   }
 #endif
-  for (;; s = ix_next(x, s)) {
+  for (;; s = ix_next(x, s), tag = away) {
     uint32_t e = x->e[s];
     if (!e) return NONE;
     if ((e & x->tmask) == tag) return ix_row(x, e);
@@ -773,7 +825,11 @@ size_t ps__rowmap_upsert_many(ps__rowmap *m, const uint64_t *k64, const uint8_t 
     if (t < n) {
       uint64_t h = ps__mix64(k64 ? k64[t] : key_le(kle + 8 * t));
       hring[t & (FM_RING - 1)] = h;
-      if (m->cur.cap) __builtin_prefetch(&m->cur.e[ix_home(&m->cur, h)], 1);
+      if (m->cur.cap) {
+        size_t s = ix_home(&m->cur, h);
+        __builtin_prefetch(&m->cur.e[s], 1);
+        __builtin_prefetch(&m->cur.e[s + 16 < m->cur.cap ? s + 16 : s], 1); /* a miss's probe runs on at high load */
+      }
       if (m->old.cap && !old_moved(m, h)) __builtin_prefetch(&m->old.e[ix_home(&m->old, h)]);
     }
     size_t b = t - (FM_SLOT_AHEAD - FM_ROW_AHEAD);

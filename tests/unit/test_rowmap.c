@@ -86,6 +86,38 @@ Test(rowmap_growth, every_step_one_float) { growth_steps(1, 300000); }
 Test(rowmap_growth, every_step_odd_width) { growth_steps(3, 200000); }
 Test(rowmap_growth, every_step_wide) { growth_steps(48, 60000); }
 
+/* An index whose capacity is no power of two (sized by a reserve) doubles: the entries at their home
+ * move without their records (new home and tag from the old ones), the others by their
+ * keys, and every row is found at each step of the move, by a batch upsert as well. */
+Test(rowmap_growth, move_from_any_capacity) {
+  const size_t rf = 2;
+  ps__rowmap *m = ps__rowmap_new(rf);
+  cr_assert(eq(int, ps__rowmap_reserve(m, 70001), 0));
+  size_t n = 0, steps = 0;
+  while (n < 70001 || ps__rowmap_moving(m) || steps == 0) {
+    fill_row(ps__rowmap_upsert(m, key_of(n), NULL), rf, n);
+    n++;
+    if (ps__rowmap_moving(m) && n % 4099 == 0) {
+      check_all(m, rf, n, "during the move");
+      steps++;
+    }
+  }
+  cr_assert(gt(sz, steps, 3), "%zu checks during the move", steps);
+  check_all(m, rf, n, "the move ended");
+  enum { B = 64 };
+  uint64_t keys[B];
+  float *rows[B];
+  uint32_t idx[B];
+  uint8_t made[B];
+  for (size_t b = 0; b + B <= n; b += 997) {
+    for (size_t j = 0; j < B; j++) keys[j] = key_of(b + j);
+    cr_assert(eq(sz, ps__rowmap_upsert_many(m, keys, NULL, B, rows, idx, made, 1), B));
+    for (size_t j = 0; j < B; j++)
+      if (made[j] || idx[j] != b + j) cr_fatal("upsert_many of row %zu after the move", b + j);
+  }
+  ps__rowmap_free(m);
+}
+
 /* A view taken while rows move to a new index reads every row of the cut, during the
  * move and after it, while the owner inserts; lookups meanwhile answer from both
  * indexes. */
