@@ -67,179 +67,7 @@
 #include "common/common.h"
 #include "store/prefault.h"
 
-#define NONE UINT32_MAX                /* row number reported for an absent key */
-#define MAX_ROWS ((size_t)UINT32_MAX)  /* rows are numbered 0 .. MAX_ROWS - 1 */
-#define CHUNK_TARGET ((size_t)2 << 20) /* bytes of a large chunk, at most */
-#define MAX_CHUNK ((size_t)1 << 40)    /* refuse larger allocations outright */
-#define MIN_INDEX 16                   /* entries of the first index */
-#define ALIGN 64
-#define HUGE_PAGE ((size_t)2 << 20)    /* THP size on x86-64 */
-#define ARENA_BYTES ((size_t)64 << 20) /* address space reserved per arena */
-#define ARENA_MIN_CHUNK ((size_t)256 << 10) /* chunks this large come from arenas */
-#define KEY_BYTES 8u                   /* a record's key, before its row */
-#define MIGRATE_EVERY 32               /* inserts between two steps of a move */
-#define MIGRATE_STEP 64                /* rows moved to the new index per step */
-#define PF_WAIT_MS 10                  /* a growth waits this long at most for a helper's step */
-
-/* An index: cap 4-byte entries. */
-typedef struct rowidx {
-  uint32_t *e;
-  size_t cap;
-  size_t max_rows; /* rows it may hold: 7/8 of cap (and at most MAX_ROWS) */
-  unsigned tb;     /* tag bits: the home flag and fb fraction bits */
-  unsigned fb;     /* tb - 1 (0 if tb is 0) */
-  uint32_t tmask;  /* (1 << tb) - 1 */
-  size_t mapped;   /* bytes mapped by huge_alloc, 0 if calloc'd */
-} rowidx;
-
-typedef struct chunk {
-  void *mem;  /* as allocated (NULL: carved from an arena) */
-  char *rec;  /* ALIGN-aligned start of the records */
-} chunk;
-
-typedef struct arena {
-  char *base;
-  size_t len, used;
-  size_t ready;     /* bytes from base on faulted in, or given to a helper to fault in */
-  ps__prefault *pf; /* the helper faulting in the arena ahead of its chunks (NULL: none) */
-} arena;
-
-struct ps__rowmap {
-  size_t row_floats;
-  size_t row_bytes;
-  size_t stride;      /* bytes of a record: KEY_BYTES + row_bytes */
-  unsigned shift;     /* a large chunk holds 1 << shift records */
-  size_t count;       /* rows in use */
-  size_t row_cap;     /* rows the allocated chunks hold */
-  chunk *chunks;
-  size_t nchunks, chunks_cap;
-  size_t chunk_bytes; /* sum of the chunks' allocation sizes */
-  arena *arenas;      /* for large chunks; the last one is being filled */
-  size_t narenas;
-  rowidx cur;         /* the index new rows go into */
-  rowidx old;         /* the index being replaced (cap 0: none) */
-  size_t ostart;      /* an empty entry of the old index: its entries move from the next one on */
-  size_t mig;         /* old entries looked at (moved if not empty), from ostart + 1 on */
-  size_t safe;        /* the first mig entries up to an empty one: whole runs moved */
-  size_t old_n, moved; /* rows the old index holds, rows of it moved */
-  rowidx next;        /* the index to grow into, being faulted in (cap 0: none) */
-  size_t touched;     /* bytes of next faulted in (without a helper) */
-  ps__prefault *pf;   /* the helper faulting in next (NULL: none); next is its until pf_end */
-  size_t own_faulted; /* bytes of next indexes this thread faulted in itself, ever */
-};
-
-/* Rows held by chunk c. */
-static size_t chunk_rows(const ps__rowmap *m, size_t c) {
-  if (c == 0) return 1;
-  if (c <= m->shift) return (size_t)1 << (c - 1);
-  return (size_t)1 << m->shift;
-}
-
-/* Chunk of row i and the row's offset in it. Chunk 0 holds row 0, chunk c in
- * 1..shift holds rows [2^(c-1), 2^c), later chunks 1 << shift rows each. */
-static inline size_t locate_in(unsigned shift, size_t i, size_t *off) {
-  size_t c;
-  if (i >> shift) {
-    *off = i & (((size_t)1 << shift) - 1);
-    return shift + (i >> shift);
-  }
-  if (i == 0) {
-    *off = 0;
-    return 0;
-  }
-  c = (size_t)(64 - __builtin_clzll((unsigned long long)i));
-  *off = i - ((size_t)1 << (c - 1));
-  return c;
-}
-
-static inline char *rec_at(const ps__rowmap *m, size_t i) {
-  size_t off, c = locate_in(m->shift, i, &off);
-  return m->chunks[c].rec + off * m->stride;
-}
-
-static inline uint64_t rec_key(const char *rec) {
-  uint64_t k;
-  memcpy(&k, rec, sizeof k); /* 4-byte aligned when a row has an odd number of floats */
-  return k;
-}
-
-static inline float *rec_row(char *rec) { return (float *)(void *)(rec + KEY_BYTES); }
-
-/* ---------------------------------------------------------------- memory */
-
-/* n bytes (a multiple of HUGE_PAGE), 2 MiB-aligned, zeroed and advised for huge pages. */
-static void *huge_alloc(size_t n) {
-  size_t len = n + HUGE_PAGE;
-  char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return NULL;
-  uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
-  if (a > (uintptr_t)p) munmap(p, a - (uintptr_t)p);
-  size_t tail = (size_t)((uintptr_t)p + len - (a + n));
-  if (tail) munmap((char *)(a + n), tail);
-#ifdef MADV_HUGEPAGE
-  madvise((void *)a, n, MADV_HUGEPAGE);
-#endif
-  return (void *)a;
-}
-
-static size_t round_huge(size_t n) { return (n + HUGE_PAGE - 1) & ~(HUGE_PAGE - 1); }
-
-/* Keep the AHEAD bytes of arena a after its chunks faulted in by a helper, so that the
- * map's thread, writing new records, does not take their huge pages' faults (the
- * kernel zeroing 2 MiB, at times compacting memory first). Only where the helper's
- * faults write no byte (MADV_POPULATE_WRITE): records are written meanwhile, and
- * perhaps into the page the helper is in. A window is given once the last one is done
- * and less than half of one is left ahead; the chunks catching up with a window that is
- * still being faulted in just take their faults (the kernel serialises them). */
-#define AHEAD ((size_t)8 << 20)
-static void arena_ahead(arena *a) {
-  size_t claimed;
-  if (a->pf) {
-    if (!ps__prefault_finished(a->pf)) return;
-    ps__prefault_stop(a->pf, 1, 0, &claimed); /* ended: 0 */
-    a->pf = NULL;
-  }
-  if (a->ready >= a->len || a->ready >= a->used + AHEAD / 2 || !ps__prefault_writes_nothing()) return;
-  size_t from = a->ready > a->used ? a->ready : round_huge(a->used), to = from + AHEAD < a->len ? from + AHEAD : a->len;
-  if (from >= to) return;
-  a->pf = ps__prefault_start(a->base + from, to - from, a->base, a->len);
-  a->ready = to; /* failed: the map's thread takes these faults, as before */
-}
-
-/* Unmap arena a, or leave it to its helper if that is inside a step. */
-static void arena_free(arena *a) {
-  size_t claimed;
-  if (a->pf && ps__prefault_stop(a->pf, 0, 0, &claimed) < 0) return;
-  munmap(a->base, a->len);
-}
-
-/* n bytes (a multiple of ALIGN) from the map's arenas, or NULL. */
-static void *arena_take(ps__rowmap *m, size_t n) {
-  arena *a = m->narenas ? &m->arenas[m->narenas - 1] : NULL;
-  if (!a || a->len - a->used < n) {
-    size_t len = n > ARENA_BYTES ? round_huge(n) : ARENA_BYTES;
-    arena *as = ps__realloc(m->arenas, (m->narenas + 1) * sizeof *as);
-    if (!as) return NULL;
-    m->arenas = as;
-    char *base = huge_alloc(len);
-    if (!base) return NULL;
-    if (m->narenas && m->arenas[m->narenas - 1].pf) { /* the full arena's helper: done, or nearly */
-      size_t claimed;
-      ps__prefault_stop(m->arenas[m->narenas - 1].pf, 1, 0, &claimed);
-      m->arenas[m->narenas - 1].pf = NULL;
-    }
-    a = &m->arenas[m->narenas++];
-    a->base = base;
-    a->len = len;
-    a->used = 0;
-    a->ready = 0;
-    a->pf = NULL;
-  }
-  void *p = a->base + a->used;
-  a->used += n;
-  arena_ahead(a);
-  return p;
-}
+#include "store/rowmap_int.h"
 
 /* ---------------------------------------------------------------- the index */
 
@@ -270,8 +98,8 @@ static int ix_make(rowidx *x, size_t cap) {
   uint32_t *e;
   if (cap > SIZE_MAX / sizeof(uint32_t) / 8) return -1;
   if (bytes >= HUGE_PAGE) {
-    mapped = round_huge(bytes);
-    e = huge_alloc(mapped);
+    mapped = ps__rm_round_huge(bytes);
+    e = ps__rm_huge_alloc(mapped);
   } else {
     e = ps__calloc(cap, sizeof *e);
   }
@@ -435,7 +263,7 @@ static void migrate(ps__rowmap *m, size_t k) {
 static size_t next_cap(const ps__rowmap *m) { return m->cur.cap ? 2 * m->cur.cap : MIN_INDEX; }
 
 /* Bytes of the next index faulted in (or being faulted in) so far. */
-static size_t next_touched(const ps__rowmap *m) {
+size_t ps__rm_next_touched(const ps__rowmap *m) {
   if (!m->next.cap) return 0;
   size_t bytes = m->next.cap * sizeof(uint32_t), t = m->pf ? ps__prefault_claimed(m->pf) : m->touched;
   return t < bytes ? t : bytes;
@@ -568,7 +396,7 @@ ps__rowmap *ps__rowmap_new(size_t row_floats) {
 void ps__rowmap_free(ps__rowmap *m) {
   if (!m) return;
   for (size_t c = 0; c < m->nchunks; c++) free(m->chunks[c].mem);
-  for (size_t a = 0; a < m->narenas; a++) arena_free(&m->arenas[a]);
+  for (size_t a = 0; a < m->narenas; a++) ps__rm_arena_free(&m->arenas[a]);
   free(m->arenas);
   free(m->chunks);
   if (m->cur.cap) ix_free(&m->cur);
@@ -756,7 +584,7 @@ static int add_chunk(ps__rowmap *m) {
   }
   if (bytes >= ARENA_MIN_CHUNK) {
     bytes = (bytes + ALIGN - 1) & ~(size_t)(ALIGN - 1); /* arenas stay aligned */
-    mem = arena_take(m, bytes);
+    mem = ps__rm_arena_take(m, bytes);
     if (!mem) return -1;
     at = (uintptr_t)mem;
     mem = NULL; /* freed with its arena */
@@ -931,60 +759,4 @@ void ps__rowmap_clear(ps__rowmap *m) {
     memset(m->cur.e, 0, m->cur.cap * sizeof *m->cur.e);
   }
   m->count = 0;
-}
-
-void ps__rowmap_usage(const ps__rowmap *m, ps__rowmap_use *u) {
-  u->rows = m->count;
-  u->payload = m->count * m->row_bytes;
-  u->keys = m->count * KEY_BYTES;
-  u->index = (m->cur.cap + m->old.cap) * sizeof(uint32_t) + next_touched(m);
-  u->total = ps__rowmap_bytes(m);
-  u->spare = u->total - u->payload - u->keys - u->index;
-}
-
-size_t ps__rowmap_bytes(const ps__rowmap *m) {
-  return sizeof *m + m->chunks_cap * sizeof(chunk) + m->chunk_bytes + (m->cur.cap + m->old.cap) * sizeof(uint32_t) +
-         next_touched(m);
-}
-
-void ps__rowmap_next_state(const ps__rowmap *m, ps__rowmap_next *s) {
-  s->bytes = m->next.cap * sizeof(uint32_t);
-  s->faulted = m->pf ? ps__prefault_faulted(m->pf) : next_touched(m);
-  if (s->faulted > s->bytes) s->faulted = s->bytes;
-  s->own = m->own_faulted;
-  s->helper = m->pf != NULL;
-}
-
-/* ---------------------------------------------------------------- views */
-
-int ps__rowmap_view_take(const ps__rowmap *m, ps__rowmap_view *v) {
-  memset(v, 0, sizeof *v);
-  size_t off, nc = m->count ? locate_in(m->shift, m->count - 1, &off) + 1 : 0;
-  v->n = m->count;
-  v->row_floats = m->row_floats;
-  v->stride = m->stride;
-  v->shift = m->shift;
-  v->nchunks = nc;
-  v->recs = ps__malloc((nc ? nc : 1) * sizeof *v->recs);
-  if (!v->recs) {
-    ps__rowmap_view_free(v);
-    return PS_ERR_NOMEM;
-  }
-  for (size_t c = 0; c < nc; c++) v->recs[c] = m->chunks[c].rec;
-  return 0;
-}
-
-void ps__rowmap_view_free(ps__rowmap_view *v) {
-  free(v->recs);
-  memset(v, 0, sizeof *v);
-}
-
-float *ps__rowmap_view_row(const ps__rowmap_view *v, size_t i) {
-  size_t off, c = locate_in(v->shift, i, &off);
-  return rec_row(v->recs[c] + off * v->stride);
-}
-
-uint64_t ps__rowmap_view_key(const ps__rowmap_view *v, size_t i) {
-  size_t off, c = locate_in(v->shift, i, &off);
-  return rec_key(v->recs[c] + off * v->stride);
 }
