@@ -56,6 +56,10 @@ int ps__uv_err(int e) {
   }
 }
 
+static size_t conns_live; /* atomic: connections allocated and not freed, in this process */
+
+size_t ps__conn_live(void) { return __atomic_load_n(&conns_live, __ATOMIC_RELAXED); }
+
 ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, ps__pool *pool,
                          uint64_t max_payload) {
   ps__conn *c = ps__calloc(1, sizeof *c);
@@ -65,6 +69,7 @@ ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, 
     free(c);
     return NULL;
   }
+  __atomic_fetch_add(&conns_live, 1, __ATOMIC_RELAXED);
   c->stage_cap = STAGE_CAP;
   c->loop = loop;
   c->ops = ops;
@@ -177,9 +182,14 @@ static void conn_free_cb(uv_handle_t *h) {
   if (c->body.buf) ps__pool_put(c->pool, c->body.buf, c->body_cap ? c->body_cap : c->body.len);
   if (c->fq) ps__conn_fault_release(c);
   if (c->ops && c->ops->on_close) c->ops->on_close(c, c->close_status);
+  ps__conn_free_unopened(c);
+}
+
+void ps__conn_free_unopened(ps__conn *c) {
   free(c->discard_buf);
   free(c->stage);
   free(c);
+  __atomic_fetch_sub(&conns_live, 1, __ATOMIC_RELAXED);
 }
 
 void ps__conn_close(ps__conn *c, int status) {

@@ -25,8 +25,7 @@ static void on_connection(uv_stream_t *server, int status) {
   if (!c) return;
   int rc = l->is_unix ? uv_pipe_init(l->loop, &c->h.pipe, 0) : uv_tcp_init(l->loop, &c->h.tcp);
   if (rc != 0) {
-    free(c->stage);
-    free(c);
+    ps__conn_free_unopened(c);
     return;
   }
   c->h.handle.data = c;
@@ -151,11 +150,7 @@ typedef struct connect_req {
 } connect_req;
 
 
-static void free_unstarted(uv_handle_t *h) {
-  ps__conn *c = h->data;
-  free(c->stage);
-  free(c);
-}
+static void free_unstarted(uv_handle_t *h) { ps__conn_free_unopened(h->data); }
 
 static void on_connect(uv_connect_t *req, int status) {
   connect_req *cr = (connect_req *)req;
@@ -185,10 +180,7 @@ __attribute__((noinline)) static int connect_common(uv_loop_t *loop, const char 
   connect_req *cr = ps__malloc(sizeof *cr);
   int rc;
   if (!c || !cr) {
-    if (c) {
-      free(c->stage);
-      free(c);
-    }
+    if (c) ps__conn_free_unopened(c);
     free(cr);
     return ps__fail(PS_ERR_NOMEM, "out of memory connecting");
   }
@@ -205,8 +197,7 @@ __attribute__((noinline)) static int connect_common(uv_loop_t *loop, const char 
   }
   struct sockaddr_storage addr;
   if (resolve(host, port, &addr)) {
-    free(c->stage);
-    free(c);
+    ps__conn_free_unopened(c);
     free(cr);
     return ps__fail(PS_ERR_CONFIG, "bad address '%s' (an IP address, or a host name that resolves)", host);
   }

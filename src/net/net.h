@@ -157,6 +157,10 @@ int ps__conn_start(ps__conn *c);
 /* Allocate a conn for a stream to be initialised by the caller (tcp or pipe). */
 ps__conn *ps__conn_alloc(uv_loop_t *loop, const ps__conn_ops *ops, void *udata, ps__pool *pool,
                          uint64_t max_payload);
+/* Free a conn whose stream was never initialised (its handle not opened). */
+void ps__conn_free_unopened(ps__conn *c);
+/* Connections allocated and not yet freed in this process (STATS `connections`). */
+size_t ps__conn_live(void);
 /* Send a frame: header h (payload_len is set from bufs) and borrowed payload regions
  * (valid until cb). cb may be NULL. Returns 0, or an error (cb is then not called). */
 int ps__conn_send(ps__conn *c, ps__frame_hdr *h, const uv_buf_t *bufs, unsigned nbufs,
