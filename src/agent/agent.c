@@ -8,6 +8,9 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "agent/agent.h"
 #include "common/common.h"
@@ -284,6 +287,19 @@ static void agent_on_close(ps__conn *c, int status) {
   agent_give_up(a, PS_ERR_UNAVAILABLE, msg);
 }
 
+/* The registration's token: random, so that no other process names this one's node. */
+static uint64_t new_token(void) {
+  uint64_t t = 0;
+  if (getrandom(&t, sizeof t, GRND_NONBLOCK) != (ssize_t)sizeof t) { /* no entropy yet: time, pid and address */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    t = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)&t;
+    t ^= t >> 31;
+    t *= 0x9e3779b97f4a7c15ull;
+  }
+  return t ? t : 1;
+}
+
 int ps__agent_init(ps__agent *a, uv_loop_t *loop, const ps__agent_opts *o, const ps__agent_cbs *cb) {
   memset(a, 0, sizeof *a);
   if (!cb || !cb->registered || !cb->membership || !cb->lost)
@@ -300,6 +316,7 @@ int ps__agent_init(ps__agent *a, uv_loop_t *loop, const ps__agent_opts *o, const
   if (!a->o.connect_timeout_ms) a->o.connect_timeout_ms = AGENT_CONNECT_TIMEOUT_MS;
   if (!a->o.retry_ms) a->o.retry_ms = AGENT_RETRY_MS;
   if (!a->o.max_payload) a->o.max_payload = AGENT_MAX_PAYLOAD;
+  if (!a->o.hello.token) a->o.hello.token = new_token();
   uv_timer_init(loop, &a->hb_timer);
   uv_timer_init(loop, &a->retry_timer);
   uv_timer_init(loop, &a->deadline_timer);

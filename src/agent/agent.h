@@ -67,7 +67,8 @@ typedef struct ps__agent_opts {
   const char *sched_host;      /* copied */
   int sched_port;
   ps__hello hello;             /* what the node announces: role, pid, hostid, and for a
-                                * server its host, TCP port, unix path and caps */
+                                * server its host, TCP port, unix path and caps; its
+                                * token, when 0, is drawn at random by ps__agent_init */
   uint32_t heartbeat_ms;       /* 0: 200 */
   uint32_t connect_timeout_ms; /* deadline to register; 0: 60000 */
   uint32_t retry_ms;           /* between refused connection attempts; 0: 200 */

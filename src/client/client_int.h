@@ -351,8 +351,9 @@ void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why);
 /* May p be sent again after its connection failed or its attempt timed out? */
 int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now);
 /* Loop: a replicated part answered MOVED or UNAVAILABLE, or whose server died: send it
- * again to its chain's head (at once, or after a short wait). 1 if it will be, 0 if not
- * (the caller fails it). */
+ * again to its chain's head (at once, or after a short wait); a part of one copy
+ * answered UNAVAILABLE: to its server again, after the wait (later). 1 if it will be,
+ * 0 if not (the caller fails it). */
 int ps__part_reroute(ps_ctx *ctx, part *p, int later);
 /* The head of replicated part p's chain by the head rule (common/ring.h), 0: none live. */
 uint32_t ps__part_head(ps_ctx *ctx, const part *p);

@@ -111,8 +111,9 @@ static void dl_frame_done(ps_ctx *ctx, dlink *d) {
     size_t n = d->cur.payload_len < sizeof d->errtxt - 1 ? (size_t)d->cur.payload_len : sizeof d->errtxt - 1;
     d->errtxt[n] = '\0';
     /* A member that is not its chain's head (any more), or could not reach the next
-     * copy: the loop sends the part to the head under its membership then. */
-    if ((d->cur.status == PS_ERR_MOVED || d->cur.status == PS_ERR_UNAVAILABLE) && p->nchain > 1) {
+     * copy: the loop sends the part to the head under its membership then; a server
+     * not ready for it (UNAVAILABLE): the loop sends it there again after a wait. */
+    if ((d->cur.status == PS_ERR_MOVED && p->nchain > 1) || d->cur.status == PS_ERR_UNAVAILABLE) {
       p->reply_done = 0;
       if (ps__part_may_resend(ctx, p, ps__now_ms())) {
         p->again = 1;

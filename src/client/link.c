@@ -377,7 +377,7 @@ uint32_t ps__part_head(ps_ctx *ctx, const part *p) {
 
 int ps__part_reroute(ps_ctx *ctx, part *p, int later) {
   uint64_t now = ps__now_ms();
-  if (p->nchain < 2 || !ps__part_may_resend(ctx, p, now)) return 0;
+  if ((p->nchain < 2 && !later) || !ps__part_may_resend(ctx, p, now)) return 0;
   p->sent = 0;
   p->reply_done = 0;
   if (p->wpend) {
@@ -785,7 +785,10 @@ static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
     /* A member of a chain that is not its head (yet: its membership is behind ours; or
      * any more), or one that could not reach the next copy: after a short wait, the
      * chain's head under the membership then. */
-    if ((h->status == PS_ERR_MOVED || h->status == PS_ERR_UNAVAILABLE) && ps__part_reroute(ctx, p, 1)) return;
+    /* A server not ready for it (its registration unanswered, it stood still) says
+     * UNAVAILABLE: sent again after the same wait, replicated or not. */
+    if ((h->status == PS_ERR_UNAVAILABLE || (h->status == PS_ERR_MOVED && p->nchain > 1)) && ps__part_reroute(ctx, p, 1))
+      return;
     ps__part_fail(p, h->status, msg[0] ? msg : ps_strerror(h->status));
     return;
   }

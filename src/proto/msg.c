@@ -16,7 +16,9 @@ void ps__hello_encode(ps__wbuf *w, const ps__hello *h) {
   ps__wbuf_str(w, h->unix_path);
   ps__wbuf_str(w, h->hostid);
   ps__wbuf_u8(w, h->caps);
-  if (h->join) ps__wbuf_u8(w, 1); /* optional: absent means 0 */
+  /* Optional tail: absent means join 0 and token 0; a token comes after the join byte. */
+  if (h->join || h->token) ps__wbuf_u8(w, h->join ? 1 : 0);
+  if (h->token) ps__wbuf_u64(w, h->token);
 }
 
 int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
@@ -30,9 +32,14 @@ int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
   ps__rbuf_str(&r, h->unix_path, sizeof h->unix_path);
   ps__rbuf_str(&r, h->hostid, sizeof h->hostid);
   h->caps = ps__rbuf_u8(&r);
-  if (!r.err && r.off + 1 == n) {
+  if (!r.err && (r.off + 1 == n || r.off + 9 == n)) {
+    int with_token = r.off + 9 == n;
     h->join = ps__rbuf_u8(&r);
-    if (h->join != 1) r.err = 1;
+    if (h->join > 1 || (!with_token && h->join != 1)) r.err = 1;
+    if (with_token) {
+      h->token = ps__rbuf_u64(&r);
+      if (!h->token) r.err = 1;
+    }
   }
   if (r.err || r.off != n) return ps__fail(PS_ERR_PROTO, "malformed hello body");
   if (h->role < PS_ROLE_SERVER || h->role > PS_ROLE_WORKER) return ps__fail(PS_ERR_PROTO, "bad role %u in hello", h->role);

@@ -41,6 +41,9 @@ typedef struct ps__hello {
   char hostid[PS_HOST_MAX];
   uint8_t caps;
   uint8_t join;  /* a server that replaces a dead one (pshard server --join); absent on the wire: 0 */
+  uint64_t token; /* random, one per node process: a registration sent again because its answer
+                   * was lost (the connection broke, the scheduler restarted) names the node the
+                   * scheduler registered; absent on the wire: 0 */
 } ps__hello;
 
 /* Capabilities a node announces in its hello (ps__member.caps). */

@@ -183,6 +183,8 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
 
 /* A node registered before (by this scheduler, or by the one whose state it restarted
  * from) comes back after its connection broke: it names its id in `sender`. */
+static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello, node *n);
+
 static void on_rejoin(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello) {
   node *n = NULL;
   for (size_t i = 0; i < s->nnodes && !n; i++)
@@ -198,15 +200,26 @@ static void on_rejoin(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const p
     ps__conn_close_after_flush(c, PS_ERR_UNAVAILABLE);
     return;
   }
+  retake(s, c, h, hello, n);
+}
+
+/* A registered node that is not connected (its connection broke, or this scheduler
+ * restarted from its state) is back on connection c. */
+static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello, node *n) {
   n->conn = c;
   c->udata = n;
+  ps__conn_auth_bind(c, n->m.id);
   n->last_seen_ms = ps__now_ms();
   n->m.port = hello->port;
   memcpy(n->m.host, hello->host, sizeof n->m.host);
   memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
   n->m.caps = hello->caps;
-  ps__log(PS_LOG_INFO, "%s %u (rank %u) came back from %s", hello->role == PS_ROLE_SERVER ? "server" : "worker",
-          n->m.id, n->m.rank, c->peer);
+  if (h->sender)
+    ps__log(PS_LOG_INFO, "%s %u (rank %u) came back from %s", hello->role == PS_ROLE_SERVER ? "server" : "worker",
+            n->m.id, n->m.rank, c->peer);
+  else
+    ps__log(PS_LOG_WARN, "%s %u (rank %u) registered again from %s: the answer to its registration was lost; it keeps its id and rank",
+            hello->role == PS_ROLE_SERVER ? "server" : "worker", n->m.id, n->m.rank, c->peer);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
                      .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
   ps__conn_send_ctrl(c, &r, NULL, 0);
@@ -272,6 +285,7 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
   memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
   memcpy(n->m.hostid, hello->hostid, sizeof n->m.hostid);
   n->m.caps = hello->caps;
+  n->token = hello->token;
   n->last_seen_ms = ps__now_ms();
   n->last_copy_warned = 0;
   n->barrier_seq = -1;
@@ -320,6 +334,15 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
     on_join(s, c, h, &hello);
     return;
   }
+  /* The same process registering again: its first registration was taken (and, by the
+   * scheduler this one restarted from, saved), but the answer was lost. */
+  for (size_t i = 0; hello.token && i < s->nnodes; i++) {
+    node *x = &s->nodes[i];
+    if (x->token == hello.token && x->m.role == hello.role && x->m.alive && !x->conn) {
+      retake(s, c, h, &hello, x);
+      return;
+    }
+  }
   if (hello.role == PS_ROLE_SERVER && s->nserver_ranks >= s->o.servers) {
     /* Moving keys to a new server needs migration, which is not built yet: taking it
      * into the ring would lose the rows it became the owner of. */
@@ -348,6 +371,7 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
   memcpy(n->m.unix_path, hello.unix_path, sizeof n->m.unix_path);
   memcpy(n->m.hostid, hello.hostid, sizeof n->m.hostid);
   n->m.caps = hello.caps;
+  n->token = hello.token;
   n->conn = c;
   c->udata = n; /* only used as a marker; lookups go through node_by_conn */
   ps__conn_auth_bind(c, n->m.id); /* its frames name this node from now on */

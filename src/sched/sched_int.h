@@ -20,6 +20,7 @@
 typedef struct ps__sched_node {
   ps__member m;
   ps__conn *conn;
+  uint64_t token;       /* its registration's token (ps__hello): a HELLO sent again names it */
   uint64_t last_seen_ms;
   uint64_t dead_ms;     /* when it was removed (a replacement takes the oldest dead server) */
   int last_copy_warned; /* silent, kept: it holds the last live copy of some keys */

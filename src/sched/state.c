@@ -14,7 +14,8 @@
  * Format (little-endian, ps__wbuf): u32 magic "PSSS", u32 version 1, u32 next_id,
  * u32 server ranks, u32 worker ranks, u64 epoch, u8 started, u32 nodes, then per node:
  * u32 id, u8 role, u8 alive (bit 0; bit 1 late, bit 2 syncing), u32 rank, u32 port, str host, str unix path, str hostid,
- * u8 caps; u32 tables, then per table u32 length and a declaration as CREATE carries it
+ * u8 caps, u64 registration token (version 2; version 1 files, without it, are read
+ * too); u32 tables, then per table u32 length and a declaration as CREATE carries it
  * (proto/msg.c); u8 tasks present,
  * and if so u32 parts, epochs, epoch, ndone, then per partition u8 state and u32 owner;
  * last, u64 xxh64 of everything before it.
@@ -35,7 +36,7 @@
 #include "sched/sched_int.h"
 
 #define STATE_MAGIC 0x53535350u /* "PSSS" */
-#define STATE_VERSION 1u
+#define STATE_VERSION 2u /* 1: nodes without their tokens */
 #define STATE_MAX (64u << 20)
 
 static void state_path(const ps__sched *s, char *out, size_t cap, const char *suffix) {
@@ -62,6 +63,7 @@ static void encode(const ps__sched *s, ps__wbuf *w) {
     ps__wbuf_str(w, m->unix_path);
     ps__wbuf_str(w, m->hostid);
     ps__wbuf_u8(w, m->caps);
+    ps__wbuf_u64(w, s->nodes[i].token);
   }
   ps__wbuf_u32(w, (uint32_t)s->ntables);
   for (size_t i = 0; i < s->ntables; i++) { /* each declaration as a CREATE body, length first */
@@ -135,7 +137,7 @@ void ps__sched_state_save(ps__sched *s) {
   if (rc) ps__log(PS_LOG_ERROR, "the scheduler's state is not saved: %s", ps_errmsg());
 }
 
-static int decode_nodes(ps__sched *s, ps__rbuf *r) {
+static int decode_nodes(ps__sched *s, ps__rbuf *r, uint32_t version) {
   uint32_t n = ps__rbuf_u32(r);
   if (r->err || n > PS_MAX_MEMBERS) return -1;
   s->nodes = ps__calloc(n ? n : 1, sizeof *s->nodes);
@@ -156,6 +158,7 @@ static int decode_nodes(ps__sched *s, ps__rbuf *r) {
     ps__rbuf_str(r, x->m.unix_path, sizeof x->m.unix_path);
     ps__rbuf_str(r, x->m.hostid, sizeof x->m.hostid);
     x->m.caps = ps__rbuf_u8(r);
+    if (version >= 2) x->token = ps__rbuf_u64(r);
     x->last_seen_ms = now; /* liveness is judged afresh: it has heartbeat_timeout_ms to come back */
     x->barrier_seq = -1;
   }
@@ -215,14 +218,17 @@ int ps__sched_state_load(ps__sched *s) {
   int bad = n < 12 || n == STATE_MAX || ps__get_u64(buf + n - 8) != XXH64(buf, n - 8, 0);
   ps__rbuf r;
   ps__rbuf_init(&r, buf, bad ? 0 : n - 8);
-  if (!bad && (ps__rbuf_u32(&r) != STATE_MAGIC || ps__rbuf_u32(&r) != STATE_VERSION)) bad = 1;
+  uint32_t version = 0;
+  if (!bad && ps__rbuf_u32(&r) != STATE_MAGIC) bad = 1;
+  if (!bad) version = ps__rbuf_u32(&r);
+  if (!bad && (version < 1 || version > STATE_VERSION)) bad = 1;
   if (!bad) {
     s->next_id = ps__rbuf_u32(&r);
     s->nserver_ranks = ps__rbuf_u32(&r);
     s->nworker_ranks = ps__rbuf_u32(&r);
     s->epoch = ps__rbuf_u64(&r);
     s->started = ps__rbuf_u8(&r);
-    bad = r.err || decode_nodes(s, &r) || decode_rest(s, &r) || r.off != r.len;
+    bad = r.err || decode_nodes(s, &r, version) || decode_rest(s, &r) || r.off != r.len;
   }
   free(buf);
   if (bad) return ps__fail(PS_ERR_CORRUPT, "%s is not a valid scheduler state (damaged or from another version)", path);

@@ -239,6 +239,10 @@ static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   ps__server *s = c->loop->data;
   if (s->stopping) return;
   s->frames++;
+  if (ps__frame_is_data(h->type) && !s->id) { /* it knows no key of its own before its registration's answer */
+    ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "this server's registration has not been answered yet; send again");
+    return;
+  }
   if (ps__frame_is_data(h->type) && ps__srv_fenced(s)) {
     ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE, "server %u stood still and may have been replaced; send again", s->id);
     return;

@@ -32,31 +32,37 @@ class Job:
     """A scheduler, 2 servers and 2 ckpt_worker processes started by hand (not pshard
     run), so that the scheduler alone can be killed and started again."""
 
-    def __init__(self, tmp, state_dir=None):
+    def __init__(self, tmp, state_dir=None, sched_env=None, servers_first=False):
         self.tmp, self.procs, self.port = tmp, [], free_port()
         self.state_dir = state_dir
+        self.sched_env = sched_env
         self.env = dict(os.environ, PSHARD_SCHEDULER=f"127.0.0.1:{self.port}", PSHARD_MODE="sync",
                         PSHARD_REJOIN_MS=str(20000 * SLOW))
-        self.sched = self.start_scheduler("scheduler")
+        self.sched = self.start_scheduler("scheduler", sched_env)
         self.servers = [self.spawn([binary("pshard"), "server", "--rejoin-ms", str(20000 * SLOW)], f"server{i}")
                         for i in range(2)]
+        deadline = time.time() + 10 * SLOW
+        while servers_first and self.log("scheduler").count("registered as rank") < 2:  # before the workers
+            assert time.time() < deadline, self.logs()
+            time.sleep(0.02)
         self.out = os.path.join(tmp, "params")
         self.workers = [self.spawn([binary("ckpt_worker"), "--steps", str(STEPS), "--out", self.out], f"worker{i}")
                         for i in range(2)]
 
-    def spawn(self, argv, name):
+    def spawn(self, argv, name, env=None):
         log = open(os.path.join(self.tmp, name + ".log"), "ab")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(self.env, **(env or {})),
+                             start_new_session=True)
         p.name = name
         self.procs.append(p)
         return p
 
-    def start_scheduler(self, name):
+    def start_scheduler(self, name, env=None):
         argv = [binary("pshard"), "scheduler", "--servers", "2", "--workers", "2", "--port", str(self.port),
                 "--exit-when-done", "--heartbeat-timeout-ms", str(3000 * SLOW), "--verbose"]
         if self.state_dir:
             argv += ["--state-dir", self.state_dir]
-        p = self.spawn(argv, name)
+        p = self.spawn(argv, name, env)
         deadline = time.time() + 10 * SLOW
         while True:  # listening?
             try:
@@ -134,6 +140,47 @@ def test_a_killed_scheduler_started_again_takes_the_job_back(tmp):
         assert "restarted from" in log2 and log2.count("came back") == 4, log2
         for w in ("server0", "server1"):  # (a worker's library logs only through its hook)
             assert "serving on, waiting up to" in job.log(w), job.log(w)
+    finally:
+        job.close()
+
+
+def test_a_node_whose_registration_was_saved_but_not_answered_keeps_its_place(tmp):
+    """The scheduler takes a node's registration and saves it, then dies before the
+    answer reaches the node (here the first server's answer is dropped, and the
+    scheduler killed a second later). The node registers again with the restarted
+    scheduler, which knows it by its registration's token: it keeps its id and rank (no
+    second node, no place waiting for one that never comes), and the job ends with the
+    model of a run without the fault. Meanwhile the server, which knows no key of its
+    own, answers requests with "send again" (not MOVED), and the workers wait."""
+    ref_dir = os.path.join(tmp, "ref")
+    os.mkdir(ref_dir)
+    ref = Job(ref_dir, state_dir=os.path.join(ref_dir, "state"))
+    try:
+        want = ref.wait_workers(60)
+    finally:
+        ref.close()
+    run_dir = os.path.join(tmp, "run")
+    os.mkdir(run_dir)
+    job = Job(run_dir, state_dir=os.path.join(run_dir, "state"),
+              sched_env={"PSHARD_FAULT": "drop:type=hello-reply:n=1:dir=out"}, servers_first=True)
+    try:
+        deadline = time.time() + 10 * SLOW
+        while "registered as rank" not in job.log("scheduler") or job.log("scheduler").count("registered as rank") < 4:
+            assert time.time() < deadline, job.logs()
+            time.sleep(0.05)
+        time.sleep(1)  # the other three run (or wait for the fourth), the first waits for its answer
+        assert "fault: drop" in job.log("scheduler"), job.log("scheduler")
+        os.killpg(job.sched.pid, signal.SIGKILL)
+        job.sched.wait()
+        job.sched = job.start_scheduler("scheduler2")
+        got = job.wait_workers(90)
+        assert got == want, f"the model differs from the run without the fault\n{job.logs()}"
+        for s in job.servers:
+            assert s.wait(timeout=15 * SLOW) == 0, job.logs()
+        log2 = job.log("scheduler2")
+        assert "the answer to its registration was lost; it keeps its id and rank" in log2, log2
+        assert log2.count("came back") == 3, log2
+        assert "registered as rank" not in log2, log2
     finally:
         job.close()
 

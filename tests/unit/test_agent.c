@@ -61,6 +61,7 @@ typedef struct fake {
   int got_hello, heartbeats, got_leave;
   uint32_t leave_sender;
   ps__hello hello;
+  uint64_t first_token; /* the first HELLO's token */
   pthread_t thread;
 } fake;
 
@@ -119,6 +120,7 @@ static void serve(fake *f, int fd) {
     if (h.type == PS_MSG_HELLO) {
       cr_assert(eq(int, ps__hello_decode(body, (size_t)h.payload_len, &f->hello), 0));
       __atomic_store_n(&f->got_hello, 1, __ATOMIC_RELEASE);
+      if (!f->first_token) f->first_token = f->hello.token;
       if (__atomic_add_fetch(&f->hellos, 1, __ATOMIC_RELEASE) == 1 && f->drop_first) return; /* as if it died */
       if (f->mode == FAKE_SILENT) continue;
       ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h.req_id, .table = 7, .batch = 3,
@@ -430,6 +432,9 @@ Test(agent, a_connection_lost_before_the_registration_is_tried_again, .timeout =
   cr_assert(eq(int, o.lost, 0), "gave up: %s", o.lost_msg);
   cr_assert(eq(int, o.registered, 1));
   cr_assert(eq(int, __atomic_load_n(&f.hellos, __ATOMIC_ACQUIRE), 2));
+  /* Both name the same node process: a scheduler that took the first gives its place back. */
+  cr_assert(not(eq(u64, f.first_token, 0)));
+  cr_assert(eq(u64, f.hello.token, f.first_token));
   owner_close(&o, 1);
   fake_stop(&f);
 }

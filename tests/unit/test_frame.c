@@ -992,6 +992,26 @@ Test(msg, hello_join_byte) {
   ps__wbuf_free(&w);
 }
 
+Test(msg, hello_token) {
+  ps__hello h = {.role = PS_ROLE_WORKER, .pid = 9, .token = 0x0123456789abcdefull}, o;
+  for (int join = 0; join < 2; join++) {
+    h.join = (uint8_t)join;
+    ps__wbuf w;
+    ps__wbuf_init(&w);
+    ps__hello_encode(&w, &h);
+    cr_assert(eq(int, ps__hello_decode(w.data, w.len, &o), 0), "%s", ps_errmsg());
+    cr_assert(eq(u64, o.token, h.token));
+    cr_assert(eq(u8, o.join, join));
+    w.data[w.len - 9] = 2; /* the join byte before a token is 0 or 1 */
+    cr_assert(eq(int, ps__hello_decode(w.data, w.len, &o), PS_ERR_PROTO));
+    w.data[w.len - 9] = (uint8_t)join;
+    memset(w.data + w.len - 8, 0, 8); /* a token sent is never 0 */
+    cr_assert(eq(int, ps__hello_decode(w.data, w.len, &o), PS_ERR_PROTO));
+    cr_assert(eq(int, ps__hello_decode(w.data, w.len - 4, &o), PS_ERR_PROTO)); /* cut short */
+    ps__wbuf_free(&w);
+  }
+}
+
 Test(msg, membership_round_trip) {
   uint32_t sizes[] = {0, 1, 3, 17};
   for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {

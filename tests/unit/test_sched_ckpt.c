@@ -628,3 +628,83 @@ Test(sched_ckpt, task_state_of_the_cut_and_a_named_directory) {
   rm_rf(d);
   free(d);
 }
+
+/* ------------------------------------------------------------ registration tokens */
+
+static ps__frame_hdr hello_token(int fd, uint8_t role, uint64_t token, uint32_t sender) {
+  ps__hello hl = {.role = role, .port = 9, .pid = 1, .token = token};
+  snprintf(hl.host, sizeof hl.host, "127.0.0.1");
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__hello_encode(&w, &hl);
+  send_frame(fd, (ps__frame_hdr){.type = PS_MSG_HELLO, .req_id = 1, .sender = sender}, w.data, w.len);
+  ps__wbuf_free(&w);
+  char body[4096];
+  for (;;) { /* the answer, or the error that refuses it */
+    uint8_t hd[PS_FRAME_HDR_SIZE];
+    ps__frame_hdr h;
+    read_full(fd, hd, sizeof hd);
+    cr_assert_eq(ps__frame_decode(hd, 1u << 20, &h), 0, "%s", ps_errmsg());
+    cr_assert_lt(h.payload_len, sizeof body);
+    read_full(fd, body, h.payload_len);
+    if (h.type == (PS_MSG_HELLO | PS_FRAME_REPLY) || h.type == PS_MSG_ERROR || h.status) return h;
+  }
+}
+
+static void job_start_state(job *j, const char *state_dir) {
+  ps__sched_opts o = {.servers = 1, .workers = 2, .state_dir = state_dir, .heartbeat_timeout_ms = 20000};
+  cr_assert_eq(ps__sched_create(&o, &j->s), 0, "%s", ps_errmsg());
+  j->port = ps__sched_port(j->s);
+  cr_assert_eq(pthread_create(&j->th, NULL, run_sched, j->s), 0);
+}
+
+/* A node whose registration the scheduler took and saved, but whose answer was lost
+ * (the scheduler died before sending it), registers again with the same token: the
+ * scheduler started again from its state gives it back its id and rank instead of
+ * registering a second node. Another token, or the same one under another role, is a
+ * new node. */
+Test(sched_state, a_registration_sent_again_with_its_token_keeps_its_id_and_rank) {
+  char *d = tmpdir();
+  job j;
+  job_start_state(&j, d);
+  int srv = dial(j.port), w0 = dial(j.port), w1 = dial(j.port);
+  ps__frame_hdr s0 = hello_token(srv, PS_ROLE_SERVER, 0x1111, 0);
+  ps__frame_hdr a = hello_token(w0, PS_ROLE_WORKER, 0xabcdef0123456789ull, 0);
+  ps__frame_hdr b = hello_token(w1, PS_ROLE_WORKER, 0x2222, 0);
+  cr_assert_eq(a.status, 0);
+  cr_assert_eq(b.status, 0);
+  cr_assert_neq(a.table, b.table);
+  close(srv);
+  close(w0);
+  close(w1);
+  job_stop(&j); /* as if killed: the state file holds the three registrations */
+
+  job_start_state(&j, d);
+  /* Worker a never saw its answer: it registers afresh (sender 0), same token. */
+  w0 = dial(j.port);
+  ps__frame_hdr again = hello_token(w0, PS_ROLE_WORKER, 0xabcdef0123456789ull, 0);
+  cr_assert_eq(again.status, 0);
+  cr_assert_eq(again.table, a.table, "id %u, first registered as %u", again.table, a.table);
+  cr_assert_eq(again.batch, a.batch, "rank %u, first registered as %u", again.batch, a.batch);
+  /* The same token under another role is not that node. */
+  int x = dial(j.port);
+  ps__frame_hdr other = hello_token(x, PS_ROLE_SERVER, 0x2222, 0);
+  cr_assert(other.status != 0 || (other.table != b.table && other.table != s0.table),
+            "a server took worker %u's place by its token", b.table);
+  close(x);
+  /* Worker b comes back by its id, as a node that saw its answer does. */
+  w1 = dial(j.port);
+  ps__frame_hdr back = hello_token(w1, PS_ROLE_WORKER, 0x2222, b.table);
+  cr_assert_eq(back.status, 0);
+  cr_assert_eq(back.table, b.table);
+  /* Now connected, its token names no free node: a third process with it is new. */
+  int y = dial(j.port);
+  ps__frame_hdr third = hello_token(y, PS_ROLE_WORKER, 0xabcdef0123456789ull, 0);
+  cr_assert(third.status != 0 || third.table != a.table, "a connected node's place was taken by its token");
+  close(y);
+  close(w0);
+  close(w1);
+  job_stop(&j);
+  rm_rf(d);
+  free(d);
+}
