@@ -142,6 +142,7 @@ void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__
     /* Replicated after aggregation (repl_agg.c): answered once its buffer was applied
      * here and reached the tail (this server, when its chain has no other live copy). */
   } else if (st != PS__APPLIED) {
+    if (sync_repl && st != PS__DROPPED) ps__srv_sync_refused(s, t, p, &v);
     ps__srv_reply_verdict(c, h, &v);
     return;
   } else if (sync_repl) {

@@ -342,6 +342,31 @@ int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__ta
   return 1;
 }
 
+void ps__srv_sync_refused(ps__server *s, ps__table *t, const ps__push *p, const ps__verdict *v) {
+  static unsigned logged; /* loop thread only */
+  if (v->err != PS_ERR_CLOCK || logged >= 20) return;
+  logged++;
+  srv_sync *y = ps__rs_find(s, t->id);
+  ps__srv_chains x;
+  uint32_t nx = 0, ck = 0;
+  size_t idx = SIZE_MAX;
+  int place = -1;
+  if (y && p->nkeys && !ps__srv_chains_init(&x, s, t)) {
+    ck = ps__srv_push_chain(&x, p);
+    idx = ps__srv_chain_index(&x, ck);
+    place = ps__srv_chain_place(&x, ck, &nx);
+    ps__srv_chains_free(&x);
+  }
+  srv_catchup *cu = y ? y->cu : NULL;
+  ps__log(PS_LOG_WARN,
+          "table '%s': push of worker %u (incarnation %llu, push %u) for clock %lld refused at round %lld (epoch %llu): "
+          "chain %u, place %d, rounds held %lld; catch-up %s (at round %lld, from %lld, chain taken %d)",
+          t->decl.name, p->sender, (unsigned long long)p->inc, p->seq, (long long)p->clock, (long long)t->version,
+          (unsigned long long)s->epoch, ck, place, y && idx < y->nver ? (long long)y->ver[idx] : -1LL,
+          cu ? "running" : "none", cu ? (long long)cu->V : -1LL, cu ? (long long)cu->from : -1LL,
+          cu && idx < y->nver ? cu->taken[idx] : 0);
+}
+
 void ps__srv_sync_pushed(ps__server *s, ps__table *t) {
   srv_sync *y = ps__rs_find(s, t->id);
   if (y && y->cu) cu_check(s, y);

@@ -353,6 +353,10 @@ int64_t ps__srv_sync_durable_clock(ps__server *s, ps__table *t);
 /* A push (validated) to a sync table while a failover's catch-up runs: 1 when served
  * here (answered), 0 when the engine takes it as usual (then ps__srv_sync_pushed). */
 int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p);
+/* A push to a replicated sync table refused for its clock (the engine's verdict v): logged
+ * with the chain's state here (at most 20 times per server), since a worker that sent
+ * it expected the round to take it. */
+void ps__srv_sync_refused(ps__server *s, ps__table *t, const ps__push *p, const ps__verdict *v);
 void ps__srv_sync_pushed(ps__server *s, ps__table *t);
 /* Around a membership: which chains this server followed, and which it now heads. */
 void ps__srv_sync_before(ps__server *s);
