@@ -343,9 +343,8 @@ int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__ta
 }
 
 void ps__srv_sync_refused(ps__server *s, ps__table *t, const ps__push *p, const ps__verdict *v) {
-  static unsigned logged; /* loop thread only */
-  if (v->err != PS_ERR_CLOCK || logged >= 20) return;
-  logged++;
+  if (v->err != PS_ERR_CLOCK || s->sync_refusals_logged >= 20) return;
+  s->sync_refusals_logged++;
   srv_sync *y = ps__rs_find(s, t->id);
   ps__srv_chains x;
   uint32_t nx = 0, ck = 0;
