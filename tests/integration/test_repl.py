@@ -51,6 +51,11 @@ def counted(c, workers, pushes):
     return total
 
 
+def applied(c, index):
+    """Pushes the server has applied, over its tables (STATS table lines)."""
+    return sum(int(n) for n in re.findall(r"^table .* applied=(\d+)", stats(server_port(c, index)), re.M))
+
+
 def start_workers(c, workers, pushes, sleep_ms, extra=()):
     return [c.worker([binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", str(KEYS),
                       "--sleep-ms", str(sleep_ms)] + list(extra), f"w{i}") for i in range(workers)]
@@ -220,14 +225,24 @@ def metric(text, name):
 def test_replication_lag_shows_while_the_next_copy_stands_still():
     import urllib.request
     with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=int(20000 * SCALE), extra_env={"PSHARD_RETRY_MS": "300"}) as c:
-        ps = start_workers(c, 2, 100, 5)
-        time.sleep(0.5)
+        ps = start_workers(c, 2, 400, 5)
+        # Stop the next copy only once pushes flow to every server (under ASan the
+        # workers take a while to start): a forward must be waiting on it.
+        deadline = time.time() + 10 * SCALE
+        while not all(applied(c, i) > 0 for i in range(3)) and time.time() < deadline:
+            time.sleep(0.05)
+        assert all(applied(c, i) > 0 for i in range(3)), [applied(c, i) for i in range(3)]
+        assert all(p.poll() is None for p in ps), "the workers finished before the stop"
         os.kill(c.server_procs[1].pid, signal.SIGSTOP)
         try:
-            time.sleep(1.5)
             # The server whose chain has server 1 next (the ring decides which): its
-            # forwards wait.
-            lag = {i: server_stat(c, i, "replication_lag_ms") for i in (0, 2)}
+            # forwards wait, and the oldest one's wait grows past a second.
+            deadline = time.time() + 1.5 + 5 * SCALE
+            while True:
+                time.sleep(0.2)
+                lag = {i: server_stat(c, i, "replication_lag_ms") for i in (0, 2)}
+                if max(lag.values()) >= 1000 or time.time() > deadline:
+                    break
             w = max(lag, key=lag.get)
             assert lag[w] >= 1000, lag
             assert server_stat(c, w, "forwards_inflight") > 0
@@ -246,7 +261,7 @@ def test_replication_lag_shows_while_the_next_copy_stands_still():
         finally:
             os.kill(c.server_procs[1].pid, signal.SIGCONT)
         assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
-        counted(c, 2, 100)
+        counted(c, 2, 400)
         assert all(server_stat(c, i, "forwards_inflight") == 0 for i in range(3))
         assert all(server_stat(c, i, "replication_lag_ms") == 0 for i in range(3))
 
