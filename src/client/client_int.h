@@ -83,6 +83,8 @@ struct part {
   int again;               /* direct.c: to be sent again through the loop */
   ps__vx_part vx;          /* how a dense part's values travel (net/xport.h); zero: inline */
   int held;                /* on ctx->held until its deadline (ps__part_finish) */
+  int unanswered;          /* a push with keep, counted in ctx->keep_unanswered until it
+                            * finishes (link.c: the CLOCKs behind it wait) */
   int status;
   /* Replication: the chain of the part's keys (head first); the part goes to its first
    * live member, and is sent again to the next one when that server dies or answers
@@ -270,6 +272,12 @@ struct ps_ctx {
   uint32_t retry_ms;       /* a push's attempt timeout; 0: nothing is sent again */
   uint64_t resent;         /* parts sent again (atomic) */
   int64_t clock_sent;      /* the largest CLOCK handed to the links (atomic) */
+  /* A CLOCK goes to the servers only once every push of a replicated sync table sent
+   * before it has its answer (loop): a push refused by a chain's new head, not the head
+   * at its epoch yet, is sent again later, and its CLOCK must not get there first. */
+  uint64_t keep_unanswered; /* such pushes sent on the loop and not finished */
+  int64_t held_clock;       /* the largest CLOCK waiting for them (0: none) */
+  int release_posted;       /* a mail to send it is queued */
 
   /* what runs beside the worker in this process (embedded mode, a colocated server) */
   ps__ctx_embed emb;
@@ -374,6 +382,12 @@ static inline void ps__clock_sent(ps_ctx *ctx, int64_t c) {
 }
 /* Loop mail handler: a fire-and-forget frame (struct fire, freed). */
 void ps__mail_fire(void *arg);
+/* Loop: push part p, counted in keep_unanswered, is answered or failed; the CLOCK held
+ * behind the last of them goes out (from the mailbox: not inside the caller's walk of
+ * a link's parts). */
+void ps__clock_unhold(ps_ctx *ctx, part *p);
+/* Loop: send the held CLOCK if nothing holds it any more (the sweep's fallback). */
+void ps__clock_release(ps_ctx *ctx);
 /* A decoded membership: links of new servers, dead ones failed, the ring replaced. */
 void ps__on_membership(ps_ctx *ctx, const ps__membership *m);
 /* A successful reply to p (loop or lent link): what it tells the context. */

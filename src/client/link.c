@@ -213,7 +213,11 @@ void ps__part_send(ps_ctx *ctx, peer *l, part *p) {
   if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, kept when sent again */
     p->hdr.inc = ctx->incarnation;
     p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
-    if (p->keep) ps__keep_sent(ctx, p);
+    if (p->keep) {
+      ps__keep_sent(ctx, p);
+      p->unanswered = 1;
+      ctx->keep_unanswered++;
+    }
   }
   if (p->lk != l) { /* a push sent again on its connection is on the list already */
     p->lk = l;
@@ -854,10 +858,37 @@ void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, siz
 void ps__mail_fire(void *arg) {
   fire *f = arg;
   ps_ctx *ctx = f->ctx;
-  if (f->h.type == PS_MSG_CLOCK) ps__clock_sent(ctx, f->h.clock);
-  fire_links(ctx, f->target, &f->h, f->body, f->len);
+  if (f->h.type == PS_MSG_CLOCK && ctx->keep_unanswered) {
+    /* Behind unanswered pushes to replicated sync tables: it goes when they are answered
+     * (a later CLOCK stands for this one, the servers keep the largest). */
+    if (f->h.clock > ctx->held_clock) ctx->held_clock = f->h.clock;
+  } else {
+    if (f->h.type == PS_MSG_CLOCK) ps__clock_sent(ctx, f->h.clock);
+    fire_links(ctx, f->target, &f->h, f->body, f->len);
+  }
   __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
   free(f);
+}
+
+void ps__clock_release(ps_ctx *ctx) {
+  if (!ctx->held_clock || ctx->keep_unanswered || ctx->closing) return;
+  ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = ctx->held_clock};
+  ctx->held_clock = 0;
+  ps__clock_sent(ctx, h.clock);
+  fire_links(ctx, SCHED_LINK + 1, &h, NULL, 0);
+}
+
+static void mail_release(void *arg) {
+  ps_ctx *ctx = arg;
+  ctx->release_posted = 0;
+  ps__clock_release(ctx);
+}
+
+void ps__clock_unhold(ps_ctx *ctx, part *p) {
+  p->unanswered = 0;
+  if (--ctx->keep_unanswered || !ctx->held_clock || ctx->release_posted) return;
+  /* (if the mail cannot be posted, the sweep sends it) */
+  if (!ps__mailbox_post(ctx->mail, mail_release, ctx)) ctx->release_posted = 1;
 }
 
 static void fire_links(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *fh, const void *body, size_t len) {

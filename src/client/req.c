@@ -67,6 +67,7 @@ int ps__part_must_hold(const part *p) { return ps__vx_must_hold(&p->vx, p->sent,
 /* A part is finished when its reply arrived (or it failed) and its write completed. */
 void ps__part_finish(part *p) {
   if (p->finished) return;
+  if (p->unanswered) ps__clock_unhold(p->req->ctx, p);
   if (!p->held && ps__part_must_hold(p)) {
     if (p->lk) {
       part_list_remove(&p->lk->inflight, p);
@@ -110,6 +111,7 @@ void ps__part_fail(part *p, int status, const char *msg) {
 void ps__sweep_tick(uv_timer_t *t) {
   ps_ctx *ctx = t->data;
   uint64_t now = ps__now_ms();
+  ps__clock_release(ctx);
   for (part *p = ctx->held; p;) { /* peer-memory parts whose buffers the server may no longer touch */
     part *next = p->next;
     if (!ps__part_must_hold(p)) ps__part_finish(p);

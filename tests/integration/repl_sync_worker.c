@@ -15,6 +15,10 @@
  * is a hash of its bits, and a line "calls direct=D peer_mem=P" follows, from the
  * context's counters:
  *   model b fnv=0123456789abcdef
+ * --compute-ms MS sleeps between a round's pulls and its pushes (a worker computing).
+ * --overlap starts the pushes of "w" and "e" (ps_push_range_start, ps_push_start),
+ * clocks, and then waits for them, as a pipelined trainer does: the CLOCK is handed
+ * over before the pushes are answered.
  * A failed call prints "fail ROUND CALL rc=NAME msg=..." and the worker exits 1.
  * Exit status 0 when the script ran, 2 bad usage. Connection settings from PSHARD_*.
  */
@@ -37,10 +41,20 @@ static int fail(int round, const char *call, int rc) {
 }
 
 int main(int argc, char **argv) {
-  int rounds = 20, sleep_ms = 0, nbig = 0;
+  int rounds = 20, sleep_ms = 0, nbig = 0, compute_ms = 0, overlap = 0;
   const char *mode = "sync";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  int bad = 0;
+  for (int i = 1; i < argc && !bad; i++) {
+    if (!strcmp(argv[i], "--overlap")) {
+      overlap = 1;
+      continue;
+    }
+    if (i + 1 >= argc) {
+      bad = 1;
+      break;
+    }
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--compute-ms")) compute_ms = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
     else if (!strcmp(argv[i], "--big")) nbig = atoi(argv[i + 1]);
@@ -48,11 +62,14 @@ int main(int argc, char **argv) {
       fprintf(stderr, "repl_sync_worker: unknown option %s\n", argv[i]);
       return 2;
     }
+    i++;
   }
-  if (argc % 2 == 0 || rounds < 1 || nbig < 0) {
-    fprintf(stderr, "usage: repl_sync_worker [--rounds N] [--sleep-ms MS] [--mode MODE] [--big N]\n");
+  if (bad || rounds < 1 || nbig < 0 || compute_ms < 0 || (overlap && nbig)) {
+    fprintf(stderr, "usage: repl_sync_worker [--overlap] [--rounds N] [--sleep-ms MS] [--compute-ms MS] [--mode MODE] "
+                    "[--big N]\n");
     return 2;
   }
+
   ps_ctx *ctx;
   int rc = ps_ctx_open_env(&ctx);
   if (rc) return fail(-1, "open", rc);
@@ -81,6 +98,22 @@ int main(int argc, char **argv) {
     if ((rc = ps_pull(ctx, te, keys, NK, e, -1))) return fail(c, "pull e", rc);
     for (int i = 0; i < NW; i++) gw[i] = (w[i] - 0.1f * (float)(i % 5)) * (1.0f + 0.25f * (float)rank) + 0.01f * sinf((float)(c + i));
     for (int i = 0; i < NK * DIM; i++) ge[i] = e[i] * 0.5f - 0.02f * (float)((i + c + rank) % 7);
+    if (compute_ms) {
+      struct timespec ts = {compute_ms / 1000, (long)(compute_ms % 1000) * 1000000L};
+      nanosleep(&ts, NULL);
+    }
+    if (overlap) { /* nbig is refused with --overlap */
+      ps_req *rw = NULL, *re = NULL;
+      if ((rc = ps_push_range_start(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, &rw)))
+        return fail(c, "push w", rc);
+      if ((rc = ps_push_start(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, &re))) return fail(c, "push e", rc);
+      if ((rc = ps_clock(ctx))) return fail(c, "clock", rc);
+      if ((rc = ps_req_wait(rw, -1))) return fail(c, "push w", rc);
+      if ((rc = ps_req_wait(re, -1))) return fail(c, "push e", rc);
+      ps_req_free(rw);
+      ps_req_free(re);
+      goto clocked;
+    }
     if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
     if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
     if (nbig) {
@@ -90,6 +123,7 @@ int main(int argc, char **argv) {
         return fail(c, "push b", rc);
     }
     if ((rc = ps_clock(ctx))) return fail(c, "clock", rc);
+  clocked:
     if (sleep_ms) {
       struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
       nanosleep(&ts, NULL);

@@ -36,13 +36,14 @@ BIG = 3 * 32768  # floats: a part per server of 128 KiB, above the peer-memory m
 
 
 def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None, env=None,
-        logs_out=None, survivor_env=None, then_kill=None, victim_logs=None):
+        logs_out=None, survivor_env=None, then_kill=None, victim_logs=None, worker_args=()):
     """The model lines of a job, after killing (or stopping) server index kill/stop;
     with big, a large dense table too, and each worker's call counters into calls;
     victim_env: the environment of the victim alone; survivor_env: of the other
     servers; env: of every process; logs_out: a list that gets the survivors' logs;
     then_kill: (index, seconds): another server SIGKILLed that long after the first;
-    victim_logs: a dict that gets the victims' logs (servers run with --verbose)."""
+    victim_logs: a dict that gets the victims' logs (servers run with --verbose);
+    worker_args: more options of repl_sync_worker."""
     hbt = int(1000 * SCALE)
     victim = kill if kill is not None else stop
     victims = {victim} | ({then_kill[0]} if then_kill else set())
@@ -53,7 +54,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
                  extra_env={"PSHARD_RETRY_MS": "300", **(env or {})},
                  server_env=server_env or None, verbose=victim_logs is not None) as c:
         extra = ["--big", str(big)] if big else []
-        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(ROUNDS), "--sleep-ms", str(sleep_ms)] + extra,
+        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(ROUNDS), "--sleep-ms", str(sleep_ms)] + extra +
+                       list(worker_args),
                        f"w{i}") for i in range(workers)]
         if victim is not None:
             time.sleep(0.7)  # not scaled: the workers must still be training
@@ -139,6 +141,22 @@ def test_workers_hearing_of_a_death_before_the_servers_keeps_the_sync_model(refe
     assert sum(stats["catchups"]) >= 2, stats
     assert all("delayed received membership frame #2" in log for log in logs), logs
     assert not any("ends at its deadline" in log for log in logs), logs
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+def test_a_pipelined_worker_hearing_of_a_death_first_keeps_the_sync_model(reference, victim):
+    # The workers start their pushes and clock before the pushes are answered, as the
+    # click-through example does, and compute 40 ms between a round's pulls and its
+    # pushes, so the kill lands there: they hear of it before they push, 1 s before the
+    # servers. A push to a chain the survivor is to take over is refused by it (not
+    # the head yet at its epoch) and sent again later. The worker's CLOCK for that round
+    # must not reach the survivor before it: the survivor would apply the round without
+    # the push, and refuse the push when it came (PS_ERR_CLOCK).
+    late = "delay=1000ms:type=membership:n=2+:node=server"
+    model, stats = run(2, kill=victim, env={"PSHARD_FAULT": late}, sleep_ms=0,
+                       worker_args=["--overlap", "--compute-ms", "40"])
+    assert model == reference
+    assert sum(stats["catchups"]) >= 2, stats
 
 
 @pytest.mark.parametrize("victim", [0, 1])
