@@ -272,10 +272,13 @@ struct ps_ctx {
   uint32_t retry_ms;       /* a push's attempt timeout; 0: nothing is sent again */
   uint64_t resent;         /* parts sent again (atomic) */
   int64_t clock_sent;      /* the largest CLOCK handed to the links (atomic) */
-  /* A CLOCK goes to the servers only once every push of a replicated sync table sent
-   * before it has its answer (loop): a push refused by a chain's new head, not the head
-   * at its epoch yet, is sent again later, and its CLOCK must not get there first. */
+  /* For CLOCK_GUARD_MS after a server's death, or after a push to a replicated sync
+   * table was refused by a member of its chain, a CLOCK goes to the servers only once
+   * every such push sent before it has its answer (loop): a push refused by a chain's
+   * new head, not the head at its epoch yet, is sent again later, and its CLOCK must
+   * not get there first. */
   uint64_t keep_unanswered; /* such pushes sent on the loop and not finished */
+  uint64_t clock_guard_ms;  /* until then, CLOCKs wait for them */
   int64_t held_clock;       /* the largest CLOCK waiting for them (0: none) */
   int release_posted;       /* a mail to send it is queued */
 
@@ -386,6 +389,7 @@ void ps__mail_fire(void *arg);
  * behind the last of them goes out (from the mailbox: not inside the caller's walk of
  * a link's parts). */
 void ps__clock_unhold(ps_ctx *ctx, part *p);
+#define CLOCK_GUARD_MS 10000
 /* Loop: send the held CLOCK if nothing holds it any more (the sweep's fallback). */
 void ps__clock_release(ps_ctx *ctx);
 /* A decoded membership: links of new servers, dead ones failed, the ring replaced. */

@@ -547,6 +547,9 @@ static void link_fail_over(ps_ctx *ctx, peer *l, uint64_t epoch, const char *why
   /* What follows (parts sent again, kept pushes, the REPLAYED list) goes on links a
    * caller may hold, in a call that waits for the new heads, which wait for it. */
   __atomic_store_n(&ctx->yield_until_ms, ps__now_ms() + FAIL_OVER_YIELD_MS, __ATOMIC_RELAXED);
+  /* The survivors may hear of the death after this worker: its CLOCKs wait for its
+   * pushes to replicated sync tables to be answered for a while (ps__mail_fire). */
+  ctx->clock_guard_ms = ps__now_ms() + CLOCK_GUARD_MS;
   /* The pushes to replicated sync tables among them: the new heads wait for them. */
   size_t nkeep = 0, ki = 0;
   for (part *p = l->queue_head; p; p = p->next) nkeep += p->keep && ps__frame_is_push_req(p->hdr.type);
@@ -791,8 +794,10 @@ static void link_frame(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
      * chain's head under the membership then. */
     /* A server not ready for it (its registration unanswered, it stood still) says
      * UNAVAILABLE: sent again after the same wait, replicated or not. */
-    if ((h->status == PS_ERR_UNAVAILABLE || (h->status == PS_ERR_MOVED && p->nchain > 1)) && ps__part_reroute(ctx, p, 1))
+    if ((h->status == PS_ERR_UNAVAILABLE || (h->status == PS_ERR_MOVED && p->nchain > 1)) && ps__part_reroute(ctx, p, 1)) {
+      if (p->unanswered) ctx->clock_guard_ms = ps__now_ms() + CLOCK_GUARD_MS; /* memberships disagree */
       return;
+    }
     ps__part_fail(p, h->status, msg[0] ? msg : ps_strerror(h->status));
     return;
   }
@@ -858,9 +863,10 @@ void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, siz
 void ps__mail_fire(void *arg) {
   fire *f = arg;
   ps_ctx *ctx = f->ctx;
-  if (f->h.type == PS_MSG_CLOCK && ctx->keep_unanswered) {
-    /* Behind unanswered pushes to replicated sync tables: it goes when they are answered
-     * (a later CLOCK stands for this one, the servers keep the largest). */
+  if (f->h.type == PS_MSG_CLOCK && ctx->keep_unanswered && ps__now_ms() < ctx->clock_guard_ms) {
+    /* Behind unanswered pushes to replicated sync tables, for a while after a death or a
+     * push refused by a chain's member: it goes when they are answered (a later CLOCK
+     * stands for this one, the servers keep the largest). */
     if (f->h.clock > ctx->held_clock) ctx->held_clock = f->h.clock;
   } else {
     if (f->h.type == PS_MSG_CLOCK) ps__clock_sent(ctx, f->h.clock);
