@@ -280,7 +280,6 @@ struct ps_ctx {
   uint64_t keep_unanswered; /* such pushes sent on the loop and not finished */
   uint64_t clock_guard_ms;  /* until then, CLOCKs wait for them */
   int64_t held_clock;       /* the largest CLOCK waiting for them (0: none) */
-  int release_posted;       /* a mail to send it is queued */
 
   /* what runs beside the worker in this process (embedded mode, a colocated server) */
   ps__ctx_embed emb;

@@ -860,17 +860,25 @@ void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, siz
   fire_links(ctx, SCHED_LINK + 1, h, body, len);
 }
 
+/* A CLOCK of clock c to every live server, after the parts queued on each link. */
+static void clock_out(ps_ctx *ctx, int64_t c) {
+  ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = c};
+  ps__clock_sent(ctx, c);
+  fire_links(ctx, SCHED_LINK + 1, &h, NULL, 0);
+}
+
 void ps__mail_fire(void *arg) {
   fire *f = arg;
   ps_ctx *ctx = f->ctx;
-  if (f->h.type == PS_MSG_CLOCK && ctx->keep_unanswered && ps__now_ms() < ctx->clock_guard_ms) {
+  if (f->h.type != PS_MSG_CLOCK) {
+    fire_links(ctx, f->target, &f->h, f->body, f->len);
+  } else if (ctx->keep_unanswered && ps__now_ms() < ctx->clock_guard_ms) {
     /* Behind unanswered pushes to replicated sync tables, for a while after a death or a
      * push refused by a chain's member: it goes when they are answered (a later CLOCK
      * stands for this one, the servers keep the largest). */
     if (f->h.clock > ctx->held_clock) ctx->held_clock = f->h.clock;
   } else {
-    if (f->h.type == PS_MSG_CLOCK) ps__clock_sent(ctx, f->h.clock);
-    fire_links(ctx, f->target, &f->h, f->body, f->len);
+    clock_out(ctx, f->h.clock);
   }
   __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
   free(f);
@@ -878,23 +886,17 @@ void ps__mail_fire(void *arg) {
 
 void ps__clock_release(ps_ctx *ctx) {
   if (!ctx->held_clock || ctx->keep_unanswered || ctx->closing) return;
-  ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = ctx->held_clock};
+  int64_t c = ctx->held_clock;
   ctx->held_clock = 0;
-  ps__clock_sent(ctx, h.clock);
-  fire_links(ctx, SCHED_LINK + 1, &h, NULL, 0);
+  clock_out(ctx, c);
 }
 
-static void mail_release(void *arg) {
-  ps_ctx *ctx = arg;
-  ctx->release_posted = 0;
-  ps__clock_release(ctx);
-}
+static void mail_release(void *arg) { ps__clock_release(arg); }
 
 void ps__clock_unhold(ps_ctx *ctx, part *p) {
   p->unanswered = 0;
-  if (--ctx->keep_unanswered || !ctx->held_clock || ctx->release_posted) return;
   /* (if the mail cannot be posted, the sweep sends it) */
-  if (!ps__mailbox_post(ctx->mail, mail_release, ctx)) ctx->release_posted = 1;
+  if (!--ctx->keep_unanswered && ctx->held_clock) ps__mailbox_post(ctx->mail, mail_release, ctx);
 }
 
 static void fire_links(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *fh, const void *body, size_t len) {

@@ -44,7 +44,7 @@ int main(int argc, char **argv) {
   int rounds = 20, sleep_ms = 0, nbig = 0, compute_ms = 0, overlap = 0;
   const char *mode = "sync";
   int bad = 0;
-  for (int i = 1; i < argc && !bad; i++) {
+  for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--overlap")) {
       overlap = 1;
       continue;
@@ -69,7 +69,6 @@ int main(int argc, char **argv) {
                     "[--big N]\n");
     return 2;
   }
-
   ps_ctx *ctx;
   int rc = ps_ctx_open_env(&ctx);
   if (rc) return fail(-1, "open", rc);
@@ -112,18 +111,17 @@ int main(int argc, char **argv) {
       if ((rc = ps_req_wait(re, -1))) return fail(c, "push e", rc);
       ps_req_free(rw);
       ps_req_free(re);
-      goto clocked;
+    } else {
+      if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
+      if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
+      if (nbig) {
+        if ((rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
+        for (int i = 0; i < nbig; i++) gb[i] = b[i] * (0.5f + 0.125f * (float)rank) - 0.01f * (float)((i + c) % 11);
+        if ((rc = ps_push_range(ctx, tb, 0, (uint64_t)nbig, gb, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1)))
+          return fail(c, "push b", rc);
+      }
+      if ((rc = ps_clock(ctx))) return fail(c, "clock", rc);
     }
-    if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
-    if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
-    if (nbig) {
-      if ((rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
-      for (int i = 0; i < nbig; i++) gb[i] = b[i] * (0.5f + 0.125f * (float)rank) - 0.01f * (float)((i + c) % 11);
-      if ((rc = ps_push_range(ctx, tb, 0, (uint64_t)nbig, gb, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1)))
-        return fail(c, "push b", rc);
-    }
-    if ((rc = ps_clock(ctx))) return fail(c, "clock", rc);
-  clocked:
     if (sleep_ms) {
       struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
       nanosleep(&ts, NULL);
