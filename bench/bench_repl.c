@@ -182,9 +182,8 @@ static void part_sync(int rounds, const char *only) {
   printf("sync rounds, replicated after aggregation (S = 2, K = 2 workers, 1 MiB table, %d rounds, median of 3)\n",
          rounds);
   printf("  %-34s %10s %10s %10s\n", "rounds per second", "R = 1", "R = 2", "R2 / R1");
-  /* tcp: the same transport for both; auto: the same-host transports, of which R >= 2
-   * does not use peer memory for pulls (a head written off must not write into a
-   * caller's buffers later) */
+  /* tcp: the same transport for both; auto: the same-host transports (peer memory for
+   * pushes and pulls alike; under R >= 2 a pull's expiry is short, PS_VX_CHAIN_PULL_MS) */
   const char *xports[2] = {"tcp", "auto"};
   double cpu[2][2][2]; /* [transport][R - 1][workers, servers]: medians, us per round */
   for (int x = 0; x < 2; x++) {

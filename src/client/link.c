@@ -59,12 +59,19 @@ int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now) {
          now < p->deadline_ms &&
          /* a replicated peer-memory push may go to the next copy: a server that reads
           * the worker's buffers after the call returned reads a push every copy has
-          * applied already (route.c, link_takes_pm) */
-         (p->vx.xport == PS_XPORT_INLINE || (p->nchain > 1 && t == PS_MSG_PUSH_DENSE)) &&
+          * applied already; a pull too, once the server it went to may no longer
+          * write into them (route.c, link_takes_pm; ps__part_submit) */
+         (p->vx.xport == PS_XPORT_INLINE || (p->nchain > 1 && (t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE))) &&
          (t == PS_MSG_PUSH || t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL || t == PS_MSG_PULL_DENSE);
 }
 
 #define RECONNECT_MS 200 /* a failed connect of a link with parts to send again: next try */
+
+/* A replicated pull sent by peer memory: its server may write into the caller's buffers
+ * until it answers, or until the expiry the frame carries. */
+static int pull_lent(const part *p) {
+  return p->nchain > 1 && p->hdr.type == PS_MSG_PULL_DENSE && p->vx.xport == PS_XPORT_PEER_MEM && p->attempts;
+}
 
 static int by_req_id(const void *a, const void *b) {
   uint64_t x = (*(part *const *)a)->hdr.req_id, y = (*(part *const *)b)->hdr.req_id;
@@ -100,6 +107,8 @@ void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why) {
     p->lk = NULL;
     if (!again || !ps__part_may_resend(ctx, p, now)) {
       ps__part_fail(p, status, why);
+    } else if (pull_lent(p)) {
+      ps__part_reroute(ctx, p, 1); /* after its server may no longer write (ps__part_submit) */
     } else if (p->wpend) {
       p->resend = 1; /* once its write callback ran (on_write_done) */
     } else {
@@ -379,6 +388,15 @@ uint32_t ps__part_head(ps_ctx *ctx, const part *p) {
 
 #define REROUTE_WAIT_MS 50 /* a part refused by its chain's member waits this long */
 
+static void part_delay(ps_ctx *ctx, part *p, uint64_t at) {
+  p->retry_at_ms = at;
+  p->queued = 2;
+  p->prev = NULL;
+  p->next = ctx->delayed;
+  if (ctx->delayed) ctx->delayed->prev = p;
+  ctx->delayed = p;
+}
+
 int ps__part_reroute(ps_ctx *ctx, part *p, int later) {
   uint64_t now = ps__now_ms();
   if ((p->nchain < 2 && !later) || !ps__part_may_resend(ctx, p, now)) return 0;
@@ -392,12 +410,7 @@ int ps__part_reroute(ps_ctx *ctx, part *p, int later) {
     ps__part_submit(ctx, p);
     return 1;
   }
-  p->retry_at_ms = now + REROUTE_WAIT_MS;
-  p->queued = 2;
-  p->prev = NULL;
-  p->next = ctx->delayed;
-  if (ctx->delayed) ctx->delayed->prev = p;
-  ctx->delayed = p;
+  part_delay(ctx, p, now + REROUTE_WAIT_MS);
   return 1;
 }
 
@@ -416,6 +429,19 @@ static void delayed_sweep(ps_ctx *ctx, uint64_t now) {
 }
 
 void ps__part_submit(ps_ctx *ctx, part *p) {
+  /* A replicated pull sent before by peer memory: the member it went to may still write
+   * into the caller's buffers (one written off while it stood still may resume, and
+   * copy until the expiry). Sent again once it may not (it answered, its process is
+   * gone, or the expiry and its slack passed), and inline. */
+  if (pull_lent(p)) {
+    if (ps__vx_must_hold(&p->vx, 1, p->vx.until + PS_VX_SLACK_MS)) {
+      part_delay(ctx, p, ps__now_ms() + REROUTE_WAIT_MS);
+      return;
+    }
+    memset(&p->vx, 0, sizeof p->vx);
+    p->vx.xport = p->hdr.xport = PS_XPORT_INLINE;
+    p->nsend = 1; /* its segment list alone (route.c, dense_start) */
+  }
   if (p->nchain > 1) {
     uint32_t head = ps__part_head(ctx, p);
     if (head) p->target = head;
@@ -684,6 +710,22 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
   ps__ring_free(ring);
 }
 
+/* A replicated pull by peer memory that a call gave back with its link after a death
+ * (direct.c, direct_yield) waits on ctx->delayed for its server to answer or expire
+ * (ps__part_submit): that server's answer, when it comes on l, is the pull's answer. */
+static part *lent_pull_adopt(ps_ctx *ctx, peer *l, uint64_t req_id) {
+  int pid = __atomic_load_n(&l->pm, __ATOMIC_RELAXED);
+  part *p = ctx->delayed;
+  while (p && !(p->hdr.req_id == req_id && pull_lent(p) && pid && p->vx.pid == pid)) p = p->next;
+  if (!p) return NULL;
+  part_list_remove(&ctx->delayed, p);
+  p->queued = 0;
+  p->sent = p->write_done = 1; /* written whole before the call gave its link back */
+  p->lk = l;
+  part_list_push(&l->inflight, p);
+  return p;
+}
+
 /* A reply's header on link l: find its part and where its body goes. */
 static int link_header(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR) return 0;
@@ -695,6 +737,7 @@ static int link_header(ps_ctx *ctx, peer *l, const ps__frame_hdr *h, ps__body *b
     peer *hl = ps__link_find(ctx, h->batch);
     p = hl ? inflight_find(hl, h->req_id) : NULL;
   }
+  if (!p) p = lent_pull_adopt(ctx, l, h->req_id);
   if (!p || p->reply_done) {
     b->discard = 1; /* a reply to a canceled or timed-out request */
     return 0;

@@ -292,22 +292,23 @@ typedef struct link_ask {
 } link_ask;
 
 /* The pid of the target's server process if peer-memory frames may go to it, else 0.
- * Under replicas only a push, and only when every member of its chain takes peer
- * memory: a part is sent again to the next member when its head fails, and a server
- * that reads the worker's buffers after the call returned (a copy sent again) reads a
- * push every copy has applied already, which its window drops (a push to a replicated
- * sync table too: the copy kept for a failover, keep.c, holds its values inline). A
- * pull is answered inline: a head written off while it stood still must not write into
- * the caller's buffers later. */
+ * Under replicas, a push only when every member of its chain takes peer memory: a part
+ * is sent again to the next member when its head fails, and a server that reads the
+ * worker's buffers after the call returned (a copy sent again) reads a push every copy
+ * has applied already, which its window drops (a push to a replicated sync table too:
+ * the copy kept for a failover, keep.c, holds its values inline). A pull may go by
+ * peer memory to its head: a short expiry (PS_VX_CHAIN_PULL_MS) bounds how long that
+ * head may write into the caller's buffers, and the pull goes to the next member only
+ * once the head no longer may (ps__part_submit), inline. */
 static int link_takes_pm(void *arg) {
   const link_ask *a = arg;
   ps_ctx *ctx = a->ctx;
   int repl = __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1;
-  if (!ctx->peer_mem || a->encoded || (repl && (!a->is_push || a->p->nchain < 2))) return 0;
+  if (!ctx->peer_mem || a->encoded || (repl && a->p->nchain < 2)) return 0;
   pthread_mutex_lock(&ctx->lend_mu);
   peer *l = ps__link_find(ctx, a->target);
   int pm = l ? __atomic_load_n(&l->pm, __ATOMIC_RELAXED) : 0;
-  for (unsigned k = 0; repl && pm && k < a->p->nchain && k < PS_MAX_REPLICAS; k++) {
+  for (unsigned k = 0; repl && a->is_push && pm && k < a->p->nchain && k < PS_MAX_REPLICAS; k++) {
     peer *m = ps__link_find(ctx, a->p->chain[k]);
     if (!m || !__atomic_load_n(&m->pm, __ATOMIC_RELAXED)) pm = 0;
   }
@@ -425,6 +426,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
                     is_push, p};
     p->hdr.xport = ps__vx_choose(&p->vx, bytes, deadline, now, link_takes_pm, &ask);
     int pm = p->hdr.xport == PS_XPORT_PEER_MEM;
+    if (pm && repl && !is_push && p->vx.until > now + PS_VX_CHAIN_PULL_MS) p->vx.until = now + PS_VX_CHAIN_PULL_MS;
     regs[1] = uv_buf_init((char *)tail, (unsigned)ps__vx_tail(&p->vx, tail, regs + 2, nseg_of[s]));
     if (pm) {
       __atomic_add_fetch(&ctx->pm_parts, 1, __ATOMIC_RELAXED);

@@ -102,6 +102,12 @@ static inline const char *ps__vx_name(const ps__vx *x) { return x->ops->name; }
  * them until the expiry its tail carries, PS_VX_SLACK_MS before the part's deadline;
  * peer memory is used only when the deadline is at least twice that far. */
 #define PS_VX_SLACK_MS 2000u
+/* A pull of a replicated table by peer memory expires this long after it is built, at
+ * the latest: it may have to go to the next member of its chain, and goes only when
+ * the member it went to first may no longer write into the caller's buffers (one
+ * written off while it stood still may resume). A server that finds a pull expired
+ * answers it inline. */
+#define PS_VX_CHAIN_PULL_MS 1000u
 
 /* How one dense part of a worker's request carries its values. */
 typedef struct ps__vx_part {
@@ -150,8 +156,8 @@ int ps__vx_reply(const ps__vx_part *v, const ps__frame_hdr *h, uint64_t want, in
 int ps__vx_lent(const ps__vx_part *v, int sent);
 /* Must the caller's buffers of part v, sent (sent != 0), stay lent now? Yes while the
  * server may still copy (ps__vx_lent): until it answered or closed the connection
- * (v->answered), the part's deadline_ms passed (the tail's expiry is before it), or its
- * process is gone (exited, or a zombie: it writes nowhere any more). */
+ * (v->answered), deadline_ms passed (the tail's expiry and PS_VX_SLACK_MS after it),
+ * or its process is gone (exited, or a zombie: it writes nowhere any more). */
 int ps__vx_must_hold(const ps__vx_part *v, int sent, uint64_t deadline_ms);
 
 #endif /* PS_XPORT_H */

@@ -94,6 +94,7 @@ int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_
     ps__log(PS_LOG_WARN, "%s; answering with the values instead", ps_errmsg());
     return 0;
   }
+  if (rc == PS_ERR_TIMEOUT) return 0; /* expired (a pull of a replicated table waits long): inline */
   if (rc) {
     ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
     return 1;
@@ -223,8 +224,9 @@ static void answer_fused_pulls(ps__server *s, ps__table *t, pending_pull *f) {
     f = p->next;
     uint64_t moved = p->fused.total;
     ps__vx_close(&p->fused);
-    if (p->fused_err == PS_ERR_UNAVAILABLE) {
-      ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len); /* not fused, or not permitted after all */
+    if (p->fused_err == PS_ERR_UNAVAILABLE || p->fused_err == PS_ERR_TIMEOUT) {
+      /* not fused, not permitted after all, or expired: inline */
+      ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len);
     } else if (p->fused_err) {
       ps__srv_reply_err(p->conn, &p->h, p->fused_err, "%s", p->fused_msg);
     } else {
@@ -465,6 +467,9 @@ int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body 
 
 int ps__srv_round_apply(void *arg, ps__table *t, ps__round *r, void **token) {
   ps__server *s = arg;
+  /* Under replicas a pull is answered once its round is on every copy (repl_sync.c),
+   * not when the head applies it. */
+  if (s->replicas > 1) return 0;
   pending_pull *fused = take_fusable_pulls(s, t);
   *token = fused;
   if (!fused) return 0;
