@@ -323,6 +323,10 @@ void ps__req_set_error(ps_req *r, int status, const char *msg);
 void ps__req_rows_done(ps_req *r);
 /* Must a part keep the caller's buffers (a peer-memory server may still copy)? */
 int ps__part_must_hold(const part *p);
+/* Is p a replicated pull sent by peer memory (and not yet turned inline to be sent
+ * again)? Its server may write into the caller's buffers until it answers, or until
+ * the expiry the frame carries (link.c, ps__part_submit). */
+int ps__part_pull_lent(const part *p);
 /* Loop: a part is over (reply and write done, or failed); the last one completes. */
 void ps__part_finish(part *p);
 void ps__part_fail(part *p, int status, const char *msg);

@@ -67,11 +67,6 @@ int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now) {
 
 #define RECONNECT_MS 200 /* a failed connect of a link with parts to send again: next try */
 
-/* A replicated pull sent by peer memory: its server may write into the caller's buffers
- * until it answers, or until the expiry the frame carries. */
-static int pull_lent(const part *p) {
-  return p->nchain > 1 && p->hdr.type == PS_MSG_PULL_DENSE && p->vx.xport == PS_XPORT_PEER_MEM && p->attempts;
-}
 
 static int by_req_id(const void *a, const void *b) {
   uint64_t x = (*(part *const *)a)->hdr.req_id, y = (*(part *const *)b)->hdr.req_id;
@@ -107,7 +102,7 @@ void ps__link_lost(ps_ctx *ctx, peer *l, int status, const char *why) {
     p->lk = NULL;
     if (!again || !ps__part_may_resend(ctx, p, now)) {
       ps__part_fail(p, status, why);
-    } else if (pull_lent(p)) {
+    } else if (ps__part_pull_lent(p)) {
       ps__part_reroute(ctx, p, 1); /* after its server may no longer write (ps__part_submit) */
     } else if (p->wpend) {
       p->resend = 1; /* once its write callback ran (on_write_done) */
@@ -433,7 +428,7 @@ void ps__part_submit(ps_ctx *ctx, part *p) {
    * into the caller's buffers (one written off while it stood still may resume, and
    * copy until the expiry). Sent again once it may not (it answered, its process is
    * gone, or the expiry and its slack passed), and inline. */
-  if (pull_lent(p)) {
+  if (ps__part_pull_lent(p)) {
     if (ps__vx_must_hold(&p->vx, 1, p->vx.until + PS_VX_SLACK_MS)) {
       part_delay(ctx, p, ps__now_ms() + REROUTE_WAIT_MS);
       return;
@@ -716,7 +711,7 @@ void ps__on_membership(ps_ctx *ctx, const ps__membership *mp) {
 static part *lent_pull_adopt(ps_ctx *ctx, peer *l, uint64_t req_id) {
   int pid = __atomic_load_n(&l->pm, __ATOMIC_RELAXED);
   part *p = ctx->delayed;
-  while (p && !(p->hdr.req_id == req_id && pull_lent(p) && pid && p->vx.pid == pid)) p = p->next;
+  while (p && !(p->hdr.req_id == req_id && ps__part_pull_lent(p) && pid && p->vx.pid == pid)) p = p->next;
   if (!p) return NULL;
   part_list_remove(&ctx->delayed, p);
   p->queued = 0;

@@ -62,9 +62,16 @@ static void req_complete(ps_req *r) {
   pthread_mutex_unlock(&r->mu);
 }
 
+int ps__part_pull_lent(const part *p) {
+  return p->nchain > 1 && p->hdr.type == PS_MSG_PULL_DENSE && p->vx.xport == PS_XPORT_PEER_MEM && p->attempts;
+}
+
 /* Until the expiry its tail carries and the slack after it: before the deadline, and
- * sooner for a pull of a replicated table (PS_VX_CHAIN_PULL_MS). */
-int ps__part_must_hold(const part *p) { return ps__vx_must_hold(&p->vx, p->sent, p->vx.until + PS_VX_SLACK_MS); }
+ * sooner for a pull of a replicated table (PS_VX_CHAIN_PULL_MS), which stays lent while
+ * it waits to be sent again (ps__part_submit). */
+int ps__part_must_hold(const part *p) {
+  return ps__vx_must_hold(&p->vx, p->sent || ps__part_pull_lent(p), p->vx.until + PS_VX_SLACK_MS);
+}
 
 /* A part is finished when its reply arrived (or it failed) and its write completed. */
 void ps__part_finish(part *p) {
