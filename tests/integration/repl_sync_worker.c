@@ -15,7 +15,10 @@
  * is a hash of its bits, and a line "calls direct=D peer_mem=P" follows, from the
  * context's counters:
  *   model b fnv=0123456789abcdef
- * --compute-ms MS sleeps between a round's pulls and its pushes (a worker computing).
+ * --compute-ms MS sleeps between a round's pulls and its pushes (a worker computing);
+ * --compute-rank R: only the worker of rank R does. --big-first pulls "b" first in each
+ * round (the values are the same), so that a worker waiting for a slower one's round
+ * waits in that pull.
  * --overlap starts the pushes of "w" and "e" (ps_push_range_start, ps_push_start),
  * clocks, and then waits for them, as a pipelined trainer does: the CLOCK is handed
  * over before the pushes are answered.
@@ -41,12 +44,16 @@ static int fail(int round, const char *call, int rc) {
 }
 
 int main(int argc, char **argv) {
-  int rounds = 20, sleep_ms = 0, nbig = 0, compute_ms = 0, overlap = 0;
+  int rounds = 20, sleep_ms = 0, nbig = 0, compute_ms = 0, overlap = 0, compute_rank = -1, big_first = 0;
   const char *mode = "sync";
   int bad = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--overlap")) {
       overlap = 1;
+      continue;
+    }
+    if (!strcmp(argv[i], "--big-first")) {
+      big_first = 1;
       continue;
     }
     if (i + 1 >= argc) {
@@ -55,6 +62,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(argv[i], "--rounds")) rounds = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--compute-ms")) compute_ms = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--compute-rank")) compute_rank = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mode")) mode = argv[i + 1];
     else if (!strcmp(argv[i], "--big")) nbig = atoi(argv[i + 1]);
@@ -64,9 +72,9 @@ int main(int argc, char **argv) {
     }
     i++;
   }
-  if (bad || rounds < 1 || nbig < 0 || compute_ms < 0 || (overlap && nbig)) {
-    fprintf(stderr, "usage: repl_sync_worker [--overlap] [--rounds N] [--sleep-ms MS] [--compute-ms MS] [--mode MODE] "
-                    "[--big N]\n");
+  if (bad || rounds < 1 || nbig < 0 || compute_ms < 0 || (overlap && nbig) || (big_first && !nbig)) {
+    fprintf(stderr, "usage: repl_sync_worker [--overlap] [--rounds N] [--sleep-ms MS] [--compute-ms MS] "
+                    "[--compute-rank R] [--mode MODE] [--big N [--big-first]]\n");
     return 2;
   }
   ps_ctx *ctx;
@@ -93,11 +101,12 @@ int main(int argc, char **argv) {
   for (int k = 0; k < NK; k++) keys[k] = (uint64_t)k * 7919u + 1;
   float w[NW], gw[NW], e[NK * DIM], ge[NK * DIM];
   for (int c = 0; c < rounds; c++) {
+    if (big_first && (rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
     if ((rc = ps_pull_range(ctx, tw, 0, NW, w, -1))) return fail(c, "pull w", rc);
     if ((rc = ps_pull(ctx, te, keys, NK, e, -1))) return fail(c, "pull e", rc);
     for (int i = 0; i < NW; i++) gw[i] = (w[i] - 0.1f * (float)(i % 5)) * (1.0f + 0.25f * (float)rank) + 0.01f * sinf((float)(c + i));
     for (int i = 0; i < NK * DIM; i++) ge[i] = e[i] * 0.5f - 0.02f * (float)((i + c + rank) % 7);
-    if (compute_ms) {
+    if (compute_ms && (compute_rank < 0 || compute_rank == rank)) {
       struct timespec ts = {compute_ms / 1000, (long)(compute_ms % 1000) * 1000000L};
       nanosleep(&ts, NULL);
     }
@@ -115,7 +124,7 @@ int main(int argc, char **argv) {
       if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
       if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
       if (nbig) {
-        if ((rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
+        if (!big_first && (rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
         for (int i = 0; i < nbig; i++) gb[i] = b[i] * (0.5f + 0.125f * (float)rank) - 0.01f * (float)((i + c) % 11);
         if ((rc = ps_push_range(ctx, tb, 0, (uint64_t)nbig, gb, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1)))
           return fail(c, "push b", rc);

@@ -239,3 +239,28 @@ def test_a_large_table_by_peer_memory_keeps_the_sync_model_through_a_failover(bi
     assert sum(stats["catchups"]) >= 2, stats
     # More parts by peer memory than the pushes have (3 a round): the pulls' too.
     assert all(d > ROUNDS and pm > 3 * (ROUNDS + 1) for d, pm in calls), calls
+
+
+# Worker 1 computes 300 ms a round, so worker 0 spends most of each round waiting in its
+# pull of the large table, by peer memory, at all three heads.
+WAITING = ("--rounds", "12", "--big-first", "--compute-ms", "300", "--compute-rank", "1")
+
+
+@pytest.fixture(scope="module")
+def waiting_reference():
+    return run(1, big=BIG, worker_args=WAITING)[0]
+
+
+@pytest.mark.parametrize("fault", ["kill-0", "kill-1", "stop-0"])
+def test_a_large_pull_waiting_at_a_head_that_dies_goes_to_the_next_copy(waiting_reference, fault):
+    # The victim's part goes to the next copy once the victim can no longer write into
+    # the worker's buffer (at once when it was killed; a stopped one after the part's
+    # expiry), inline. The call gives the other heads' links back to the loop for the
+    # failover, and their parts take the answers those heads send when the round is on
+    # both copies (or go again inline after their expiry).
+    how, victim = fault.split("-")
+    kw = {"kill": int(victim)} if how == "kill" else {"stop": int(victim)}
+    calls = []
+    model, stats = run(2, big=BIG, calls=calls, worker_args=WAITING, **kw)
+    assert model == waiting_reference
+    assert all(pm > 3 * 12 for _, pm in calls), calls
