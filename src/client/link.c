@@ -67,7 +67,6 @@ int ps__part_may_resend(const ps_ctx *ctx, const part *p, uint64_t now) {
 
 #define RECONNECT_MS 200 /* a failed connect of a link with parts to send again: next try */
 
-
 static int by_req_id(const void *a, const void *b) {
   uint64_t x = (*(part *const *)a)->hdr.req_id, y = (*(part *const *)b)->hdr.req_id;
   return x < y ? -1 : x > y;
