@@ -377,6 +377,9 @@ void ps__part_send(ps_ctx *ctx, peer *l, part *p);
 void ps__part_submit(ps_ctx *ctx, part *p);
 /* A lent link no caller is using (lend_mu held). */
 int ps__link_idle_lent(const peer *l);
+/* Loop: take l back if it is lent (what waited for it goes first). 1 when the loop may
+ * send on l now; 0 when a caller is using it, or its connection had to be closed. */
+int ps__link_take(ps_ctx *ctx, peer *l);
 /* Any thread: ask the loop to lend idle links callers want. */
 void ps__post_lend(ps_ctx *ctx);
 /* Loop mail handler: take back lent links the loop wants, broken or dead ones. */

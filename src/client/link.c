@@ -194,7 +194,6 @@ static void on_write_done(void *arg, int status) {
   }
 }
 
-static int link_take(ps_ctx *ctx, peer *l);
 
 /* May the tail of replicated push p's chain answer it on its own link (PS_FLAG_TAIL)?
  * Only when the loop reads every member's link: lent ones are taken back here. */
@@ -202,7 +201,7 @@ static int tail_may_answer(ps_ctx *ctx, const part *p) {
   if (p->nchain < 2 || !ps__frame_is_push_req(p->hdr.type)) return 0;
   for (unsigned k = 0; k < p->nchain && k < PS_MAX_REPLICAS; k++) {
     peer *m = p->chain[k] == p->target ? NULL : ps__link_find(ctx, p->chain[k]);
-    if (m && m->alive && m->conn && !link_take(ctx, m)) return 0;
+    if (m && m->alive && m->conn && !ps__link_take(ctx, m)) return 0;
   }
   return 1;
 }
@@ -335,7 +334,7 @@ int ps__link_idle_lent(const peer *l) { return l->lent && !l->busy; }
 /* Loop: take l back if it is lent; what waited for it goes first. Returns 1 when the
  * loop may send on l now; 0 when a caller is using it (it comes back through
  * ps__mail_reclaim) or its connection had to be closed. */
-static int link_take(ps_ctx *ctx, peer *l) {
+int ps__link_take(ps_ctx *ctx, peer *l) {
   int resume = 0, ok = 1;
   pthread_mutex_lock(&ctx->lend_mu);
   if (ps__link_idle_lent(l)) {
@@ -455,7 +454,7 @@ void ps__part_submit(ps_ctx *ctx, part *p) {
     ps__part_fail(p, PS_ERR_UNAVAILABLE, msg);
     return;
   }
-  if (l->conn && link_take(ctx, l)) {
+  if (l->conn && ps__link_take(ctx, l)) {
     ps__part_send(ctx, l, p);
     return;
   }
@@ -887,93 +886,4 @@ void ps__sched_on_link(void *arg, ps__conn *c, int status) {
     ctx->sched->conn = c;
   else if (ctx->sched->conn)
     link_closed(ctx, ctx->sched, status);
-}
-
-/* Fire-and-forget frames (clock, metric). Ordered after earlier parts on each link:
- * a link still connecting gets the frame queued as a part of a detached request. */
-static void fire_links(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *fh, const void *body, size_t len);
-
-void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len) {
-  fire_links(ctx, SCHED_LINK + 1, h, body, len);
-}
-
-/* A CLOCK of clock c to every live server, after the parts queued on each link. */
-static void clock_out(ps_ctx *ctx, int64_t c) {
-  ps__frame_hdr h = {.type = PS_MSG_CLOCK, .clock = c};
-  ps__clock_sent(ctx, c);
-  fire_links(ctx, SCHED_LINK + 1, &h, NULL, 0);
-}
-
-void ps__mail_fire(void *arg) {
-  fire *f = arg;
-  ps_ctx *ctx = f->ctx;
-  if (f->h.type != PS_MSG_CLOCK) {
-    fire_links(ctx, f->target, &f->h, f->body, f->len);
-  } else if (ctx->keep_unanswered && ps__now_ms() < ctx->clock_guard_ms) {
-    /* Behind unanswered pushes to replicated sync tables, for a while after a death or a
-     * push refused by a chain's member: it goes when they are answered (a later CLOCK
-     * stands for this one, the servers keep the largest). */
-    if (f->h.clock > ctx->held_clock) ctx->held_clock = f->h.clock;
-  } else {
-    clock_out(ctx, f->h.clock);
-  }
-  __atomic_sub_fetch(&ctx->outstanding, 1, __ATOMIC_RELEASE);
-  free(f);
-}
-
-void ps__clock_release(ps_ctx *ctx) {
-  if (!ctx->held_clock || ctx->keep_unanswered || ctx->closing) return;
-  int64_t c = ctx->held_clock;
-  ctx->held_clock = 0;
-  clock_out(ctx, c);
-}
-
-static void mail_release(void *arg) { ps__clock_release(arg); }
-
-void ps__clock_unhold(ps_ctx *ctx, part *p) {
-  p->unanswered = 0;
-  /* (if the mail cannot be posted, the sweep sends it) */
-  if (!--ctx->keep_unanswered && ctx->held_clock) ps__mailbox_post(ctx->mail, mail_release, ctx);
-}
-
-static void fire_links(ps_ctx *ctx, uint32_t target, const ps__frame_hdr *fh, const void *body, size_t len) {
-  struct {
-    const void *body;
-    size_t len;
-  } fb = {body, len}, *f = &fb;
-  for (peer *l = ctx->links; l; l = l->next) {
-    if (target == SCHED_LINK ? l->id != SCHED_LINK : (l->id == SCHED_LINK || !l->alive)) continue;
-    ps__frame_hdr h = *fh;
-    h.sender = ctx->id;
-    if (l->conn && link_take(ctx, l) && !l->queue_head) {
-      ps__conn_send_ctrl(l->conn, &h, f->body, f->len);
-    } else if (l->alive) {
-      /* Not connected yet: queue a one-part request that frees itself. */
-      ps_req *r = ps__calloc(1, sizeof *r);
-      if (!r) continue;
-      r->ctx = ctx;
-      r->nparts = r->remaining = 1;
-      r->parts = ps__calloc(1, sizeof *r->parts);
-      r->bufs = ps__calloc(1, sizeof *r->bufs);
-      r->own_keys = f->len ? ps__malloc(f->len) : NULL;
-      if (!r->parts || !r->bufs || (f->len && !r->own_keys)) {
-        free(r->parts); free(r->bufs); free(r->own_keys); free(r);
-        continue;
-      }
-      pthread_mutex_init(&r->mu, NULL);
-      pthread_cond_init(&r->cv, NULL);
-      r->canceled = 2; /* detached: freed by the loop when done */
-      if (f->len) memcpy(r->own_keys, f->body, f->len);
-      r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)f->len);
-      part *p = &r->parts[0];
-      p->req = r;
-      p->target = l->id;
-      p->hdr = h;
-      p->send = r->bufs;
-      p->nsend = f->len ? 1 : 0;
-      p->deadline_ms = ps__now_ms() + ctx->timeout_ms;
-      p->reply_done = 1; /* no reply expected */
-      ps__part_submit(ctx, p);
-    }
-  }
 }
