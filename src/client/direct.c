@@ -693,9 +693,10 @@ int ps__direct_run(ps_ctx *ctx, ps_req **reqs, unsigned nreqs, uint64_t deadline
    * the other on the cores the caller would poll on (pushes of 1 MiB over TCP with R = 2
    * ran 0.6x as fast polling). */
   /* Nor while a large pull of a replicated table waits: its answer waits until the
-   * round is on every copy (the head forwards it, the tail applies it), then streams in
-   * inline; a polling caller reads it a few KiB at a time, on a core the servers need
-   * (1 MiB sync rounds with R = 2 on one host: 0.85x the rounds polling). */
+   * round is on every copy (the head forwards it, the tail applies it), and then comes
+   * by peer memory (counted above) or streams in inline, which a polling caller reads a
+   * few KiB at a time on a core the servers need (1 MiB sync rounds with R = 2 on one
+   * host, answered inline: 0.85x the rounds polling). */
   uint64_t pm_bytes = 0;
   for (unsigned j = 0; j < n; j++)
     for (unsigned k = 0; k < dl[j].nparts; k++) {
