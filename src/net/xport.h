@@ -108,6 +108,10 @@ static inline const char *ps__vx_name(const ps__vx *x) { return x->ops->name; }
  * written off while it stood still may resume). A server that finds a pull expired
  * answers it inline. */
 #define PS_VX_CHAIN_PULL_MS 1000u
+/* A frame down a chain that names its values in the sender's memory (a sync round's
+ * update, to a member on the same host) expires this long after it is sent; a member
+ * that finds it expired answers PS_ERR_TIMEOUT and is sent the values. */
+#define PS_FWD_PM_MS 1000u
 
 /* How one dense part of a worker's request carries its values. */
 typedef struct ps__vx_part {

@@ -123,12 +123,15 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
         return ps__fail(PS_ERR_PROTO, "codec %u with value transport %u: encoded values travel inline", h->codec,
                         h->xport);
     }
-    /* Of the forwards only a dense push's may name the worker's memory (its regions). */
-    if (ps__frame_is_forward(h->type) && h->xport != PS_XPORT_INLINE && t != PS_MSG_FORWARD_DENSE)
+    /* Of the forwards only a dense push's may name the worker's memory (its regions),
+     * and a sync round's the sending server's (its tail follows the round's rows' keys,
+     * which the handler finds: checked there). */
+    if (ps__frame_is_forward(h->type) && h->xport != PS_XPORT_INLINE &&
+        (reply || (t != PS_MSG_FORWARD_DENSE && t != PS_MSG_FORWARD_ROUND)))
       return ps__fail(PS_ERR_PROTO, "value transport %u on a %s frame", h->xport, ps__frame_type_name(h->type));
     if ((t == PS_MSG_PUSH_DENSE || t == PS_MSG_PULL_DENSE || t == PS_MSG_FORWARD_DENSE) && !reply && (h->nkeys % 2u))
       return ps__fail(PS_ERR_PROTO, "dense segment list has an odd length %u", h->nkeys);
-    if (h->xport == PS_XPORT_PEER_MEM) {
+    if (h->xport == PS_XPORT_PEER_MEM && t != PS_MSG_FORWARD_ROUND) {
       if (t != PS_MSG_PULL_DENSE && ((t != PS_MSG_PUSH_DENSE && t != PS_MSG_FORWARD_DENSE) || reply))
         return ps__fail(PS_ERR_PROTO, "peer-memory transport on a %s frame", ps__frame_type_name(h->type));
       if (reply ? h->payload_len != 0 : (h->payload_len - kbytes) % 16u || h->payload_len - kbytes < 16u)

@@ -418,31 +418,40 @@ int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr
   if (!wc || !ps__pm_usable())
     return ps__fail(PS_ERR_UNAVAILABLE, "server %u cannot read the worker's memory (%s)", s->id,
                     wc ? "peer memory is not usable here" : "no same-host connection of that worker here");
-  const uint8_t *keys = (const uint8_t *)body + PS_FWD_PREFIX;
+  int rc = ps__srv_peer_values(s, wc, h->table, body, blen, PS_FWD_PREFIX + kbytes, out, olen);
+  return rc == PS_ERR_TIMEOUT ? PS_ERR_UNAVAILABLE : rc;
+}
+
+int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,
+                        void **out, size_t *olen) {
+  if (pre > blen) return ps__fail(PS_ERR_SIZE, "peer-memory frame of %zu bytes", blen);
+  if (!c->is_unix || c->peer_pid <= 0 || !ps__pm_usable())
+    return ps__fail(PS_ERR_UNAVAILABLE, "server %u cannot read its sender's memory", s->id);
   ps__vx x;
-  if (ps__vx_open(&x, &s->shm, wc, s->pid, 0, keys + kbytes, blen - PS_FWD_PREFIX - kbytes))
+  if (ps__vx_open(&x, &s->shm, c, s->pid, 0, (const uint8_t *)body + pre, blen - pre))
     return ps__fail(PS_ERR_PROTO, "%s", ps_errmsg());
   uint64_t total = x.total;
-  if (total % 4 || PS_FWD_PREFIX + kbytes + total > s->o.max_payload) {
+  if (total % 4 || pre + total > s->o.max_payload) {
     ps__vx_close(&x);
-    return ps__fail(PS_ERR_SIZE, "a peer-memory forward of %llu bytes of values", (unsigned long long)total);
+    return ps__fail(PS_ERR_SIZE, "a peer-memory frame of %llu bytes of values", (unsigned long long)total);
   }
-  size_t len = PS_FWD_PREFIX + kbytes + (size_t)total;
+  size_t len = pre + (size_t)total;
   uint8_t *buf = ps__pool_get(s->pool, len);
   if (!buf) {
     ps__vx_close(&x);
-    return ps__fail(PS_ERR_NOMEM, "server out of memory for a %zu-byte forward", len);
+    return ps__fail(PS_ERR_NOMEM, "server out of memory for a %zu-byte frame", len);
   }
-  memcpy(buf, body, PS_FWD_PREFIX + kbytes);
-  uv_buf_t dst = uv_buf_init((char *)buf + PS_FWD_PREFIX + kbytes, 0);
+  memcpy(buf, body, pre);
+  uv_buf_t dst = uv_buf_init((char *)buf + pre, 0);
   dst.len = (size_t)total;
   int rc = pm_copy_par(s, &x, 0, &dst, 1);
   ps__vx_close(&x);
   if (rc) {
     ps__pool_put(s->pool, buf, len);
-    return ps__fail(PS_ERR_UNAVAILABLE, "server %u could not read the worker's memory: %s", s->id, ps_errmsg());
+    return ps__fail(rc == PS_ERR_TIMEOUT ? rc : PS_ERR_UNAVAILABLE, "server %u could not read the memory of process %d: %s",
+                    s->id, c->peer_pid, ps_errmsg());
   }
-  ps__srv_metrics_mem(s, wc, h->table, 0, total);
+  ps__srv_metrics_mem(s, c, table, 0, total);
   *out = buf;
   *olen = len;
   return 0;

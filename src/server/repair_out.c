@@ -304,7 +304,7 @@ void ps__rp_out_pump(ps__server *s, rp_out *o) {
   g->out = 1;
   o->inflight = 1;
   o->fh.epoch = s->epoch;
-  if (ps__srv_forward_frame(s, o->to, &o->fh, buf, o->flen, g)) {
+  if (ps__srv_forward_frame(s, o->to, &o->fh, buf, o->flen, 0, g)) {
     g->out = 0;
     g->status = PS_ERR_NOMEM;
     snprintf(g->msg, sizeof g->msg, "%s", ps_errmsg());

@@ -39,6 +39,24 @@ struct srv_fwd {
   srv_fwd_group *grp;   /* frames sent together: the answer goes to the group (repl_agg.c) */
   unsigned attempts;    /* times the group redirected it */
   uint64_t retry_at;    /* unsent: send it again at this time (uv_now) */
+  /* By peer memory: the values, buf[pm_off .. len), may be named instead of sent to a
+   * server of this host (pm_off 0: never). Such a frame carries, after buf[0 ..
+   * pm_off), the tail pm_tail: until, hint 0, the values' address and length. */
+  size_t pm_off;
+  int pm_own;        /* pm_off was set: the frame's transport is chosen at each send */
+  uint8_t pm_tail[32];
+  uint64_t pm_until; /* the latest expiry sent (ps__now_ms): nobody reads buf after it */
+  int pm_out;        /* sent so, and not answered yet by the server it went to */
+  int pm_hold;       /* a server it went to so may still read buf: kept when freed */
+};
+
+/* A body a server may still read by peer memory (it did not answer: written off, or
+ * its connection lost), kept until the frame's expiry and PS_VX_SLACK_MS after it. */
+struct srv_held {
+  srv_held *next;
+  void *buf;
+  size_t len;
+  uint64_t until; /* ps__now_ms */
 };
 
 /* Another server, as a destination of forwards. */
@@ -51,11 +69,13 @@ struct srv_peer {
   char unix_path[PS_PATH_MAX]; /* on this host: its AF_UNIX socket (empty: TCP) */
   ps__conn *conn;
   int connecting;
+  int no_pm; /* it could not read this server's memory: values inline on this connection */
 };
 
 static void fwd_answer(ps__server *s, srv_fwd *f, int status, uint8_t flags, const char *msg);
 static void fwd_resend_due(ps__server *s);
 static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f);
+static void fwd_body_free(ps__server *s, srv_fwd *f);
 static void peer_connect(ps__server *s, srv_peer *p);
 
 #define FWD_ABANDON_MS 60000
@@ -239,6 +259,21 @@ int ps__srv_fenced(ps__server *s) {
   return s->fenced;
 }
 
+/* Give back the kept bodies whose expiry passed (all: the server stops). */
+static void held_sweep(ps__server *s, int all) {
+  uint64_t now = all ? UINT64_MAX : ps__now_ms();
+  for (srv_held **pp = &s->pm_held; *pp;) {
+    srv_held *h = *pp;
+    if (h->until > now) {
+      pp = &h->next;
+      continue;
+    }
+    *pp = h->next;
+    ps__pool_put(s->pool, h->buf, h->len);
+    free(h);
+  }
+}
+
 void ps__srv_repl_tick(ps__server *s) {
   uint64_t now = uv_now(&s->loop);
   (void)ps__srv_fenced(s);
@@ -259,9 +294,10 @@ void ps__srv_repl_tick(ps__server *s) {
     }
     *pp = f->next;
     if (f->grp) fwd_answer(s, f, PS_ERR_TIMEOUT, 0, "the next copy of these keys did not answer; send again");
-    ps__pool_put(s->pool, f->buf, f->len);
+    fwd_body_free(s, f);
     free(f);
   }
+  held_sweep(s, 0);
 }
 
 void ps__srv_repl_lag(ps__server *s, uint64_t *n, uint64_t *bytes, uint64_t *oldest_ms) {
@@ -318,10 +354,31 @@ static void fwd_unlink(ps__server *s, srv_fwd *f) {
     }
 }
 
+/* Give back forward f's body, or keep it while a server may still read it. */
+static void fwd_body_free(ps__server *s, srv_fwd *f) {
+  uint64_t until = f->pm_until + PS_VX_SLACK_MS;
+  srv_held *h = (f->pm_out || f->pm_hold) && ps__now_ms() < until ? ps__malloc(sizeof *h) : NULL;
+  if (!h) { /* (out of memory: the expiry is checked before every read, so at worst late) */
+    ps__pool_put(s->pool, f->buf, f->len);
+    return;
+  }
+  *h = (srv_held){s->pm_held, f->buf, f->len, until};
+  s->pm_held = h;
+}
+
 static void fwd_free(ps__server *s, srv_fwd *f) {
   fwd_unlink(s, f);
-  ps__pool_put(s->pool, f->buf, f->len);
+  fwd_body_free(s, f);
   free(f);
+}
+
+/* The server forward f went to by peer memory will not answer it (written off, its
+ * connection lost, another epoch): it may still read the body until the expiry, and
+ * the frame goes on with its values. */
+static void fwd_pm_lost(srv_fwd *f) {
+  if (f->pm_out) f->pm_hold = 1;
+  f->pm_out = 0;
+  f->pm_off = 0;
 }
 
 /* A frame of a group that re-addresses its frames (a sync round's) that could not be
@@ -332,6 +389,7 @@ static int fwd_redirect(ps__server *s, srv_fwd *f, int status) {
   uint32_t to;
   if (!g || !g->redirect || f->attempts >= FWD_MAX_REDIRECTS || !g->redirect(s, g, f->buf, f->len, status, &to))
     return 0;
+  fwd_pm_lost(f);
   f->attempts++;
   f->to = to;
   f->sent = 0;
@@ -374,6 +432,7 @@ static void fwd_fail_to(ps__server *s, uint32_t id, const char *why) {
   for (srv_fwd *f = s->fwds, *next; f; f = next) {
     next = f->next;
     if (f->to != id) continue;
+    fwd_pm_lost(f);
     if (fwd_redirect(s, f, PS_ERR_UNAVAILABLE)) continue;
     fwd_answer(s, f, PS_ERR_UNAVAILABLE, 0, msg);
     fwd_free(s, f);
@@ -394,12 +453,29 @@ static void fwd_resend_due(ps__server *s) {
   }
 }
 
+/* Send forward f on p's connection: its values named (by peer memory) where it allows
+ * that and p is a server of this host that can read them, else with them. */
 static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f) {
-  uv_buf_t b = uv_buf_init(f->buf, 0);
-  b.len = f->len;
+  uv_buf_t b[2] = {uv_buf_init(f->buf, 0), uv_buf_init((char *)f->pm_tail, 0)};
+  unsigned nb = 1;
+  b[0].len = f->len;
+  if (f->pm_own) f->hdr.xport = PS_XPORT_INLINE;
+  if (f->pm_off && !p->no_pm && ps__pm_usable() && ps__vx_link_peer(p->conn, PS_CAP_PEER_MEM)) {
+    uint64_t until = ps__now_ms() + PS_FWD_PM_MS;
+    if (until > f->pm_until) f->pm_until = until;
+    ps__put_u64(f->pm_tail, until);
+    ps__put_u64(f->pm_tail + 8, 0);
+    ps__put_u64(f->pm_tail + 16, (uint64_t)(uintptr_t)((uint8_t *)f->buf + f->pm_off));
+    ps__put_u64(f->pm_tail + 24, f->len - f->pm_off);
+    b[0].len = f->pm_off;
+    b[1].len = sizeof f->pm_tail;
+    nb = 2;
+    f->hdr.xport = PS_XPORT_PEER_MEM;
+    f->pm_out = 1;
+    s->pm_fwd_out++;
+  }
   f->sent = 1;
-  if (ps__conn_send(p->conn, &f->hdr, &b, 1, NULL, NULL) != 0) f->sent = 0; /* the close fails it */
-  (void)s;
+  if (ps__conn_send(p->conn, &f->hdr, b, nb, NULL, NULL) != 0) f->sent = 0; /* the close fails it */
 }
 
 static void peer_connect(ps__server *s, srv_peer *p);
@@ -416,6 +492,24 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR || !(h->type & PS_FRAME_REPLY)) return;
   for (srv_fwd *f = s->fwds; f; f = f->next) {
     if (f->req_id != h->req_id) continue;
+    f->pm_out = 0; /* it answered: it reads the body no more */
+    if (f->pm_own && f->hdr.xport == PS_XPORT_PEER_MEM && c->udata &&
+        (h->status == PS_ERR_UNAVAILABLE || h->status == PS_ERR_TIMEOUT)) {
+      /* It could not read the values where they are (or not in time): they go with the
+       * frame, at once, to the same server. */
+      srv_peer *p = c->udata;
+      if (h->status == PS_ERR_UNAVAILABLE && !p->no_pm) {
+        p->no_pm = 1;
+        ps__log(PS_LOG_INFO, "server %u could not read this server's memory (%.*s); its forwards carry their values",
+                p->id, (int)(b->len < 200 ? b->len : 200), b->buf ? (const char *)b->buf : "");
+      }
+      f->pm_off = 0;
+      f->req_id = ++s->fwd_seq;
+      f->hdr.req_id = f->req_id;
+      s->pm_fwd_inline++;
+      fwd_send(s, p, f);
+      return;
+    }
     /* The next copy out of memory did not apply it, while this one did: the push is to
      * be sent again (the windows apply it once), not failed with copies that differ. */
     int status = h->status == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : h->status;
@@ -461,6 +555,7 @@ static void on_peer_connected(void *arg, ps__conn *c, int status) {
     return;
   }
   p->conn = c;
+  p->no_pm = 0;
   for (srv_fwd *f = s->fwds; f; f = f->next)
     if (f->to == p->id && !f->sent) fwd_send(s, p, f);
 }
@@ -506,7 +601,7 @@ static void fwd_add(ps__server *s, srv_peer *pe, srv_fwd *f, uint32_t to, const 
 }
 
 int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
-                          srv_fwd_group *g) {
+                          size_t pm_off, srv_fwd_group *g) {
   srv_peer *pe = peer_of(s, to);
   srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
   if (!f) {
@@ -514,6 +609,8 @@ int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, 
     return ps__fail(PS_ERR_NOMEM, "out of memory forwarding to server %u", to);
   }
   f->grp = g;
+  f->pm_off = pm_off < len ? pm_off : 0;
+  f->pm_own = f->pm_off != 0;
   fwd_add(s, pe, f, to, hdr, buf, len);
   return 0;
 }
@@ -677,6 +774,7 @@ void ps__srv_repl_free(ps__server *s) {
     ps__pool_put(s->pool, f->buf, f->len);
     free(f);
   }
+  held_sweep(s, 1);
   for (size_t i = 0; i < s->npeers; i++) free(s->peers[i]);
   free(s->peers);
   s->peers = NULL;

@@ -168,7 +168,7 @@ static int send_to(ps__server *s, ps__table *t, const agg_rows *a, const uint32_
     }
     ps__frame_hdr fh = {.type = PS_MSG_FORWARD_AGG, .table = t->id, .nkeys = (uint32_t)k, .lr = lr};
     g->out++;
-    if (ps__srv_forward_frame(s, to, &fh, buf, len, g)) {
+    if (ps__srv_forward_frame(s, to, &fh, buf, len, 0, g)) {
       g->out--;
       return PS_ERR_NOMEM;
     }

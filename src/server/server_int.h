@@ -26,6 +26,7 @@ typedef struct srv_ckpt srv_ckpt;       /* a checkpoint being written (ckpt.c) *
 typedef struct srv_restore srv_restore; /* the checkpoint restored from (ckpt.c) */
 typedef struct srv_fwd srv_fwd;         /* a push forwarded down its chain (repl.c) */
 typedef struct srv_peer srv_peer;       /* another server, as a forward's destination (repl.c) */
+typedef struct srv_held srv_held;       /* a forward's body another server may still read (repl.c) */
 typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
 typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
 typedef struct srv_sync srv_sync;       /* a sync table's replication state (repl_sync.c) */
@@ -105,6 +106,7 @@ struct ps__server {
   srv_peer **peers;      /* the other servers */
   size_t npeers;
   srv_fwd *fwds;         /* forwards awaiting their answer */
+  srv_held *pm_held;     /* bodies of forwards a server may still read (repl.c) */
   uint64_t fwd_seq;      /* req_id of the last forward */
   uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
   uint64_t forward_bytes; /* bodies of the frames sent down the chains */
@@ -202,6 +204,14 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
 int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr *h, const void *body, size_t blen,
                                 void **out, size_t *olen);
 /* The same connection of worker `node` this server reads from, or NULL. */
+/* The values of a peer-memory frame received on c, an AF_UNIX connection (the sender's
+ * memory: a worker's, or the server before this one in a chain): body[0 .. pre) is
+ * what precedes its tail (until, hint, regions), copied as is; the values are read
+ * after it into a pooled body (*out, *olen). 0, or PS_ERR_UNAVAILABLE (cannot be read
+ * from here), PS_ERR_TIMEOUT (the sender's expiry passed), PS_ERR_PROTO, PS_ERR_SIZE or
+ * PS_ERR_NOMEM, with a message. */
+int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,
+                        void **out, size_t *olen);
 ps__conn *ps__srv_worker_peer_conn(ps__server *s, uint32_t node);
 /* Answer a dense pull by writing into the worker's memory: 1 if done (or answered with
  * an error), 0 if the values must go in the reply instead. */
@@ -257,9 +267,13 @@ int ps__srv_forward_admit(ps__server *s, ps__conn *c, const ps__frame_hdr *h, co
 ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, ps__fwd *fw);
 /* Send a frame of len body bytes (pooled, taken) to server `to` down a chain; its
  * answer goes to group g. Header fields sender, req_id and payload_len are set here.
- * 0 or PS_ERR_NOMEM (buf given back, nothing sent). */
+ * pm_off, when not 0, is where the frame's values start in buf: to a server of this
+ * host they are named, not sent (PS_XPORT_PEER_MEM: buf[0 .. pm_off), then a tail
+ * naming buf[pm_off .. len) that expires PS_FWD_PM_MS after the send), and buf is
+ * kept until that server answered or can no longer read it. 0 or PS_ERR_NOMEM (buf
+ * given back, nothing sent). */
 int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
-                          srv_fwd_group *g);
+                          size_t pm_off, srv_fwd_group *g);
 /* A chain's first live member, whether this server is in it, and the live member after
  * this server (0: none). */
 void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next);

@@ -10,13 +10,17 @@ final model, printed in hex, shows any difference bit for bit.
 3. A head stopped (SIGSTOP) past the heartbeat timeout and continued: the same.
 4. Replica traffic is one combined update per round, about 1/K of the push traffic.
 5. The same faults with a large dense table whose pushes go by peer memory, on the
-   caller's thread (the copies kept for a failover hold their values).
+   caller's thread (the copies kept for a failover hold their values), and whose
+   rounds go down the chains by peer memory (each member reads the rows in the memory
+   of the one before it).
 6. A survivor a round ahead of its own table in a chain it takes over (it got the
    workers' CLOCKs late) answers the pushes of that round sent again, and applies
    none of them twice.
 7. R = 3: a second server killed while the catch-up of the first death waits for the
    workers' lists: the catch-up takes the second death in; the model is unchanged.
 8. Servers that hear of the job's start after the workers (R = 1 and 2): the same model.
+9. A member that gets round frames naming its predecessor's memory after their expiry
+   reads nothing of them and is sent the values: the same model.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -36,20 +40,22 @@ BIG = 3 * 32768  # floats: a part per server of 128 KiB, above the peer-memory m
 
 
 def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=None, victim_env=None, env=None,
-        logs_out=None, survivor_env=None, then_kill=None, victim_logs=None, worker_args=()):
+        logs_out=None, survivor_env=None, then_kill=None, victim_logs=None, worker_args=(), server_env_of=None):
     """The model lines of a job, after killing (or stopping) server index kill/stop;
     with big, a large dense table too, and each worker's call counters into calls;
     victim_env: the environment of the victim alone; survivor_env: of the other
     servers; env: of every process; logs_out: a list that gets the survivors' logs;
     then_kill: (index, seconds): another server SIGKILLed that long after the first;
     victim_logs: a dict that gets the victims' logs (servers run with --verbose);
-    worker_args: more options of repl_sync_worker."""
+    worker_args: more options of repl_sync_worker; server_env_of: {index: environment}
+    of single servers."""
     hbt = int(1000 * SCALE)
     victim = kill if kill is not None else stop
     victims = {victim} | ({then_kill[0]} if then_kill else set())
     server_env = {i: survivor_env for i in range(3) if i != victim} if survivor_env else {}
     if victim_env:
         server_env[victim] = victim_env
+    server_env.update(server_env_of or {})
     with Cluster(3, workers, replicas=replicas, heartbeat_timeout_ms=hbt,
                  extra_env={"PSHARD_RETRY_MS": "300", **(env or {})},
                  server_env=server_env or None, verbose=victim_logs is not None) as c:
@@ -97,7 +103,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
         if victim_logs is not None:
             victim_logs.update({i: c.log(f"server{i}") for i in victims})
         stats = {name: [server_stat(c, i, name) for i in alive]
-                 for name in ("catchups", "forwards", "forward_bytes", "held_ahead")}
+                 for name in ("catchups", "forwards", "forward_bytes", "held_ahead", "peer_mem_forwards_out",
+                              "peer_mem_forwards_in", "peer_mem_forwards_resent")}
         return models[0], stats
 
 
@@ -239,6 +246,19 @@ def test_a_large_table_by_peer_memory_keeps_the_sync_model_through_a_failover(bi
     assert sum(stats["catchups"]) >= 2, stats
     # More parts by peer memory than the pushes have (3 a round): the pulls' too.
     assert all(d > ROUNDS and pm > 3 * (ROUNDS + 1) for d, pm in calls), calls
+    # The large table's rounds went down the chains by peer memory too: each member
+    # read them in its predecessor's memory.
+    assert sum(stats["peer_mem_forwards_in"]) > ROUNDS, stats
+
+
+def test_round_rows_named_in_memory_and_read_after_their_expiry_are_sent_with_their_values(big_reference):
+    # Server 1 holds some of the round frames it receives 1.5 s, past their expiry
+    # (1 s): it reads nothing of those, answers so, and is sent the values instead.
+    held = {"PSHARD_FAULT": "delay=1500ms:type=forward-round:n=20:every=40:dir=in"}
+    model, stats = run(2, big=BIG, server_env_of={1: held})
+    assert model == big_reference
+    assert sum(stats["peer_mem_forwards_in"]) > ROUNDS, stats
+    assert sum(stats["peer_mem_forwards_resent"]) >= 1, stats
 
 
 # Worker 1 computes 300 ms a round, so worker 0 spends most of each round waiting in its
