@@ -370,7 +370,8 @@ int64_t ps__srv_sync_durable_clock(ps__server *s, ps__table *t);
 int ps__srv_sync_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p);
 /* A push to a replicated sync table refused for its clock (the engine's verdict v): logged
  * with the chain's state here (at most 20 times per server), since a worker that sent
- * it expected the round to take it. */
+ * it expected the round to take it; at debug level only when its round is on every copy
+ * (a copy a worker kept of a push to a seldom pushed table, sent again at a failover). */
 void ps__srv_sync_refused(ps__server *s, ps__table *t, const ps__push *p, const ps__verdict *v);
 void ps__srv_sync_pushed(ps__server *s, ps__table *t);
 /* Around a membership: which chains this server followed, and which it now heads. */

@@ -22,6 +22,9 @@
  * --overlap starts the pushes of "w" and "e" (ps_push_range_start, ps_push_start),
  * clocks, and then waits for them, as a pipelined trainer does: the CLOCK is handed
  * over before the pushes are answered.
+ * --seldom adds a sparse table "s" (dim 4, sgd) that every worker pushes to in the
+ * first round only and never pulls, as a trainer's progress counters: the copies its
+ * workers keep of those pushes are let go of by no later answer.
  * A failed call prints "fail ROUND CALL rc=NAME msg=..." and the worker exits 1.
  * Exit status 0 when the script ran, 2 bad usage. Connection settings from PSHARD_*.
  */
@@ -44,12 +47,16 @@ static int fail(int round, const char *call, int rc) {
 }
 
 int main(int argc, char **argv) {
-  int rounds = 20, sleep_ms = 0, nbig = 0, compute_ms = 0, overlap = 0, compute_rank = -1, big_first = 0;
+  int rounds = 20, sleep_ms = 0, nbig = 0, compute_ms = 0, overlap = 0, compute_rank = -1, big_first = 0, seldom = 0;
   const char *mode = "sync";
   int bad = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--overlap")) {
       overlap = 1;
+      continue;
+    }
+    if (!strcmp(argv[i], "--seldom")) {
+      seldom = 1;
       continue;
     }
     if (!strcmp(argv[i], "--big-first")) {
@@ -72,9 +79,9 @@ int main(int argc, char **argv) {
     }
     i++;
   }
-  if (bad || rounds < 1 || nbig < 0 || compute_ms < 0 || (overlap && nbig) || (big_first && !nbig)) {
+  if (bad || rounds < 1 || nbig < 0 || compute_ms < 0 || (overlap && (nbig || seldom)) || (big_first && !nbig)) {
     fprintf(stderr, "usage: repl_sync_worker [--overlap] [--rounds N] [--sleep-ms MS] [--compute-ms MS] "
-                    "[--compute-rank R] [--mode MODE] [--big N [--big-first]]\n");
+                    "[--compute-rank R] [--mode MODE] [--big N [--big-first]] [--seldom]\n");
     return 2;
   }
   ps_ctx *ctx;
@@ -95,6 +102,12 @@ int main(int argc, char **argv) {
     b = malloc((size_t)nbig * sizeof *b);
     gb = malloc((size_t)nbig * sizeof *gb);
     if (!b || !gb) return fail(-1, "malloc", PS_ERR_NOMEM);
+  }
+  uint32_t ts = 0;
+  if (seldom) {
+    char os[160];
+    snprintf(os, sizeof os, "opt=sgd lr=0.1 mode=%s", mode);
+    if ((rc = ps_table_declare(ctx, "s", PS_SPARSE, DIM, os, &ts))) return fail(-1, "declare s", rc);
   }
   int rank = ps_ctx_rank(ctx);
   uint64_t keys[NK];
@@ -123,6 +136,7 @@ int main(int argc, char **argv) {
     } else {
       if ((rc = ps_push_range(ctx, tw, 0, NW, gw, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push w", rc);
       if ((rc = ps_push(ctx, te, keys, NK, ge, 8u + (uint32_t)rank, PS_LR_SCHEDULE, -1))) return fail(c, "push e", rc);
+      if (seldom && c == 0 && (rc = ps_push(ctx, ts, keys, NK, ge, 1, PS_LR_SCHEDULE, -1))) return fail(c, "push s", rc);
       if (nbig) {
         if (!big_first && (rc = ps_pull_range(ctx, tb, 0, (uint64_t)nbig, b, -1))) return fail(c, "pull b", rc);
         for (int i = 0; i < nbig; i++) gb[i] = b[i] * (0.5f + 0.125f * (float)rank) - 0.01f * (float)((i + c) % 11);

@@ -133,6 +133,18 @@ def test_a_head_stopped_past_the_heartbeat_timeout_leaves_the_sync_model_unchang
     assert sum(stats["catchups"]) >= 2, stats
 
 
+@pytest.mark.parametrize("victim", [0, 1, 2])
+def test_copies_kept_of_a_seldom_pushed_table_sent_again_at_a_failover_are_no_alarm(reference, victim):
+    # Table "s" is pushed in the first round only: the workers keep their copies of
+    # those pushes to the end, and send the dead server's again to the new heads, which
+    # refuse them (their round is on every copy) without a warning.
+    logs = []
+    model, stats = run(2, kill=victim, logs_out=logs, worker_args=("--seldom",))
+    assert model == reference
+    assert sum(stats["catchups"]) >= 2, stats
+    assert not any("refused at round" in log for log in logs), "".join(logs)
+
+
 @pytest.mark.parametrize("victim", [0, 2])
 def test_workers_hearing_of_a_death_before_the_servers_keeps_the_sync_model(reference, victim):
     # The membership that says a server died reaches the servers 1 s after the workers
