@@ -418,12 +418,12 @@ int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr
   if (!wc || !ps__pm_usable())
     return ps__fail(PS_ERR_UNAVAILABLE, "server %u cannot read the worker's memory (%s)", s->id,
                     wc ? "peer memory is not usable here" : "no same-host connection of that worker here");
-  int rc = ps__srv_peer_values(s, wc, h->table, body, blen, PS_FWD_PREFIX + kbytes, out, olen);
+  int rc = ps__srv_peer_values(s, wc, h->table, body, blen, PS_FWD_PREFIX + kbytes, NULL, NULL, out, olen);
   return rc == PS_ERR_TIMEOUT ? PS_ERR_UNAVAILABLE : rc;
 }
 
 int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,
-                        void **out, size_t *olen) {
+                        const void **in_place, uint64_t *in_len, void **out, size_t *olen) {
   if (pre > blen) return ps__fail(PS_ERR_SIZE, "peer-memory frame of %zu bytes", blen);
   if (!c->is_unix || c->peer_pid <= 0 || !ps__pm_usable())
     return ps__fail(PS_ERR_UNAVAILABLE, "server %u cannot read its sender's memory", s->id);
@@ -434,6 +434,23 @@ int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *
   if (total % 4 || pre + total > s->o.max_payload) {
     ps__vx_close(&x);
     return ps__fail(PS_ERR_SIZE, "a peer-memory frame of %llu bytes of values", (unsigned long long)total);
+  }
+  if (in_place && x.ops == &ps__vx_shared_ops && x.nd == 1) {
+    /* one region of a shared buffer, mapped here: read where it is */
+    uint64_t a = ps__get_u64(x.d);
+    int expired = x.until && ps__now_ms() >= x.until;
+    ps__vx_close(&x);
+    if (expired) return ps__fail(PS_ERR_TIMEOUT, "peer-memory frame of process %d expired", c->peer_pid);
+    if (a % 4 == 0) {
+      *in_place = (const void *)(uintptr_t)a;
+      *in_len = total;
+      *out = NULL;
+      *olen = 0;
+      ps__srv_metrics_mem(s, c, table, 0, total);
+      return 0;
+    }
+    if (ps__vx_open(&x, &s->shm, c, s->pid, 0, (const uint8_t *)body + pre, blen - pre))
+      return ps__fail(PS_ERR_PROTO, "%s", ps_errmsg());
   }
   size_t len = pre + (size_t)total;
   uint8_t *buf = ps__pool_get(s->pool, len);

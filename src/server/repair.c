@@ -128,6 +128,8 @@ static void held_free(ps__server *s, rp_src *q) {
   q->held = 0;
 }
 
+int ps__srv_repair_syncing(const ps__server *s) { return s->repair && s->repair->syncing; }
+
 int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   srv_repair *r = s->repair;
   if (!r || !r->syncing || s->replaying) return 0;

@@ -269,7 +269,7 @@ static void held_sweep(ps__server *s, int all) {
       continue;
     }
     *pp = h->next;
-    ps__pool_put(s->pool, h->buf, h->len);
+    ps__srv_fwd_buf_put(s, h->buf, h->len);
     free(h);
   }
 }
@@ -354,12 +354,39 @@ static void fwd_unlink(ps__server *s, srv_fwd *f) {
     }
 }
 
+void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared) {
+  size_t n = sizeof s->shbufs / sizeof s->shbufs[0], best = n, empty = n;
+  for (size_t i = 0; shared && i < n; i++) {
+    if (!s->shbufs[i].p) {
+      if (empty == n) empty = i;
+    } else if (!s->shbufs[i].busy && s->shbufs[i].cap >= len && (best == n || s->shbufs[i].cap < s->shbufs[best].cap)) {
+      best = i;
+    }
+  }
+  if (best == n && empty < n && (s->shbufs[empty].p = ps_alloc(len))) {
+    s->shbufs[empty].cap = len;
+    best = empty;
+  }
+  if (best == n) return ps__pool_get(s->pool, len);
+  s->shbufs[best].busy = 1;
+  return s->shbufs[best].p;
+}
+
+void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len) {
+  for (size_t i = 0; i < sizeof s->shbufs / sizeof s->shbufs[0]; i++)
+    if (buf && s->shbufs[i].p == buf) {
+      s->shbufs[i].busy = 0;
+      return;
+    }
+  ps__pool_put(s->pool, buf, len);
+}
+
 /* Give back forward f's body, or keep it while a server may still read it. */
 static void fwd_body_free(ps__server *s, srv_fwd *f) {
   uint64_t until = f->pm_until + PS_VX_SLACK_MS;
   srv_held *h = (f->pm_out || f->pm_hold) && ps__now_ms() < until ? ps__malloc(sizeof *h) : NULL;
   if (!h) { /* (out of memory: the expiry is checked before every read, so at worst late) */
-    ps__pool_put(s->pool, f->buf, f->len);
+    ps__srv_fwd_buf_put(s, f->buf, f->len);
     return;
   }
   *h = (srv_held){s->pm_held, f->buf, f->len, until};
@@ -462,9 +489,10 @@ static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f) {
   if (f->pm_own) f->hdr.xport = PS_XPORT_INLINE;
   if (f->pm_off && !p->no_pm && ps__pm_usable() && ps__vx_link_peer(p->conn, PS_CAP_PEER_MEM)) {
     uint64_t until = ps__now_ms() + PS_FWD_PM_MS;
+    uint64_t pair[2] = {(uint64_t)(uintptr_t)((uint8_t *)f->buf + f->pm_off), f->len - f->pm_off};
     if (until > f->pm_until) f->pm_until = until;
     ps__put_u64(f->pm_tail, until);
-    ps__put_u64(f->pm_tail + 8, 0);
+    ps__put_u64(f->pm_tail + 8, ps__shm_hint(pair, 1)); /* a shared body: read in place */
     ps__put_u64(f->pm_tail + 16, (uint64_t)(uintptr_t)((uint8_t *)f->buf + f->pm_off));
     ps__put_u64(f->pm_tail + 24, f->len - f->pm_off);
     b[0].len = f->pm_off;
@@ -605,7 +633,7 @@ int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, 
   srv_peer *pe = peer_of(s, to);
   srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
   if (!f) {
-    ps__pool_put(s->pool, buf, len);
+    ps__srv_fwd_buf_put(s, buf, len);
     return ps__fail(PS_ERR_NOMEM, "out of memory forwarding to server %u", to);
   }
   f->grp = g;
@@ -771,10 +799,14 @@ void ps__srv_repl_free(ps__server *s) {
   while (s->fwds) {
     srv_fwd *f = s->fwds;
     s->fwds = f->next;
-    ps__pool_put(s->pool, f->buf, f->len);
+    ps__srv_fwd_buf_put(s, f->buf, f->len);
     free(f);
   }
   held_sweep(s, 1);
+  for (size_t i = 0; i < sizeof s->shbufs / sizeof s->shbufs[0]; i++) {
+    ps_free(s->shbufs[i].p);
+    s->shbufs[i].p = NULL;
+  }
   for (size_t i = 0; i < s->npeers; i++) free(s->peers[i]);
   free(s->peers);
   s->peers = NULL;

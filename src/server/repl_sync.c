@@ -156,7 +156,9 @@ static int round_frames_to(ps__server *s, ps__table *t, const round_rows *a, con
     int last = k == left;
     size_t ncl = last ? nc_pad : 0;
     size_t len = head + 4 * ncl + k * per;
-    uint8_t *buf = ps__pool_get(s->pool, len);
+    /* large values may be read where they are by a member on this host */
+    int by_mem = 4 * k * a->w >= PS_VX_PEER_MIN_BYTES;
+    uint8_t *buf = ps__srv_fwd_buf(s, len, by_mem);
     if (!buf) return ps__fail(PS_ERR_NOMEM, "out of memory forwarding a round");
     ps__fwd fw = {.epoch = s->epoch, .worker = 0, .step = (uint64_t)ra->round + 1};
     ps__fwd_put(buf, &fw);
@@ -187,8 +189,7 @@ static int round_frames_to(ps__server *s, ps__table *t, const round_rows *a, con
     }
     ps__frame_hdr fh = {.type = PS_MSG_FORWARD_ROUND, .table = t->id, .nkeys = (uint32_t)k, .lr = ra->lr};
     g->out++;
-    /* large values may be read where they are by a member on this host */
-    size_t pm_off = 4 * k * a->w >= PS_VX_PEER_MIN_BYTES ? (size_t)((uint8_t *)vo - buf) : 0;
+    size_t pm_off = by_mem ? (size_t)((uint8_t *)vo - buf) : 0;
     if (ps__srv_forward_frame(s, to, &fh, buf, len, pm_off, g)) {
       g->out--;
       return PS_ERR_NOMEM;
@@ -341,9 +342,11 @@ void ps__srv_round_applied(void *arg, ps__table *t, ps__rowmap *acc, int64_t rou
 /* ------------------------------------------------------------------ a member */
 
 /* A round frame naming its rows' values in the sender's memory (the member before this
- * one, on this host), made inline: admitted first (a frame of another epoch is refused
- * unread), then its values read into a new body. 0, or -1 (answered). */
-static int round_values_inline(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *b) {
+ * one, on this host): admitted first (a frame of another epoch is refused unread), then
+ * its values read where they are, in a shared buffer of the sender mapped here
+ * (*rows; not while a replacement copies its rows here: it may hold the frame), or
+ * else into a new inline body. 0, or -1 (answered). */
+static int round_values(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *b, const float **rows) {
   ps__fwd fw;
   size_t head = PS_FWD_PREFIX + PS_FWD_ROUND_PREFIX;
   if (b->len < head) {
@@ -352,10 +355,12 @@ static int round_values_inline(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps_
   }
   if (ps__srv_forward_admit(s, c, h, b, &fw)) return -1;
   uint64_t nc = ps__get_u32((const uint8_t *)b->buf + PS_FWD_PREFIX + 24);
-  uint64_t pre = head + 4 * ((nc + 1) & ~(uint64_t)1) + 8 * (uint64_t)h->nkeys;
+  uint64_t pre = head + 4 * ((nc + 1) & ~(uint64_t)1) + 8 * (uint64_t)h->nkeys, vlen = 0;
+  const void *at = NULL;
   void *nb;
   size_t nlen;
-  int rc = pre <= b->len ? ps__srv_peer_values(s, c, h->table, b->buf, b->len, (size_t)pre, &nb, &nlen)
+  int rc = pre <= b->len ? ps__srv_peer_values(s, c, h->table, b->buf, b->len, (size_t)pre, ps__srv_repair_syncing(s) ? NULL : &at,
+                                               &vlen, &nb, &nlen)
                          : ps__fail(PS_ERR_SIZE, "round forward of %zu bytes for %llu chains and %u rows", b->len,
                                     (unsigned long long)nc, h->nkeys);
   if (rc) {
@@ -363,19 +368,25 @@ static int round_values_inline(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps_
     ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
     return -1;
   }
+  s->pm_fwd_in++;
+  if (at) { /* the body keeps its tail; its length is that of the values in place */
+    *rows = at;
+    h->payload_len = pre + vlen;
+    return 0;
+  }
   ps__pool_put(c->pool, b->buf, b->len);
   b->buf = nb;
   b->len = nlen;
   h->xport = PS_XPORT_INLINE;
   h->payload_len = nlen;
-  s->pm_fwd_in++;
   return 0;
 }
 
 void ps__srv_on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *hdr, ps__body *b) {
   ps__fwd fw;
   ps__frame_hdr ih = *hdr, *h = &ih;
-  if (h->xport == PS_XPORT_PEER_MEM && round_values_inline(s, c, h, b)) return;
+  const float *in_place = NULL;
+  if (h->xport == PS_XPORT_PEER_MEM && round_values(s, c, h, b, &in_place)) return;
   ps__table *t = ps__srv_forward_table(s, c, h, b, &fw);
   if (!t) return;
   srv_sync *y = ps__table_is_sync(t) && s->replicas > 1 && s->ring && ps__ring_size(s->ring) > 1 ? sync_of(s, t) : NULL;
@@ -407,7 +418,7 @@ void ps__srv_on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h
     return;
   }
   const uint8_t *cl = p + head, *keys = cl + 4 * nc_pad;
-  const float *rows = (const float *)(const void *)(keys + 8 * (size_t)h->nkeys);
+  const float *rows = in_place ? in_place : (const float *)(const void *)(keys + 8 * (size_t)h->nkeys);
   ps__srv_chains x;
   if (ps__srv_chains_init(&x, s, t)) {
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory");

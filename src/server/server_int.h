@@ -107,6 +107,11 @@ struct ps__server {
   size_t npeers;
   srv_fwd *fwds;         /* forwards awaiting their answer */
   srv_held *pm_held;     /* bodies of forwards a server may still read (repl.c) */
+  struct {               /* bodies of such forwards from ps_alloc, kept for reuse (repl.c) */
+    void *p;
+    size_t cap;
+    int busy;
+  } shbufs[8];
   uint64_t fwd_seq;      /* req_id of the last forward */
   uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
   uint64_t forward_bytes; /* bodies of the frames sent down the chains */
@@ -207,11 +212,13 @@ int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr
 /* The values of a peer-memory frame received on c, an AF_UNIX connection (the sender's
  * memory: a worker's, or the server before this one in a chain): body[0 .. pre) is
  * what precedes its tail (until, hint, regions), copied as is; the values are read
- * after it into a pooled body (*out, *olen). 0, or PS_ERR_UNAVAILABLE (cannot be read
- * from here), PS_ERR_TIMEOUT (the sender's expiry passed), PS_ERR_PROTO, PS_ERR_SIZE or
- * PS_ERR_NOMEM, with a message. */
+ * after it into a pooled body (*out, *olen). With in_place, values in one region of a
+ * shared buffer the sender named (its hint) are not copied: *in_place is where this
+ * server maps them (valid until the loop callback returns), *in_len their bytes, and
+ * *out NULL. 0, or PS_ERR_UNAVAILABLE (cannot be read from here), PS_ERR_TIMEOUT (the
+ * sender's expiry passed), PS_ERR_PROTO, PS_ERR_SIZE or PS_ERR_NOMEM, with a message. */
 int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,
-                        void **out, size_t *olen);
+                        const void **in_place, uint64_t *in_len, void **out, size_t *olen);
 ps__conn *ps__srv_worker_peer_conn(ps__server *s, uint32_t node);
 /* Answer a dense pull by writing into the worker's memory: 1 if done (or answered with
  * an error), 0 if the values must go in the reply instead. */
@@ -274,6 +281,13 @@ ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr
  * given back, nothing sent). */
 int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, void *buf, size_t len,
                           size_t pm_off, srv_fwd_group *g);
+/* A body of len bytes for ps__srv_forward_frame: shared (its values named to a member
+ * on this host), from a few buffers of ps_alloc kept for reuse, so that the member reads
+ * them in place (a mapping of the file, xport.h's shared transport) rather than with
+ * process_vm_readv; else, or when none is free, from the pool. NULL: out of memory.
+ * Given back by ps__srv_fwd_buf_put (ps__srv_forward_frame does it itself). */
+void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared);
+void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len);
 /* A chain's first live member, whether this server is in it, and the live member after
  * this server (0: none). */
 void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next);
@@ -434,6 +448,8 @@ static inline int ps__srv_rows_key(const ps__srv_rows *r, uint32_t table, uint64
  * or stop when one died before its copy was in. */
 void ps__srv_repair_membership(ps__server *s, const ps__membership *m);
 void ps__srv_repair_tick(ps__server *s);
+/* Is this server a replacement copying its rows (forwards may be held, not applied)? */
+int ps__srv_repair_syncing(const ps__server *s);
 /* A forward to a syncing replacement from a source whose copy is not in: held (and
  * answered), 1; else 0 (served as usual). b->buf may be taken. */
 int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
