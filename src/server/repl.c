@@ -50,14 +50,6 @@ struct srv_fwd {
   int pm_hold;       /* a server it went to so may still read buf: kept when freed */
 };
 
-/* A body a server may still read by peer memory (it did not answer: written off, or
- * its connection lost), kept until the frame's expiry and PS_VX_SLACK_MS after it. */
-struct srv_held {
-  srv_held *next;
-  void *buf;
-  size_t len;
-  uint64_t until; /* ps__now_ms */
-};
 
 /* Another server, as a destination of forwards. */
 struct srv_peer {
@@ -259,21 +251,6 @@ int ps__srv_fenced(ps__server *s) {
   return s->fenced;
 }
 
-/* Give back the kept bodies whose expiry passed (all: the server stops). */
-static void held_sweep(ps__server *s, int all) {
-  uint64_t now = all ? UINT64_MAX : ps__now_ms();
-  for (srv_held **pp = &s->pm_held; *pp;) {
-    srv_held *h = *pp;
-    if (h->until > now) {
-      pp = &h->next;
-      continue;
-    }
-    *pp = h->next;
-    ps__srv_fwd_buf_put(s, h->buf, h->len);
-    free(h);
-  }
-}
-
 void ps__srv_repl_tick(ps__server *s) {
   uint64_t now = uv_now(&s->loop);
   (void)ps__srv_fenced(s);
@@ -297,7 +274,7 @@ void ps__srv_repl_tick(ps__server *s) {
     fwd_body_free(s, f);
     free(f);
   }
-  held_sweep(s, 0);
+  ps__srv_fwd_body_sweep(s, 0);
 }
 
 void ps__srv_repl_lag(ps__server *s, uint64_t *n, uint64_t *bytes, uint64_t *oldest_ms) {
@@ -354,43 +331,12 @@ static void fwd_unlink(ps__server *s, srv_fwd *f) {
     }
 }
 
-void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared) {
-  size_t n = sizeof s->shbufs / sizeof s->shbufs[0], best = n, empty = n;
-  for (size_t i = 0; shared && i < n; i++) {
-    if (!s->shbufs[i].p) {
-      if (empty == n) empty = i;
-    } else if (!s->shbufs[i].busy && s->shbufs[i].cap >= len && (best == n || s->shbufs[i].cap < s->shbufs[best].cap)) {
-      best = i;
-    }
-  }
-  if (best == n && empty < n && (s->shbufs[empty].p = ps_alloc(len))) {
-    s->shbufs[empty].cap = len;
-    best = empty;
-  }
-  if (best == n) return ps__pool_get(s->pool, len);
-  s->shbufs[best].busy = 1;
-  return s->shbufs[best].p;
-}
-
-void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len) {
-  for (size_t i = 0; i < sizeof s->shbufs / sizeof s->shbufs[0]; i++)
-    if (buf && s->shbufs[i].p == buf) {
-      s->shbufs[i].busy = 0;
-      return;
-    }
-  ps__pool_put(s->pool, buf, len);
-}
-
 /* Give back forward f's body, or keep it while a server may still read it. */
 static void fwd_body_free(ps__server *s, srv_fwd *f) {
-  uint64_t until = f->pm_until + PS_VX_SLACK_MS;
-  srv_held *h = (f->pm_out || f->pm_hold) && ps__now_ms() < until ? ps__malloc(sizeof *h) : NULL;
-  if (!h) { /* (out of memory: the expiry is checked before every read, so at worst late) */
+  if (f->pm_out || f->pm_hold)
+    ps__srv_fwd_buf_hold(s, f->buf, f->len, f->pm_until + PS_VX_SLACK_MS);
+  else
     ps__srv_fwd_buf_put(s, f->buf, f->len);
-    return;
-  }
-  *h = (srv_held){s->pm_held, f->buf, f->len, until};
-  s->pm_held = h;
 }
 
 static void fwd_free(ps__server *s, srv_fwd *f) {
@@ -802,11 +748,7 @@ void ps__srv_repl_free(ps__server *s) {
     ps__srv_fwd_buf_put(s, f->buf, f->len);
     free(f);
   }
-  held_sweep(s, 1);
-  for (size_t i = 0; i < sizeof s->shbufs / sizeof s->shbufs[0]; i++) {
-    ps_free(s->shbufs[i].p);
-    s->shbufs[i].p = NULL;
-  }
+  ps__srv_fwd_body_sweep(s, 1);
   for (size_t i = 0; i < s->npeers; i++) free(s->peers[i]);
   free(s->peers);
   s->peers = NULL;

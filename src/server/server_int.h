@@ -26,7 +26,7 @@ typedef struct srv_ckpt srv_ckpt;       /* a checkpoint being written (ckpt.c) *
 typedef struct srv_restore srv_restore; /* the checkpoint restored from (ckpt.c) */
 typedef struct srv_fwd srv_fwd;         /* a push forwarded down its chain (repl.c) */
 typedef struct srv_peer srv_peer;       /* another server, as a forward's destination (repl.c) */
-typedef struct srv_held srv_held;       /* a forward's body another server may still read (repl.c) */
+typedef struct srv_held srv_held;       /* a forward's body another server may still read (fwd_body.c) */
 typedef struct srv_fwd_group srv_fwd_group; /* an aggregation buffer's forwards (repl_agg.c) */
 typedef struct srv_aggw srv_aggw;       /* a push combined into a buffer, awaiting its answer (repl_agg.c) */
 typedef struct srv_sync srv_sync;       /* a sync table's replication state (repl_sync.c) */
@@ -106,11 +106,12 @@ struct ps__server {
   srv_peer **peers;      /* the other servers */
   size_t npeers;
   srv_fwd *fwds;         /* forwards awaiting their answer */
-  srv_held *pm_held;     /* bodies of forwards a server may still read (repl.c) */
-  struct {               /* bodies of such forwards from ps_alloc, kept for reuse (repl.c) */
+  srv_held *pm_held;     /* bodies of forwards a server may still read (fwd_body.c) */
+  struct {               /* bodies of such forwards from ps_alloc, kept for reuse (fwd_body.c) */
     void *p;
     size_t cap;
     int busy;
+    uint64_t used_ms;    /* given back then (uv_now): let go of after a minute unused */
   } shbufs[8];
   uint64_t fwd_seq;      /* req_id of the last forward */
   uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
@@ -288,6 +289,11 @@ int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, 
  * Given back by ps__srv_fwd_buf_put (ps__srv_forward_frame does it itself). */
 void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared);
 void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len);
+/* Give back such a body once ps__now_ms() reaches until (a server may read it till then). */
+void ps__srv_fwd_buf_hold(ps__server *s, void *buf, size_t len, uint64_t until);
+/* Give back the held bodies whose time came, and let go of shared ones a minute unused
+ * (all: every one; the server stops). Each tick (ps__srv_repl_tick). */
+void ps__srv_fwd_body_sweep(ps__server *s, int all);
 /* A chain's first live member, whether this server is in it, and the live member after
  * this server (0: none). */
 void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next);
