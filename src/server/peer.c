@@ -465,8 +465,8 @@ int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *
   ps__vx_close(&x);
   if (rc) {
     ps__pool_put(s->pool, buf, len);
-    return ps__fail(rc == PS_ERR_TIMEOUT ? rc : PS_ERR_UNAVAILABLE, "server %u could not read the memory of process %d: %s",
-                    s->id, c->peer_pid, ps_errmsg());
+    return ps__fail(rc == PS_ERR_TIMEOUT ? rc : PS_ERR_UNAVAILABLE,
+                    "server %u could not read the memory of process %d: %s", s->id, c->peer_pid, ps_errmsg());
   }
   ps__srv_metrics_mem(s, c, table, 0, total);
   *out = buf;

@@ -41,7 +41,8 @@ struct srv_fwd {
   uint64_t retry_at;    /* unsent: send it again at this time (uv_now) */
   /* By peer memory: the values, buf[pm_off .. len), may be named instead of sent to a
    * server of this host (pm_off 0: never). Such a frame carries, after buf[0 ..
-   * pm_off), the tail pm_tail: until, hint 0, the values' address and length. */
+   * pm_off), the tail pm_tail: until, the hint of buf's shared buffer (or 0), the
+   * values' address and length. */
   size_t pm_off;
   int pm_own;        /* pm_off was set: the frame's transport is chosen at each send */
   uint8_t pm_tail[32];
@@ -49,7 +50,6 @@ struct srv_fwd {
   int pm_out;        /* sent so, and not answered yet by the server it went to */
   int pm_hold;       /* a server it went to so may still read buf: kept when freed */
 };
-
 
 /* Another server, as a destination of forwards. */
 struct srv_peer {

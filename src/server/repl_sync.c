@@ -359,8 +359,8 @@ static int round_values(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *
   const void *at = NULL;
   void *nb;
   size_t nlen;
-  int rc = pre <= b->len ? ps__srv_peer_values(s, c, h->table, b->buf, b->len, (size_t)pre, ps__srv_repair_syncing(s) ? NULL : &at,
-                                               &vlen, &nb, &nlen)
+  const void **place = ps__srv_repair_syncing(s) ? NULL : &at;
+  int rc = pre <= b->len ? ps__srv_peer_values(s, c, h->table, b->buf, b->len, (size_t)pre, place, &vlen, &nb, &nlen)
                          : ps__fail(PS_ERR_SIZE, "round forward of %zu bytes for %llu chains and %u rows", b->len,
                                     (unsigned long long)nc, h->nkeys);
   if (rc) {
