@@ -19,8 +19,9 @@ final model, printed in hex, shows any difference bit for bit.
 7. R = 3: a second server killed while the catch-up of the first death waits for the
    workers' lists: the catch-up takes the second death in; the model is unchanged.
 8. Servers that hear of the job's start after the workers (R = 1 and 2): the same model.
-9. A member that gets round frames naming its predecessor's memory after their expiry
-   reads nothing of them and is sent the values: the same model.
+9. A member that gets round frames naming its predecessor's memory after their expiry,
+   or cannot read that memory at all, reads nothing of them and is sent the values:
+   the same model.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -261,6 +262,18 @@ def test_a_large_table_by_peer_memory_keeps_the_sync_model_through_a_failover(bi
     # The large table's rounds went down the chains by peer memory too: each member
     # read them in its predecessor's memory.
     assert sum(stats["peer_mem_forwards_in"]) > ROUNDS, stats
+
+
+def test_a_member_that_cannot_read_its_predecessor_s_memory_is_sent_the_round_rows(big_reference):
+    # Server 1 has peer memory off: it answers the first round frame naming the memory
+    # of the server before it that it cannot read it, and is sent the values from then
+    # on; the others read each other's.
+    model, stats = run(2, big=BIG, server_env_of={1: {"PSHARD_PEER_MEM": "0"}})
+    assert model == big_reference
+    assert stats["peer_mem_forwards_in"][1] == 0, stats
+    # of the three links down the chains, the one between the other two servers
+    assert sum(stats["peer_mem_forwards_in"]) >= ROUNDS, stats
+    assert 1 <= sum(stats["peer_mem_forwards_resent"]) <= 4, stats
 
 
 def test_round_rows_named_in_memory_and_read_after_their_expiry_are_sent_with_their_values(big_reference):
