@@ -117,6 +117,36 @@ int ps__shard_round_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, co
   v->later = v->dup = 0;
   if (!ps__table_is_sync(t)) return ps__shard_reject(sh, t, v, PS_ERR_INVALID, "table '%s' is not synchronous", t->decl.name);
   size_t w = t->spec.width;
+  if (denom == 1.0 || (t->spec.opt.kind == PS__OPT_SGD && denom > 0)) {
+    /* No gradient to scale (apply_to): a step straight from the rows, which are the
+     * head's accumulator's, one per key, as the head applied them. */
+    ps__shard_flush(t);
+    if (n == 0) return PS__APPLIED;
+    uint64_t step;
+    sh->replay_step = (uint64_t)round + 1;
+    lr = apply_begin(t, lr, batch, &step);
+    sh->replay_step = 0;
+    float rate = denom != 1.0 ? (float)(lr / denom) : lr;
+    float *prow[PS__ROWS_BATCH];
+    uint32_t ix[PS__ROWS_BATCH];
+    ps__shard_expect(t, n);
+    for (uint32_t i = 0; i < n;) {
+      uint32_t nb = n - i < PS__ROWS_BATCH ? n - i : PS__ROWS_BATCH;
+      const uint8_t *kb = keys + 8 * (size_t)i;
+      size_t got = ps__shard_rows_at(t, NULL, kb, nb, prow, ix);
+      for (size_t q = 0; q < got; q++) {
+        uint64_t key = ps__get_u64(kb + 8 * q);
+        ps__shard_write(t, key, ix[q], prow[q], 0, rows + (i + q) * w, ps__spec_row_len(&t->spec, key), rate, step);
+      }
+      if (got < nb) {
+        apply_oom(t);
+        return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
+      }
+      i += nb;
+    }
+    t->applied++;
+    return PS__APPLIED;
+  }
   if (!t->round_rep && !(t->round_rep = ps__rowmap_new(w)))
     return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
   for (uint32_t i = 0; i < n; i++) {

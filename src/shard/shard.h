@@ -503,8 +503,10 @@ int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, cons
 /* Apply acc as sync round `round` of t (its step, round + 1; lr < 0: the schedule's at
  * that step for batch): the same call on every copy of the rows gives the same result. */
 void ps__shard_apply_round_at(ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom, double batch);
-/* Apply n rows of width floats under keys (little-endian u64) as sync round `round`, as
- * its chain's head applied them (ps__shard_apply_round_at). PS__APPLIED or REJECTED. */
+/* Apply n rows of width floats under keys (little-endian u64, each once: the head's
+ * accumulator's) as sync round `round`, as its chain's head applied them
+ * (ps__shard_apply_round_at). Read only; straight from them when no gradient is to be
+ * scaled (denom 1, or sgd). PS__APPLIED or REJECTED. */
 int ps__shard_round_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, const float *rows, uint32_t n,
                             int64_t round, float lr, double denom, double batch, ps__verdict *v);
 /* The identity check of push p alone (shard/once.h): PS__APPLIED (new: after applying it
