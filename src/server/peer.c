@@ -435,22 +435,18 @@ int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *
     ps__vx_close(&x);
     return ps__fail(PS_ERR_SIZE, "a peer-memory frame of %llu bytes of values", (unsigned long long)total);
   }
-  if (in_place && x.ops == &ps__vx_shared_ops && x.nd == 1) {
-    /* one region of a shared buffer, mapped here: read where it is */
-    uint64_t a = ps__get_u64(x.d);
+  if (in_place && x.ops == &ps__vx_shared_ops && x.nd == 1 && ps__get_u64(x.d) % 4 == 0) {
+    /* one region of a shared buffer, mapped here, of whole floats: read where it is */
+    const void *at = (const void *)(uintptr_t)ps__get_u64(x.d);
     int expired = x.until && ps__now_ms() >= x.until;
     ps__vx_close(&x);
     if (expired) return ps__fail(PS_ERR_TIMEOUT, "peer-memory frame of process %d expired", c->peer_pid);
-    if (a % 4 == 0) {
-      *in_place = (const void *)(uintptr_t)a;
-      *in_len = total;
-      *out = NULL;
-      *olen = 0;
-      ps__srv_metrics_mem(s, c, table, 0, total);
-      return 0;
-    }
-    if (ps__vx_open(&x, &s->shm, c, s->pid, 0, (const uint8_t *)body + pre, blen - pre))
-      return ps__fail(PS_ERR_PROTO, "%s", ps_errmsg());
+    *in_place = at;
+    *in_len = total;
+    *out = NULL;
+    *olen = 0;
+    ps__srv_metrics_mem(s, c, table, 0, total);
+    return 0;
   }
   size_t len = pre + (size_t)total;
   uint8_t *buf = ps__pool_get(s->pool, len);

@@ -439,8 +439,8 @@ static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f) {
     if (until > f->pm_until) f->pm_until = until;
     ps__put_u64(f->pm_tail, until);
     ps__put_u64(f->pm_tail + 8, ps__shm_hint(pair, 1)); /* a shared body: read in place */
-    ps__put_u64(f->pm_tail + 16, (uint64_t)(uintptr_t)((uint8_t *)f->buf + f->pm_off));
-    ps__put_u64(f->pm_tail + 24, f->len - f->pm_off);
+    ps__put_u64(f->pm_tail + 16, pair[0]);
+    ps__put_u64(f->pm_tail + 24, pair[1]);
     b[0].len = f->pm_off;
     b[1].len = sizeof f->pm_tail;
     nb = 2;

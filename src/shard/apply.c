@@ -73,10 +73,14 @@ int ps__shard_apply_row(ps__table *t, uint64_t key, float *g, double d, float lr
   return 0;
 }
 
-void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr, double global_batch) {
-  size_t n = ps__rowmap_count(acc);
+/* One optimiser step over n rows: those of acc, or else keys[i] (little-endian) with
+ * the gradient rows + i * width, which are only read (the caller passes them only with
+ * none to scale: apply_to writes into a gradient for that alone). 0, or PS_ERR_NOMEM
+ * (logged) when memory ran out part way. */
+static int apply_step(ps__table *t, ps__rowmap *acc, const uint8_t *keys, const float *grads, size_t n, double denom,
+                      int per_row_denom, float lr, double global_batch) {
   ps__shard_flush(t);
-  if (n == 0) return;
+  if (n == 0) return 0;
   uint64_t step;
   lr = apply_begin(t, lr, global_batch, &step);
   unsigned width = t->spec.width;
@@ -84,25 +88,27 @@ void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_ro
   float *gs[PS__ROWS_BATCH], *rows[PS__ROWS_BATCH];
   uint32_t ix[PS__ROWS_BATCH];
   ps__shard_expect(t, n);
-  /* Blocks of the accumulator's rows with a step to take (a row whose denominator is 0
-   * takes none and is not created), their parameter rows looked up or created at once. */
+  /* Blocks of rows with a step to take (a row whose denominator is 0 takes none and is
+   * not created), their parameter rows looked up or created at once. */
   for (size_t i = 0; i < n;) {
     size_t nb = 0;
     for (; i < n && nb < PS__ROWS_BATCH; i++) {
-      float *g = ps__rowmap_row_at(acc, i);
+      float *g = acc ? ps__rowmap_row_at(acc, i) : (float *)(uintptr_t)(grads + i * width);
       if ((per_row_denom ? g[width] : denom) <= 0) continue;
-      k64[nb] = ps__rowmap_key_at(acc, i);
+      k64[nb] = acc ? ps__rowmap_key_at(acc, i) : ps__get_u64(keys + 8 * i);
       gs[nb++] = g;
     }
     size_t got = ps__shard_rows_at(t, k64, NULL, nb, rows, ix);
     for (size_t q = 0; q < got; q++)
       apply_to(t, k64[q], ix[q], rows[q], gs[q], per_row_denom ? gs[q][width] : denom, lr, step);
-    if (got < nb) {
-      apply_oom(t);
-      return;
-    }
+    if (got < nb) return apply_oom(t);
   }
   t->applied++;
+  return 0;
+}
+
+void ps__shard_apply_acc(ps__table *t, ps__rowmap *acc, double denom, int per_row_denom, float lr, double global_batch) {
+  (void)apply_step(t, acc, NULL, NULL, ps__rowmap_count(acc), denom, per_row_denom, lr, global_batch);
 }
 
 void ps__shard_apply_round_at(ps__table *t, ps__rowmap *acc, int64_t round, float lr, double denom, double batch) {
@@ -120,32 +126,10 @@ int ps__shard_round_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, co
   if (denom == 1.0 || (t->spec.opt.kind == PS__OPT_SGD && denom > 0)) {
     /* No gradient to scale (apply_to): a step straight from the rows, which are the
      * head's accumulator's, one per key, as the head applied them. */
-    ps__shard_flush(t);
-    if (n == 0) return PS__APPLIED;
-    uint64_t step;
     sh->replay_step = (uint64_t)round + 1;
-    lr = apply_begin(t, lr, batch, &step);
+    int rc = apply_step(t, NULL, keys, rows, n, denom, 0, lr, batch);
     sh->replay_step = 0;
-    float rate = denom != 1.0 ? (float)(lr / denom) : lr;
-    float *prow[PS__ROWS_BATCH];
-    uint32_t ix[PS__ROWS_BATCH];
-    ps__shard_expect(t, n);
-    for (uint32_t i = 0; i < n;) {
-      uint32_t nb = n - i < PS__ROWS_BATCH ? n - i : PS__ROWS_BATCH;
-      const uint8_t *kb = keys + 8 * (size_t)i;
-      size_t got = ps__shard_rows_at(t, NULL, kb, nb, prow, ix);
-      for (size_t q = 0; q < got; q++) {
-        uint64_t key = ps__get_u64(kb + 8 * q);
-        ps__shard_write(t, key, ix[q], prow[q], 0, rows + (i + q) * w, ps__spec_row_len(&t->spec, key), rate, step);
-      }
-      if (got < nb) {
-        apply_oom(t);
-        return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
-      }
-      i += nb;
-    }
-    t->applied++;
-    return PS__APPLIED;
+    return rc ? ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory") : PS__APPLIED;
   }
   if (!t->round_rep && !(t->round_rep = ps__rowmap_new(w)))
     return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
