@@ -123,9 +123,9 @@ int ps__frame_decode(const uint8_t *in, uint64_t max_payload, ps__frame_hdr *h) 
         return ps__fail(PS_ERR_PROTO, "codec %u with value transport %u: encoded values travel inline", h->codec,
                         h->xport);
     }
-    /* Of the forwards only a dense push's may name the worker's memory (its regions),
-     * and a sync round's the sending server's (its tail follows the round's rows' keys,
-     * which the handler finds: checked there). */
+    /* Of the forwards only a dense push's and a sync round's may name their values in
+     * the sending server's memory (a round's tail follows its rows' keys, which the
+     * handler finds: checked there). */
     if (ps__frame_is_forward(h->type) && h->xport != PS_XPORT_INLINE &&
         (reply || (t != PS_MSG_FORWARD_DENSE && t != PS_MSG_FORWARD_ROUND)))
       return ps__fail(PS_ERR_PROTO, "value transport %u on a %s frame", h->xport, ps__frame_type_name(h->type));

@@ -2,13 +2,16 @@
  * fwd_body.c - the bodies of frames down a chain that name their values in this
  * server's memory (repl.c, repl_sync.c): where they live, and how long they stay.
  *
- * A sync round's update goes to a member on this host by peer memory (design.md,
- * "Rounds by peer memory"). Its frame's body comes from a few buffers of ps_alloc (a
- * sealed memfd mapped shared), kept for reuse, so that the member maps each file once
- * and applies the rows in place; when none is free, or the frame is large, from the
- * pool (the member then reads it with process_vm_readv). A body the member may still
- * read, though its frame was given up on (the member written off, its connection
- * lost), is held until the frame's expiry and PS_VX_SLACK_MS have passed.
+ * A sync round's update, and a worker's dense push read by peer memory, go to a
+ * member on this host by peer memory (design.md, "Forwards by peer memory"). Their
+ * frames' bodies come from a few buffers of ps_alloc (a sealed memfd mapped shared),
+ * kept for reuse, so that the member maps each file once and applies the values in
+ * place; when none is free, or the frame is large, from the pool (a round's: the
+ * member then reads it with process_vm_readv; a push's is sent with its values). A
+ * push's body is held by the engine too, while it applies it after the answer, so a
+ * shared buffer counts its holders. A body the member may still read, though its
+ * frame was given up on (the member written off, its connection lost), is held until
+ * the frame's expiry and PS_VX_SLACK_MS have passed.
  *
  * Everything here runs on the server's loop thread.
  */
@@ -32,10 +35,10 @@ struct srv_held {
 #define SHBUF_IDLE_MS 60000
 #define NSHBUF (sizeof ((ps__server *)0)->shbufs / sizeof ((ps__server *)0)->shbufs[0])
 
-void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared) {
+void *ps__srv_fwd_buf_shared(ps__server *s, size_t len) {
   size_t best = NSHBUF, slot = NSHBUF;
-  for (size_t i = 0; shared && len <= SHBUF_MAX_BYTES && i < NSHBUF; i++) {
-    if (s->shbufs[i].busy) continue;
+  for (size_t i = 0; len <= SHBUF_MAX_BYTES && i < NSHBUF; i++) {
+    if (s->shbufs[i].refs) continue;
     if (s->shbufs[i].p && s->shbufs[i].cap >= len) {
       if (best == NSHBUF || s->shbufs[i].cap < s->shbufs[best].cap) best = i;
     } else if (slot == NSHBUF || !s->shbufs[i].p) {
@@ -50,16 +53,29 @@ void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared) {
     s->shbufs[slot].cap = cap;
     if (s->shbufs[slot].p) best = slot;
   }
-  if (best == NSHBUF) return ps__pool_get(s->pool, len);
-  s->shbufs[best].busy = 1;
+  if (best == NSHBUF) return NULL;
+  s->shbufs[best].refs = 1;
   return s->shbufs[best].p;
+}
+
+void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared) {
+  void *b = shared ? ps__srv_fwd_buf_shared(s, len) : NULL;
+  return b ? b : ps__pool_get(s->pool, len);
+}
+
+int ps__srv_fwd_buf_ref(ps__server *s, const void *buf) {
+  for (size_t i = 0; buf && i < NSHBUF; i++)
+    if (s->shbufs[i].p == buf && s->shbufs[i].refs) {
+      s->shbufs[i].refs++;
+      return 1;
+    }
+  return 0;
 }
 
 void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len) {
   for (size_t i = 0; buf && i < NSHBUF; i++)
     if (s->shbufs[i].p == buf) {
-      s->shbufs[i].busy = 0;
-      s->shbufs[i].used_ms = uv_now(&s->loop);
+      if (s->shbufs[i].refs > 0 && --s->shbufs[i].refs == 0) s->shbufs[i].used_ms = uv_now(&s->loop);
       return;
     }
   ps__pool_put(s->pool, buf, len);
@@ -69,10 +85,10 @@ void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len) {
 static void shbuf_sweep(ps__server *s, int all) {
   uint64_t now = uv_now(&s->loop);
   for (size_t i = 0; i < NSHBUF; i++)
-    if (s->shbufs[i].p && (all || (!s->shbufs[i].busy && now - s->shbufs[i].used_ms >= SHBUF_IDLE_MS))) {
+    if (s->shbufs[i].p && (all || (!s->shbufs[i].refs && now - s->shbufs[i].used_ms >= SHBUF_IDLE_MS))) {
       ps_free(s->shbufs[i].p);
       s->shbufs[i].p = NULL;
-      s->shbufs[i].busy = 0;
+      s->shbufs[i].refs = 0;
     }
 }
 

@@ -9,7 +9,8 @@
  * of its host (ps_alloc, net/shared.c). A large push to a sync table is added into its
  * round as it is read; a sync round whose pulls wait in peer memory is applied slice by
  * slice into them (the engine's round hooks). Copies of 4 MiB or more run on the loop
- * thread and the helper thread, half each.
+ * thread and the helper thread, half each. Under replicas an async push is read into
+ * a shared buffer in the shape of its forward, which the next copy reads in place.
  */
 #include <string.h>
 
@@ -376,50 +377,42 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
     ps__vx_close(&x);
     return;
   }
-  size_t len = kbytes + (size_t)total;
-  uint8_t *buf = ps__pool_get(c->pool, len);
+  /* Under replicas, an async table's push is read into a shared buffer in the shape of
+   * its forward (prefix, segments, values): the next copy, on this host, applies the
+   * values where they lie there (repl.c) instead of reading the worker's memory again. */
+  ps__table *t = ps__shard_table(s->sh, h->table);
+  size_t pre = s->replicas > 1 && t && t->spec.kind == PS_DENSE && !ps__table_is_sync(t) && !ps__table_aggregates(t)
+                   ? PS_FWD_PREFIX
+                   : 0;
+  size_t len = pre + kbytes + (size_t)total;
+  uint8_t *buf = pre ? ps__srv_fwd_buf_shared(s, len) : NULL;
+  if (!buf) {
+    pre = 0;
+    len = kbytes + (size_t)total;
+    buf = ps__pool_get(c->pool, len);
+  }
   if (!buf) {
     ps__vx_close(&x);
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "server out of memory for a %zu-byte push", len);
     return;
   }
-  memcpy(buf, b->buf, kbytes);
-  uv_buf_t dst = uv_buf_init((char *)buf + kbytes, 0);
+  memcpy(buf + pre, b->buf, kbytes);
+  uv_buf_t dst = uv_buf_init((char *)buf + pre + kbytes, 0);
   dst.len = (size_t)total;
   int rc = pm_copy_par(s, &x, 0, &dst, 1);
   ps__vx_close(&x);
   if (rc) {
-    ps__pool_put(c->pool, buf, len);
+    ps__srv_fwd_buf_put(s, buf, len);
     ps__srv_reply_err(c, h, rc, "%s", ps_errmsg());
     return;
   }
   ps__srv_metrics_mem(s, c, h->table, 0, total); /* read, whatever the engine makes of it */
-  ps__push p = ps__srv_push_of(h, buf, total / 4);
+  ps__push p = ps__srv_push_of(h, buf + pre, total / 4);
   ps__owned body = {buf, len};
-  /* Under replicas, the forward to the next copy may name the same regions (repl.c). */
-  s->pm_tail = (const uint8_t *)b->buf + kbytes;
-  s->pm_tail_len = b->len - kbytes;
+  s->pm_body = pre ? buf : NULL; /* the forward to the next copy names its values (repl.c) */
   ps__srv_push(s, c, h, &p, &body, 1);
-  s->pm_tail = NULL;
-  s->pm_tail_len = 0;
-  if (body.buf) ps__pool_put(c->pool, buf, len); /* not taken by the engine */
-}
-
-ps__conn *ps__srv_worker_peer_conn(ps__server *s, uint32_t node) {
-  for (srv_metlink *l = s->links; node && l; l = l->next)
-    if (l->node == node && l->conn && l->conn->is_unix && l->conn->peer_pid > 0) return l->conn;
-  return NULL;
-}
-
-int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr *h, const void *body, size_t blen,
-                                void **out, size_t *olen) {
-  size_t kbytes = 8u * (size_t)h->nkeys;
-  if (blen < PS_FWD_PREFIX + kbytes) return ps__fail(PS_ERR_SIZE, "peer-memory forward of %zu bytes", blen);
-  if (!wc || !ps__pm_usable())
-    return ps__fail(PS_ERR_UNAVAILABLE, "server %u cannot read the worker's memory (%s)", s->id,
-                    wc ? "peer memory is not usable here" : "no same-host connection of that worker here");
-  int rc = ps__srv_peer_values(s, wc, h->table, body, blen, PS_FWD_PREFIX + kbytes, NULL, NULL, out, olen);
-  return rc == PS_ERR_TIMEOUT ? PS_ERR_UNAVAILABLE : rc;
+  s->pm_body = NULL;
+  if (body.buf) ps__srv_fwd_buf_put(s, buf, len); /* not taken by the engine */
 }
 
 int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,

@@ -373,29 +373,6 @@ static int fwd_redirect(ps__server *s, srv_fwd *f, int status) {
   return 1;
 }
 
-/* A forward naming the worker's memory that the next copy could not read from: sent
- * again with the values, read here from the same regions (the worker still waits). 1
- * when sent again, 0 when it is to be answered. */
-static int fwd_with_values(ps__server *s, srv_fwd *f) {
-  srv_peer *p = peer_of(s, f->to);
-  void *nb;
-  size_t nlen;
-  if (f->hdr.xport != PS_XPORT_PEER_MEM || !f->up || !p || !p->conn ||
-      ps__srv_forward_peer_values(s, f->up, &f->hdr, f->buf, f->len, &nb, &nlen))
-    return 0;
-  ps__pool_put(s->pool, f->buf, f->len);
-  f->buf = nb;
-  f->len = nlen;
-  f->hdr.xport = PS_XPORT_INLINE;
-  f->hdr.payload_len = nlen;
-  f->req_id = ++s->fwd_seq;
-  f->hdr.req_id = f->req_id;
-  s->forward_bytes += nlen;
-  s->pm_fwd_inline++;
-  fwd_send(s, p, f);
-  return 1;
-}
-
 /* Fail every forward to server id (gone, or its connection lost): the worker sends its
  * push again, to the chain's new head if need be, and the windows apply it once; a
  * sync round's frame is re-addressed by its group. */
@@ -488,7 +465,6 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
      * be sent again (the windows apply it once), not failed with copies that differ. */
     int status = h->status == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : h->status;
     if ((status == PS_ERR_MOVED || status == PS_ERR_UNAVAILABLE) && fwd_redirect(s, f, status)) return;
-    if (status == PS_ERR_UNAVAILABLE && fwd_with_values(s, f)) return;
     char msg[300];
     if (h->status == PS_ERR_NOMEM)
       snprintf(msg, sizeof msg, "server %u, the next copy of these keys, is out of memory (%.*s); send again", f->to,
@@ -593,13 +569,19 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
                     float lr, uint64_t step) {
   srv_peer *pe = peer_of(s, to);
   int dense = uh->type == PS_MSG_PUSH_DENSE || uh->type == PS_MSG_FORWARD_DENSE;
-  /* A worker's peer-memory dense push: the next copy, on the same host and holding its
-   * copies, reads the values where the head read them (the worker waits for the tail's
-   * answer, so its buffers stay put); the forward names the same regions. */
-  int by_mem = dense && s->pm_tail && !p->replica && pe && pe->state == PS_CHAIN_LIVE;
-  size_t kb = (size_t)p->nkeys * 8u, vb = by_mem ? s->pm_tail_len : (size_t)p->nvals * 4u, len = PS_FWD_PREFIX + kb + vb;
+  /* A worker's peer-memory dense push that the head read into a shared buffer in the
+   * shape of this forward (peer.c): the forward is that buffer, one more holder of it,
+   * and to a member of this host it names the values there, which the member applies
+   * in place (else it carries them). */
   srv_fwd *f = pe ? ps__calloc(1, sizeof *f) : NULL;
-  uint8_t *buf = f ? ps__pool_get(s->pool, len) : NULL;
+  int by_body = f && dense && s->pm_body && !p->replica && p->keys == s->pm_body + PS_FWD_PREFIX &&
+                ps__srv_fwd_buf_ref(s, s->pm_body);
+  size_t kb = (size_t)p->nkeys * 8u, len = PS_FWD_PREFIX + kb + (size_t)p->nvals * 4u;
+  uint8_t *buf = by_body ? s->pm_body : f ? ps__pool_get(s->pool, len) : NULL;
+  if (by_body) {
+    f->pm_off = PS_FWD_PREFIX + kb;
+    f->pm_own = 1;
+  }
   if (!buf) {
     free(f);
     return ps__fail(PS_ERR_NOMEM, "out of memory forwarding a push to server %u", to);
@@ -613,14 +595,14 @@ int ps__srv_forward(ps__server *s, ps__conn *up, const ps__frame_hdr *uh, const 
     fw.up_req = s->fwd_up ? s->fwd_up->up_req : 0;
   }
   ps__fwd_put(buf, &fw);
-  memcpy(buf + PS_FWD_PREFIX, p->keys, kb);
-  memcpy(buf + PS_FWD_PREFIX + kb, by_mem ? (const void *)s->pm_tail : (const void *)p->vals, vb);
+  if (!by_body) {
+    memcpy(buf + PS_FWD_PREFIX, p->keys, kb);
+    memcpy(buf + PS_FWD_PREFIX + kb, p->vals, len - PS_FWD_PREFIX - kb);
+  }
   f->up = up;
   f->up_hdr = *uh;
   ps__frame_hdr fh = {.type = dense ? PS_MSG_FORWARD_DENSE : PS_MSG_FORWARD, .table = p->table, .batch = p->batch,
-                      .clock = p->clock, .nkeys = p->nkeys, .lr = lr, .inc = p->inc, .seq = p->seq,
-                      .xport = by_mem ? PS_XPORT_PEER_MEM : PS_XPORT_INLINE};
-  s->pm_fwd_out += by_mem;
+                      .clock = p->clock, .nkeys = p->nkeys, .lr = lr, .inc = p->inc, .seq = p->seq};
   fwd_add(s, pe, f, to, &fh, buf, len);
   return 0;
 }
@@ -651,27 +633,40 @@ ps__table *ps__srv_forward_table(ps__server *s, ps__conn *c, const ps__frame_hdr
 void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b, int dense) {
   ps__fwd fw;
   ps__frame_hdr ih;
+  const float *in_place = NULL;
   if (dense && h->xport == PS_XPORT_PEER_MEM && (ps__fwd_get(b->buf, &fw), fw.epoch == s->epoch)) {
-    /* The values are in the worker's memory: read here first, so that whatever follows
-     * (held by a replacement, applied, forwarded on) has them inline. (At another epoch
-     * it is refused below, unread.) */
-    void *nb;
-    size_t nlen;
-    int rc = ps__srv_forward_peer_values(s, ps__srv_worker_peer_conn(s, fw.worker), h, b->buf, b->len, &nb, &nlen);
-    if (rc) { /* out of memory too: the head sends the values instead */
+    /* The values are in the sender's memory: applied where they are, in a shared buffer
+     * of the sender mapped here (not while a replacement copies its rows here: it may
+     * hold the frame), or else read first, so that whatever follows (held by a
+     * replacement, applied, forwarded on) has them inline. (At another epoch it is
+     * refused below, unread.) */
+    size_t kbytes = 8u * (size_t)h->nkeys;
+    const void *at = NULL;
+    uint64_t vlen = 0;
+    void *nb = NULL;
+    size_t nlen = 0;
+    int rc = b->len < PS_FWD_PREFIX + kbytes ? ps__fail(PS_ERR_SIZE, "peer-memory forward of %zu bytes", b->len)
+             : ps__srv_peer_values(s, c, h->table, b->buf, b->len, PS_FWD_PREFIX + kbytes,
+                                   ps__srv_repair_syncing(s) ? NULL : &at, &vlen, &nb, &nlen);
+    if (rc) { /* not readable (out of memory too), or not in time: the sender sends the values */
       ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
       return;
     }
-    ps__pool_put(s->pool, b->buf, b->len);
-    b->buf = nb;
-    b->len = nlen;
     ih = *h;
     ih.xport = PS_XPORT_INLINE;
-    ih.payload_len = nlen;
+    if (at) { /* the body keeps its tail; its length is that of the values in place */
+      in_place = at;
+      ih.payload_len = PS_FWD_PREFIX + kbytes + vlen;
+    } else {
+      ps__pool_put(s->pool, b->buf, b->len);
+      b->buf = nb;
+      b->len = nlen;
+      ih.payload_len = nlen;
+    }
     h = &ih;
     s->pm_fwd_in++;
   }
-  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
+  if (!in_place && ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
   if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
   uint8_t *body = (uint8_t *)b->buf + PS_FWD_PREFIX;
   uint64_t nvals = (h->payload_len - PS_FWD_PREFIX - 8u * h->nkeys) / 4u;
@@ -681,11 +676,14 @@ void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
   p.step = fw.step;
   p.lr = h->lr >= 0 ? h->lr : -1.0f;
   /* The engine may take a dense body (applied after the answer): it is the pooled
-   * frame body, of which the keys are an offset; hand it over whole. */
-  ps__owned own = {b->buf, b->len};
+   * frame body, of which the keys are an offset; hand it over whole. Values in place
+   * are the sender's until this answers: applied before it, not taken. */
+  ps__owned own = {in_place ? NULL : b->buf, b->len};
+  if (in_place) p.vals = in_place;
   s->fwd_up = &fw;
   ps__srv_push(s, c, h, &p, &own, dense);
   s->fwd_up = NULL;
+  if (in_place) return;
   if (!own.buf) b->buf = NULL;
 }
 
@@ -748,7 +746,6 @@ void ps__srv_repl_free(ps__server *s) {
     ps__srv_fwd_buf_put(s, f->buf, f->len);
     free(f);
   }
-  ps__srv_fwd_body_sweep(s, 1);
   for (size_t i = 0; i < s->npeers; i++) free(s->peers[i]);
   free(s->peers);
   s->peers = NULL;

@@ -79,7 +79,8 @@ void ps__srv_reply_verdict(ps__conn *c, const ps__frame_hdr *h, const ps__verdic
 
 static void *hook_alloc(void *arg, size_t n) { return ps__pool_get(((ps__server *)arg)->pool, n); }
 
-static void hook_release(void *arg, void *buf, size_t len) { ps__pool_put(((ps__server *)arg)->pool, buf, len); }
+/* A body the engine took may be a shared forward body (peer.c): its holders are counted. */
+static void hook_release(void *arg, void *buf, size_t len) { ps__srv_fwd_buf_put(arg, buf, len); }
 
 ps__par *ps__srv_par(ps__server *s, uint32_t nkeys) {
   if (nkeys < PS__PAR_MIN_KEYS || s->par_failed) return NULL;
@@ -530,6 +531,7 @@ void ps__server_destroy(ps__server *s) {
   for (size_t i = 0; s->sh && i < s->sh->ntables; i++)
     if (s->sh->tables[i]) free(s->sh->tables[i]->owner); /* its timer was closed with the loop */
   ps__shard_free(s->sh);
+  ps__srv_fwd_body_sweep(s, 1); /* after the engine gave back the bodies it held */
   ps__ring_free(s->ring);
   ps__pool_free(s->pool);
   ps__par_free(s->par);

@@ -92,8 +92,8 @@ struct ps__server {
   char unix_path[PS_PATH_MAX];
   uv_idle_t apply_idle; /* runs while tables have a pending apply */
   uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
-  const uint8_t *pm_tail; /* the peer-memory push being served: its tail (regions), for a forward ... */
-  size_t pm_tail_len;     /* ... that names them instead of carrying the values (repl.c) */
+  uint8_t *pm_body;       /* the peer-memory push being served: its body, when that is a shared
+                           * buffer in the shape of its forward (peer.c, repl.c) */
   uint64_t pm_fwd_out, pm_fwd_in, pm_fwd_inline; /* such forwards sent; read here; sent again with values */
   srv_ckpt *ckpt;        /* the checkpoint being cut or written, or NULL */
   uint64_t ckpt_last;    /* the last checkpoint written with tracking on: the tables'
@@ -110,7 +110,7 @@ struct ps__server {
   struct {               /* bodies of such forwards from ps_alloc, kept for reuse (fwd_body.c) */
     void *p;
     size_t cap;
-    int busy;
+    int refs;            /* its holders: a forward, a push body the engine applies */
     uint64_t used_ms;    /* given back then (uv_now): let go of after a minute unused */
   } shbufs[8];
   uint64_t fwd_seq;      /* req_id of the last forward */
@@ -202,14 +202,6 @@ void ps__srv_free_pulls(ps__server *s);
 
 /* ---- the large-request path: values in the worker's memory (peer.c) */
 void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);
-/* A peer-memory dense forward (FORWARD_DENSE, PS_XPORT_PEER_MEM: the forward prefix,
- * the segments, then the tail of the worker's own request) made inline: its values read
- * from the worker's memory through wc, a same-host connection of that worker, into a
- * pooled body of prefix, segments and values (*out, *olen). 0, or an error code with a
- * message (PS_ERR_UNAVAILABLE: they cannot be read from here). */
-int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr *h, const void *body, size_t blen,
-                                void **out, size_t *olen);
-/* The same connection of worker `node` this server reads from, or NULL. */
 /* The values of a peer-memory frame received on c, an AF_UNIX connection (the sender's
  * memory: a worker's, or the server before this one in a chain): body[0 .. pre) is
  * what precedes its tail (until, hint, regions), copied as is; the values are read
@@ -220,7 +212,6 @@ int ps__srv_forward_peer_values(ps__server *s, ps__conn *wc, const ps__frame_hdr
  * sender's expiry passed), PS_ERR_PROTO, PS_ERR_SIZE or PS_ERR_NOMEM, with a message. */
 int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,
                         const void **in_place, uint64_t *in_len, void **out, size_t *olen);
-ps__conn *ps__srv_worker_peer_conn(ps__server *s, uint32_t node);
 /* Answer a dense pull by writing into the worker's memory: 1 if done (or answered with
  * an error), 0 if the values must go in the reply instead. */
 int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,
@@ -288,6 +279,12 @@ int ps__srv_forward_frame(ps__server *s, uint32_t to, const ps__frame_hdr *hdr, 
  * process_vm_readv; else, or when none is free, from the pool. NULL: out of memory.
  * Given back by ps__srv_fwd_buf_put (ps__srv_forward_frame does it itself). */
 void *ps__srv_fwd_buf(ps__server *s, size_t len, int shared);
+/* One of those shared buffers only, or NULL (none free, too large, out of memory). */
+void *ps__srv_fwd_buf_shared(ps__server *s, size_t len);
+/* One more holder of buf, when it is a shared buffer (1); else nothing (0). Each holder
+ * gives it back with ps__srv_fwd_buf_put (or _hold). */
+int ps__srv_fwd_buf_ref(ps__server *s, const void *buf);
+/* Give back a body of ps__srv_fwd_buf (its last holder), or any pooled buffer. */
 void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len);
 /* Give back such a body once ps__now_ms() reaches until (a server may read it till then). */
 void ps__srv_fwd_buf_hold(ps__server *s, void *buf, size_t len, uint64_t until);

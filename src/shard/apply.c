@@ -241,7 +241,7 @@ void ps__shard_pending_step(ps__table *t, uint64_t budget) {
   }
   if (p->active && p->done == p->total) {
     ps__shard *sh = t->sh;
-    sh->hooks.release(sh->hooks.arg, p->buf, p->len);
+    if (p->buf) sh->hooks.release(sh->hooks.arg, p->buf, p->len);
     memset(p, 0, sizeof *p);
     sh->npending--;
   }
@@ -261,7 +261,9 @@ static int touch_slice(void *arg, uint64_t slice, uint64_t within, uint64_t n, u
  * caller acknowledges it at once, and the engine takes the body and applies it a
  * step at a time, so the worker's next request travels meanwhile. Whatever reads or
  * updates the table next finishes it first (ps__shard_flush), or, a pull of the same
- * ranges, while its reply goes out: no request sees it half done. */
+ * ranges, while its reply goes out: no request sees it half done. Without a body to
+ * take (values the caller lends, such as a member's read in place), it is applied at
+ * once. */
 static int apply_dense_later(ps__shard *sh, ps__table *t, const ps__push *p, ps__owned *body, ps__verdict *v) {
   if (ps__walk_slices(p->keys, p->nkeys, t->spec.width, touch_slice, t))
     return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
@@ -271,11 +273,10 @@ static int apply_dense_later(ps__shard *sh, ps__table *t, const ps__push *p, ps_
   t->applied++;
   ps__pending_apply *q = &t->pend;
   PS_ASSERT(!q->active);
-  if (p->nvals == 0 || !body || !body->buf) return PS__APPLIED;
+  if (p->nvals == 0) return PS__APPLIED;
   q->active = 1;
-  q->buf = body->buf;
-  q->len = body->len;
-  body->buf = NULL; /* taken */
+  q->buf = body ? body->buf : NULL;
+  q->len = body ? body->len : 0;
   q->keys = p->keys;
   q->nkeys = p->nkeys;
   q->vals = p->vals;
@@ -283,6 +284,11 @@ static int apply_dense_later(ps__shard *sh, ps__table *t, const ps__push *p, ps_
   q->lr = lr;
   q->step = step;
   sh->npending++;
+  if (!q->buf) { /* values the caller does not own (read in place): applied now */
+    ps__shard_pending_step(t, q->total);
+    return PS__APPLIED;
+  }
+  body->buf = NULL; /* taken */
   v->later = 1;
   return PS__APPLIED;
 }

@@ -64,7 +64,8 @@ typedef struct ps__push {
 
 /* A pooled buffer the engine may take from its caller (a push body applied after the
  * push was acknowledged); buf is set NULL when taken, and the engine gives it back
- * through the release hook. */
+ * through the release hook. With none (NULL, or buf NULL), a dense push is applied
+ * before ps__shard_push returns. */
 typedef struct ps__owned {
   void *buf;
   size_t len;

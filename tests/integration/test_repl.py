@@ -170,8 +170,9 @@ def counted_big(c, workers, pushes):
 @pytest.mark.parametrize("kill,replicas", [(False, 2), (True, 2), (False, 3), (True, 3)],
                          ids=["no-fault", "head-killed", "r3-no-fault", "r3-head-killed"])
 def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill, replicas):
-    # Under R = 3 the middle member reads the values from the worker and forwards them
-    # on with the values.
+    # The heads read each push into a shared buffer and name its values to the next
+    # copy, which applies them where they lie; under R = 3 the middle member forwards
+    # them on with the values.
     with Cluster(3, 2, replicas=replicas, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         ps = start_workers(c, 2, 60 if kill else 30, 10 if kill else 0, BIG)
         if kill:
@@ -183,23 +184,41 @@ def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill, replicas)
         alive = (1, 2) if kill else (0, 1, 2)
         assert sum(server_stat(c, i, "peer_mem_pushes") for i in alive) > 0
         assert sum(server_stat(c, i, "forwards") for i in alive) > 0
-        # The heads' forwards named the worker's buffers, and the next copies read them.
+        # The heads' forwards named their values, and the next copies read them in place
+        # (the workers' own buffers are not shared: every shared request is a forward's).
         assert sum(server_stat(c, i, "peer_mem_forwards_out") for i in alive) > 0
         assert sum(server_stat(c, i, "peer_mem_forwards_in") for i in alive) > 0
+        assert sum(server_stat(c, i, "shared_requests") for i in alive) > 0
 
 
-def test_a_member_that_cannot_read_a_forward_gets_the_values_from_the_head():
-    # The first allocation of one server while it handles a forward naming the worker's
-    # buffers fails: it answers that it cannot read them, the head sends the forward again
-    # with the values, and no push fails or is lost.
-    env = {"PSHARD_RETRY_MS": "300", "PSHARD_FAULT": "alloc:type=forward-dense:n=1:node=server.1"}
+def test_a_member_that_reads_a_forward_past_its_expiry_gets_the_values_from_the_head():
+    # The third forward server 1 receives reaches it past its expiry (1 s: held 1.5 s
+    # on the way in), and so do those queued behind it on that connection: it reads
+    # nothing of them and answers so, and the head sends them again with their values.
+    # It read the others in place. No push fails or is lost.
+    env = {"PSHARD_RETRY_MS": "300", "PSHARD_FAULT": "delay=1500ms:type=forward-dense:n=3:dir=in:node=server.1"}
     with Cluster(3, 2, replicas=2, extra_env=env) as c:
         ps = start_workers(c, 2, 20, 0, BIG)
         assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
         counted_big(c, 2, 20)
         logs = "".join(c.log(f"server{i}") for i in range(3))
-        assert "failed allocation #1" in logs, logs[-3000:]
-        assert sum(server_stat(c, i, "peer_mem_forwards_resent") for i in range(3)) >= 1
+        stat = {k: [server_stat(c, i, k) for i in range(3)]
+                for k in ("peer_mem_forwards_in", "peer_mem_forwards_resent", "shared_requests")}
+        assert "delayed received forward-dense frame #3 by 1500 ms" in logs, logs[-3000:]
+        assert 1 <= sum(stat["peer_mem_forwards_resent"]) <= 10, stat
+        assert sum(stat["peer_mem_forwards_in"]) > 3 * 20 and sum(stat["shared_requests"]) > 3 * 20, stat
+
+
+def test_a_member_without_peer_memory_gets_its_chains_pushes_with_their_values():
+    # Server 1 has peer memory off: the workers push inline to every chain it is in, and
+    # its heads forward with the values; the chain of the other two goes by peer memory.
+    env = {"PSHARD_RETRY_MS": "300"}
+    with Cluster(3, 2, replicas=2, extra_env=env, server_env={1: {"PSHARD_PEER_MEM": "0"}}) as c:
+        ps = start_workers(c, 2, 20, 0, BIG)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted_big(c, 2, 20)
+        fin = [server_stat(c, i, "peer_mem_forwards_in") for i in range(3)]
+        assert fin[1] == 0 and fin[0] + fin[2] > 0, fin
 
 
 @pytest.mark.parametrize("n", [1, 3])

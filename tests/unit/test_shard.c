@@ -441,6 +441,32 @@ Test(shard, a_dense_async_push_is_taken_and_applied_after_its_acknowledgement) {
   }
 }
 
+Test(shard, a_dense_async_push_without_a_body_to_take_is_applied_at_once) {
+  /* values the caller only lends (a member reading them in place in its predecessor's
+   * shared buffer): applied before the push returns, nothing taken or released */
+  ps__table *t = create(1, PS_DENSE, 1000, "init=zero lr=1 mode=async slice=100");
+  start(1);
+  uint8_t keys[16];
+  put_seg(keys, 150, 200);
+  float g[200];
+  for (int i = 0; i < 200; i++) g[i] = (float)i;
+  ps__push p = {.table = 1, .sender = 1, .batch = 1, .clock = 0, .lr = -1.0f, .keys = keys, .nkeys = 2, .vals = g,
+                .nvals = 200};
+  ps__owned own = {NULL, 0};
+  ps__verdict v;
+  cr_assert(eq(int, ps__shard_push(SH, &p, &own, &v), PS__APPLIED));
+  cr_assert(not(v.later));
+  cr_assert(not(t->pend.active));
+  cr_assert(eq(u64, SH->npending, 0));
+  cr_assert(eq(int, L.releases, 0));
+  for (uint64_t e = 0; e < 1000; e++) {
+    float *row = ps__rowmap_get(t->params, e / 100);
+    float want = e >= 150 && e < 350 ? -(float)(e - 150) : 0.0f;
+    float got = row ? row[e % 100] : 0.0f;
+    cr_assert(eq(flt, got, want), "element %llu", (unsigned long long)e);
+  }
+}
+
 Test(shard, a_dense_sync_round_averages_the_segments_of_each_worker) {
   ps__table *t = create(1, PS_DENSE, 10, "init=zero lr=1 slice=4");
   start(2);
