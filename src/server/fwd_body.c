@@ -81,6 +81,14 @@ void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len) {
   ps__pool_put(s->pool, buf, len);
 }
 
+void ps__srv_fwd_buf_counts(const ps__server *s, size_t *allocated, size_t *busy) {
+  *allocated = *busy = 0;
+  for (size_t i = 0; i < NSHBUF; i++) {
+    *allocated += s->shbufs[i].p != NULL;
+    *busy += s->shbufs[i].p && s->shbufs[i].refs;
+  }
+}
+
 /* Let go of the shared bodies unused for a minute (all: the server stops). */
 static void shbuf_sweep(ps__server *s, int all) {
   uint64_t now = uv_now(&s->loop);

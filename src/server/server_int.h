@@ -286,6 +286,8 @@ void *ps__srv_fwd_buf_shared(ps__server *s, size_t len);
 int ps__srv_fwd_buf_ref(ps__server *s, const void *buf);
 /* Give back a body of ps__srv_fwd_buf (its last holder), or any pooled buffer. */
 void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len);
+/* The shared buffers allocated, and of those the ones held now (STATS). */
+void ps__srv_fwd_buf_counts(const ps__server *s, size_t *allocated, size_t *busy);
 /* Give back such a body once ps__now_ms() reaches until (a server may read it till then). */
 void ps__srv_fwd_buf_hold(ps__server *s, void *buf, size_t len, uint64_t until);
 /* Give back the held bodies whose time came, and let go of shared ones a minute unused

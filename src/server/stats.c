@@ -123,6 +123,10 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   m = snprintf(line, sizeof line, "shared_requests %llu\nshared_mapped %llu\nshared_held %llu\n",
                (unsigned long long)shm_req, (unsigned long long)shm_mapped, (unsigned long long)shm_held);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  size_t fb, fb_busy;
+  ps__srv_fwd_buf_counts(s, &fb, &fb_busy);
+  m = snprintf(line, sizeof line, "forward_buffers %zu\nforward_buffers_busy %zu\n", fb, fb_busy);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   hist_line(&w, "push_staleness", sh->push_stale, sh->push_stale_max);
   hist_line(&w, "pull_staleness", sh->pull_stale, sh->pull_stale_max);
   if (ps__fault_on()) { /* the fault rules' counters (common/fault.h) */

@@ -160,6 +160,20 @@ def test_lost_tail_answers_are_sent_again_and_applied_once():
 BIG = ["--dense", "--floats", str(1 << 18)]  # 1 MiB in 16 runs of 64 KiB: peer-memory parts
 
 
+def buffers_given_back(c, alive, within=6.0):
+    # Each shared forward buffer has two holders, the forward and the engine's apply:
+    # both let go once the pushes are done (a body given up with its frame is kept until
+    # its expiry, 1 s, and 2 s more).
+    deadline = time.monotonic() + within
+    while True:
+        busy = [server_stat(c, i, "forward_buffers_busy") for i in alive]
+        if not any(busy) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert not any(busy), busy
+    assert sum(server_stat(c, i, "forward_buffers") for i in alive) > 0
+
+
 def counted_big(c, workers, pushes):
     for i in range(workers):
         acked, vals, failed = outcome(c.log(f"w{i}"))
@@ -189,6 +203,7 @@ def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill, replicas)
         assert sum(server_stat(c, i, "peer_mem_forwards_out") for i in alive) > 0
         assert sum(server_stat(c, i, "peer_mem_forwards_in") for i in alive) > 0
         assert sum(server_stat(c, i, "shared_requests") for i in alive) > 0
+        buffers_given_back(c, alive)
 
 
 def test_a_member_that_reads_a_forward_past_its_expiry_gets_the_values_from_the_head():
@@ -207,6 +222,7 @@ def test_a_member_that_reads_a_forward_past_its_expiry_gets_the_values_from_the_
         assert "delayed received forward-dense frame #3 by 1500 ms" in logs, logs[-3000:]
         assert 1 <= sum(stat["peer_mem_forwards_resent"]) <= 10, stat
         assert sum(stat["peer_mem_forwards_in"]) > 3 * 20 and sum(stat["shared_requests"]) > 3 * 20, stat
+        buffers_given_back(c, range(3))
 
 
 def test_a_member_without_peer_memory_gets_its_chains_pushes_with_their_values():
