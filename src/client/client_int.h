@@ -49,6 +49,7 @@ typedef struct peer peer;
 typedef struct part part;
 typedef struct ps__cx_table ps__cx_table; /* cx.c: a table's residuals and codec counters */
 typedef struct kept kept; /* a copy of a push to a replicated sync table (keep.c) */
+typedef struct kbuf kbuf; /* a shared buffer holding such a copy (keep.c) */
 
 /* A table's traffic as this worker counts it (metrics=on): allocated when the table is
  * declared, freed with the context, so a request may keep a pointer to it. Relaxed
@@ -93,6 +94,8 @@ struct part {
   unsigned nchain;
   uint64_t retry_at_ms;    /* on ctx->delayed: send again at this time */
   uint32_t keep;           /* a push or pull of a replicated sync table: its clocks per round (keep.c) */
+  kbuf *kb;                /* the shared copy of its values it names instead of the caller's
+                            * (keep.c): held until the request is destroyed */
   uint32_t reply_table;    /* hdr.table of the reply (declare returns the id) */
   int64_t reply_clock;     /* hdr.clock of the reply */
   char *stats_buf;         /* control reply body destination (STATS text, CHECKPOINT info),
@@ -212,10 +215,13 @@ struct ps_ctx {
   uint32_t push_seq;       /* the last push sequence number given (atomic): one counter per
                             * worker, so a part sent again to another server keeps its identity */
   unsigned replicas;       /* R of the job (membership; atomic) */
-  pthread_mutex_t keep_mu; /* the three below (keep.c) */
+  pthread_mutex_t keep_mu; /* the six below (keep.c) */
   kept *kept;              /* copies of pushes to replicated sync tables */
   size_t kept_bytes;
   int any_keep;            /* a push to a replicated sync table was kept */
+  kbuf *kb_free;           /* shared buffers for such copies, free for reuse */
+  size_t kb_nfree;
+  int kb_closed;           /* ps__keep_free ran: a buffer let go is freed */
   uint64_t yield_until_ms; /* after a server's death, until then (atomic): a call on the
                             * caller's thread gives back a link the loop wants, so the
                             * fail-over's frames are not queued behind the call */
@@ -457,6 +463,8 @@ void ps__keep_pull(ps_ctx *ctx, part *p, const ps__frame_hdr *h);
  * sent to their chains' next members. */
 void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, uint64_t epoch, part **moving, size_t nmoving);
 void ps__keep_free(ps_ctx *ctx);
+/* A part of a request being destroyed lets go of the shared copy it named (p->kb). */
+void ps__keep_part_done(ps_ctx *ctx, part *p);
 /* Send a control frame to every live server, after the parts queued on each link. */
 void ps__fire_servers(ps_ctx *ctx, const ps__frame_hdr *h, const void *body, size_t len);
 /* A request of nparts frames to ti's table starts (counting on): its traffic out. */

@@ -486,15 +486,15 @@ static void direct_io(ps_ctx *ctx, dlink *dl, unsigned n, uint64_t deadline_ms, 
     }
     for (unsigned k = 0; k < d->nparts; k++) {
       part *p = d->parts[k];
+      if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
+        p->hdr.inc = ctx->incarnation;
+        p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
+        if (p->keep) ps__keep_sent(ctx, p); /* may make it name its copy: first */
+      }
       uint64_t total = 0;
       for (unsigned b = 0; b < p->nsend; b++) total += p->send[b].len;
       p->hdr.sender = ctx->id;
       p->hdr.payload_len = total;
-      if (ps__frame_is_push_req(p->hdr.type) && !p->hdr.inc) { /* its identity, as on the loop (link.c) */
-        p->hdr.inc = ctx->incarnation;
-        p->hdr.seq = __atomic_add_fetch(&ctx->push_seq, 1, __ATOMIC_RELAXED);
-        if (p->keep) ps__keep_sent(ctx, p);
-      }
       if (ps__frame_is_push_req(p->hdr.type)) pushes++;
       p->attempts++;
       sending += total;

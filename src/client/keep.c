@@ -19,6 +19,13 @@
  * handed on. A push in flight is then sent twice (its copy, and the part itself to the
  * next member); the chain's windows apply it once.
  *
+ * A push by peer memory is copied into a shared buffer (ps_alloc, kept for reuse), and
+ * the push then names that copy instead of the caller's buffers: the head maps the
+ * buffer once and reads the values there, which is cheaper than reading another
+ * process's memory, and the copy costs nothing the failover did not cost already. The
+ * buffer is held by the copy and by the part, until its request is destroyed (after
+ * any time a server may still read it, ps__part_must_hold).
+ *
  * Copies are made where the push is sent: on the loop thread, or on a caller's thread
  * that sends it on a lent link (direct.c). The list is under ctx->keep_mu; the failover
  * runs on the loop thread.
@@ -26,6 +33,62 @@
 #include <string.h>
 
 #include "client/client_int.h"
+#include "net/xport.h"
+
+struct kbuf {
+  kbuf *next; /* on ctx->kb_free */
+  void *p;    /* ps_alloc */
+  size_t cap;
+  int refs;   /* the copy, the part that names it */
+};
+
+#define KBUF_MIN_BYTES ((size_t)64 << 10) /* sizes are powers of two from this */
+#define KBUF_FREE_MAX 8                   /* free buffers kept for reuse */
+
+/* A shared buffer of len bytes or more, one holder; NULL: none (ps_alloc failed). keep_mu held. */
+static kbuf *kbuf_get(ps_ctx *ctx, size_t len) {
+  kbuf **best = NULL;
+  for (kbuf **pp = &ctx->kb_free; *pp; pp = &(*pp)->next)
+    if ((*pp)->cap >= len && (!best || (*pp)->cap < (*best)->cap)) best = pp;
+  kbuf *b = best ? *best : NULL;
+  if (b) {
+    *best = b->next;
+    ctx->kb_nfree--;
+  } else {
+    size_t cap = KBUF_MIN_BYTES;
+    while (cap < len) cap *= 2;
+    void *m = (b = ps__calloc(1, sizeof *b)) ? ps_alloc(cap) : NULL;
+    if (!m) {
+      free(b);
+      return NULL;
+    }
+    b->p = m;
+    b->cap = cap;
+  }
+  b->next = NULL;
+  b->refs = 1;
+  return b;
+}
+
+/* One holder lets go of b. keep_mu held. */
+static void kbuf_put(ps_ctx *ctx, kbuf *b) {
+  if (!b || --b->refs > 0) return;
+  if (ctx->kb_closed || ctx->kb_nfree >= KBUF_FREE_MAX) {
+    ps_free(b->p);
+    free(b);
+    return;
+  }
+  b->next = ctx->kb_free;
+  ctx->kb_free = b;
+  ctx->kb_nfree++;
+}
+
+void ps__keep_part_done(ps_ctx *ctx, part *p) {
+  pthread_mutex_lock(&ctx->keep_mu);
+  kbuf_put(ctx, p->kb);
+  pthread_mutex_unlock(&ctx->keep_mu);
+  p->kb = NULL;
+}
 
 struct kept {
   kept *next;
@@ -34,18 +97,27 @@ struct kept {
   ps__frame_hdr hdr; /* as sent: type, table, batch, clock, nkeys, lr, identity */
   uint32_t chain[PS_MAX_REPLICAS];
   unsigned nchain;
-  uint8_t *body;
+  uint8_t *body; /* malloc, or kb's memory */
   size_t len;
+  kbuf *kb;
 };
 
 #define KEEP_MAX_BYTES ((size_t)1 << 30) /* beyond this, the oldest copies are let go (logged) */
+
+/* keep_mu held. */
+static void kept_free(ps_ctx *ctx, kept *k) {
+  if (k->kb)
+    kbuf_put(ctx, k->kb);
+  else
+    free(k->body);
+  free(k);
+}
 
 static void keep_drop(ps_ctx *ctx, kept **pp) {
   kept *k = *pp;
   *pp = k->next;
   ctx->kept_bytes -= k->len;
-  free(k->body);
-  free(k);
+  kept_free(ctx, k);
 }
 
 /* Let go of the copies of table's pushes answered by server whose round is before
@@ -61,8 +133,9 @@ static void keep_release(ps_ctx *ctx, uint32_t server, uint32_t table, int64_t c
   }
 }
 
-/* A copy of push part p's frame (the values inline), or NULL (out of memory). */
-static kept *keep_copy(const part *p) {
+/* A copy of push part p's frame (the values inline), or NULL (out of memory); of a
+ * part by peer memory in a shared buffer when one can be had. */
+static kept *keep_copy(ps_ctx *ctx, const part *p) {
   const uv_buf_t *v = p->send;
   unsigned nv = p->nsend;
   int pm = p->hdr.xport == PS_XPORT_PEER_MEM;
@@ -74,7 +147,12 @@ static kept *keep_copy(const part *p) {
   const uv_buf_t *vals = pm ? v + 2 : v;
   for (unsigned i = 0; i < nv; i++) len += vals[i].len;
   kept *k = ps__calloc(1, sizeof *k);
-  uint8_t *body = k ? ps__malloc(len ? len : 1) : NULL;
+  if (k && pm) {
+    pthread_mutex_lock(&ctx->keep_mu);
+    k->kb = kbuf_get(ctx, len);
+    pthread_mutex_unlock(&ctx->keep_mu);
+  }
+  uint8_t *body = !k ? NULL : k->kb ? k->kb->p : ps__malloc(len ? len : 1);
   if (!body) {
     free(k);
     return NULL;
@@ -114,11 +192,30 @@ static void keep_add(ps_ctx *ctx, kept *k) {
   }
 }
 
+/* Part p, by peer memory, names the values of its copy k (in a shared buffer) instead
+ * of the caller's buffers: its tail becomes the expiry, the buffer's hint and one
+ * region (the caller's regions stay, for the part's sending again inline). */
+static void keep_name(kept *k, part *p) {
+  size_t seg = p->send[0].len;
+  if (p->nsend != 2 || p->send[1].len < 32 || k->len < seg) return;
+  uint8_t *t = (uint8_t *)p->send[1].base;
+  uint64_t pair[2] = {(uint64_t)(uintptr_t)(k->body + seg), k->len - seg};
+  uint64_t hint = ps__shm_hint(pair, 1);
+  if (!hint) return;
+  ps__put_u64(t + 8, hint);
+  ps__put_u64(t + 16, pair[0]);
+  ps__put_u64(t + 24, pair[1]);
+  p->send[1].len = 32;
+  p->kb = k->kb;
+  k->kb->refs++; /* keep_mu held */
+}
+
 void ps__keep_sent(ps_ctx *ctx, part *p) {
   if (!p->keep || !ps__frame_is_push_req(p->hdr.type)) return;
-  kept *k = keep_copy(p); /* outside the lock: a MiB copy */
+  kept *k = keep_copy(ctx, p); /* outside the lock: a MiB copy */
   pthread_mutex_lock(&ctx->keep_mu);
   ctx->any_keep = 1;
+  if (k && k->kb && !p->kb && p->hdr.xport == PS_XPORT_PEER_MEM) keep_name(k, p);
   if (k) keep_add(ctx, k);
   pthread_mutex_unlock(&ctx->keep_mu);
   if (!k) ps__log(PS_LOG_WARN, "out of memory keeping a copy of a push: a failover may miss it");
@@ -134,11 +231,10 @@ void ps__keep_push(ps_ctx *ctx, part *p, const ps__frame_hdr *h) {
       k->server = p->target;
     } else { /* a copy sent again after a failover (its own request's body), or none was made */
       pthread_mutex_unlock(&ctx->keep_mu);
-      k = keep_copy(p);
+      k = keep_copy(ctx, p);
       pthread_mutex_lock(&ctx->keep_mu);
       if (k && keep_find(ctx, &p->hdr)) { /* made meanwhile */
-        free(k->body);
-        free(k);
+        kept_free(ctx, k);
         k = keep_find(ctx, &p->hdr);
         k->server = p->target;
       } else if (k) {
@@ -169,7 +265,9 @@ static void keep_resend(ps_ctx *ctx, kept *k) {
   if (!r || !r->parts || !r->bufs) {
     if (r) free(r->parts), free(r->bufs);
     free(r);
-    free(k->body);
+    pthread_mutex_lock(&ctx->keep_mu);
+    kept_free(ctx, k);
+    pthread_mutex_unlock(&ctx->keep_mu);
     ps__log(PS_LOG_WARN, "out of memory sending a push again after a failover");
     return;
   }
@@ -179,7 +277,8 @@ static void keep_resend(ps_ctx *ctx, kept *k) {
   pthread_mutex_init(&r->mu, NULL);
   pthread_cond_init(&r->cv, NULL);
   r->canceled = 2; /* detached: freed by the loop when done */
-  r->own_keys = k->body; /* taken */
+  if (!k->kb) r->own_keys = k->body; /* taken */
+  r->parts[0].kb = k->kb;              /* or its buffer's hold */
   r->bufs[0] = uv_buf_init((char *)k->body, (unsigned)k->len);
   part *p = &r->parts[0];
   p->req = r;
@@ -254,7 +353,7 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, uint64_t epoch, part **movin
   while (gone) {
     kept *k = gone;
     gone = k->next;
-    keep_resend(ctx, k); /* takes k->body */
+    keep_resend(ctx, k); /* takes k->body, or k->kb's hold */
     free(k);
     resent++;
   }
@@ -272,5 +371,13 @@ void ps__keep_fail_over(ps_ctx *ctx, uint32_t dead, uint64_t epoch, part **movin
 void ps__keep_free(ps_ctx *ctx) {
   pthread_mutex_lock(&ctx->keep_mu);
   while (ctx->kept) keep_drop(ctx, &ctx->kept);
+  ctx->kb_closed = 1;
+  while (ctx->kb_free) {
+    kbuf *b = ctx->kb_free;
+    ctx->kb_free = b->next;
+    ps_free(b->p);
+    free(b);
+  }
+  ctx->kb_nfree = 0;
   pthread_mutex_unlock(&ctx->keep_mu);
 }

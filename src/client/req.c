@@ -260,6 +260,8 @@ void ps__ubuf_put(ps_ctx *ctx, void *p, size_t n) {
 }
 
 void ps__req_destroy(ps_req *r) {
+  for (unsigned i = 0; r->parts && i < r->nparts; i++)
+    if (r->parts[i].kb) ps__keep_part_done(r->ctx, &r->parts[i]);
   if (r->scratch) ps__ubuf_put(r->ctx, r->scratch, r->scratch_len);
   ps__ubuf_put(r->ctx, r->dd_rows, r->dd_rows_len);
   ps__ubuf_put(r->ctx, r->dd_block, r->dd_block_len);
