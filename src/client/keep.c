@@ -42,7 +42,7 @@ struct kbuf {
   int refs;   /* the copy, the part that names it */
 };
 
-#define KBUF_MIN_BYTES ((size_t)64 << 10) /* sizes are powers of two from this */
+#define KBUF_UNIT ((size_t)64 << 10) /* sizes are multiples of this */
 #define KBUF_FREE_MAX 8                   /* free buffers kept for reuse */
 
 /* A shared buffer of len bytes or more, one holder; NULL: none (ps_alloc failed). keep_mu held. */
@@ -55,8 +55,7 @@ static kbuf *kbuf_get(ps_ctx *ctx, size_t len) {
     *best = b->next;
     ctx->kb_nfree--;
   } else {
-    size_t cap = KBUF_MIN_BYTES;
-    while (cap < len) cap *= 2;
+    size_t cap = (len + KBUF_UNIT - 1) / KBUF_UNIT * KBUF_UNIT;
     void *m = (b = ps__calloc(1, sizeof *b)) ? ps_alloc(cap) : NULL;
     if (!m) {
       free(b);

@@ -105,7 +105,7 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
             victim_logs.update({i: c.log(f"server{i}") for i in victims})
         stats = {name: [server_stat(c, i, name) for i in alive]
                  for name in ("catchups", "forwards", "forward_bytes", "held_ahead", "peer_mem_forwards_out",
-                              "peer_mem_forwards_in", "peer_mem_forwards_resent")}
+                              "peer_mem_forwards_in", "peer_mem_forwards_resent", "shared_requests")}
         return models[0], stats
 
 
@@ -241,6 +241,17 @@ def test_replica_traffic_is_one_update_per_round_not_one_per_push():
 @pytest.fixture(scope="module")
 def big_reference():
     return run(1, big=BIG)[0]
+
+
+def test_a_large_table_s_pushes_are_read_from_the_workers_kept_copies(big_reference):
+    # Each worker keeps a copy of its pushes for a failover, in a shared buffer, and the
+    # push names that copy: the heads read it through a mapping (the workers' own
+    # buffers are plain memory), 3 parts a round from each worker, beside the rounds
+    # the members read from their heads' shared buffers.
+    model, stats = run(2, big=BIG, sleep_ms=0)
+    assert model == big_reference
+    assert sum(stats["shared_requests"]) >= 2 * 3 * ROUNDS + ROUNDS, stats
+    assert sum(stats["peer_mem_forwards_in"]) >= ROUNDS, stats
 
 
 @pytest.mark.parametrize("fault", ["kill-0", "kill-1", "stop-2"])
