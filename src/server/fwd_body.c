@@ -4,14 +4,15 @@
  *
  * A sync round's update, and a worker's dense push read by peer memory, go to a
  * member on this host by peer memory (design.md, "Forwards by peer memory"). Their
- * frames' bodies come from a few buffers of ps_alloc (a sealed memfd mapped shared),
- * kept for reuse, so that the member maps each file once and applies the values in
- * place; when none is free, or the frame is large, from the pool (a round's: the
- * member then reads it with process_vm_readv; a push's is sent with its values). A
- * push's body is held by the engine too, while it applies it after the answer, so a
- * shared buffer counts its holders. A body the member may still read, though its
- * frame was given up on (the member written off, its connection lost), is held until
- * the frame's expiry and PS_VX_SLACK_MS have passed.
+ * frames' bodies come from a few buffers of ps_alloc (a sealed memfd mapped shared;
+ * at most 8, or PSHARD_FORWARD_BUFFERS), kept for reuse, so that the member maps each
+ * file once and applies the values in place; when none is free, or the frame is
+ * large, from the pool (a round's: the member then reads it with process_vm_readv; a
+ * push's is sent with its values). A push's body is held by the engine too, while it
+ * applies it after the answer, so a shared buffer counts its holders. A body the
+ * member may still read, though its frame was given up on (the member written off,
+ * its connection lost), is held until the frame's expiry and PS_VX_SLACK_MS have
+ * passed.
  *
  * Everything here runs on the server's loop thread.
  */
@@ -35,9 +36,20 @@ struct srv_held {
 #define SHBUF_IDLE_MS 60000
 #define NSHBUF (sizeof ((ps__server *)0)->shbufs / sizeof ((ps__server *)0)->shbufs[0])
 
+void ps__srv_fwd_buf_init(ps__server *s) {
+  const char *v = getenv("PSHARD_FORWARD_BUFFERS");
+  char *end = NULL;
+  long n = v && *v ? strtol(v, &end, 10) : (long)NSHBUF;
+  if (v && *v && (*end || n < 0 || n > (long)NSHBUF)) {
+    ps__log(PS_LOG_WARN, "PSHARD_FORWARD_BUFFERS=%s is not a number from 0 to %zu: %zu used", v, NSHBUF, NSHBUF);
+    n = (long)NSHBUF;
+  }
+  s->nshbufs = (size_t)n;
+}
+
 void *ps__srv_fwd_buf_shared(ps__server *s, size_t len) {
   size_t best = NSHBUF, slot = NSHBUF;
-  for (size_t i = 0; len <= SHBUF_MAX_BYTES && i < NSHBUF; i++) {
+  for (size_t i = 0; len <= SHBUF_MAX_BYTES && i < s->nshbufs; i++) {
     if (s->shbufs[i].refs) continue;
     if (s->shbufs[i].p && s->shbufs[i].cap >= len) {
       if (best == NSHBUF || s->shbufs[i].cap < s->shbufs[best].cap) best = i;

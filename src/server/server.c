@@ -455,6 +455,7 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
     goto fail;
   }
   s->sh->mem_limit = s->o.memory_budget;
+  ps__srv_fwd_buf_init(s);
   rc = ps__listen_tcp(&s->tcp, &s->loop, s->o.host, s->o.port, &data_ops, on_accept, s, s->pool, s->o.max_payload);
   if (rc) goto fail;
   s->tcp.budget = &s->fb;

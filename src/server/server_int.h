@@ -113,6 +113,7 @@ struct ps__server {
     int refs;            /* its holders: a forward, a push body the engine applies */
     uint64_t used_ms;    /* given back then (uv_now): let go of after a minute unused */
   } shbufs[8];
+  size_t nshbufs;        /* of those, how many it may have (PSHARD_FORWARD_BUFFERS) */
   uint64_t fwd_seq;      /* req_id of the last forward */
   uint64_t forwards, forwards_refused; /* sent; received at another epoch and refused */
   uint64_t forward_bytes; /* bodies of the frames sent down the chains */
@@ -286,6 +287,8 @@ void *ps__srv_fwd_buf_shared(ps__server *s, size_t len);
 int ps__srv_fwd_buf_ref(ps__server *s, const void *buf);
 /* Give back a body of ps__srv_fwd_buf (its last holder), or any pooled buffer. */
 void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len);
+/* How many shared buffers this server may have: PSHARD_FORWARD_BUFFERS (0 to 8; 8). */
+void ps__srv_fwd_buf_init(ps__server *s);
 /* The shared buffers allocated, and of those the ones held now (STATS). */
 void ps__srv_fwd_buf_counts(const ps__server *s, size_t *allocated, size_t *busy);
 /* Give back such a body once ps__now_ms() reaches until (a server may read it till then). */

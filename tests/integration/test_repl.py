@@ -225,6 +225,20 @@ def test_a_member_that_reads_a_forward_past_its_expiry_gets_the_values_from_the_
         buffers_given_back(c, range(3))
 
 
+def test_heads_without_shared_forward_buffers_forward_with_the_values():
+    # PSHARD_FORWARD_BUFFERS=0: the heads still read the pushes by peer memory, but have
+    # no shared buffer to name to the next copy, so their forwards carry the values.
+    env = {"PSHARD_RETRY_MS": "300", "PSHARD_FORWARD_BUFFERS": "0"}
+    with Cluster(3, 2, replicas=2, extra_env=env) as c:
+        ps = start_workers(c, 2, 20, 0, BIG)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
+        counted_big(c, 2, 20)
+        stat = {k: [server_stat(c, i, k) for i in range(3)]
+                for k in ("peer_mem_pushes", "forwards", "peer_mem_forwards_out", "forward_buffers")}
+        assert sum(stat["peer_mem_pushes"]) > 0 and sum(stat["forwards"]) > 0, stat
+        assert stat["peer_mem_forwards_out"] == [0, 0, 0] and stat["forward_buffers"] == [0, 0, 0], stat
+
+
 def test_a_member_without_peer_memory_gets_its_chains_pushes_with_their_values():
     # Server 1 has peer memory off: the workers push inline to every chain it is in, and
     # its heads forward with the values; the chain of the other two goes by peer memory.

@@ -105,7 +105,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
             victim_logs.update({i: c.log(f"server{i}") for i in victims})
         stats = {name: [server_stat(c, i, name) for i in alive]
                  for name in ("catchups", "forwards", "forward_bytes", "held_ahead", "peer_mem_forwards_out",
-                              "peer_mem_forwards_in", "peer_mem_forwards_resent", "shared_requests")}
+                              "peer_mem_forwards_in", "peer_mem_forwards_resent", "shared_requests",
+                              "forward_buffers")}
         return models[0], stats
 
 
@@ -251,6 +252,15 @@ def test_a_large_table_s_pushes_are_read_from_the_workers_kept_copies(big_refere
     model, stats = run(2, big=BIG, sleep_ms=0)
     assert model == big_reference
     assert sum(stats["shared_requests"]) >= 2 * 3 * ROUNDS + ROUNDS, stats
+    assert sum(stats["peer_mem_forwards_in"]) >= ROUNDS, stats
+
+
+def test_round_rows_in_ordinary_memory_are_read_with_process_vm_readv(big_reference):
+    # PSHARD_FORWARD_BUFFERS=0: a head builds its round frames in pooled memory, which
+    # the members read with process_vm_readv (no mapping): the same model.
+    model, stats = run(2, big=BIG, env={"PSHARD_FORWARD_BUFFERS": "0"})
+    assert model == big_reference
+    assert stats["forward_buffers"] == [0, 0, 0], stats
     assert sum(stats["peer_mem_forwards_in"]) >= ROUNDS, stats
 
 
