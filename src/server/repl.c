@@ -443,6 +443,7 @@ static void peer_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   if (h->type == PS_MSG_ERROR || !(h->type & PS_FRAME_REPLY)) return;
   for (srv_fwd *f = s->fwds; f; f = f->next) {
     if (f->req_id != h->req_id) continue;
+    if (f->len < PS_POLL_CHAIN_MAX_BYTES) ps__srv_poll_chain(s);
     f->pm_out = 0; /* it answered: it reads the body no more */
     if (f->pm_own && f->hdr.xport == PS_XPORT_PEER_MEM && c->udata &&
         (h->status == PS_ERR_UNAVAILABLE || h->status == PS_ERR_TIMEOUT)) {

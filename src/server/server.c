@@ -252,6 +252,8 @@ static void data_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   dispatch[h->type](s, c, h, b); /* on_header let only these types through */
   ps__srv_metrics_frame(s, c, h, s->count ? ps__now_ns() - t0 : 0);
   s->poll_extra_ns = ps__poll_extra_ns(h->payload_len + (c->bytes_out + c->write_queue_bytes - out0));
+  if (ps__frame_is_forward(h->type) && h->xport == PS_XPORT_INLINE && h->payload_len < PS_POLL_CHAIN_MAX_BYTES)
+    ps__srv_poll_chain(s);
 }
 
 static void data_on_close(ps__conn *c, int status) {
@@ -495,7 +497,12 @@ int ps__server_http_port(const ps__server *s) { return s->http ? ps__http_port(s
  * trips. A frame that brought or answered with many bytes over the socket extends the
  * window by the time the worker needs for them (ps__poll_extra_ns: 0.5 ms per MiB, at
  * most 1 ms): a worker reading a 1 MiB reply sends its next request only after that.
- * A busy server never sleeps anyway; an idle one polls once per burst. */
+ * Down a chain the window is longer after a small frame (ps__srv_poll_chain): a
+ * member's next frame is the next forward, a round trip of the worker's later, and a
+ * head's, after its forward's answer, the worker's next push; one more sleeping server
+ * would add its wake-up to every small replicated push. (Not after large ones: on two
+ * busy cores the polling takes the CPU their copies need.) A busy server never sleeps
+ * anyway; an idle one polls once per burst. */
 int ps__server_run(ps__server *s) {
   ps__block_sigpipe();
   uint64_t poll_ns = (uint64_t)s->o.poll_us * 1000u;

@@ -287,6 +287,15 @@ void *ps__srv_fwd_buf_shared(ps__server *s, size_t len);
 int ps__srv_fwd_buf_ref(ps__server *s, const void *buf);
 /* Give back a body of ps__srv_fwd_buf (its last holder), or any pooled buffer. */
 void ps__srv_fwd_buf_put(ps__server *s, void *buf, size_t len);
+/* A small frame came down a chain (values inline, under PS_POLL_CHAIN_MAX_BYTES), or
+ * its answer back up: the loop polls PS_POLL_CHAIN_US more than poll_us before it
+ * sleeps (server.c, ps__server_run). */
+#define PS_POLL_CHAIN_US 150u
+#define PS_POLL_CHAIN_MAX_BYTES ((uint64_t)16 << 10)
+static inline void ps__srv_poll_chain(ps__server *s) {
+  s->frames++;
+  if (s->poll_extra_ns < PS_POLL_CHAIN_US * 1000u) s->poll_extra_ns = PS_POLL_CHAIN_US * 1000u;
+}
 /* How many shared buffers this server may have: PSHARD_FORWARD_BUFFERS (0 to 8; 8). */
 void ps__srv_fwd_buf_init(ps__server *s);
 /* The shared buffers allocated, and of those the ones held now (STATS). */
