@@ -463,6 +463,30 @@ int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *
   return 0;
 }
 
+int ps__srv_fwd_values(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *b, size_t pre, const void **at) {
+  uint64_t vlen = 0;
+  void *nb = NULL;
+  size_t nlen = 0;
+  *at = NULL;
+  int rc = ps__srv_peer_values(s, c, h->table, b->buf, b->len, pre, ps__srv_repair_syncing(s) ? NULL : at, &vlen,
+                               &nb, &nlen);
+  if (rc) { /* not readable (out of memory too), or not in time: the sender sends the values */
+    ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
+    return -1;
+  }
+  s->pm_fwd_in++;
+  h->xport = PS_XPORT_INLINE;
+  if (*at) { /* the body keeps its tail; its length is that of the values in place */
+    h->payload_len = pre + vlen;
+    return 0;
+  }
+  ps__pool_put(c->pool, b->buf, b->len);
+  b->buf = nb;
+  b->len = nlen;
+  h->payload_len = nlen;
+  return 0;
+}
+
 int ps__srv_check_peer_pull(ps__conn *c, const ps__frame_hdr *h, const ps__body *b, int64_t n) {
   /* The worker's buffers must hold exactly the values asked for. */
   size_t kbytes = 8u * (size_t)h->nkeys;

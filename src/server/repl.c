@@ -636,38 +636,21 @@ void ps__srv_on_forward(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
   ps__frame_hdr ih;
   const float *in_place = NULL;
   if (dense && h->xport == PS_XPORT_PEER_MEM && (ps__fwd_get(b->buf, &fw), fw.epoch == s->epoch)) {
-    /* The values are in the sender's memory: applied where they are, in a shared buffer
-     * of the sender mapped here (not while a replacement copies its rows here: it may
-     * hold the frame), or else read first, so that whatever follows (held by a
-     * replacement, applied, forwarded on) has them inline. (At another epoch it is
-     * refused below, unread.) */
-    size_t kbytes = 8u * (size_t)h->nkeys;
-    const void *at = NULL;
-    uint64_t vlen = 0;
-    void *nb = NULL;
-    size_t nlen = 0;
-    int rc = b->len < PS_FWD_PREFIX + kbytes ? ps__fail(PS_ERR_SIZE, "peer-memory forward of %zu bytes", b->len)
-             : ps__srv_peer_values(s, c, h->table, b->buf, b->len, PS_FWD_PREFIX + kbytes,
-                                   ps__srv_repair_syncing(s) ? NULL : &at, &vlen, &nb, &nlen);
-    if (rc) { /* not readable (out of memory too), or not in time: the sender sends the values */
-      ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
+    /* The values are in the sender's memory: applied where they are, or read first, so
+     * that whatever follows (held by a replacement, applied, forwarded on) has them
+     * inline. (At another epoch it is refused below, unread.) */
+    size_t pre = PS_FWD_PREFIX + 8u * (size_t)h->nkeys;
+    if (b->len < pre) {
+      ps__srv_reply_err(c, h, PS_ERR_SIZE, "peer-memory forward of %zu bytes", b->len);
       return;
     }
+    const void *at;
     ih = *h;
-    ih.xport = PS_XPORT_INLINE;
-    if (at) { /* the body keeps its tail; its length is that of the values in place */
-      in_place = at;
-      ih.payload_len = PS_FWD_PREFIX + kbytes + vlen;
-    } else {
-      ps__pool_put(s->pool, b->buf, b->len);
-      b->buf = nb;
-      b->len = nlen;
-      ih.payload_len = nlen;
-    }
+    if (ps__srv_fwd_values(s, c, &ih, b, pre, &at)) return;
+    in_place = at;
     h = &ih;
-    s->pm_fwd_in++;
   }
-  if (!in_place && ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
+  if (ps__srv_repair_hold(s, c, h, b)) return; /* a replacement copying its rows (repair.c) */
   if (ps__srv_forward_admit(s, c, h, b, &fw)) return;
   uint8_t *body = (uint8_t *)b->buf + PS_FWD_PREFIX;
   uint64_t nvals = (h->payload_len - PS_FWD_PREFIX - 8u * h->nkeys) / 4u;

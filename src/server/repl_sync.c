@@ -343,9 +343,8 @@ void ps__srv_round_applied(void *arg, ps__table *t, ps__rowmap *acc, int64_t rou
 
 /* A round frame naming its rows' values in the sender's memory (the member before this
  * one, on this host): admitted first (a frame of another epoch is refused unread), then
- * its values read where they are, in a shared buffer of the sender mapped here
- * (*rows; not while a replacement copies its rows here: it may hold the frame), or
- * else into a new inline body. 0, or -1 (answered). */
+ * its values where they are (*rows) or inline (ps__srv_fwd_values). 0, or -1
+ * (answered). */
 static int round_values(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *b, const float **rows) {
   ps__fwd fw;
   size_t head = PS_FWD_PREFIX + PS_FWD_ROUND_PREFIX;
@@ -355,30 +354,15 @@ static int round_values(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *
   }
   if (ps__srv_forward_admit(s, c, h, b, &fw)) return -1;
   uint64_t nc = ps__get_u32((const uint8_t *)b->buf + PS_FWD_PREFIX + 24);
-  uint64_t pre = head + 4 * ((nc + 1) & ~(uint64_t)1) + 8 * (uint64_t)h->nkeys, vlen = 0;
-  const void *at = NULL;
-  void *nb;
-  size_t nlen;
-  const void **place = ps__srv_repair_syncing(s) ? NULL : &at;
-  int rc = pre <= b->len ? ps__srv_peer_values(s, c, h->table, b->buf, b->len, (size_t)pre, place, &vlen, &nb, &nlen)
-                         : ps__fail(PS_ERR_SIZE, "round forward of %zu bytes for %llu chains and %u rows", b->len,
-                                    (unsigned long long)nc, h->nkeys);
-  if (rc) {
-    /* not readable, or not in time: the sender sends the values (NOMEM alike) */
-    ps__srv_reply_err(c, h, rc == PS_ERR_NOMEM ? PS_ERR_UNAVAILABLE : rc, "%s", ps_errmsg());
+  uint64_t pre = head + 4 * ((nc + 1) & ~(uint64_t)1) + 8 * (uint64_t)h->nkeys;
+  if (pre > b->len) {
+    ps__srv_reply_err(c, h, PS_ERR_SIZE, "round forward of %zu bytes for %llu chains and %u rows", b->len,
+                      (unsigned long long)nc, h->nkeys);
     return -1;
   }
-  s->pm_fwd_in++;
-  if (at) { /* the body keeps its tail; its length is that of the values in place */
-    *rows = at;
-    h->payload_len = pre + vlen;
-    return 0;
-  }
-  ps__pool_put(c->pool, b->buf, b->len);
-  b->buf = nb;
-  b->len = nlen;
-  h->xport = PS_XPORT_INLINE;
-  h->payload_len = nlen;
+  const void *at;
+  if (ps__srv_fwd_values(s, c, h, b, (size_t)pre, &at)) return -1;
+  *rows = at;
   return 0;
 }
 

@@ -213,6 +213,12 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
  * sender's expiry passed), PS_ERR_PROTO, PS_ERR_SIZE or PS_ERR_NOMEM, with a message. */
 int ps__srv_peer_values(ps__server *s, ps__conn *c, uint32_t table, const void *body, size_t blen, size_t pre,
                         const void **in_place, uint64_t *in_len, void **out, size_t *olen);
+/* The values of a frame down a chain that names them in its sender's memory (c), after
+ * body[0 .. pre): where they are (*at, valid until the loop callback returns: a shared
+ * buffer of the sender mapped here, not while a replacement copies its rows here, since
+ * it may hold the frame), or else read into a new inline body that replaces b's. h's
+ * xport and payload_len follow. 0, or -1 (answered; the sender sends the values). */
+int ps__srv_fwd_values(ps__server *s, ps__conn *c, ps__frame_hdr *h, ps__body *b, size_t pre, const void **at);
 /* Answer a dense pull by writing into the worker's memory: 1 if done (or answered with
  * an error), 0 if the values must go in the reply instead. */
 int ps__srv_write_rows_to_peer(ps__conn *c, const ps__frame_hdr *h, const uint8_t *keys, size_t blen,

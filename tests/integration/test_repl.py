@@ -174,6 +174,17 @@ def buffers_given_back(c, alive, within=6.0):
     assert sum(server_stat(c, i, "forward_buffers") for i in alive) > 0
 
 
+def pushed_big(c, workers=2, pushes=20):
+    # Each worker's large pushes, run to the end and counted exactly.
+    ps = start_workers(c, workers, pushes, 0, BIG)
+    assert c.wait(ps, RUN) == [0] * workers, "".join(c.log(f"w{i}") for i in range(workers))
+    counted_big(c, workers, pushes)
+
+
+def stats_of(c, names, servers=range(3)):
+    return {k: [server_stat(c, i, k) for i in servers] for k in names}
+
+
 def counted_big(c, workers, pushes):
     for i in range(workers):
         acked, vals, failed = outcome(c.log(f"w{i}"))
@@ -213,12 +224,9 @@ def test_a_member_that_reads_a_forward_past_its_expiry_gets_the_values_from_the_
     # It read the others in place. No push fails or is lost.
     env = {"PSHARD_RETRY_MS": "300", "PSHARD_FAULT": "delay=1500ms:type=forward-dense:n=3:dir=in:node=server.1"}
     with Cluster(3, 2, replicas=2, extra_env=env) as c:
-        ps = start_workers(c, 2, 20, 0, BIG)
-        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
-        counted_big(c, 2, 20)
+        pushed_big(c)
         logs = "".join(c.log(f"server{i}") for i in range(3))
-        stat = {k: [server_stat(c, i, k) for i in range(3)]
-                for k in ("peer_mem_forwards_in", "peer_mem_forwards_resent", "shared_requests")}
+        stat = stats_of(c, ("peer_mem_forwards_in", "peer_mem_forwards_resent", "shared_requests"))
         assert "delayed received forward-dense frame #3 by 1500 ms" in logs, logs[-3000:]
         assert 1 <= sum(stat["peer_mem_forwards_resent"]) <= 10, stat
         assert sum(stat["peer_mem_forwards_in"]) > 3 * 20 and sum(stat["shared_requests"]) > 3 * 20, stat
@@ -230,11 +238,8 @@ def test_heads_without_shared_forward_buffers_forward_with_the_values():
     # no shared buffer to name to the next copy, so their forwards carry the values.
     env = {"PSHARD_RETRY_MS": "300", "PSHARD_FORWARD_BUFFERS": "0"}
     with Cluster(3, 2, replicas=2, extra_env=env) as c:
-        ps = start_workers(c, 2, 20, 0, BIG)
-        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
-        counted_big(c, 2, 20)
-        stat = {k: [server_stat(c, i, k) for i in range(3)]
-                for k in ("peer_mem_pushes", "forwards", "peer_mem_forwards_out", "forward_buffers")}
+        pushed_big(c)
+        stat = stats_of(c, ("peer_mem_pushes", "forwards", "peer_mem_forwards_out", "forward_buffers"))
         assert sum(stat["peer_mem_pushes"]) > 0 and sum(stat["forwards"]) > 0, stat
         assert stat["peer_mem_forwards_out"] == [0, 0, 0] and stat["forward_buffers"] == [0, 0, 0], stat
 
@@ -244,10 +249,8 @@ def test_a_member_without_peer_memory_gets_its_chains_pushes_with_their_values()
     # its heads forward with the values; the chain of the other two goes by peer memory.
     env = {"PSHARD_RETRY_MS": "300"}
     with Cluster(3, 2, replicas=2, extra_env=env, server_env={1: {"PSHARD_PEER_MEM": "0"}}) as c:
-        ps = start_workers(c, 2, 20, 0, BIG)
-        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1")
-        counted_big(c, 2, 20)
-        fin = [server_stat(c, i, "peer_mem_forwards_in") for i in range(3)]
+        pushed_big(c)
+        fin = stats_of(c, ("peer_mem_forwards_in",))["peer_mem_forwards_in"]
         assert fin[1] == 0 and fin[0] + fin[2] > 0, fin
 
 
