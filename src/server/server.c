@@ -278,6 +278,9 @@ static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
   ps__server *s = arg;
   s->id = id;
   s->rank = rank;
+  /* A table created before this answer (id 0) cached an ownership of no slice under the
+   * current ring: what is this server's changed with its id, not with the ring. */
+  s->ring_gen++;
   ps__log(PS_LOG_INFO, "registered as server %u (rank %u)", s->id, s->rank);
 }
 

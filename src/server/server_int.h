@@ -80,7 +80,7 @@ struct ps__server {
   ps__frame_budget fb; /* partial frames of the workers' connections (budget.c) */
   ps__agent agent;   /* the scheduler link */
   int agent_inited;
-  uint64_t ring_gen; /* from 1, incremented whenever ring is replaced (a table's dense
+  uint64_t ring_gen; /* from 1, incremented whenever ring or id is replaced (a table's dense
                       * ownership cache, mine_gen 0, is then never current before use) */
   int pid;           /* getpid(): a peer with this pid is a colocated worker */
   uint32_t id, rank;

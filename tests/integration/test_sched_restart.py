@@ -6,6 +6,7 @@ fault. Real processes on loopback; every process is killed at the end.
 """
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,14 +33,14 @@ class Job:
     """A scheduler, 2 servers and 2 ckpt_worker processes started by hand (not pshard
     run), so that the scheduler alone can be killed and started again."""
 
-    def __init__(self, tmp, state_dir=None, sched_env=None, servers_first=False):
+    def __init__(self, tmp, state_dir=None, sched_env=None, servers_first=False, server_env=None):
         self.tmp, self.procs, self.port = tmp, [], free_port()
         self.state_dir = state_dir
         self.env = dict(os.environ, PSHARD_SCHEDULER=f"127.0.0.1:{self.port}", PSHARD_MODE="sync",
                         PSHARD_REJOIN_MS=str(20000 * SLOW))
         self.sched = self.start_scheduler("scheduler", sched_env)
-        self.servers = [self.spawn([binary("pshard"), "server", "--rejoin-ms", str(20000 * SLOW)], f"server{i}")
-                        for i in range(2)]
+        self.servers = [self.spawn([binary("pshard"), "server", "--rejoin-ms", str(20000 * SLOW)], f"server{i}",
+                                   server_env) for i in range(2)]
         deadline = time.time() + 10 * SLOW
         while servers_first and self.log("scheduler").count("registered as rank") < 2:  # before the workers
             assert time.time() < deadline, self.logs()
@@ -110,6 +111,7 @@ class Job:
 def tmp():
     d = tempfile.mkdtemp(prefix="pshard-restart-")
     yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def reference_model(tmp):
@@ -155,12 +157,17 @@ def test_a_node_whose_registration_was_saved_but_not_answered_keeps_its_place(tm
     scheduler, which knows it by its registration's token: it keeps its id and rank (no
     second node, no place waiting for one that never comes), and the job ends with the
     model of a run without the fault. Meanwhile the server, which knows no key of its
-    own, answers requests with "send again" (not MOVED), and the workers wait."""
+    own, answers requests with "send again" (not MOVED), and the workers wait.
+    The workers created their tables on that server while it had no id. Once answered,
+    it gets the new scheduler's membership 1.5 s late (a fault on rank 0, the first to
+    register, whose answer was dropped): it serves meanwhile under the ring it had, as
+    what its id owns there, not as the nothing it owned without an id."""
     want = reference_model(tmp)
     run_dir = os.path.join(tmp, "run")
     os.mkdir(run_dir)
     job = Job(run_dir, state_dir=os.path.join(run_dir, "state"),
-              sched_env={"PSHARD_FAULT": "drop:type=hello-reply:n=1:dir=out"}, servers_first=True)
+              sched_env={"PSHARD_FAULT": "drop:type=hello-reply:n=1:dir=out"}, servers_first=True,
+              server_env={"PSHARD_FAULT": "delay=1500ms:type=membership:node=server.0:n=1:dir=in"})
     try:
         deadline = time.time() + 10 * SLOW
         while job.log("scheduler").count("registered as rank") < 4:
