@@ -300,10 +300,11 @@ def test_a_member_that_cannot_read_its_predecessor_s_memory_is_sent_the_round_ro
 def test_round_rows_named_in_memory_and_read_after_their_expiry_are_sent_with_their_values(big_reference):
     # Server 1 holds some of the round frames it receives 1.5 s, past their expiry
     # (1 s): it reads nothing of those, answers so, and is sent the values instead.
-    # Two pairs of frames in a row: only the large table's frames name their values in
-    # memory, and a pair all but surely meets one, or has one queued behind it (read
-    # late too).
-    held = {"PSHARD_FAULT": ",".join(f"delay=1500ms:type=forward-round:n={n}:dir=in" for n in (20, 21, 60, 61))}
+    # Only the large table's frames name their values in memory, one of the four frames
+    # server 1 gets each round, in no fixed place among them; a round's frames go out
+    # together, before any frame of the next round. So four frames in a row are held:
+    # a round's large frame is among them, or queued behind one of them (read late too).
+    held = {"PSHARD_FAULT": ",".join(f"delay=1500ms:type=forward-round:n={n}:dir=in" for n in (21, 22, 23, 24))}
     model, stats = run(2, big=BIG, server_env_of={1: held})
     assert model == big_reference
     assert sum(stats["peer_mem_forwards_in"]) > ROUNDS, stats
