@@ -262,18 +262,33 @@ static void answer_pull(ps__server *s, ps__conn *c, const ps__frame_hdr *h, cons
 }
 
 void ps__srv_answer_ready_pulls(ps__server *s) {
-  pending_pull **pp = &s->pulls;
-  while (*pp) {
-    pending_pull *p = *pp;
+  /* Each server starts at another of the ready pulls (its rank, modulo their number),
+   * then takes the rest in order. In a sync job every server answers its waiting pulls
+   * at the same moment, and two servers writing into one worker's memory at once
+   * (process_vm_writev) contend for its page-table locks; staggered, each writes into
+   * another worker's first. */
+  unsigned ready = 0;
+  for (pending_pull *p = s->pulls; p; p = p->next) {
     ps__verdict v;
-    if (ps__shard_pull(s->sh, p->h.table, p->h.clock, &v) != PS__WAIT) { /* ready, or its table is gone */
+    ready += ps__shard_pull(s->sh, p->h.table, p->h.clock, &v) != PS__WAIT;
+  }
+  unsigned skip = ready ? s->rank % ready : 0;
+  for (int pass = 0; pass < 2 && ready; pass++) {
+    unsigned seen = 0;
+    pending_pull **pp = &s->pulls;
+    while (*pp) {
+      pending_pull *p = *pp;
+      ps__verdict v;
+      if (ps__shard_pull(s->sh, p->h.table, p->h.clock, &v) == PS__WAIT || (pass == 0 && seen++ < skip)) {
+        pp = &p->next; /* not ready, or its turn is in the second pass */
+        continue;
+      }
       *pp = p->next;
       ps__srv_answer_pull(s, p->conn, &p->h, p->buf, p->len);
       ps__pool_put(s->pool, p->buf, p->len);
       free(p);
-    } else {
-      pp = &p->next;
     }
+    if (!skip) break;
   }
 }
 
