@@ -13,8 +13,15 @@
  */
 #include "server/server.h"
 
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -427,6 +434,49 @@ void ps__srv_fail(ps__server *s, int status) { server_shutdown(s, status); }
 
 /* ------------------------------------------------------------------ lifecycle */
 
+/* ------------------------------------------------------------------ AF_UNIX socket files */
+
+#define SOCKET_DIR "/tmp"
+
+/* Nobody listens on the socket at path: a connection to it is refused. */
+static int socket_dead(const char *path) {
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  if (strlen(path) >= sizeof a.sun_path) return 0;
+  memcpy(a.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  int dead = connect(fd, (struct sockaddr *)&a, sizeof a) != 0 && errno == ECONNREFUSED;
+  close(fd);
+  return dead;
+}
+
+/* Remove the socket files in dir that servers killed before they could (SIGKILL, a
+ * crash) left behind: pshard-PID-PORT-N.sock, a socket, this user's, of a process that
+ * does not exist here, on which nobody listens (a server of another pid namespace
+ * sharing /tmp, which containers on one host may do, still does). Anything else is
+ * kept. Without this every killed server's file stays in /tmp. */
+static void sweep_sockets(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  unsigned removed = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    int pid, port, n, end = 0;
+    if (sscanf(e->d_name, "pshard-%d-%d-%d.sock%n", &pid, &port, &n, &end) != 3 || !end || e->d_name[end] ||
+        pid <= 0 || pid == (int)getpid())
+      continue;
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to know */
+    char path[PS_PATH_MAX];
+    struct stat st;
+    if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
+    if (lstat(path, &st) || !S_ISSOCK(st.st_mode) || st.st_uid != getuid() || !socket_dead(path)) continue;
+    if (unlink(path) == 0) removed++;
+  }
+  closedir(d);
+  if (removed) ps__log(PS_LOG_INFO, "removed %u socket file%s of servers no longer running from %s", removed,
+                       removed == 1 ? "" : "s", dir);
+}
+
 int ps__server_create(const ps__server_opts *o, ps__server **out) {
   ps__server *s = ps__calloc(1, sizeof *s);
   int rc;
@@ -466,7 +516,8 @@ int ps__server_create(const ps__server_opts *o, ps__server **out) {
   s->tcp.budget = &s->fb;
   if (s->o.use_unix) {
     static int seq;
-    snprintf(s->unix_path, sizeof s->unix_path, "/tmp/pshard-%d-%d-%d.sock", (int)getpid(), s->tcp.port,
+    sweep_sockets(SOCKET_DIR);
+    snprintf(s->unix_path, sizeof s->unix_path, SOCKET_DIR "/pshard-%d-%d-%d.sock", (int)getpid(), s->tcp.port,
              __atomic_fetch_add(&seq, 1, __ATOMIC_RELAXED));
     if (ps__listen_unix(&s->unix_l, &s->loop, s->unix_path, &data_ops, on_accept, s, s->pool, s->o.max_payload)) {
       ps__log(PS_LOG_WARN, "no AF_UNIX listener: %s", ps_errmsg());
