@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/common.h"
@@ -437,6 +438,7 @@ void ps__srv_fail(ps__server *s, int status) { server_shutdown(s, status); }
 /* ------------------------------------------------------------------ AF_UNIX socket files */
 
 #define SOCKET_DIR "/tmp"
+#define SOCKET_MIN_AGE_S 10
 
 /* Nobody listens on the socket at path: a connection to it is refused. */
 static int socket_dead(const char *path) {
@@ -453,7 +455,8 @@ static int socket_dead(const char *path) {
 /* Remove the socket files in dir that servers killed before they could (SIGKILL, a
  * crash) left behind: pshard-PID-PORT-N.sock, a socket, this user's, of a process that
  * does not exist here, on which nobody listens (a server of another pid namespace
- * sharing /tmp, which containers on one host may do, still does). Anything else is
+ * sharing /tmp, which containers on one host may do, still does), made SOCKET_MIN_AGE_S
+ * ago or more (such a server may be between its bind and its listen). Anything else is
  * kept. Without this every killed server's file stays in /tmp. */
 static void sweep_sockets(const char *dir) {
   DIR *d = opendir(dir);
@@ -469,7 +472,9 @@ static void sweep_sockets(const char *dir) {
     char path[PS_PATH_MAX];
     struct stat st;
     if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path) continue;
-    if (lstat(path, &st) || !S_ISSOCK(st.st_mode) || st.st_uid != getuid() || !socket_dead(path)) continue;
+    if (lstat(path, &st) || !S_ISSOCK(st.st_mode) || st.st_uid != getuid() ||
+        st.st_mtime + SOCKET_MIN_AGE_S > time(NULL) || !socket_dead(path))
+      continue;
     if (unlink(path) == 0) removed++;
   }
   closedir(d);
