@@ -24,6 +24,7 @@
  * The children themselves (starting them, their output, their exits, the signals that
  * end the job) are in run_procs.c.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <poll.h>
@@ -52,15 +53,33 @@ static int dash_pending;
 static char *join_argv[16];        /* how a replacement server is started (--respawn-servers) */
 static char run_dir[64];
 
-/* Remove the job's temporary directory (the scheduler's address file). */
+/* Remove dir and what the job put in it: files, and directories of files (the
+ * scheduler's state). */
+static void remove_dir(const char *dir, int depth) {
+  DIR *d = opendir(dir);
+  if (d) {
+    struct dirent *e;
+    while ((e = readdir(d))) {
+      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+      char path[256];
+      struct stat st;
+      if (snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path || lstat(path, &st)) continue;
+      if (S_ISDIR(st.st_mode)) {
+        if (depth > 0) remove_dir(path, depth - 1);
+      } else {
+        unlink(path);
+      }
+    }
+    closedir(d);
+  }
+  rmdir(dir);
+}
+
+/* Remove the job's temporary directory: the scheduler's address files and its state
+ * (kept for a restart of the scheduler while the job runs, of no use after). */
 static void cleanup_dir(void) {
-  char path[128];
   if (!run_dir[0]) return;
-  snprintf(path, sizeof path, "%s/addr", run_dir);
-  unlink(path);
-  snprintf(path, sizeof path, "%s/addr.tmp", run_dir);
-  unlink(path);
-  rmdir(run_dir);
+  remove_dir(run_dir, 1);
   run_dir[0] = '\0';
 }
 /* Deadlines for asking the scheduler for its counters: the progress line must not hold

@@ -34,10 +34,17 @@ def records(paths):
     return started, done
 
 
+def run_dirs():
+    """The temporary directories of `pshard run` jobs (removed when a job ends)."""
+    return {d for d in os.listdir("/tmp") if d.startswith("pshard-run-")}
+
+
 def test_run_prefixes_output_and_succeeds():
+    before = run_dirs()
     r = run([binary("pshard"), "run", "-s", "2", "-w", "3", "--progress-ms", "0", "--",
              binary("sync_worker"), "--steps", "5"])
     assert r.returncode == 0, r.stderr
+    assert not run_dirs() - before, "the job's directory (scheduler address and state) was left in /tmp"
     lines = [l for l in r.stdout.splitlines() if l.startswith("[worker ")]
     assert len(lines) == 3, r.stdout
     for i in range(3):
@@ -97,6 +104,7 @@ def test_run_says_what_a_job_that_has_not_started_waits_for():
 
 
 def test_run_ctrl_c_stops_everything():
+    before = run_dirs()
     p = subprocess.Popen([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--",
                           binary("sync_worker"), "--steps", "100000", "--sleep-ms", "5"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -106,6 +114,7 @@ def test_run_ctrl_c_stops_everything():
         out, err = p.communicate(timeout=20 * SLOW)
         assert p.returncode == 128 + signal.SIGINT
         assert "interrupted" in err
+        assert not run_dirs() - before, "an interrupted job left its directory in /tmp"
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
