@@ -134,6 +134,13 @@ bench: deps-test build
 	bash bench/run.sh $(CURDIR)/$(BUILD)
 	$(PYTHON) bench/modes.py
 
+# Soak run of the failure paths (tests/soak/soak.py): jobs with random kills, stops,
+# replacements and dropped, duplicated or delayed chain frames, each checked for lost or
+# doubled updates, for SOAK_MINUTES; not part of make test.
+SOAK_MINUTES ?= 10
+soak: deps-test build
+	PSHARD_BUILD=$(CURDIR)/$(BUILD) $(PYTHON) tests/soak/soak.py --minutes $(SOAK_MINUTES)
+
 # libFuzzer on every fuzz target for FUZZ_SECONDS each (tests/fuzz/run.sh): new inputs
 # that add coverage are merged into tests/fuzz/corpus/<target>, crashes kept in
 # tests/fuzz/crashes/<target> (both replayed by make test); prints execs and coverage.

@@ -239,6 +239,13 @@ static srv_aggw *waiter_new(ps__conn *c, const ps__frame_hdr *h, uint32_t table,
   return w;
 }
 
+/* The waiter of push id of table in list l, or NULL. */
+static srv_aggw *same_push(srv_aggw *l, uint32_t table, const ps__push_id *id) {
+  for (; l; l = l->next)
+    if (l->table == table && l->id.worker == id->worker && l->id.inc == id->inc && l->id.seq == id->seq) return l;
+  return NULL;
+}
+
 void ps__srv_agg_before(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p) {
   ps__push_id id = {.worker = p->sender, .seq = p->seq, .inc = p->inc};
   s->agg_cur = waiter_new(c, h, t->id, &id, push_chain(s, t, p));
@@ -253,10 +260,11 @@ int ps__srv_agg_after(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__ta
   }
   if (v->dup) {
     /* A copy of a push still in the buffer waits with it; of one already applied, the
-     * caller forwards it on its own. */
-    for (srv_aggw *o = s->aggw; w && o; o = o->next) {
-      if (o->table != t->id || o->id.worker != w->id.worker || o->id.inc != w->id.inc || o->id.seq != w->id.seq)
-        continue;
+     * caller forwards it on its own (the buffer's frame may be lost: a copy that comes
+     * to the next member first makes it refuse the buffer, whose pushes are then sent
+     * again on their own, ps__shard_agg_replica). */
+    srv_aggw *o = w ? same_push(s->aggw, t->id, &w->id) : NULL;
+    if (o) {
       w->next = o->next;
       o->next = w;
       return 1;

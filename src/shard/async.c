@@ -77,6 +77,26 @@ int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, cons
   v->later = v->dup = 0;
   if (!ps__table_aggregates(t))
     return ps__shard_reject(sh, t, v, PS_ERR_INVALID, "table '%s' does not aggregate pushes", t->decl.name);
+  /* The buffer's pushes against the windows: a frame that came twice (sent again after
+   * its answer was lost, or duplicated on the way) finds all of them applied, and
+   * changes nothing; one that finds only some applied (they came on their own first:
+   * their workers sent them again while the buffer was on its way) cannot take them out
+   * of its combined rows, so it is refused, and its pushes are sent again on their own. */
+  uint32_t seen = 0;
+  for (uint32_t i = 0; i < nids; i++) {
+    const ps__once *o = ps__once_find(&sh->once, ids[i].worker);
+    seen += o && ps__once_check(o, ids[i].inc, ids[i].seq) != PS__ONCE_NEW;
+  }
+  if (nids && seen == nids) {
+    sh->once.dups += nids;
+    v->dup = 1;
+    return PS__APPLIED;
+  }
+  if (seen)
+    return ps__shard_reject(sh, t, v, PS_ERR_UNAVAILABLE,
+                            "an aggregation buffer of table '%s' with %u of its %u pushes applied here already: "
+                            "its pushes are to be sent again on their own",
+                            t->decl.name, seen, nids);
   size_t w = (size_t)t->spec.width + 1;
   if (!t->agg_rep && !(t->agg_rep = ps__rowmap_new(w))) return ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
   for (uint32_t i = 0; i < n; i++) {

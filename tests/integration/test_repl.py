@@ -401,10 +401,17 @@ def forwards(c, alive):
     return sum(server_stat(c, i, "forwards") for i in alive)
 
 
-@pytest.mark.parametrize("dense", [False, True], ids=["sparse", "dense"])
-def test_aggregated_buffers_are_forwarded_and_survive_a_server_kill(dense):
+# Every third buffer frame a server receives comes twice: the copy must change nothing.
+# The workers' final pull reads the heads, so a buffer applied twice on a tail shows
+# only once that tail heads: after the kill, for the dead server's chains.
+DUP_AGG = {"PSHARD_FAULT": "dup:type=forward-agg:every=3:node=server"}
+
+
+@pytest.mark.parametrize("dense,fault", [(False, None), (True, None), (False, DUP_AGG), (True, DUP_AGG)],
+                         ids=["sparse", "dense", "sparse-frames-twice", "dense-frames-twice"])
+def test_aggregated_buffers_are_forwarded_and_survive_a_server_kill(dense, fault):
     extra = AGG + (["--dense"] if dense else [])
-    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300", **(fault or {})}) as c:
         ps = start_workers(c, 2, 150, 10, extra)
         time.sleep(0.6)  # not scaled: the workers must still be pushing
         assert all(p.poll() is None for p in ps), "the workers finished before the kill"
@@ -413,6 +420,8 @@ def test_aggregated_buffers_are_forwarded_and_survive_a_server_kill(dense):
         counted(c, 2, 150)
         assert "removed" in c.log("scheduler")
         assert forwards(c, (0, 2)) > 0
+        if fault:
+            assert sum(server_stat(c, i, "duplicate_pushes") for i in (0, 2)) > 0
 
 
 def test_an_aggregated_buffer_is_one_forward_not_one_per_push():

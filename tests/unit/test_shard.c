@@ -1244,6 +1244,30 @@ static void copy_equals_head(const char *opts) {
   cr_assert(v.dup, "answered from the window");
   float *row0 = ps__rowmap_get(ct->params, 0);
   cr_assert(eq(int, memcmp(row0, ps__rowmap_get(t->params, 0), 4 * rf), 0), "nothing applied");
+  /* A buffer that comes again (its answer was lost) changes nothing: its pushes are all
+   * in the windows. */
+  uint64_t dups = copy->once.dups, step = ct->step;
+  ps__push_id last[3];
+  for (int j = 0; j < 3; j++) last[j] = (ps__push_id){.worker = 1 + (uint32_t)((27 + j) % 3), .seq = (uint32_t)(28 + j), .inc = 9};
+  agg_copy *b = &AGG[naggs - 1];
+  cr_assert(eq(int, ps__shard_agg_replica(copy, ct, b->keys, b->rows, b->n, b->per_row, b->lr, b->gb, b->step, last, 3, &v),
+               PS__APPLIED), "%s", v.msg);
+  cr_assert(v.dup, "a buffer applied before");
+  cr_assert(eq(u64, copy->once.dups, dups + 3));
+  cr_assert(eq(u64, ct->step, step), "no step taken");
+  for (size_t i = 0; i < ps__rowmap_count(t->params); i++) {
+    uint64_t key = ps__rowmap_key_at(t->params, i);
+    cr_assert(eq(int, memcmp(ps__rowmap_get(t->params, key), ps__rowmap_get(ct->params, key), 4 * rf), 0),
+              "row %llu changed", (unsigned long long)key);
+  }
+  /* One whose pushes came partly on their own first cannot take those out of its rows:
+   * refused, to be sent again push by push; nothing changes, no window either. */
+  ps__push_id mixed[2] = {{.worker = 1, .seq = 28, .inc = 9}, {.worker = 1, .seq = 31, .inc = 9}};
+  cr_assert(eq(int, ps__shard_agg_replica(copy, ct, b->keys, b->rows, b->n, b->per_row, b->lr, b->gb, b->step, mixed, 2, &v),
+               PS__REJECTED));
+  cr_assert(eq(int, v.err, PS_ERR_UNAVAILABLE));
+  cr_assert(eq(u64, ct->step, step), "no step taken");
+  cr_assert(eq(int, ps__once_check(ps__once_find(&copy->once, 1), 9, 31), PS__ONCE_NEW), "not recorded");
   /* A table without aggregation refuses a buffer. */
   cr_assert(eq(int, ps__shard_create(copy, &(ps__declare){.id = 2, .kind = PS_SPARSE, .size = 1, .name = "t2"}, &v),
                PS__APPLIED));

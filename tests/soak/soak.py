@@ -1,0 +1,296 @@
+"""Soak run of the failure paths: jobs with real processes on loopback, each with
+faults drawn at random from a seed, checked for lost or doubled updates. Not part of
+`make test` (it runs for minutes): `make soak` (SOAK_MINUTES, default 10), or
+
+    /usr/bin/python3 tests/soak/soak.py --minutes 30 [--seed N] [--only counter|sync]
+
+Every job is one of two kinds, drawn from the seed with its faults:
+
+counter  S = 3, R = 2, two or three once_worker processes (async, sum mode, sgd lr 1:
+         every push adds exactly 1 to every key) on a sparse, a dense or a large dense
+         table (pushes by peer memory), each push alone or aggregated on the servers
+         (agg_n, agg_ms). Faults, at random times while the workers push: a server
+         SIGKILLed, then a replacement (`pshard server --join`) that must copy its rows;
+         a server SIGSTOPped for a random time, shorter or longer than the heartbeat
+         timeout (a longer stop fences it: it exits and is replaced too); chain frames
+         dropped, duplicated or delayed by fault injection. Checked: every push is
+         acknowledged, every key's value is the number of acknowledged pushes (nothing
+         lost, nothing applied twice), and at the end every server slot is alive and
+         done copying (every range has its two copies again).
+sync     S = 3, R = 2, two repl_sync_worker processes (Adam on a dense table, Adagrad on a
+         sparse one, gradients that depend on the values pulled), with or without a
+         large dense table. One server SIGKILLed, or SIGSTOPped past the heartbeat
+         timeout and continued, at a random round. Checked: the final model is the
+         no-fault model of the same configuration, bit for bit.
+
+Each job prints one line: its number, seed, kind, faults and outcome. A failed job keeps
+its directory of logs (its path is printed) and the run goes on; the exit status is 1 if
+any job failed. `--seed N` replays one job exactly as far as the seed decides (timings
+of the machine still vary). Every wait is bounded; every process is killed at the end.
+"""
+import argparse
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
+
+from cluster import Cluster, binary  # noqa: E402
+
+HBT_MS = 1000
+RUN_S = 120
+KEYS = 8
+SYNC_ROUNDS = 100
+BIG_FLOATS = 3 * 32768
+
+
+class Failed(Exception):
+    pass
+
+
+def check(cond, what):
+    if not cond:
+        raise Failed(what)
+
+
+def stats(addr):
+    r = subprocess.run([binary("pshard"), "stats", addr], capture_output=True, text=True, timeout=20)
+    check(r.returncode == 0, f"pshard stats {addr}: {r.stderr}")
+    return r.stdout
+
+
+def sched_servers(c):
+    """{node id: fields} of the scheduler's server nodes."""
+    out = {}
+    for m in re.finditer(r"^node (\d+) (.*)$", stats(c.addr), re.M):
+        f = dict(kv.split("=", 1) for kv in m.group(2).split())
+        if f.get("role") == "server":
+            out[int(m.group(1))] = f
+    return out
+
+
+def wait_for(cond, what, timeout):
+    deadline = time.time() + timeout
+    while not cond():
+        check(time.time() < deadline, f"{what} within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def join(c, n):
+    return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], f"joiner{n}", c.env)
+
+
+def running(ps):
+    return all(p.poll() is None for p in ps)
+
+
+# ------------------------------------------------------------------ counter jobs
+
+def fault_env(rng):
+    """Fault injection on chain frames, or none."""
+    rules = []
+    if rng.random() < 0.5:
+        t = rng.choice(["forward", "forward-agg"])
+        if rng.random() < 0.5:
+            rules.append(f"drop:type={t}:every={rng.randint(5, 13)}:dir=out:node=server")
+        if rng.random() < 0.5:
+            rules.append(f"dup:type={t}:every={rng.randint(3, 11)}:node=server")
+        if rng.random() < 0.3:
+            rules.append(f"delay={rng.randint(20, 300)}ms:type={t}:every={rng.randint(7, 17)}:node=server")
+    return ";".join(rules)
+
+
+def counter_job(rng, log):
+    table = rng.choice(["sparse", "dense", "big"])
+    agg = table != "big" and rng.random() < 0.5
+    workers = rng.choice([2, 3])
+    pushes = rng.randint(400, 700)
+    sleep_ms = rng.randint(15, 30)
+    faults = fault_env(rng)
+    args = ["--mode", "async", "--pushes", str(pushes), "--sleep-ms", str(sleep_ms)]
+    if table == "sparse":
+        args += ["--keys", str(KEYS)]
+    elif table == "dense":
+        args += ["--dense", "--keys", str(KEYS)]
+    else:
+        args += ["--dense", "--floats", str(BIG_FLOATS)]
+    if agg:
+        args += ["--opts", "agg_n=4 agg_ms=25"]
+    env = {"PSHARD_RETRY_MS": "300"}
+    if faults:
+        env["PSHARD_FAULT"] = faults
+    # Events while the workers push: each a kill or a stop of a random live server.
+    events = [rng.choice(["kill", "stop-short", "stop-long"]) for _ in range(rng.randint(1, 3))]
+    log(f"counter table={table} agg={int(agg)} workers={workers} pushes={pushes} sleep={sleep_ms}ms "
+        f"faults='{faults}' events={','.join(events)}")
+    with Cluster(3, workers, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
+        ps = [c.worker([binary("once_worker")] + args, f"w{i}") for i in range(workers)]
+        slots = list(c.server_procs)  # the live process of each server slot, by index
+        joins = 0
+        for ev in events:
+            time.sleep(rng.uniform(0.3, 1.5))
+            if not running(ps):
+                log(f"  (workers done before {ev})")
+                break
+            i = rng.randrange(3)
+            victim = slots[i]
+            def dead():
+                return [n for n, f in sched_servers(c).items() if f.get("alive") == "0"]
+            if ev == "stop-short":  # shorter than the heartbeat timeout: it stays
+                os.kill(victim.pid, signal.SIGSTOP)
+                time.sleep(rng.uniform(0.1, 0.7) * HBT_MS / 1000)
+                os.kill(victim.pid, signal.SIGCONT)
+                continue
+            if ev == "kill":
+                os.killpg(victim.pid, signal.SIGKILL)
+                wait_for(dead, "the scheduler removes the killed server", 10)
+            else:  # stopped past the heartbeat timeout: removed, and once continued it exits
+                os.kill(victim.pid, signal.SIGSTOP)
+                try:
+                    wait_for(dead, "the scheduler removes the stopped server", 10)
+                    time.sleep(rng.uniform(0, 0.5))
+                finally:
+                    os.kill(victim.pid, signal.SIGCONT)
+                try:
+                    victim.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    raise Failed(f"server slot {i}, stopped past the heartbeat timeout, did not exit")
+            gone = dead()
+            check(len(gone) == 1, f"dead servers: {gone}")
+            # A replacement takes the dead server's place and copies its rows.
+            joins += 1
+            slots[i] = join(c, joins)
+
+            def synced():
+                srv = sched_servers(c)
+                f = srv.get(gone[0], {})
+                return (f.get("alive") == "1" and f.get("late") == "1" and len(srv) == 3 and
+                        all(g.get("alive") == "1" and g.get("syncing", "0") == "0" for g in srv.values()))
+            try:
+                wait_for(synced, "the replacement copies its rows", 40)
+            except Failed as e:
+                raise Failed(f"{e}: servers {sched_servers(c)}")
+        codes = c.wait(ps, RUN_S)
+        check(codes == [0] * workers, f"worker exit codes {codes}")
+        total, values = 0, None
+        for i in range(workers):
+            out = c.log(f"w{i}")
+            m = re.search(r"^acked (\d+)$", out, re.M)
+            v = re.search(r"^values (\S+)$", out, re.M)
+            check(m and v, f"w{i} printed no outcome")
+            failed = re.findall(r"^push \d+ rc=.*$", out, re.M)
+            check(not failed, f"w{i}: {failed[:3]}")
+            check(int(m.group(1)) == pushes, f"w{i} acked {m.group(1)} of {pushes}")
+            total += int(m.group(1))
+            vals = [float(x) for x in v.group(1).split(",")]
+            check(values is None or vals == values, f"workers pulled different values: {vals} {values}")
+            values = vals
+        check(values == [float(total)] * len(values), f"values {values}, acknowledged pushes {total}")
+        # Every range has its two copies again: all three slots alive, none copying.
+        srv = sched_servers(c)
+        check(len(srv) == 3 and all(f.get("alive") == "1" and f.get("syncing", "0") == "0" for f in srv.values()),
+              f"server slots at the end: {srv}")
+        return f"ok: {total} pushes counted exactly, {joins} replacement(s) synced"
+
+
+# ------------------------------------------------------------------ sync jobs
+
+_references = {}
+
+
+def sync_run(big, fault=None, at=0.0, victim=0):
+    """The model lines of a sync job (S = 3, R = 2), with server victim SIGKILLed or
+    stopped past the heartbeat timeout `at` seconds in."""
+    env = {"PSHARD_RETRY_MS": "300"}
+    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
+        extra = ["--big", str(BIG_FLOATS)] if big else []
+        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(SYNC_ROUNDS), "--sleep-ms", "20"] + extra,
+                       f"w{i}") for i in range(2)]
+        if fault:
+            time.sleep(at)
+            if running(ps):
+                proc = c.server_procs[victim]
+                if fault == "kill":
+                    os.killpg(proc.pid, signal.SIGKILL)
+                else:
+                    os.kill(proc.pid, signal.SIGSTOP)
+                    try:
+                        wait_for(lambda: "removed: missed heartbeats" in c.log("scheduler"),
+                                 "the scheduler removes the stopped server", 10)
+                        time.sleep(0.3)
+                    finally:
+                        os.kill(proc.pid, signal.SIGCONT)
+            else:
+                fault = None
+        codes = c.wait(ps, RUN_S)
+        check(codes == [0, 0], f"worker exit codes {codes}")
+        models = []
+        for i in range(2):
+            out = c.log(f"w{i}")
+            check(not re.findall(r"^fail .*$", out, re.M), f"w{i} failed a call")
+            models.append(re.findall(r"^model .*$", out, re.M))
+            check(len(models[-1]) == (3 if big else 2), f"w{i} printed {len(models[-1])} model lines")
+        check(models[0] == models[1], "the workers pulled different models")
+        return models[0], fault
+
+
+def sync_job(rng, log):
+    big = rng.random() < 0.5
+    fault = rng.choice(["kill", "stop"])
+    at = rng.uniform(0.2, 2.0)
+    victim = rng.randrange(3)
+    log(f"sync big={int(big)} fault={fault} victim={victim} at={at:.2f}s")
+    if big not in _references:
+        _references[big] = sync_run(big)[0]
+    model, done = sync_run(big, fault, at, victim)
+    check(model == _references[big], "the model differs from the no-fault model")
+    return "ok: model bit for bit the no-fault one" + ("" if done else " (the job finished before the fault)")
+
+
+# ------------------------------------------------------------------ the run
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--jobs", type=int, default=0, help="stop after this many jobs (0: the time decides)")
+    ap.add_argument("--seed", type=int, help="run this one job")
+    ap.add_argument("--only", choices=["counter", "sync"])
+    a = ap.parse_args()
+    os.environ["PSHARD_KEEP_TEST_DIRS"] = "0"
+    end = time.time() + 60 * a.minutes
+    base = a.seed if a.seed is not None else int(time.time())
+    failed = []
+    n = 0
+    while True:
+        seed = base + n
+        rng = random.Random(seed)
+        kind = a.only or rng.choice(["counter", "counter", "sync"])
+        n += 1
+        lines = []
+
+        def log(s):
+            lines.append(s)
+        t0 = time.time()
+        dirs_before = set(os.listdir("/tmp"))
+        try:
+            out = (counter_job if kind == "counter" else sync_job)(rng, log)
+        except (Failed, AssertionError, RuntimeError) as e:
+            out = f"FAILED: {str(e)[:2000]}"
+            failed.append(seed)
+            kept = sorted(d for d in set(os.listdir("/tmp")) - dirs_before if d.startswith("pshard-test-"))
+            out += "\n  logs kept in " + " ".join("/tmp/" + d for d in kept)
+        print(f"job {n} seed={seed} ({time.time() - t0:.1f} s) " + " / ".join(lines) + f"\n  {out}", flush=True)
+        if a.seed is not None or (a.jobs and n >= a.jobs) or time.time() >= end:
+            break
+    print(f"{n} jobs, {len(failed)} failed" + (f": seeds {' '.join(map(str, failed))}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
