@@ -41,10 +41,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
 
+import cluster  # noqa: E402
 from cluster import Cluster, binary  # noqa: E402
 
 HBT_MS = 1000
-RUN_S = 120
+RUN_S = 240
 KEYS = 8
 SYNC_ROUNDS = 100
 BIG_FLOATS = 3 * 32768
@@ -98,7 +99,7 @@ def fault_env(rng):
     if rng.random() < 0.5:
         t = rng.choice(["forward", "forward-agg"])
         if rng.random() < 0.5:
-            rules.append(f"drop:type={t}:every={rng.randint(5, 13)}:dir=out:node=server")
+            rules.append(f"drop:type={t}:every={rng.randint(9, 21)}:dir=out:node=server")
         if rng.random() < 0.5:
             rules.append(f"dup:type={t}:every={rng.randint(3, 11)}:node=server")
         if rng.random() < 0.3:
@@ -122,7 +123,9 @@ def counter_job(rng, log):
         args += ["--dense", "--floats", str(BIG_FLOATS)]
     if agg:
         args += ["--opts", "agg_n=4 agg_ms=25"]
-    env = {"PSHARD_RETRY_MS": "300"}
+    # A push whose forward was dropped waits for its worker's retry: a short one, so
+    # that the jobs with drops still end in a few tens of seconds.
+    env = {"PSHARD_RETRY_MS": "150" if "drop" in faults else "300"}
     if faults:
         env["PSHARD_FAULT"] = faults
     # Events while the workers push: each a kill or a stop of a random live server.
@@ -178,6 +181,12 @@ def counter_job(rng, log):
                 raise Failed(f"{e}: servers {sched_servers(c)}")
         codes = c.wait(ps, RUN_S)
         check(codes == [0] * workers, f"worker exit codes {codes}")
+        # Each live server's STATS into the job's directory, for a failure's post-mortem.
+        for n, f in sched_servers(c).items():
+            if f.get("alive") == "1":
+                r = subprocess.run([binary("pshard"), "stats", f["addr"]], capture_output=True, text=True, timeout=20)
+                with open(os.path.join(c.dir, f"stats-server{n}.txt"), "w") as out:
+                    out.write(r.stdout + r.stderr)
         total, values = 0, None
         for i in range(workers):
             out = c.log(f"w{i}")
@@ -255,14 +264,18 @@ def sync_job(rng, log):
 
 # ------------------------------------------------------------------ the run
 
+def on_term(signum, frame):
+    raise KeyboardInterrupt  # the job's cluster is closed on the way out: no process left
+
+
 def main():
+    signal.signal(signal.SIGTERM, on_term)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--jobs", type=int, default=0, help="stop after this many jobs (0: the time decides)")
     ap.add_argument("--seed", type=int, help="run this one job")
     ap.add_argument("--only", choices=["counter", "sync"])
     a = ap.parse_args()
-    os.environ["PSHARD_KEEP_TEST_DIRS"] = "0"
     end = time.time() + 60 * a.minutes
     base = a.seed if a.seed is not None else int(time.time())
     failed = []
@@ -285,6 +298,10 @@ def main():
             failed.append(seed)
             kept = sorted(d for d in set(os.listdir("/tmp")) - dirs_before if d.startswith("pshard-test-"))
             out += "\n  logs kept in " + " ".join("/tmp/" + d for d in kept)
+        # a passed job's directory goes now, not when the run ends (a failed one stays)
+        for d in cluster._done_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        cluster._done_dirs.clear()
         print(f"job {n} seed={seed} ({time.time() - t0:.1f} s) " + " / ".join(lines) + f"\n  {out}", flush=True)
         if a.seed is not None or (a.jobs and n >= a.jobs) or time.time() >= end:
             break
