@@ -162,6 +162,14 @@ int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__
   return 1;
 }
 
+void ps__srv_repair_refused(ps__server *s, ps__conn *c, int err, const char *msg) {
+  srv_repair *r = s->repair;
+  if (!r || !s->replaying || c != &r->sink) return;
+  r->replay_refused++;
+  ps__log(PS_LOG_ERROR, "a held forward, answered when it came, was refused when applied: %s: %s; this copy misses it",
+          ps_strerror(err), msg);
+}
+
 /* Apply source q's held forwards, in their order, as if they came now. */
 static void replay(ps__server *s, rp_src *q) {
   srv_repair *r = s->repair;
@@ -580,11 +588,11 @@ void ps__srv_repair_stats(ps__server *s, char *line, size_t cap) {
   snprintf(line, cap,
            "syncing %d\nrepair_sources_left %zu\nrepair_rows_in %llu\nrepair_forwards_held %llu\n"
            "repair_copies_out %zu\nrepair_copies_done %llu\nrepair_rows_out %llu\nrepair_restarts %llu\n"
-           "catchups_running %zu\n",
+           "catchups_running %zu\nrepair_replay_refused %llu\n",
            s->self_state == PS_CHAIN_SYNCING, left, (unsigned long long)(r ? r->rows_in : 0),
            (unsigned long long)(r ? r->replayed : 0), outs, (unsigned long long)(r ? r->streams_done : 0),
            (unsigned long long)(r ? r->rows_out : 0), (unsigned long long)(r ? r->restarts : 0),
-           ps__srv_sync_catchups_running(s));
+           ps__srv_sync_catchups_running(s), (unsigned long long)(r ? r->replay_refused : 0));
 }
 
 void ps__srv_repair_free(ps__server *s) {

@@ -73,6 +73,7 @@ struct srv_repair {
   rp_src *src;
   size_t nsrc;
   uint64_t held_bytes, rows_in, replayed;
+  uint64_t replay_refused; /* held forwards refused when applied (answered when held) */
   uint64_t last_progress, synced_sent_at;
   int synced;         /* every source is done */
   ps__conn sink;      /* the replies of held forwards, applied later, go nowhere */

@@ -340,8 +340,9 @@ void ps__srv_agg_applied(void *arg, ps__table *t, const ps__rowmap *agg, int per
     agg_rows a = {.m = agg, .n = ps__rowmap_count(agg), .w = (size_t)t->spec.width + 1};
     uint64_t moved = 0;
     (void)agg_send(s, t, &a, ids, nids, 1, lr, per_row, gb, step, g, &moved);
-    /* a row of a chain no longer headed here (cannot happen while this server lives) is
-     * simply not forwarded: its copies are behind, as after a lost forward */
+    /* a row of a chain no longer headed here is not forwarded (its copies would be
+     * behind, as after a lost forward): the buffer is applied before a membership can
+     * move a head (ps__srv_agg_before_membership), so it holds none */
     free(ids);
   }
   g->building = 0;
@@ -434,6 +435,22 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   (void)agg_send(s, t, &a, ids, nids, 2, h->lr, (int)per_row, gb, fw.step, g, &moved);
   g->building = 0;
   ps__srv_group_maybe_done(s, g);
+}
+
+/* A new membership may move a chain's head away from this server without a death (a
+ * replacement done copying heads where every other member is a replacement too). The
+ * pushes in a buffer here were taken as head: applied after the change, the buffer
+ * would not go down the chain (this server heads it no more) and its pushes would be
+ * answered as applied on this copy alone. So every buffer is applied first, and goes
+ * down the chains of the view it was taken under: the next member applies it, or
+ * refuses it at the new epoch, and then its workers send its pushes again, to the new
+ * head, which applies each once (this copy has them in its windows). */
+void ps__srv_agg_before_membership(ps__server *s) {
+  if (s->replicas < 2 || !s->ring || ps__ring_size(s->ring) <= 1) return;
+  for (size_t i = 0; i < s->sh->ntables; i++) {
+    ps__table *t = s->sh->tables[i];
+    if (t && ps__table_aggregates(t)) ps__shard_agg_flush(t);
+  }
 }
 
 /* ------------------------------------------------------------------ lifetime */

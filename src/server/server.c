@@ -72,6 +72,7 @@ void ps__srv_reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const cha
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  ps__srv_repair_refused(c->loop->data, c, err, msg);
   ps__conn_send_error(c, req, err, msg);
 }
 
@@ -79,8 +80,10 @@ void ps__srv_reply_err(ps__conn *c, const ps__frame_hdr *req, int err, const cha
 void ps__srv_reply_verdict(ps__conn *c, const ps__frame_hdr *h, const ps__verdict *v) {
   if (v->status == PS__DROPPED)
     ps__srv_reply_ok(c, h, PS_FLAG_DROPPED); /* a late push under sync:M: counted, not applied */
-  else
+  else {
+    ps__srv_repair_refused(c->loop->data, c, v->err, v->msg);
     ps__conn_send_error(c, h, v->err, v->msg);
+  }
 }
 
 /* ------------------------------------------------------------------ what the engine asks for */
@@ -297,6 +300,7 @@ static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
 static void agent_membership(void *arg, const ps__membership *m) {
   ps__server *s = arg;
   if (m->epoch < s->epoch) return;
+  if (m->epoch > s->epoch) ps__srv_agg_before_membership(s); /* under the chains of the old view */
   uint32_t *ids = ps__calloc(m->n ? m->n : 1, sizeof *ids);
   size_t nsrv = 0;
   if (!ids) {

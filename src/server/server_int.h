@@ -473,6 +473,11 @@ void ps__srv_repair_membership(ps__server *s, const ps__membership *m);
 void ps__srv_repair_tick(ps__server *s);
 /* Is this server a replacement copying its rows (forwards may be held, not applied)? */
 int ps__srv_repair_syncing(const ps__server *s);
+/* Apply every aggregation buffer before a new membership changes the chains (repl_agg.c). */
+void ps__srv_agg_before_membership(ps__server *s);
+/* An error answer to c: counted and logged when c is the sink of held forwards being
+ * applied (repair.c), which were answered as applied when they came. */
+void ps__srv_repair_refused(ps__server *s, ps__conn *c, int err, const char *msg);
 /* A forward to a syncing replacement from a source whose copy is not in: held (and
  * answered), 1; else 0 (served as usual). b->buf may be taken. */
 int ps__srv_repair_hold(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__body *b);

@@ -153,6 +153,42 @@ def test_a_source_dying_mid_copy_restarts_the_copy_from_the_new_tails():
         assert x.poll() is None, c.log("joiner")
 
 
+# Buffers that fill by time: a worker's push waits in one until it is applied, so the
+# old head nearly always holds one when the head moves.
+SLOW_AGG = ["--opts", "agg_n=64 agg_ms=100"]
+
+
+@pytest.mark.parametrize("extra,pushes,sleep_ms", [([], 500, 25), (SLOW_AGG, 120, 0)], ids=["each-push", "aggregated"])
+def test_two_replacements_in_turn_where_the_later_one_comes_to_head_a_chain(extra, pushes, sleep_ms):
+    # Servers 0 and then 2 die, each replaced: the chains both were in now hold two
+    # replacements, and when the second is done copying, the head rule makes whichever
+    # comes first in the chain head it, a head moving without a death. A buffer of
+    # pushes taken by the old head must still reach the new one: every count is exact.
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = start_workers(c, 2, pushes, sleep_ms, extra)
+        for n, victim in enumerate((0, 2)):
+            time.sleep(0.5)  # not scaled: the workers must still be pushing
+            assert all(p.poll() is None for p in ps), "the workers finished before kill %d: " % n + logs()
+            os.killpg(c.server_procs[victim].pid, signal.SIGKILL)
+            dead = []
+
+            def removed():
+                dead[:] = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
+                return len(dead) == 1
+            wait_for(removed, "the scheduler removes the dead server", 10 * SCALE, logs)
+            join(c, name=f"joiner{n}")
+
+            def synced():
+                f = sched_nodes(c).get(dead[0], {})
+                return f.get("alive") == "1" and f.get("late") == "1" and f.get("syncing") == "0"
+            wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
+        assert c.wait(ps, RUN) == [0, 0], logs()
+        counted(c, 2, pushes)
+
+
 def test_join_without_a_dead_server_is_refused():
     with Cluster(3, 1, replicas=2) as c:
         w = start_workers(c, 1, 5, 0)

@@ -49,6 +49,7 @@ RUN_S = 240
 KEYS = 8
 SYNC_ROUNDS = 100
 BIG_FLOATS = 3 * 32768
+EVENTS = []  # --events
 
 
 class Failed(Exception):
@@ -130,6 +131,8 @@ def counter_job(rng, log):
         env["PSHARD_FAULT"] = faults
     # Events while the workers push: each a kill or a stop of a random live server.
     events = [rng.choice(["kill", "stop-short", "stop-long"]) for _ in range(rng.randint(1, 3))]
+    if EVENTS:  # --events: these instead (the other draws stay those of the seed)
+        events = EVENTS
     log(f"counter table={table} agg={int(agg)} workers={workers} pushes={pushes} sleep={sleep_ms}ms "
         f"faults='{faults}' events={','.join(events)}")
     with Cluster(3, workers, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
@@ -166,6 +169,7 @@ def counter_job(rng, log):
                     raise Failed(f"server slot {i}, stopped past the heartbeat timeout, did not exit")
             gone = dead()
             check(len(gone) == 1, f"dead servers: {gone}")
+            log(f"{ev} of slot {i} (server {gone[0]})")
             # A replacement takes the dead server's place and copies its rows.
             joins += 1
             slots[i] = join(c, joins)
@@ -275,7 +279,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=0, help="stop after this many jobs (0: the time decides)")
     ap.add_argument("--seed", type=int, help="run this one job")
     ap.add_argument("--only", choices=["counter", "sync"])
+    ap.add_argument("--events", help="counter jobs: these events (kill, stop-short, stop-long; comma-separated) "
+                    "instead of those drawn, to narrow down a failure")
     a = ap.parse_args()
+    if a.events:
+        EVENTS[:] = a.events.split(",")
     end = time.time() + 60 * a.minutes
     base = a.seed if a.seed is not None else int(time.time())
     failed = []
