@@ -2,9 +2,9 @@
 faults drawn at random from a seed, checked for lost or doubled updates. Not part of
 `make test` (it runs for minutes): `make soak` (SOAK_MINUTES, default 10), or
 
-    /usr/bin/python3 tests/soak/soak.py --minutes 30 [--seed N] [--only counter|sync]
+    /usr/bin/python3 tests/soak/soak.py --minutes 30 [--seed N] [--only counter|sync|sync-repair]
 
-Every job is one of two kinds, drawn from the seed with its faults:
+Every job is one of three kinds, drawn from the seed with its faults:
 
 counter  S = 3, R = 2, two or three once_worker processes (async, sum mode, sgd lr 1:
          every push adds exactly 1 to every key) on a sparse, a dense or a large dense
@@ -22,6 +22,9 @@ sync     S = 3, R = 2, two repl_sync_worker processes (Adam on a dense table, Ad
          large dense table. One server SIGKILLed, or SIGSTOPped past the heartbeat
          timeout and continued, at a random round. Checked: the final model is the
          no-fault model of the same configuration, bit for bit.
+sync-repair  the same sync job, longer: two servers SIGKILLed in turn, each replaced
+         (the survivors' catch-ups and the replacement's copy done before the next), so
+         that chains of two replacements change head. Checked: the same.
 
 Each job prints one line: its number, seed, kind, faults and outcome. A failed job keeps
 its directory of logs (its path is printed) and the run goes on; the exit status is 1 if
@@ -48,6 +51,7 @@ HBT_MS = 1000
 RUN_S = 240
 KEYS = 8
 SYNC_ROUNDS = 100
+SYNC_REPAIR_ROUNDS = 400  # long enough for two deaths, each with a copy to a replacement
 BIG_FLOATS = 3 * 32768
 EVENTS = []  # --events
 
@@ -217,13 +221,13 @@ def counter_job(rng, log):
 _references = {}
 
 
-def sync_run(big, fault=None, at=0.0, victim=0):
+def sync_run(big, fault=None, at=0.0, victim=0, rounds=SYNC_ROUNDS):
     """The model lines of a sync job (S = 3, R = 2), with server victim SIGKILLed or
     stopped past the heartbeat timeout `at` seconds in."""
     env = {"PSHARD_RETRY_MS": "300"}
     with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
         extra = ["--big", str(BIG_FLOATS)] if big else []
-        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(SYNC_ROUNDS), "--sleep-ms", "20"] + extra,
+        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(rounds), "--sleep-ms", "20"] + extra,
                        f"w{i}") for i in range(2)]
         if fault:
             time.sleep(at)
@@ -253,6 +257,70 @@ def sync_run(big, fault=None, at=0.0, victim=0):
         return models[0], fault
 
 
+def server_stat(addr, name):
+    m = re.search(rf"^{name} (\d+)$", stats(addr), re.M)
+    check(m, f"{name} in the STATS of {addr}")
+    return int(m.group(1))
+
+
+def sync_repair_run(victims, at):
+    """The model lines of a sync job (S = 3, R = 2, SYNC_REPAIR_ROUNDS rounds) in which
+    each server slot of victims in turn is SIGKILLed (the first `at` seconds in) and
+    replaced, the survivors' catch-ups and the replacement's copy done before the next."""
+    env = {"PSHARD_RETRY_MS": "300"}
+    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
+        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(SYNC_REPAIR_ROUNDS), "--sleep-ms", "20"],
+                       f"w{i}") for i in range(2)]
+        slots = list(c.server_procs)
+        done = 0
+        for n, v in enumerate(victims):
+            time.sleep(at if n == 0 else 0.3)
+            if not running(ps):
+                break
+            os.killpg(slots[v].pid, signal.SIGKILL)
+            dead = []
+
+            def removed():
+                dead[:] = [i for i, f in sched_servers(c).items() if f.get("alive") == "0"]
+                return len(dead) == 1
+            wait_for(removed, "the scheduler removes the killed server", 10)
+
+            def caught_up():
+                return all(server_stat(f["addr"], "catchups_running") == 0
+                           for f in sched_servers(c).values() if f.get("alive") == "1")
+            wait_for(caught_up, "the survivors catch up", 20)
+            slots[v] = join(c, n + 1)
+
+            def synced():
+                f = sched_servers(c).get(dead[0], {})
+                return f.get("alive") == "1" and f.get("late") == "1" and f.get("syncing", "0") == "0"
+            wait_for(synced, "the replacement copies its rows", 40)
+            wait_for(caught_up, "the survivors catch up", 20)
+            done += 1
+        codes = c.wait(ps, RUN_S)
+        check(codes == [0, 0], f"worker exit codes {codes}")
+        models = []
+        for i in range(2):
+            out = c.log(f"w{i}")
+            check(not re.findall(r"^fail .*$", out, re.M), f"w{i} failed a call")
+            models.append(re.findall(r"^model .*$", out, re.M))
+            check(len(models[-1]) == 2, f"w{i} printed {len(models[-1])} model lines")
+        check(models[0] == models[1], "the workers pulled different models")
+        return models[0], done
+
+
+def sync_repair_job(rng, log):
+    first = rng.randrange(3)
+    second = rng.choice([i for i in range(3) if i != first])
+    at = rng.uniform(0.3, 1.0)
+    log(f"sync-repair kill slot {first}, then slot {second}, each replaced, from {at:.2f}s")
+    if "repair" not in _references:
+        _references["repair"] = sync_run(False, rounds=SYNC_REPAIR_ROUNDS)[0]
+    model, done = sync_repair_run([first, second], at)
+    check(model == _references["repair"], "the model differs from the no-fault model")
+    return f"ok: model bit for bit the no-fault one, {done} replacement(s)"
+
+
 def sync_job(rng, log):
     big = rng.random() < 0.5
     fault = rng.choice(["kill", "stop"])
@@ -278,7 +346,7 @@ def main():
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--jobs", type=int, default=0, help="stop after this many jobs (0: the time decides)")
     ap.add_argument("--seed", type=int, help="run this one job")
-    ap.add_argument("--only", choices=["counter", "sync"])
+    ap.add_argument("--only", choices=["counter", "sync", "sync-repair"])
     ap.add_argument("--events", help="counter jobs: these events (kill, stop-short, stop-long; comma-separated) "
                     "instead of those drawn, to narrow down a failure")
     a = ap.parse_args()
@@ -291,7 +359,7 @@ def main():
     while True:
         seed = base + n
         rng = random.Random(seed)
-        kind = a.only or rng.choice(["counter", "counter", "sync"])
+        kind = a.only or rng.choice(["counter", "counter", "sync", "sync-repair"])
         n += 1
         lines = []
 
@@ -300,7 +368,7 @@ def main():
         t0 = time.time()
         dirs_before = set(os.listdir("/tmp"))
         try:
-            out = (counter_job if kind == "counter" else sync_job)(rng, log)
+            out = {"counter": counter_job, "sync": sync_job, "sync-repair": sync_repair_job}[kind](rng, log)
         except (Failed, AssertionError, RuntimeError) as e:
             out = f"FAILED: {str(e)[:2000]}"
             failed.append(seed)
