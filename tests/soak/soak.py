@@ -98,11 +98,12 @@ def running(ps):
 
 # ------------------------------------------------------------------ counter jobs
 
-def fault_env(rng):
-    """Fault injection on chain frames, or none."""
+def fault_env(rng, agg):
+    """Fault injection on the chain frames a job sends (a pushes' forwards, or buffers'
+    and the pushes sent again on their own), or none."""
     rules = []
     if rng.random() < 0.5:
-        t = rng.choice(["forward", "forward-agg"])
+        t = rng.choice(["forward-agg", "forward-agg", "forward"]) if agg else "forward"
         if rng.random() < 0.5:
             rules.append(f"drop:type={t}:every={rng.randint(9, 21)}:dir=out:node=server")
         if rng.random() < 0.5:
@@ -118,7 +119,7 @@ def counter_job(rng, log):
     workers = rng.choice([2, 3])
     pushes = rng.randint(400, 700)
     sleep_ms = rng.randint(15, 30)
-    faults = fault_env(rng)
+    faults = fault_env(rng, agg)
     args = ["--mode", "async", "--pushes", str(pushes), "--sleep-ms", str(sleep_ms)]
     if table == "sparse":
         args += ["--keys", str(KEYS)]
