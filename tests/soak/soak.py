@@ -222,6 +222,20 @@ def counter_job(rng, log):
 _references = {}
 
 
+def worker_model(c, ps, lines):
+    """The model both repl_sync_worker processes printed (`lines` lines), once they exit."""
+    codes = c.wait(ps, RUN_S)
+    check(codes == [0, 0], f"worker exit codes {codes}")
+    models = []
+    for i in range(2):
+        out = c.log(f"w{i}")
+        check(not re.findall(r"^fail .*$", out, re.M), f"w{i} failed a call")
+        models.append(re.findall(r"^model .*$", out, re.M))
+        check(len(models[-1]) == lines, f"w{i} printed {len(models[-1])} model lines")
+    check(models[0] == models[1], "the workers pulled different models")
+    return models[0]
+
+
 def sync_run(big, fault=None, at=0.0, victim=0, rounds=SYNC_ROUNDS):
     """The model lines of a sync job (S = 3, R = 2), with server victim SIGKILLed or
     stopped past the heartbeat timeout `at` seconds in."""
@@ -246,16 +260,7 @@ def sync_run(big, fault=None, at=0.0, victim=0, rounds=SYNC_ROUNDS):
                         os.kill(proc.pid, signal.SIGCONT)
             else:
                 fault = None
-        codes = c.wait(ps, RUN_S)
-        check(codes == [0, 0], f"worker exit codes {codes}")
-        models = []
-        for i in range(2):
-            out = c.log(f"w{i}")
-            check(not re.findall(r"^fail .*$", out, re.M), f"w{i} failed a call")
-            models.append(re.findall(r"^model .*$", out, re.M))
-            check(len(models[-1]) == (3 if big else 2), f"w{i} printed {len(models[-1])} model lines")
-        check(models[0] == models[1], "the workers pulled different models")
-        return models[0], fault
+        return worker_model(c, ps, 3 if big else 2), fault
 
 
 def server_stat(addr, name):
@@ -298,16 +303,7 @@ def sync_repair_run(victims, at):
             wait_for(synced, "the replacement copies its rows", 40)
             wait_for(caught_up, "the survivors catch up", 20)
             done += 1
-        codes = c.wait(ps, RUN_S)
-        check(codes == [0, 0], f"worker exit codes {codes}")
-        models = []
-        for i in range(2):
-            out = c.log(f"w{i}")
-            check(not re.findall(r"^fail .*$", out, re.M), f"w{i} failed a call")
-            models.append(re.findall(r"^model .*$", out, re.M))
-            check(len(models[-1]) == 2, f"w{i} printed {len(models[-1])} model lines")
-        check(models[0] == models[1], "the workers pulled different models")
-        return models[0], done
+        return worker_model(c, ps, 2), done
 
 
 def sync_repair_job(rng, log):
