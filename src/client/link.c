@@ -366,16 +366,18 @@ void ps__mail_reclaim(void *arg) {
 }
 
 /* The head of a replicated part's chain by the head rule (common/ring.h): its first
- * live member that was there before any replacement, else its first live replacement
- * that holds a copy (0: none). */
+ * live member that was there before any replacement, else its live replacement that
+ * holds a copy and was admitted first (0: none). */
 uint32_t ps__part_head(ps_ctx *ctx, const part *p) {
   uint8_t st[PS_MAX_REPLICAS];
+  uint32_t late[PS_MAX_REPLICAS];
   unsigned n = p->nchain < PS_MAX_REPLICAS ? p->nchain : PS_MAX_REPLICAS;
   for (unsigned k = 0; k < n; k++) {
     peer *l = ps__link_find(ctx, p->chain[k]);
     st[k] = l && l->alive ? ps__member_chain_state(&l->m) : PS_CHAIN_DEAD;
+    late[k] = l ? l->m.late : 0;
   }
-  int h = ps__chain_head(st, n);
+  int h = ps__chain_head(st, late, n);
   return h >= 0 ? p->chain[h] : 0;
 }
 

@@ -303,21 +303,34 @@ size_t ps__ring_dense_chain(const ps__ring *r, const uint32_t *order, size_t j, 
 
 /* ------------------------------------------------------------------ the head rule */
 
-size_t ps__chain_order(const uint8_t *st, size_t n, uint8_t *order) {
+/* A copy holder's place in the order: LIVE members first (key 0), then LATE ones by
+ * admission number; ties (late NULL) in chain order. */
+static uint64_t chain_key(const uint8_t *st, const uint32_t *late, size_t i) {
+  uint64_t gen = st[i] == PS_CHAIN_LIVE ? 0 : late && late[i] ? late[i] : 1;
+  return gen << 32 | i;
+}
+
+size_t ps__chain_order(const uint8_t *st, const uint32_t *late, size_t n, uint8_t *order) {
   size_t k = 0;
-  int head = ps__chain_head(st, n);
-  if (head >= 0) order[k++] = (uint8_t)head;
-  for (size_t i = 0; i < n; i++)
-    if ((int)i != head && (st[i] == PS_CHAIN_LIVE || st[i] == PS_CHAIN_LATE)) order[k++] = (uint8_t)i;
+  for (size_t i = 0; i < n; i++) {
+    if (st[i] != PS_CHAIN_LIVE && st[i] != PS_CHAIN_LATE) continue;
+    size_t j = k++; /* insertion by key: n is at most a few */
+    while (j > 0 && chain_key(st, late, order[j - 1]) > chain_key(st, late, i)) {
+      order[j] = order[j - 1];
+      j--;
+    }
+    order[j] = (uint8_t)i;
+  }
   for (size_t i = 0; i < n; i++)
     if (st[i] == PS_CHAIN_SYNCING) order[k++] = (uint8_t)i;
   return k;
 }
 
-int ps__chain_head(const uint8_t *st, size_t n) {
+int ps__chain_head(const uint8_t *st, const uint32_t *late, size_t n) {
+  int head = -1;
   for (size_t i = 0; i < n; i++)
-    if (st[i] == PS_CHAIN_LIVE) return (int)i;
-  for (size_t i = 0; i < n; i++)
-    if (st[i] == PS_CHAIN_LATE) return (int)i;
-  return -1;
+    if ((st[i] == PS_CHAIN_LIVE || st[i] == PS_CHAIN_LATE) &&
+        (head < 0 || chain_key(st, late, i) < chain_key(st, late, (size_t)head)))
+      head = (int)i;
+  return head;
 }

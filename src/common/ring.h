@@ -65,10 +65,13 @@ size_t ps__ring_dense_chain(const ps__ring *r, const uint32_t *order, size_t j, 
 
 /* The head rule, the one place that says who heads a chain and in which order a push
  * goes down it. Each member of a chain (ring order) is in one of these states. A
- * replacement that joined a running job is "late": it heads a chain only when no member
- * that was there before is left, so a replacement never takes a head away from a live
- * server. A syncing member (a replacement still copying its rows) never heads and
- * holds no copy yet: pushes reach it after every other live member. */
+ * replacement that joined a running job is "late", and carries its admission number
+ * (late[i], 1 for the job's first replacement, increasing): it comes after every member
+ * that was there before it. A syncing member (a replacement still copying its rows)
+ * never heads and holds no copy yet: pushes reach it after every other live member.
+ * So the order of a chain's members changes only when one of them dies: a replacement
+ * that finishes its copy stays where it was while it copied, at the end, and never takes
+ * a head away from a live member. */
 enum {
   PS_CHAIN_DEAD = 0,    /* not a live member */
   PS_CHAIN_LIVE = 1,    /* live, holds its copy */
@@ -76,13 +79,13 @@ enum {
   PS_CHAIN_SYNCING = 3  /* live, copying its rows from the chain's tail */
 };
 /* The live members of a chain of n in the order a push visits them, as indices into
- * st[0 .. n) (each a PS_CHAIN_* state) written to order: the head (the first LIVE
- * member, else the first LATE one), then the other LIVE and LATE members in chain order,
- * then the SYNCING ones. Returns how many; order[0] is the head unless the first is
- * SYNCING (no member holds a copy: the chain has no head). */
-size_t ps__chain_order(const uint8_t *st, size_t n, uint8_t *order);
+ * st[0 .. n) (each a PS_CHAIN_* state) written to order: the LIVE members in chain
+ * order, then the LATE ones by admission number late[i] (NULL: in chain order), then
+ * the SYNCING ones. Returns how many; order[0] is the head unless it is SYNCING (no
+ * member holds a copy: the chain has no head). */
+size_t ps__chain_order(const uint8_t *st, const uint32_t *late, size_t n, uint8_t *order);
 /* The head of a chain of n members in states st (an index), or -1 when it has none. */
-int ps__chain_head(const uint8_t *st, size_t n);
+int ps__chain_head(const uint8_t *st, const uint32_t *late, size_t n);
 
 /* The hash of a key as used for placement (exposed for tests). */
 uint64_t ps__ring_key_hash(uint32_t table, uint64_t key);

@@ -48,8 +48,9 @@ int ps__hello_decode(const void *p, size_t n, ps__hello *h) {
   return 0;
 }
 
-/* id u32, role u8, alive u8, rank u32, port u32, three str (u32 length each), caps u8. */
-#define MEMBER_MIN_BYTES (4u + 1u + 1u + 4u + 4u + 3u * 4u + 1u)
+/* id u32, role u8, alive u8, rank u32, port u32, three str (u32 length each), caps u8,
+ * late u32. */
+#define MEMBER_MIN_BYTES (4u + 1u + 1u + 4u + 4u + 3u * 4u + 1u + 4u)
 
 void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
   ps__wbuf_u64(w, m->epoch);
@@ -69,6 +70,7 @@ void ps__membership_encode(ps__wbuf *w, const ps__membership *m) {
     ps__wbuf_str(w, x->unix_path);
     ps__wbuf_str(w, x->hostid);
     ps__wbuf_u8(w, x->caps);
+    ps__wbuf_u32(w, x->late); /* the admission number that orders replacements (ring.h) */
   }
   if (m->replicas > 1) ps__wbuf_u8(w, m->replicas); /* optional: absent means 1 */
 }
@@ -110,7 +112,9 @@ int ps__membership_decode(const void *p, size_t n, ps__membership *m) {
     ps__rbuf_str(&r, x->unix_path, sizeof x->unix_path);
     ps__rbuf_str(&r, x->hostid, sizeof x->hostid);
     x->caps = ps__rbuf_u8(&r);
-    if (port > 65535) r.err = 1;
+    uint32_t late = ps__rbuf_u32(&r);
+    if (port > 65535 || (late != 0) != (x->late != 0)) r.err = 1; /* the bit and the number agree */
+    x->late = late;
   }
   m->replicas = 1;
   if (!r.err && r.off + 1 == n) {

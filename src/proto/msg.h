@@ -27,7 +27,8 @@ typedef struct ps__member {
   char unix_path[PS_PATH_MAX];
   char hostid[PS_HOST_MAX];
   uint8_t caps;           /* PS_CAP_* the node offers */
-  uint8_t late;           /* a server that joined as a replacement (ring.h: the head rule) */
+  uint32_t late;          /* a server that joined as a replacement: its admission number (1 for
+                           * the job's first, increasing; 0: not one). ring.h: the head rule */
   uint8_t syncing;        /* a replacement still copying its rows: holds no copy yet */
 } ps__member;
 

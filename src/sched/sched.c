@@ -134,7 +134,7 @@ static int chain_without_copy(ps__sched *s, uint32_t id) {
       if (id && c[j] == id) has = 1;
       st[j] = (id && c[j] == id) || !x ? PS_CHAIN_DEAD : ps__member_chain_state(&x->m);
     }
-    lost = has && ps__chain_head(st, m) < 0;
+    lost = has && ps__chain_head(st, NULL, m) < 0; /* whether it has one, not which */
   }
   ps__ring_free(r);
   return lost;
@@ -277,8 +277,11 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
   n->conn = c;
   c->udata = n;
   ps__conn_auth_bind(c, n->m.id);
+  uint32_t late = 0; /* its admission number: after every replacement before it (ring.h) */
+  for (size_t i = 0; i < s->nnodes; i++)
+    if (s->nodes[i].m.late > late) late = s->nodes[i].m.late;
   n->m.alive = 1;
-  n->m.late = 1;
+  n->m.late = late + 1;
   n->m.syncing = 1;
   n->m.port = hello->port;
   memcpy(n->m.host, hello->host, sizeof n->m.host);

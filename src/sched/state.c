@@ -11,11 +11,12 @@
  * directory, so it is always the last complete state. It is small (a few KB for a job
  * of tens of nodes).
  *
- * Format (little-endian, ps__wbuf): u32 magic "PSSS", u32 version 1, u32 next_id,
+ * Format (little-endian, ps__wbuf): u32 magic "PSSS", u32 version (3), u32 next_id,
  * u32 server ranks, u32 worker ranks, u64 epoch, u8 started, u32 nodes, then per node:
  * u32 id, u8 role, u8 alive (bit 0; bit 1 late, bit 2 syncing), u32 rank, u32 port, str host, str unix path, str hostid,
- * u8 caps, u64 registration token (version 2; version 1 files, without it, are read
- * too); u32 tables, then per table u32 length and a declaration as CREATE carries it
+ * u8 caps, u64 registration token (version 2 and later), u32 late: a replacement's
+ * admission number (version 3; in older files a late node's number is its place among
+ * the late ones); u32 tables, then per table u32 length and a declaration as CREATE carries it
  * (proto/msg.c); u8 tasks present,
  * and if so u32 parts, epochs, epoch, ndone, then per partition u8 state and u32 owner;
  * last, u64 xxh64 of everything before it.
@@ -36,7 +37,7 @@
 #include "sched/sched_int.h"
 
 #define STATE_MAGIC 0x53535350u /* "PSSS" */
-#define STATE_VERSION 2u /* 1: nodes without their tokens */
+#define STATE_VERSION 3u /* 1: nodes without their tokens; 2: without their admission numbers */
 #define STATE_MAX (64u << 20)
 
 static void state_path(const ps__sched *s, char *out, size_t cap, const char *suffix) {
@@ -64,6 +65,7 @@ static void encode(const ps__sched *s, ps__wbuf *w) {
     ps__wbuf_str(w, m->hostid);
     ps__wbuf_u8(w, m->caps);
     ps__wbuf_u64(w, s->nodes[i].token);
+    ps__wbuf_u32(w, m->late);
   }
   ps__wbuf_u32(w, (uint32_t)s->ntables);
   for (size_t i = 0; i < s->ntables; i++) { /* each declaration as a CREATE body, length first */
@@ -144,6 +146,7 @@ static int decode_nodes(ps__sched *s, ps__rbuf *r, uint32_t version) {
   if (!s->nodes) return -1;
   s->cap = n ? n : 1;
   uint64_t now = ps__now_ms();
+  uint32_t nlate = 0;
   for (uint32_t i = 0; i < n && !r->err; i++) {
     ps__sched_node *x = &s->nodes[s->nnodes++];
     x->m.id = ps__rbuf_u32(r);
@@ -159,6 +162,9 @@ static int decode_nodes(ps__sched *s, ps__rbuf *r, uint32_t version) {
     ps__rbuf_str(r, x->m.hostid, sizeof x->m.hostid);
     x->m.caps = ps__rbuf_u8(r);
     if (version >= 2) x->token = ps__rbuf_u64(r);
+    uint32_t late = version >= 3 ? ps__rbuf_u32(r) : x->m.late ? ++nlate : 0;
+    if ((late != 0) != (x->m.late != 0)) r->err = 1; /* the bit and the number agree */
+    x->m.late = late;
     x->last_seen_ms = now; /* liveness is judged afresh: it has heartbeat_timeout_ms to come back */
     x->barrier_seq = -1;
   }

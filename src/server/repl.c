@@ -56,6 +56,7 @@ struct srv_peer {
   uint32_t id;
   int alive;
   uint8_t state;   /* PS_CHAIN_*: the head rule's view of it (ring.h) */
+  uint32_t late;   /* its admission number as a replacement (0: not one) */
   char host[PS_HOST_MAX];
   uint16_t port;
   char unix_path[PS_PATH_MAX]; /* on this host: its AF_UNIX socket (empty: TCP) */
@@ -98,16 +99,26 @@ uint8_t ps__srv_chain_state(ps__server *s, uint32_t id) {
   return p && p->alive ? p->state : PS_CHAIN_DEAD;
 }
 
+uint32_t ps__srv_chain_late(ps__server *s, uint32_t id) {
+  if (id == s->id) return s->self_late;
+  srv_peer *p = peer_of(s, id);
+  return p ? p->late : 0;
+}
+
 /* ------------------------------------------------------------------ which requests are ours */
 
 /* The chain's head and the member after `self` (0: none), by the head rule (ring.h):
  * a replacement heads only when no older member is left, and a syncing one comes last. */
 void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
   uint8_t st[PS_MAX_REPLICAS], ord[PS_MAX_REPLICAS];
+  uint32_t late[PS_MAX_REPLICAS];
   *head = 0, *has_self = 0, *next = 0;
   if (n > PS_MAX_REPLICAS) n = PS_MAX_REPLICAS;
-  for (size_t k = 0; k < n; k++) st[k] = ps__srv_chain_state(s, c[k]);
-  size_t m = ps__chain_order(st, n, ord);
+  for (size_t k = 0; k < n; k++) {
+    st[k] = ps__srv_chain_state(s, c[k]);
+    late[k] = ps__srv_chain_late(s, c[k]);
+  }
+  size_t m = ps__chain_order(st, late, n, ord);
   if (m && st[ord[0]] != PS_CHAIN_SYNCING) *head = c[ord[0]];
   for (size_t j = 0; j < m; j++)
     if (c[ord[j]] == s->id) {
@@ -705,9 +716,13 @@ int ps__srv_repl_membership(ps__server *s, const ps__membership *m) {
     }
     p->alive = x->alive;
     p->state = ps__member_chain_state(x);
+    p->late = x->late;
   }
   for (uint32_t i = 0; i < m->n; i++)
-    if (m->m[i].id == s->id && m->m[i].role == PS_ROLE_SERVER) s->self_state = ps__member_chain_state(&m->m[i]);
+    if (m->m[i].id == s->id && m->m[i].role == PS_ROLE_SERVER) {
+      s->self_state = ps__member_chain_state(&m->m[i]);
+      s->self_late = m->m[i].late;
+    }
   s->replicas = m->replicas ? m->replicas : 1;
   ps__srv_sync_after(s);
   fwd_resend_due(s);
@@ -747,11 +762,12 @@ int ps__srv_rows_init(ps__server *s, ps__srv_rows *r, int member) {
   uint32_t *ids = ps__malloc(S * sizeof *ids);
   r->live = ps__malloc(S * sizeof *r->live);
   if (!ids || !r->live) goto oom;
-  if (!(r->state = ps__malloc(S))) goto oom;
+  if (!(r->state = ps__malloc(S)) || !(r->late = ps__malloc(S * sizeof *r->late))) goto oom;
   for (size_t i = 0; i < S; i++) {
     ids[i] = ps__ring_server_at(s->ring, i);
     if (!ps__srv_server_alive(s, ids[i])) continue;
     r->state[r->nlive] = ps__srv_chain_state(s, ids[i]);
+    r->late[r->nlive] = ps__srv_chain_late(s, ids[i]);
     r->live[r->nlive++] = ids[i];
   }
   /* The same servers, vnodes and R give the same ring: a copy another thread may read. */
@@ -773,15 +789,17 @@ oom:
 
 int ps__srv_rows_chain(const ps__srv_rows *r, const uint32_t *ch, size_t n) {
   uint8_t st[PS_MAX_REPLICAS];
+  uint32_t late[PS_MAX_REPLICAS];
   if (n > PS_MAX_REPLICAS) n = PS_MAX_REPLICAS;
   for (size_t k = 0; k < n; k++) {
     if (r->member && ch[k] == r->self) return 1; /* dead or alive: a member holds the rows */
     st[k] = PS_CHAIN_DEAD;
+    late[k] = 0;
     for (size_t i = 0; i < r->nlive; i++)
-      if (r->live[i] == ch[k]) st[k] = r->state[i];
+      if (r->live[i] == ch[k]) st[k] = r->state[i], late[k] = r->late[i];
   }
   if (r->member) return 0;
-  int head = ps__chain_head(st, n); /* the head writes the rows (the head rule, ring.h) */
+  int head = ps__chain_head(st, late, n); /* the head writes the rows (the head rule, ring.h) */
   return head >= 0 && ch[head] == r->self;
 }
 
@@ -804,6 +822,7 @@ void ps__srv_rows_free(ps__srv_rows *r) {
   ps__ring_free(r->ring);
   free(r->live);
   free(r->state);
+  free(r->late);
   free(r->route_ok);
   memset(r, 0, sizeof *r);
 }

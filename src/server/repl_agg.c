@@ -437,16 +437,25 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   ps__srv_group_maybe_done(s, g);
 }
 
-/* A new membership may move a chain's head away from this server without a death (a
- * replacement done copying heads where every other member is a replacement too). The
- * pushes in a buffer here were taken as head: applied after the change, the buffer
- * would not go down the chain (this server heads it no more) and its pushes would be
- * answered as applied on this copy alone. So every buffer is applied first, and goes
- * down the chains of the view it was taken under: the next member applies it, or
- * refuses it at the new epoch, and then its workers send its pushes again, to the new
- * head, which applies each once (this copy has them in its windows). */
-void ps__srv_agg_before_membership(ps__server *s) {
+/* By the head rule a chain's head moves only when it dies, but a server that was
+ * paused past the heartbeat timeout learns of its own death from the membership that
+ * moved its heads away. The pushes in a buffer here were taken as head: applied after
+ * that membership, the buffer would not go down the chain (this server heads it no
+ * more) and its pushes would be answered as applied on this copy alone. So when a
+ * membership changes a server's place (a death, a replacement, a copy done), every
+ * buffer is applied first and goes down the chains of the view it was taken under: the
+ * next member applies it, or refuses it at the new epoch, and then its workers send its
+ * pushes again, to the new head, which applies each once. A membership that changes
+ * only workers leaves the buffers alone. */
+void ps__srv_agg_before_membership(ps__server *s, const ps__membership *m) {
   if (s->replicas < 2 || !s->ring || ps__ring_size(s->ring) <= 1) return;
+  int moved = 0;
+  for (uint32_t i = 0; i < m->n && !moved; i++) {
+    const ps__member *x = &m->m[i];
+    if (x->role != PS_ROLE_SERVER) continue;
+    moved = ps__member_chain_state(x) != ps__srv_chain_state(s, x->id) || x->late != ps__srv_chain_late(s, x->id);
+  }
+  if (!moved) return;
   for (size_t i = 0; i < s->sh->ntables; i++) {
     ps__table *t = s->sh->tables[i];
     if (t && ps__table_aggregates(t)) ps__shard_agg_flush(t);

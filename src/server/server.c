@@ -300,7 +300,7 @@ static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
 static void agent_membership(void *arg, const ps__membership *m) {
   ps__server *s = arg;
   if (m->epoch < s->epoch) return;
-  if (m->epoch > s->epoch) ps__srv_agg_before_membership(s); /* under the chains of the old view */
+  if (m->epoch > s->epoch) ps__srv_agg_before_membership(s, m); /* under the chains of the old view */
   uint32_t *ids = ps__calloc(m->n ? m->n : 1, sizeof *ids);
   size_t nsrv = 0;
   if (!ids) {

@@ -132,6 +132,7 @@ struct ps__server {
   srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */
   int agg_taken;         /* ... which was applied and forwarded with it */
   uint8_t self_state;    /* PS_CHAIN_* of this server in the membership (0 before one) */
+  uint32_t self_late;    /* its admission number as a replacement (0: not one) */
   srv_repair *repair;    /* copies of rows to or from a replacement (repair.c), or NULL */
   int replaying;         /* forwards held while syncing are being applied (repair.c) */
   int fenced;            /* stood still: serves no data request for now */
@@ -249,6 +250,9 @@ void ps__srv_restore_free(ps__server *s);
 int ps__srv_server_alive(ps__server *s, uint32_t id);
 /* Server id's PS_CHAIN_* state in the latest membership (common/ring.h, the head rule). */
 uint8_t ps__srv_chain_state(ps__server *s, uint32_t id);
+/* Server id's admission number as a replacement (0: not one), which orders the late
+ * members of a chain (the head rule). */
+uint32_t ps__srv_chain_late(ps__server *s, uint32_t id);
 /* Under R >= 2: are a request's keys (sparse) or segments (dense) of one chain, headed
  * here (a worker's request) or with this server after its head (a forward)? 0 with the
  * member to forward to in *next (0: none), or -1 (answered with MOVED). */
@@ -448,6 +452,7 @@ typedef struct ps__srv_rows {
   int member;
   uint32_t *live;      /* the live servers */
   uint8_t *state;      /* and their PS_CHAIN_* states */
+  uint32_t *late;      /* and admission numbers (the head rule) */
   size_t nlive;
   uint8_t *route_ok;   /* per sparse route: this server's rows */
   size_t nroutes;
@@ -473,8 +478,9 @@ void ps__srv_repair_membership(ps__server *s, const ps__membership *m);
 void ps__srv_repair_tick(ps__server *s);
 /* Is this server a replacement copying its rows (forwards may be held, not applied)? */
 int ps__srv_repair_syncing(const ps__server *s);
-/* Apply every aggregation buffer before a new membership changes the chains (repl_agg.c). */
-void ps__srv_agg_before_membership(ps__server *s);
+/* Apply every aggregation buffer before a new membership m changes a server's place in
+ * the chains (repl_agg.c). */
+void ps__srv_agg_before_membership(ps__server *s, const ps__membership *m);
 /* An error answer to c: counted and logged when c is the sink of held forwards being
  * applied (repair.c), which were answered as applied when they came. */
 void ps__srv_repair_refused(ps__server *s, ps__conn *c, int err, const char *msg);

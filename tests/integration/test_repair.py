@@ -153,17 +153,17 @@ def test_a_source_dying_mid_copy_restarts_the_copy_from_the_new_tails():
         assert x.poll() is None, c.log("joiner")
 
 
-# Buffers that fill by time: a worker's push waits in one until it is applied, so the
-# old head nearly always holds one when the head moves.
+# Buffers that fill by time: a worker's push waits in one until it is applied, so a
+# head nearly always holds one when a membership comes.
 SLOW_AGG = ["--opts", "agg_n=64 agg_ms=100"]
 
 
 @pytest.mark.parametrize("extra,pushes,sleep_ms", [([], 500, 25), (SLOW_AGG, 120, 0)], ids=["each-push", "aggregated"])
 def test_two_replacements_in_turn_where_the_later_one_comes_to_head_a_chain(extra, pushes, sleep_ms):
     # Servers 0 and then 2 die, each replaced: the chains both were in now hold two
-    # replacements, and when the second is done copying, the head rule makes whichever
-    # comes first in the chain head it, a head moving without a death. A buffer of
-    # pushes taken by the old head must still reach the new one: every count is exact.
+    # replacements, the second first in ring order. When it is done copying, the first
+    # keeps the head (the head rule orders replacements by admission) and the buffers
+    # pending at that membership are applied down the chains: every count is exact.
     with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         def logs():
             return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)

@@ -80,6 +80,65 @@ def reference():
     return run(1)
 
 
+def run_two_replacements(rounds, victims):
+    """The model lines of a job with R = 2 in which servers victims[0] and then
+    victims[1] are SIGKILLed, each replaced, the second kill once the first replacement
+    holds its copy; with no victims, the no-fault job (R = 1)."""
+    hbt = int(1000 * SCALE)
+    with Cluster(3, 2, replicas=2 if victims else 1, heartbeat_timeout_ms=hbt,
+                 extra_env={"PSHARD_RETRY_MS": "300"}) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(rounds), "--sleep-ms", "20"], f"w{i}")
+              for i in range(2)]
+        joined = []
+        for n, victim in enumerate(victims):
+            time.sleep(0.7)  # not scaled: the workers must still be training
+            assert all(p.poll() is None for p in ps), "the workers finished before kill %d: " % n + logs()
+            os.killpg(c.server_procs[victim].pid, signal.SIGKILL)
+            dead = []
+
+            def removed():
+                dead[:] = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
+                return len(dead) == 1
+            wait_for(removed, "the scheduler removes the dead server", 10 * SCALE, logs)
+            alive = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "1"]
+
+            def caught_up():
+                return all(stat_of(sched_nodes(c)[i]["addr"], "catchups_running") == 0 for i in alive)
+            wait_for(caught_up, "the survivors catch up", 20 * SCALE, logs)
+            join(c, name=f"joiner{n}")
+
+            def synced():
+                f = sched_nodes(c).get(dead[0], {})
+                return f.get("alive") == "1" and f.get("syncing") == "0"
+            wait_for(synced, "the replacement copies its rows", 30 * SCALE, logs)
+            joined.append(sched_nodes(c)[dead[0]]["addr"])
+        assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
+        assert c.wait(ps, 2 * RUN) == [0, 0], logs()
+        models = []
+        for i in range(2):
+            log = c.log(f"w{i}")
+            assert not re.findall(r"^fail .*$", log, re.M), log
+            models.append(re.findall(r"^model .*$", log, re.M))
+            assert len(models[-1]) == 2, log
+        assert models[0] == models[1], "the workers pulled different models"
+        if joined:
+            # Nobody died after the second replacement joined: the chains the two
+            # replacements hold keep the first as their head (the head rule orders
+            # replacements by admission), so the second never takes a head over.
+            assert stat_of(joined[1], "catchups") == 0, logs()
+            assert "ends at its deadline" not in "".join(c.log(p.name) for p in c.procs), logs()
+        return models[0]
+
+
+def test_two_replacements_in_turn_of_sync_tables():
+    # Servers 0 and then 2 die, each replaced: some chains are then held by the two
+    # replacements only, the second of them first in ring order.
+    rounds = 300
+    assert run_two_replacements(rounds, (0, 2)) == run_two_replacements(rounds, ())
+
+
 @pytest.mark.parametrize("first,second", [(1, 0), (0, 2)], ids=["kill-1-then-0", "kill-0-then-2"])
 def test_a_replacement_holds_real_copies_of_sync_tables(reference, first, second):
     assert run(2, first, second) == reference

@@ -919,7 +919,7 @@ static ps__membership sample_membership(uint32_t n) {
     if (i % 2) snprintf(x->unix_path, sizeof x->unix_path, "/tmp/pshard-%u.sock", i);
     snprintf(x->hostid, sizeof x->hostid, "host-%u", i / 2);
     x->caps = (uint8_t)(i % 2);
-    x->late = (uint8_t)(x->alive && i % 4 == 1);
+    x->late = x->alive && i % 4 == 1 ? i * 3 + 1 : 0;
     x->syncing = (uint8_t)(x->late && i % 8 == 1);
   }
   if (n > 0) {
@@ -949,16 +949,18 @@ static void assert_same_membership(const ps__membership *a, const ps__membership
     cr_assert(eq(str, (char *)x->unix_path, (char *)y->unix_path), "member %u", i);
     cr_assert(eq(str, (char *)x->hostid, (char *)y->hostid), "member %u", i);
     cr_assert(eq(u8, x->caps, y->caps), "member %u", i);
-    cr_assert(eq(u8, x->late, y->late), "member %u", i);
+    cr_assert(eq(u32, x->late, y->late), "member %u", i);
     cr_assert(eq(u8, x->syncing, y->syncing), "member %u", i);
   }
 }
 
-/* A replacement's flags travel in the alive byte; an unknown bit there is refused. */
+/* A replacement's flags travel in the alive byte, its admission number after caps; an
+ * unknown bit, or a number that disagrees with the late bit, is refused. */
 Test(msg, membership_late_and_syncing) {
   ps__membership in = sample_membership(3), out;
-  in.m[1].alive = 1, in.m[1].late = 1, in.m[1].syncing = 1;
-  in.m[2].alive = 1, in.m[2].late = 1, in.m[2].syncing = 0;
+  in.m[0].alive = 1, in.m[0].late = 0, in.m[0].syncing = 0;
+  in.m[1].alive = 1, in.m[1].late = 7, in.m[1].syncing = 1;
+  in.m[2].alive = 1, in.m[2].late = 0x80000001u, in.m[2].syncing = 0;
   ps__wbuf w;
   ps__wbuf_init(&w);
   ps__membership_encode(&w, &in);
@@ -972,6 +974,16 @@ Test(msg, membership_late_and_syncing) {
   /* the alive byte of member 0: after epoch, counts, started, count, id and role */
   size_t at = 8 + 4 + 4 + 1 + 4 + 4 + 1;
   w.data[at] = 8;
+  cr_assert(eq(int, ps__membership_decode(w.data, w.len, &out), PS_ERR_PROTO));
+  w.data[at] = 1 | 2; /* late, but its number (0) says not */
+  cr_assert(eq(int, ps__membership_decode(w.data, w.len, &out), PS_ERR_PROTO));
+  w.data[at] = 1;
+  cr_assert(eq(int, ps__membership_decode(w.data, w.len, &out), 0), "%s", ps_errmsg());
+  ps__membership_clear(&out);
+  /* member 0's number, last of its fields: 0 -> 5 while its late bit is clear */
+  size_t num = at + 1 + 4 + 4 + 4 + strlen(in.m[0].host) + 4 + strlen(in.m[0].unix_path) + 4 + strlen(in.m[0].hostid) + 1;
+  cr_assert(eq(u32, (uint32_t)w.data[num] | (uint32_t)w.data[num + 1] << 8, 0));
+  w.data[num] = 5;
   cr_assert(eq(int, ps__membership_decode(w.data, w.len, &out), PS_ERR_PROTO));
   ps__wbuf_free(&w);
   free(in.m);

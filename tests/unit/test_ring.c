@@ -298,26 +298,60 @@ Test(ring, routes_are_the_keys_chains) {
   ps__ring_free(r);
 }
 
-/* The head rule: an older live member heads before a replacement, a replacement heads
- * only when it is the one holding a copy, a syncing member never heads and comes last. */
+/* The head rule: an older live member heads before a replacement, replacements come in
+ * the order they were admitted, a syncing member never heads and comes last. */
 Test(ring, head_rule) {
   enum { D = PS_CHAIN_DEAD, L = PS_CHAIN_LIVE, T = PS_CHAIN_LATE, S = PS_CHAIN_SYNCING };
   struct {
     uint8_t st[3];
+    uint32_t late[3];
     int head;
     uint8_t order[3];
     size_t n;
   } cases[] = {
-      {{L, L, L}, 0, {0, 1, 2}, 3}, {{D, L, L}, 1, {1, 2}, 2},    {{T, L, D}, 1, {1, 0}, 2},
-      {{T, D, L}, 2, {2, 0}, 2},    {{T, D, D}, 0, {0}, 1},       {{S, L, D}, 1, {1, 0}, 2},
-      {{L, S, L}, 0, {0, 2, 1}, 3}, {{S, D, D}, -1, {0}, 1},      {{D, D, D}, -1, {0}, 0},
-      {{T, S, L}, 2, {2, 0, 1}, 3}, {{T, T, D}, 0, {0, 1}, 2},
+      {{L, L, L}, {0, 0, 0}, 0, {0, 1, 2}, 3},  {{D, L, L}, {0, 0, 0}, 1, {1, 2}, 2},
+      {{T, L, D}, {1, 0, 0}, 1, {1, 0}, 2},     {{T, D, L}, {1, 0, 0}, 2, {2, 0}, 2},
+      {{T, D, D}, {1, 0, 0}, 0, {0}, 1},        {{S, L, D}, {1, 0, 0}, 1, {1, 0}, 2},
+      {{L, S, L}, {0, 1, 0}, 0, {0, 2, 1}, 3},  {{S, D, D}, {1, 0, 0}, -1, {0}, 1},
+      {{D, D, D}, {0, 0, 0}, -1, {0}, 0},       {{T, S, L}, {1, 2, 0}, 2, {2, 0, 1}, 3},
+      {{T, T, D}, {1, 2, 0}, 0, {0, 1}, 2},
+      /* the later replacement comes first in the ring: the earlier one still heads */
+      {{T, T, D}, {3, 2, 0}, 1, {1, 0}, 2},     {{D, T, T}, {0, 5, 4}, 2, {2, 1}, 2},
+      {{T, L, T}, {2, 0, 1}, 1, {1, 2, 0}, 3},  {{T, S, T}, {7, 9, 6}, 2, {2, 0, 1}, 3},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     uint8_t ord[3];
-    cr_assert_eq(ps__chain_head(cases[i].st, 3), cases[i].head, "case %zu: head %d", i, ps__chain_head(cases[i].st, 3));
-    size_t n = ps__chain_order(cases[i].st, 3, ord);
+    int h = ps__chain_head(cases[i].st, cases[i].late, 3);
+    cr_assert_eq(h, cases[i].head, "case %zu: head %d", i, h);
+    size_t n = ps__chain_order(cases[i].st, cases[i].late, 3, ord);
     cr_assert_eq(n, cases[i].n, "case %zu: %zu members in order, not %zu", i, n, cases[i].n);
     for (size_t k = 0; k < n; k++) cr_assert_eq(ord[k], cases[i].order[k], "case %zu, place %zu: %u", i, k, ord[k]);
   }
+}
+
+/* A replacement that finishes its copy keeps its place: of every chain whose members
+ * live on, the order after it holds a copy is the order while it copied. Two
+ * replacements in turn over chains of 2 and 3, every arrangement in the ring. */
+Test(ring, head_stays_when_a_copy_ends) {
+  enum { L = PS_CHAIN_LIVE, T = PS_CHAIN_LATE, S = PS_CHAIN_SYNCING };
+  for (size_t n = 2; n <= 3; n++)
+    for (unsigned code = 0; code < 27; code++) { /* each member: L, T (admitted 1..), or the syncing one */
+      uint8_t st[3], after[3], o1[3], o2[3];
+      uint32_t late[3];
+      unsigned c = code, nsync = 0;
+      uint32_t next = 1;
+      for (size_t k = 0; k < n; k++, c /= 3) {
+        st[k] = c % 3 == 0 ? L : c % 3 == 1 ? T : S;
+        late[k] = st[k] == T ? next++ : 0;
+        nsync += st[k] == S;
+      }
+      if (nsync != 1) continue; /* one replacement copies at a time */
+      for (size_t k = 0; k < n; k++) {
+        after[k] = st[k] == S ? T : st[k];
+        if (st[k] == S) late[k] = next; /* admitted after every other */
+      }
+      size_t m1 = ps__chain_order(st, late, n, o1), m2 = ps__chain_order(after, late, n, o2);
+      cr_assert_eq(m1, m2);
+      for (size_t k = 0; k < m1; k++) cr_assert_eq(o1[k], o2[k], "n %zu, code %u, place %zu", n, code, k);
+    }
 }
