@@ -544,9 +544,10 @@ static void on_stats(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
   }
   for (size_t i = 0; i < s->nnodes; i++) { /* who is in the job, and where (pshard stats, pshard top) */
     const ps__member *m = &s->nodes[i].m;
-    /* a replacement's line goes on with late=1 and syncing= (other lines end at alive=) */
-    char repl[32] = "";
-    if (m->late) snprintf(repl, sizeof repl, " late=1 syncing=%u", (unsigned)m->syncing);
+    /* a replacement's line goes on with late=1, syncing= and its admission number, which
+     * orders it after the replacements before it (other lines end at alive=) */
+    char repl[64] = "";
+    if (m->late) snprintf(repl, sizeof repl, " late=1 syncing=%u admission=%u", (unsigned)m->syncing, (unsigned)m->late);
     n = snprintf(line, sizeof line, "node %u role=%s rank=%u addr=%s:%u alive=%u%s\n", m->id,
                  m->role == PS_ROLE_SERVER ? "server" : m->role == PS_ROLE_WORKER ? "worker" : "other", m->rank,
                  m->host[0] ? m->host : "-", (unsigned)m->port, (unsigned)m->alive, repl);

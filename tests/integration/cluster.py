@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -53,10 +54,12 @@ def data_ports(ports, log):
 
 class Cluster:
     def __init__(self, servers, workers, heartbeat_timeout_ms=3000, extra_env=None, colocate=False, replicas=1,
-                 server_env=None, verbose=False):
+                 server_env=None, verbose=False, sched_state=False):
         """server_env: {index: environment} for single servers, on top of extra_env. colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
         one each), so no server process is started. replicas: copies of every key range
-        (the scheduler's --replicas)."""
+        (the scheduler's --replicas). sched_state: the scheduler keeps its state in the
+        cluster's directory (--state-dir), so restart_scheduler() can kill it and start
+        it again on the same port."""
         self.dir = tempfile.mkdtemp(prefix="pshard-test-")
         self.procs = []
         self.servers = servers
@@ -64,10 +67,11 @@ class Cluster:
         self.env = dict(os.environ)
         self.env.update(extra_env or {})
         addr_file = os.path.join(self.dir, "addr")
-        self.scheduler = self._spawn(
-            [binary("pshard"), "scheduler", "--servers", str(servers), "--workers", str(workers),
-             "--addr-file", addr_file, "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
-             "--replicas", str(replicas)], "scheduler")
+        self.sched_argv = [binary("pshard"), "scheduler", "--servers", str(servers), "--workers", str(workers),
+                           "--heartbeat-timeout-ms", str(heartbeat_timeout_ms), "--replicas", str(replicas)]
+        if sched_state:
+            self.sched_argv += ["--state-dir", os.path.join(self.dir, "sched-state")]
+        self.scheduler = self._spawn(self.sched_argv + ["--addr-file", addr_file], "scheduler")
         deadline = time.time() + 10
         while not os.path.exists(addr_file):
             if time.time() > deadline or self.scheduler.poll() is not None:
@@ -82,6 +86,23 @@ class Cluster:
         self.server_procs = [self._spawn([binary("pshard"), "server", "--scheduler", self.addr] + (["--verbose"] if verbose or os.environ.get("PSHARD_TEST_VERBOSE") else []), f"server{i}",
                                          {**self.env, **(server_env or {}).get(i, {})})
                              for i in range(0 if colocate else servers)]
+
+    def restart_scheduler(self):
+        """SIGKILL the scheduler and start it again with its state, on its port (nodes
+        reconnect within their rejoin_ms); returns once it listens."""
+        os.killpg(self.scheduler.pid, signal.SIGKILL)
+        self.scheduler.wait(timeout=5)
+        port = self.addr.rsplit(":", 1)[1]
+        self.scheduler = self._spawn(self.sched_argv + ["--port", port], "scheduler-again")
+        deadline = time.time() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+                return
+            except OSError:
+                if time.time() > deadline or self.scheduler.poll() is not None:
+                    raise RuntimeError("scheduler did not start again: " + self.log("scheduler-again"))
+                time.sleep(0.02)
 
     def _spawn(self, argv, name, env=None):
         out = open(os.path.join(self.dir, name + ".log"), "wb")

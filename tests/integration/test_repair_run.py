@@ -1,6 +1,6 @@
 """`pshard run --respawn-servers` with real processes: under R = 2, a server SIGKILLed
 mid-run is replaced by a `pshard server --join` that run starts itself; the replacement
-copies its rows (the scheduler's STATS show it `late=1 syncing=0`), and a second server
+copies its rows (the scheduler's STATS show it `late=1 syncing=0 admission=1`), and a second server
 SIGKILLed later still leaves every count exact (once_worker's counter table: each push
 adds 1 to every key, so the values are the number of pushes applied).
 
@@ -89,7 +89,7 @@ def test_pshard_run_starts_a_replacement_that_syncs_and_holds_real_copies():
                  20 * SCALE, log)
 
         def synced():
-            return re.search(r"^node \d+ role=server .* alive=1 late=1 syncing=0$", stats(addr), re.M)
+            return re.search(r"^node \d+ role=server .* alive=1 late=1 syncing=0 admission=\d+$", stats(addr), re.M)
         wait_for(synced, "the replacement copies its rows", 20 * SCALE, log)
         wait_for(lambda: "[pshard] server r1 has copied its rows" in log(), "run says so", 10 * SCALE, log)
         assert run.poll() is None, "the job ended before the second kill:\n" + log()

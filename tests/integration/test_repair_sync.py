@@ -80,12 +80,13 @@ def reference():
     return run(1)
 
 
-def run_two_replacements(rounds, victims):
+def run_two_replacements(rounds, victims, restart=False):
     """The model lines of a job with R = 2 in which servers victims[0] and then
     victims[1] are SIGKILLed, each replaced, the second kill once the first replacement
-    holds its copy; with no victims, the no-fault job (R = 1)."""
+    holds its copy (and, with restart, once the scheduler was SIGKILLed and started
+    again from its state); with no victims, the no-fault job (R = 1)."""
     hbt = int(1000 * SCALE)
-    with Cluster(3, 2, replicas=2 if victims else 1, heartbeat_timeout_ms=hbt,
+    with Cluster(3, 2, replicas=2 if victims else 1, heartbeat_timeout_ms=hbt, sched_state=restart,
                  extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         def logs():
             return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
@@ -114,6 +115,16 @@ def run_two_replacements(rounds, victims):
                 return f.get("alive") == "1" and f.get("syncing") == "0"
             wait_for(synced, "the replacement copies its rows", 30 * SCALE, logs)
             joined.append(sched_nodes(c)[dead[0]]["addr"])
+            check_admission = sched_nodes(c)[dead[0]].get("admission")
+            assert check_admission == str(n + 1), sched_nodes(c)
+            if restart and n == 0:
+                c.restart_scheduler()
+
+                def back():  # every live node taken back, the replacement as the first one
+                    nodes = sched_nodes(c)
+                    return (nodes[dead[0]].get("admission") == "1" and
+                            sum(f["alive"] == "1" for f in nodes.values()) == 5)
+                wait_for(back, "the scheduler takes its nodes back", 20 * SCALE, logs)
         assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
         assert c.wait(ps, 2 * RUN) == [0, 0], logs()
         models = []
@@ -132,11 +143,17 @@ def run_two_replacements(rounds, victims):
         return models[0]
 
 
-def test_two_replacements_in_turn_of_sync_tables():
+@pytest.fixture(scope="module")
+def reference_long():
+    return run_two_replacements(300, ())
+
+
+@pytest.mark.parametrize("restart", [False, True], ids=["plain", "scheduler-restarted-between"])
+def test_two_replacements_in_turn_of_sync_tables(reference_long, restart):
     # Servers 0 and then 2 die, each replaced: some chains are then held by the two
-    # replacements only, the second of them first in ring order.
-    rounds = 300
-    assert run_two_replacements(rounds, (0, 2)) == run_two_replacements(rounds, ())
+    # replacements only, the second of them first in ring order. The order of the
+    # replacements survives a scheduler restart (its state file keeps it).
+    assert run_two_replacements(300, (0, 2), restart) == reference_long
 
 
 @pytest.mark.parametrize("first,second", [(1, 0), (0, 2)], ids=["kill-1-then-0", "kill-0-then-2"])

@@ -12,8 +12,9 @@ counter  S = 3, R = 2, two or three once_worker processes (async, or sync; sum m
          (agg_n, agg_ms). Faults, at random times while the workers push: a server
          SIGKILLed, then a replacement (`pshard server --join`) that must copy its rows;
          a server SIGSTOPped for a random time, shorter or longer than the heartbeat
-         timeout (a longer stop fences it: it exits and is replaced too); chain frames
-         dropped, duplicated or delayed by fault injection. Checked: every push is
+         timeout (a longer stop fences it: it exits and is replaced too); the scheduler
+         SIGKILLed and started again from its state (--state-dir, same port); chain
+         frames dropped, duplicated or delayed by fault injection. Checked: every push is
          acknowledged, every key's value is the number of acknowledged pushes (nothing
          lost, nothing applied twice), and at the end every server slot is alive and
          done copying (every range has its two copies again).
@@ -21,10 +22,12 @@ sync     S = 3, R = 2, two repl_sync_worker processes (Adam on a dense table, Ad
          sparse one, gradients that depend on the values pulled), with or without a
          large dense table. One server SIGKILLed, or SIGSTOPped past the heartbeat
          timeout and continued, at a random round. Checked: the final model is the
-         no-fault model of the same configuration, bit for bit.
+         no-fault model of the same configuration, bit for bit, and no catch-up of a
+         dead head's rounds ended at its deadline (without pushes it waited for).
 sync-repair  the same sync job, longer: two servers SIGKILLed in turn, each replaced
          (the survivors' catch-ups and the replacement's copy done before the next), so
-         that chains of two replacements change head. Checked: the same.
+         that some chains are held by two replacements only; half of the jobs also
+         restart the scheduler between the two. Checked: the same.
 
 Each job prints one line: its number, seed, kind, faults and outcome. A failed job keeps
 its directory of logs (its path is printed) and the run goes on; the exit status is 1 if
@@ -88,6 +91,25 @@ def wait_for(cond, what, timeout):
         time.sleep(0.05)
 
 
+def restart_scheduler(c, nodes):
+    """SIGKILL the scheduler, start it again from its state, and wait until it has taken
+    `nodes` live nodes back."""
+    c.restart_scheduler()
+
+    def back():
+        r = subprocess.run([binary("pshard"), "stats", c.addr], capture_output=True, text=True, timeout=20)
+        return r.returncode == 0 and len(re.findall(r"^node \d+ .* alive=1", r.stdout, re.M)) == nodes
+    wait_for(back, "the restarted scheduler takes its nodes back", 20)
+
+
+def no_deadline_catchup(c):
+    """No catch-up ended at its deadline: in these jobs every list a catch-up waits for
+    comes (an end at the deadline rebuilds a round without pushes it did not get)."""
+    for p in c.procs:
+        line = re.search(r"^.*ends at its deadline.*$", c.log(p.name), re.M)
+        check(not line, f"{p.name}: {line.group(0) if line else ''}")
+
+
 def join(c, n):
     return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], f"joiner{n}", c.env)
 
@@ -141,12 +163,12 @@ def counter_job(rng, log):
     if faults:
         env["PSHARD_FAULT"] = faults
     # Events while the workers push: each a kill or a stop of a random live server.
-    events = [rng.choice(["kill", "stop-short", "stop-long"]) for _ in range(rng.randint(1, 3))]
+    events = [rng.choice(["kill", "kill", "stop-short", "stop-long", "sched-restart"]) for _ in range(rng.randint(1, 3))]
     if EVENTS:  # --events: these instead (the other draws stay those of the seed)
         events = EVENTS
     log(f"counter mode={mode} table={table} agg={int(agg)} workers={workers} pushes={pushes} sleep={sleep_ms}ms "
         f"faults='{faults}' events={','.join(events)}")
-    with Cluster(3, workers, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
+    with Cluster(3, workers, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env, sched_state=True) as c:
         ps = [c.worker([binary("once_worker")] + args, f"w{i}") for i in range(workers)]
         slots = list(c.server_procs)  # the live process of each server slot, by index
         joins = 0
@@ -159,6 +181,10 @@ def counter_job(rng, log):
             victim = slots[i]
             def dead():
                 return [n for n, f in sched_servers(c).items() if f.get("alive") == "0"]
+            if ev == "sched-restart":  # the scheduler SIGKILLed and started again from its state
+                restart_scheduler(c, 3 + workers)
+                log("scheduler restarted")
+                continue
             if ev == "stop-short":  # shorter than the heartbeat timeout: it stays
                 os.kill(victim.pid, signal.SIGSTOP)
                 time.sleep(rng.uniform(0.1, 0.7) * HBT_MS / 1000)
@@ -268,6 +294,7 @@ def sync_run(big, fault=None, at=0.0, victim=0, rounds=SYNC_ROUNDS, expect=None)
                 fault = None
         model = worker_model(c, ps, 3 if big else 2)
         check(expect is None or model == expect, "the model differs from the no-fault model")  # (logs kept)
+        no_deadline_catchup(c)
         return model, fault
 
 
@@ -277,12 +304,13 @@ def server_stat(addr, name):
     return int(m.group(1))
 
 
-def sync_repair_run(victims, at, expect):
+def sync_repair_run(victims, at, expect, restart=False):
     """The model lines of a sync job (S = 3, R = 2, SYNC_REPAIR_ROUNDS rounds) in which
     each server slot of victims in turn is SIGKILLed (the first `at` seconds in) and
-    replaced, the survivors' catch-ups and the replacement's copy done before the next."""
+    replaced, the survivors' catch-ups and the replacement's copy done before the next;
+    with restart, the scheduler is SIGKILLed and started again after the first copy."""
     env = {"PSHARD_RETRY_MS": "300"}
-    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
+    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env, sched_state=True) as c:
         ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(SYNC_REPAIR_ROUNDS), "--sleep-ms", "20"],
                        f"w{i}") for i in range(2)]
         slots = list(c.server_procs)
@@ -311,8 +339,11 @@ def sync_repair_run(victims, at, expect):
             wait_for(synced, "the replacement copies its rows", 40)
             wait_for(caught_up, "the survivors catch up", 20)
             done += 1
+            if restart and n == 0 and running(ps):
+                restart_scheduler(c, 5)
         model = worker_model(c, ps, 2)
         check(model == expect, "the model differs from the no-fault model")  # (logs kept)
+        no_deadline_catchup(c)
         return model, done
 
 
@@ -320,10 +351,12 @@ def sync_repair_job(rng, log):
     first = rng.randrange(3)
     second = rng.choice([i for i in range(3) if i != first])
     at = rng.uniform(0.3, 1.0)
-    log(f"sync-repair kill slot {first}, then slot {second}, each replaced, from {at:.2f}s")
+    restart = rng.random() < 0.5
+    log(f"sync-repair kill slot {first}, then slot {second}, each replaced, from {at:.2f}s" +
+        (", the scheduler restarted between" if restart else ""))
     if "repair" not in _references:
         _references["repair"] = sync_run(False, rounds=SYNC_REPAIR_ROUNDS)[0]
-    model, done = sync_repair_run([first, second], at, _references["repair"])
+    model, done = sync_repair_run([first, second], at, _references["repair"], restart)
     return f"ok: model bit for bit the no-fault one, {done} replacement(s)"
 
 
@@ -352,7 +385,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=0, help="stop after this many jobs (0: the time decides)")
     ap.add_argument("--seed", type=int, help="run this one job")
     ap.add_argument("--only", choices=["counter", "sync", "sync-repair"])
-    ap.add_argument("--events", help="counter jobs: these events (kill, stop-short, stop-long; comma-separated) "
+    ap.add_argument("--events", help="counter jobs: these events (kill, stop-short, stop-long, sched-restart; comma-separated) "
                     "instead of those drawn, to narrow down a failure")
     a = ap.parse_args()
     if a.events:
