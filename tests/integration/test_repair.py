@@ -60,6 +60,21 @@ def join(c, name="joiner", env=None):
     return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], name, e)
 
 
+def kill_one(c, ps, victim, n, logs, pause):
+    """SIGKILL server index victim (kill number n) after `pause` s, while the workers ps
+    still run; wait until the scheduler lists exactly one dead server; its id."""
+    time.sleep(pause)  # not scaled: the workers must still be running
+    assert all(p.poll() is None for p in ps), "the workers finished before kill %d: " % n + logs()
+    os.killpg(c.server_procs[victim].pid, signal.SIGKILL)
+    dead = []
+
+    def removed():
+        dead[:] = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
+        return len(dead) == 1
+    wait_for(removed, "the scheduler removes the dead server", 10 * SCALE, logs)
+    return dead[0]
+
+
 def stat_of(addr, name):
     m = re.search(rf"^{name} (\d+)$", stats(addr), re.M)
     assert m, name
@@ -169,19 +184,11 @@ def test_two_replacements_in_turn_where_the_later_one_comes_to_head_a_chain(extr
             return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
         ps = start_workers(c, 2, pushes, sleep_ms, extra)
         for n, victim in enumerate((0, 2)):
-            time.sleep(0.5)  # not scaled: the workers must still be pushing
-            assert all(p.poll() is None for p in ps), "the workers finished before kill %d: " % n + logs()
-            os.killpg(c.server_procs[victim].pid, signal.SIGKILL)
-            dead = []
-
-            def removed():
-                dead[:] = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
-                return len(dead) == 1
-            wait_for(removed, "the scheduler removes the dead server", 10 * SCALE, logs)
+            dead = kill_one(c, ps, victim, n, logs, 0.5)
             join(c, name=f"joiner{n}")
 
             def synced():
-                f = sched_nodes(c).get(dead[0], {})
+                f = sched_nodes(c).get(dead, {})
                 return f.get("alive") == "1" and f.get("late") == "1" and f.get("syncing") == "0"
             wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
         assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()

@@ -20,9 +20,22 @@ import pytest
 
 from cluster import Cluster, binary
 from test_once import RUN, SCALE, server_stat
-from test_repair import join, sched_nodes, stat_of, wait_for
+from test_repair import join, kill_one, sched_nodes, stat_of, wait_for
 
 ROUNDS = 150
+
+
+def workers_model(c, ps, timeout, logs):
+    """The model lines both workers printed once they exit (the same, or it fails)."""
+    assert c.wait(ps, timeout) == [0, 0], logs()
+    models = []
+    for i in range(2):
+        log = c.log(f"w{i}")
+        assert not re.findall(r"^fail .*$", log, re.M), log
+        models.append(re.findall(r"^model .*$", log, re.M))
+        assert len(models[-1]) == 2, log
+    assert models[0] == models[1], "the workers pulled different models"
+    return models[0]
 
 
 def run(replicas, first=None, second=None):
@@ -58,21 +71,14 @@ def run(replicas, first=None, second=None):
             wait_for(caught_up, "the survivors catch up", 20 * SCALE, logs)
             assert all(p.poll() is None for p in ps), "the workers finished before the second kill: " + logs()
             os.killpg(c.server_procs[second].pid, signal.SIGKILL)
-        assert c.wait(ps, RUN) == [0, 0], logs()
-        models = []
-        for i in range(2):
-            log = c.log(f"w{i}")
-            assert not re.findall(r"^fail .*$", log, re.M), log
-            models.append(re.findall(r"^model .*$", log, re.M))
-            assert len(models[-1]) == 2, log
-        assert models[0] == models[1], "the workers pulled different models"
+        model = workers_model(c, ps, RUN, logs)
         if x is not None:
             assert x.poll() is None, c.log("joiner")
             addr = sched_nodes(c)[dead[0]]["addr"]
             assert stat_of(addr, "repair_rows_in") > 0
             # It took over chains of both tables from the second server killed.
             assert stat_of(addr, "catchups") >= 1, c.log("joiner")
-        return models[0]
+        return model
 
 
 @pytest.fixture(scope="module")
@@ -94,15 +100,7 @@ def run_two_replacements(rounds, victims, restart=False):
               for i in range(2)]
         joined = []
         for n, victim in enumerate(victims):
-            time.sleep(0.7)  # not scaled: the workers must still be training
-            assert all(p.poll() is None for p in ps), "the workers finished before kill %d: " % n + logs()
-            os.killpg(c.server_procs[victim].pid, signal.SIGKILL)
-            dead = []
-
-            def removed():
-                dead[:] = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
-                return len(dead) == 1
-            wait_for(removed, "the scheduler removes the dead server", 10 * SCALE, logs)
+            dead = kill_one(c, ps, victim, n, logs, 0.7)
             alive = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "1"]
 
             def caught_up():
@@ -111,36 +109,29 @@ def run_two_replacements(rounds, victims, restart=False):
             join(c, name=f"joiner{n}")
 
             def synced():
-                f = sched_nodes(c).get(dead[0], {})
+                f = sched_nodes(c).get(dead, {})
                 return f.get("alive") == "1" and f.get("syncing") == "0"
             wait_for(synced, "the replacement copies its rows", 30 * SCALE, logs)
-            joined.append(sched_nodes(c)[dead[0]]["addr"])
-            check_admission = sched_nodes(c)[dead[0]].get("admission")
+            joined.append(sched_nodes(c)[dead]["addr"])
+            check_admission = sched_nodes(c)[dead].get("admission")
             assert check_admission == str(n + 1), sched_nodes(c)
             if restart and n == 0:
                 c.restart_scheduler()
 
                 def back():  # every live node taken back, the replacement as the first one
                     nodes = sched_nodes(c)
-                    return (nodes[dead[0]].get("admission") == "1" and
+                    return (nodes[dead].get("admission") == "1" and
                             sum(f["alive"] == "1" for f in nodes.values()) == 5)
                 wait_for(back, "the scheduler takes its nodes back", 20 * SCALE, logs)
         assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
-        assert c.wait(ps, 2 * RUN) == [0, 0], logs()
-        models = []
-        for i in range(2):
-            log = c.log(f"w{i}")
-            assert not re.findall(r"^fail .*$", log, re.M), log
-            models.append(re.findall(r"^model .*$", log, re.M))
-            assert len(models[-1]) == 2, log
-        assert models[0] == models[1], "the workers pulled different models"
+        model = workers_model(c, ps, 2 * RUN, logs)
         if joined:
             # Nobody died after the second replacement joined: the chains the two
             # replacements hold keep the first as their head (the head rule orders
             # replacements by admission), so the second never takes a head over.
             assert stat_of(joined[1], "catchups") == 0, logs()
             assert "ends at its deadline" not in "".join(c.log(p.name) for p in c.procs), logs()
-        return models[0]
+        return model
 
 
 @pytest.fixture(scope="module")
