@@ -89,11 +89,14 @@ class Cluster:
 
     def restart_scheduler(self):
         """SIGKILL the scheduler and start it again with its state, on its port (nodes
-        reconnect within their rejoin_ms); returns once it listens."""
+        reconnect within their rejoin_ms, each logged `... came back` in the log
+        self.sched_log, scheduler-againN for the Nth restart); returns once it listens."""
         os.killpg(self.scheduler.pid, signal.SIGKILL)
         self.scheduler.wait(timeout=5)
         port = self.addr.rsplit(":", 1)[1]
-        self.scheduler = self._spawn(self.sched_argv + ["--port", port], "scheduler-again")
+        self.restarts = getattr(self, "restarts", 0) + 1
+        self.sched_log = f"scheduler-again{self.restarts}"
+        self.scheduler = self._spawn(self.sched_argv + ["--port", port, "--verbose"], self.sched_log)
         deadline = time.time() + 10
         while True:
             try:
@@ -101,7 +104,7 @@ class Cluster:
                 return
             except OSError:
                 if time.time() > deadline or self.scheduler.poll() is not None:
-                    raise RuntimeError("scheduler did not start again: " + self.log("scheduler-again"))
+                    raise RuntimeError("scheduler did not start again: " + self.log(self.sched_log))
                 time.sleep(0.02)
 
     def _spawn(self, argv, name, env=None):

@@ -46,8 +46,9 @@ static void print_direct(ps_ctx *ctx) {
   if (ps_ctx_stat(ctx, "direct_calls", &v) == 0) printf("direct_calls %.0f\n", v);
 }
 
-/* --floats: async pushes of -1 to all n floats, then the values per run. */
-static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_ms) {
+/* --floats: pushes of -1 to all n floats (in sync mode each followed by a clock and a
+ * pull, as below), then the values per run. */
+static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_ms, int sync) {
   float *grads = malloc(n * sizeof *grads), *vals = malloc(n * sizeof *vals);
   if (!grads || !vals) {
     fprintf(stderr, "once_worker: out of memory\n");
@@ -60,6 +61,9 @@ static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_
     double t0 = now_ms();
     if ((rc = ps_push_range(ctx, t, 0, n, grads, 1, PS_LR_SCHEDULE, -1)) == 0) acked++;
     else printf("push %d rc=%s ms=%.0f msg=%s\n", i, ps_err_name(rc), now_ms() - t0, ps_errmsg());
+    if (sync && (rc = ps_clock(ctx))) printf("clock %d rc=%s msg=%s\n", i, ps_err_name(rc), ps_errmsg());
+    if (sync && !rc && (rc = ps_pull_range(ctx, t, 0, n, vals, -1)))
+      printf("pull %d rc=%s msg=%s\n", i, ps_err_name(rc), ps_errmsg());
     pause_ms(sleep_ms);
     fflush(stdout);
   }
@@ -135,7 +139,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (floats) {
-    rc = count_big(ctx, t, (uint64_t)floats, pushes, sleep_ms);
+    rc = count_big(ctx, t, (uint64_t)floats, pushes, sleep_ms, sync);
     ps_ctx_close(ctx);
     return rc;
   }

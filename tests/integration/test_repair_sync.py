@@ -118,11 +118,10 @@ def run_two_replacements(rounds, victims, restart=False):
             if restart and n == 0:
                 c.restart_scheduler()
 
-                def back():  # every live node taken back, the replacement as the first one
-                    nodes = sched_nodes(c)
-                    return (nodes[dead].get("admission") == "1" and
-                            sum(f["alive"] == "1" for f in nodes.values()) == 5)
+                def back():  # every node taken back: three servers and two workers
+                    return len(re.findall(r"^info: (?:server|worker) \d+ .*came back", c.log(c.sched_log), re.M)) == 5
                 wait_for(back, "the scheduler takes its nodes back", 20 * SCALE, logs)
+                assert sched_nodes(c)[dead].get("admission") == "1", sched_nodes(c)
         assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
         model = workers_model(c, ps, 2 * RUN, logs)
         if joined:

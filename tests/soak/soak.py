@@ -91,14 +91,14 @@ def wait_for(cond, what, timeout):
         time.sleep(0.05)
 
 
-def restart_scheduler(c, nodes):
+def restart_scheduler(c, ps):
     """SIGKILL the scheduler, start it again from its state, and wait until it has taken
-    `nodes` live nodes back."""
+    back every server and every worker of ps still running."""
     c.restart_scheduler()
 
-    def back():
-        r = subprocess.run([binary("pshard"), "stats", c.addr], capture_output=True, text=True, timeout=20)
-        return r.returncode == 0 and len(re.findall(r"^node \d+ .* alive=1", r.stdout, re.M)) == nodes
+    def back():  # (a worker that finished meanwhile need not come back)
+        came = re.findall(r"^info: (server|worker) \d+ .*came back", c.log(c.sched_log), re.M)
+        return came.count("server") == 3 and came.count("worker") >= sum(p.poll() is None for p in ps)
     wait_for(back, "the restarted scheduler takes its nodes back", 20)
 
 
@@ -182,7 +182,7 @@ def counter_job(rng, log):
             def dead():
                 return [n for n, f in sched_servers(c).items() if f.get("alive") == "0"]
             if ev == "sched-restart":  # the scheduler SIGKILLed and started again from its state
-                restart_scheduler(c, 3 + workers)
+                restart_scheduler(c, ps)
                 log("scheduler restarted")
                 continue
             if ev == "stop-short":  # shorter than the heartbeat timeout: it stays
@@ -206,10 +206,15 @@ def counter_job(rng, log):
                     raise Failed(f"server slot {i}, stopped past the heartbeat timeout, did not exit")
             gone = dead()
             check(len(gone) == 1, f"dead servers: {gone}")
-            log(f"{ev} of slot {i} (server {gone[0]})")
-            # A replacement takes the dead server's place and copies its rows.
+            # A replacement takes the dead server's place and copies its rows; now and
+            # then the scheduler is restarted while it copies.
+            restart = rng.random() < 0.25
+            log(f"{ev} of slot {i} (server {gone[0]})" + (", the scheduler restarted during the copy" if restart else ""))
             joins += 1
             slots[i] = join(c, joins)
+            if restart:
+                wait_for(lambda: sched_servers(c).get(gone[0], {}).get("alive") == "1", "the replacement registers", 10)
+                restart_scheduler(c, ps)
 
             def synced():
                 srv = sched_servers(c)
@@ -234,7 +239,7 @@ def counter_job(rng, log):
             m = re.search(r"^acked (\d+)$", out, re.M)
             v = re.search(r"^values (\S+)$", out, re.M)
             check(m and v, f"w{i} printed no outcome")
-            failed = re.findall(r"^push \d+ rc=.*$", out, re.M)
+            failed = re.findall(r"^(?:push|clock|pull) \d+ rc=.*$", out, re.M)
             check(not failed, f"w{i}: {failed[:3]}")
             check(int(m.group(1)) == pushes, f"w{i} acked {m.group(1)} of {pushes}")
             total += int(m.group(1))
@@ -340,7 +345,7 @@ def sync_repair_run(victims, at, expect, restart=False):
             wait_for(caught_up, "the survivors catch up", 20)
             done += 1
             if restart and n == 0 and running(ps):
-                restart_scheduler(c, 5)
+                restart_scheduler(c, ps)
         model = worker_model(c, ps, 2)
         check(model == expect, "the model differs from the no-fault model")  # (logs kept)
         no_deadline_catchup(c)
