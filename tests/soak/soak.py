@@ -417,9 +417,11 @@ def main():
             failed.append(seed)
             kept = sorted(d for d in set(os.listdir("/tmp")) - dirs_before if d.startswith("pshard-test-"))
             out += "\n  logs kept in " + " ".join("/tmp/" + d for d in kept)
-        # a passed job's directory goes now, not when the run ends (a failed one stays)
+        # a passed job's directory goes now, not when the run ends (a failed one stays;
+        # with PSHARD_KEEP_TEST_DIRS=1 every one stays)
         for d in cluster._done_dirs:
-            shutil.rmtree(d, ignore_errors=True)
+            if os.environ.get("PSHARD_KEEP_TEST_DIRS") != "1":
+                shutil.rmtree(d, ignore_errors=True)
         cluster._done_dirs.clear()
         print(f"job {n} seed={seed} ({time.time() - t0:.1f} s) " + " / ".join(lines) + f"\n  {out}", flush=True)
         if a.seed is not None or (a.jobs and n >= a.jobs) or time.time() >= end:
