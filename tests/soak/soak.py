@@ -6,11 +6,12 @@ faults drawn at random from a seed, checked for lost or doubled updates. Not par
 
 Every job is one of three kinds, drawn from the seed with its faults:
 
-counter  S = 3, R = 2, two or three once_worker processes (async, or sync; sum mode, sgd
+counter  S = 3, R = 2 or 3, two or three once_worker processes (async, or sync; sum mode, sgd
          lr 1: every push adds exactly 1 to every key) on a sparse, a dense or a large dense
          table (pushes by peer memory), each push alone or aggregated on the servers
          (agg_n, agg_ms). Faults, at random times while the workers push: a server
-         SIGKILLed, then a replacement (`pshard server --join`) that must copy its rows;
+         SIGKILLed (with R = 3, now and then two at once), then a replacement (`pshard
+         server --join`) for each, in turn, that must copy its rows;
          a server SIGSTOPped for a random time, shorter or longer than the heartbeat
          timeout (a longer stop fences it: it exits and is replaced too); the scheduler
          SIGKILLed and started again from its state (--state-dir, same port); chain
@@ -57,6 +58,7 @@ SYNC_ROUNDS = 100
 SYNC_REPAIR_ROUNDS = 400  # long enough for two deaths, each with a copy to a replacement
 BIG_FLOATS = 3 * 32768
 EVENTS = []  # --events
+REPLICAS = [0]  # --replicas (0: drawn)
 
 
 class Failed(Exception):
@@ -162,16 +164,24 @@ def counter_job(rng, log):
     env = {"PSHARD_RETRY_MS": "150" if "drop" in faults else "300"}
     if faults:
         env["PSHARD_FAULT"] = faults
-    # Events while the workers push: each a kill or a stop of a random live server.
-    events = [rng.choice(["kill", "kill", "stop-short", "stop-long", "sched-restart"]) for _ in range(rng.randint(1, 3))]
+    # Events while the workers push: each a kill or a stop of a random live server (with
+    # R = 3 also two servers killed at once).
+    replicas = rng.choice([2, 2, 3])
+    kinds = ["kill", "kill", "stop-short", "stop-long", "sched-restart"] + (["kill2"] if replicas == 3 else [])
+    events = [rng.choice(kinds) for _ in range(rng.randint(1, 3))]
     if EVENTS:  # --events: these instead (the other draws stay those of the seed)
         events = EVENTS
-    log(f"counter mode={mode} table={table} agg={int(agg)} workers={workers} pushes={pushes} sleep={sleep_ms}ms "
-        f"faults='{faults}' events={','.join(events)}")
-    with Cluster(3, workers, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env, sched_state=True) as c:
+    if REPLICAS[0]:  # --replicas: this R instead
+        replicas = REPLICAS[0]
+    log(f"counter R={replicas} mode={mode} table={table} agg={int(agg)} workers={workers} pushes={pushes} "
+        f"sleep={sleep_ms}ms faults='{faults}' events={','.join(events)}")
+    with Cluster(3, workers, replicas=replicas, heartbeat_timeout_ms=HBT_MS, extra_env=env, sched_state=True) as c:
         ps = [c.worker([binary("once_worker")] + args, f"w{i}") for i in range(workers)]
         slots = list(c.server_procs)  # the live process of each server slot, by index
         joins = 0
+
+        def dead():
+            return [n for n, f in sched_servers(c).items() if f.get("alive") == "0"]
         for ev in events:
             time.sleep(rng.uniform(0.3, 1.5))
             if not running(ps):
@@ -179,8 +189,6 @@ def counter_job(rng, log):
                 break
             i = rng.randrange(3)
             victim = slots[i]
-            def dead():
-                return [n for n, f in sched_servers(c).items() if f.get("alive") == "0"]
             if ev == "sched-restart":  # the scheduler SIGKILLed and started again from its state
                 restart_scheduler(c, ps)
                 log("scheduler restarted")
@@ -190,10 +198,13 @@ def counter_job(rng, log):
                 time.sleep(rng.uniform(0.1, 0.7) * HBT_MS / 1000)
                 os.kill(victim.pid, signal.SIGCONT)
                 continue
-            if ev == "kill":
-                os.killpg(victim.pid, signal.SIGKILL)
-                wait_for(dead, "the scheduler removes the killed server", 10)
+            if ev in ("kill", "kill2"):
+                victims = [i] if ev == "kill" else [i, (i + rng.randrange(1, 3)) % 3]
+                for v in victims:
+                    os.killpg(slots[v].pid, signal.SIGKILL)
+                wait_for(lambda: len(dead()) == len(victims), "the scheduler removes the killed servers", 10)
             else:  # stopped past the heartbeat timeout: removed, and once continued it exits
+                victims = [i]
                 os.kill(victim.pid, signal.SIGSTOP)
                 try:
                     wait_for(dead, "the scheduler removes the stopped server", 10)
@@ -205,26 +216,29 @@ def counter_job(rng, log):
                 except subprocess.TimeoutExpired:
                     raise Failed(f"server slot {i}, stopped past the heartbeat timeout, did not exit")
             gone = dead()
-            check(len(gone) == 1, f"dead servers: {gone}")
-            # A replacement takes the dead server's place and copies its rows; now and
-            # then the scheduler is restarted while it copies.
+            check(len(gone) == len(victims), f"dead servers: {gone}")
+            # A replacement takes each dead server's place in turn and copies its rows;
+            # now and then the scheduler is restarted while one copies.
             restart = rng.random() < 0.25
-            log(f"{ev} of slot {i} (server {gone[0]})" + (", the scheduler restarted during the copy" if restart else ""))
-            joins += 1
-            slots[i] = join(c, joins)
-            if restart:
-                wait_for(lambda: sched_servers(c).get(gone[0], {}).get("alive") == "1", "the replacement registers", 10)
-                restart_scheduler(c, ps)
+            log(f"{ev} of slot{'s' if len(victims) > 1 else ''} {','.join(map(str, victims))} "
+                f"(server{'s' if len(gone) > 1 else ''} {','.join(map(str, gone))})" +
+                (", the scheduler restarted during a copy" if restart else ""))
+            for k, v in enumerate(victims):
+                joins += 1
+                slots[v] = join(c, joins)  # (it takes the id of whichever died first: any dead slot's)
+                left = len(victims) - k - 1
+                if restart and k == 0:
+                    wait_for(lambda: len(dead()) == left, "the replacement registers", 10)
+                    restart_scheduler(c, ps)
 
-            def synced():
-                srv = sched_servers(c)
-                f = srv.get(gone[0], {})
-                return (f.get("alive") == "1" and f.get("late") == "1" and len(srv) == 3 and
-                        all(g.get("alive") == "1" and g.get("syncing", "0") == "0" for g in srv.values()))
-            try:
-                wait_for(synced, "the replacement copies its rows", 40)
-            except Failed as e:
-                raise Failed(f"{e}: servers {sched_servers(c)}")
+                def synced():
+                    srv = sched_servers(c)
+                    return (len(srv) == 3 and sum(g.get("alive") == "1" for g in srv.values()) == 3 - left and
+                            all(g.get("syncing", "0") == "0" for g in srv.values()))
+                try:
+                    wait_for(synced, "the replacement copies its rows", 40)
+                except Failed as e:
+                    raise Failed(f"{e}: servers {sched_servers(c)}")
         codes = c.wait(ps, RUN_S)
         check(codes == [0] * workers, f"worker exit codes {codes}")
         # Each live server's STATS into the job's directory, for a failure's post-mortem.
@@ -390,9 +404,11 @@ def main():
     ap.add_argument("--jobs", type=int, default=0, help="stop after this many jobs (0: the time decides)")
     ap.add_argument("--seed", type=int, help="run this one job")
     ap.add_argument("--only", choices=["counter", "sync", "sync-repair"])
-    ap.add_argument("--events", help="counter jobs: these events (kill, stop-short, stop-long, sched-restart; comma-separated) "
-                    "instead of those drawn, to narrow down a failure")
+    ap.add_argument("--events", help="counter jobs: these events (kill, kill2 (two servers at once: R = 3), stop-short, "
+                    "stop-long, sched-restart; comma-separated) instead of those drawn, to narrow down a failure")
+    ap.add_argument("--replicas", type=int, choices=[2, 3], help="counter jobs: this R instead of the one drawn")
     a = ap.parse_args()
+    REPLICAS[0] = a.replicas or 0
     if a.events:
         EVENTS[:] = a.events.split(",")
     end = time.time() + 60 * a.minutes
