@@ -19,7 +19,7 @@ counter  S = 3, R = 2 or 3, two or three once_worker processes (async, or sync; 
          acknowledged, every key's value is the number of acknowledged pushes (nothing
          lost, nothing applied twice), and at the end every server slot is alive and
          done copying (every range has its two copies again).
-sync     S = 3, R = 2, two repl_sync_worker processes (Adam on a dense table, Adagrad on a
+sync     S = 3, R = 2 or 3, two repl_sync_worker processes (Adam on a dense table, Adagrad on a
          sparse one, gradients that depend on the values pulled), with or without a
          large dense table. One server SIGKILLed, or SIGSTOPped past the heartbeat
          timeout and continued, at a random round. Checked: the final model is the
@@ -287,11 +287,11 @@ def worker_model(c, ps, lines):
     return models[0]
 
 
-def sync_run(big, fault=None, at=0.0, victim=0, rounds=SYNC_ROUNDS, expect=None):
-    """The model lines of a sync job (S = 3, R = 2), with server victim SIGKILLed or
-    stopped past the heartbeat timeout `at` seconds in."""
+def sync_run(big, fault=None, at=0.0, victim=0, rounds=SYNC_ROUNDS, expect=None, replicas=2):
+    """The model lines of a sync job (S = 3, R = replicas), with server victim SIGKILLed
+    or stopped past the heartbeat timeout `at` seconds in."""
     env = {"PSHARD_RETRY_MS": "300"}
-    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
+    with Cluster(3, 2, replicas=replicas, heartbeat_timeout_ms=HBT_MS, extra_env=env) as c:
         extra = ["--big", str(BIG_FLOATS)] if big else []
         ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(rounds), "--sleep-ms", "20"] + extra,
                        f"w{i}") for i in range(2)]
@@ -384,10 +384,11 @@ def sync_job(rng, log):
     fault = rng.choice(["kill", "stop"])
     at = rng.uniform(0.2, 2.0)
     victim = rng.randrange(3)
-    log(f"sync big={int(big)} fault={fault} victim={victim} at={at:.2f}s")
-    if big not in _references:
+    replicas = rng.choice([2, 2, 3])
+    log(f"sync R={replicas} big={int(big)} fault={fault} victim={victim} at={at:.2f}s")
+    if big not in _references:  # (R = 2 without a fault: the model is the same for every R)
         _references[big] = sync_run(big)[0]
-    model, done = sync_run(big, fault, at, victim, expect=_references[big])
+    model, done = sync_run(big, fault, at, victim, expect=_references[big], replicas=replicas)
     return "ok: model bit for bit the no-fault one" + ("" if done else " (the job finished before the fault)")
 
 
