@@ -25,7 +25,7 @@ sync     S = 3, R = 2 or 3, two repl_sync_worker processes (Adam on a dense tabl
          timeout and continued, at a random round. Checked: the final model is the
          no-fault model of the same configuration, bit for bit, and no catch-up of a
          dead head's rounds ended at its deadline (without pushes it waited for).
-sync-repair  the same sync job, longer: two servers SIGKILLed in turn, each replaced
+sync-repair  the same sync job (R = 2 or 3), longer: two servers SIGKILLed in turn, each replaced
          (the survivors' catch-ups and the replacement's copy done before the next), so
          that some chains are held by two replacements only; half of the jobs also
          restart the scheduler between the two. Checked: the same.
@@ -323,13 +323,13 @@ def server_stat(addr, name):
     return int(m.group(1))
 
 
-def sync_repair_run(victims, at, expect, restart=False):
+def sync_repair_run(victims, at, expect, restart=False, replicas=2):
     """The model lines of a sync job (S = 3, R = 2, SYNC_REPAIR_ROUNDS rounds) in which
     each server slot of victims in turn is SIGKILLed (the first `at` seconds in) and
     replaced, the survivors' catch-ups and the replacement's copy done before the next;
     with restart, the scheduler is SIGKILLed and started again after the first copy."""
     env = {"PSHARD_RETRY_MS": "300"}
-    with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=HBT_MS, extra_env=env, sched_state=True) as c:
+    with Cluster(3, 2, replicas=replicas, heartbeat_timeout_ms=HBT_MS, extra_env=env, sched_state=True) as c:
         ps = [c.worker([binary("repl_sync_worker"), "--rounds", str(SYNC_REPAIR_ROUNDS), "--sleep-ms", "20"],
                        f"w{i}") for i in range(2)]
         slots = list(c.server_procs)
@@ -371,11 +371,12 @@ def sync_repair_job(rng, log):
     second = rng.choice([i for i in range(3) if i != first])
     at = rng.uniform(0.3, 1.0)
     restart = rng.random() < 0.5
-    log(f"sync-repair kill slot {first}, then slot {second}, each replaced, from {at:.2f}s" +
+    replicas = rng.choice([2, 2, 3])
+    log(f"sync-repair R={replicas} kill slot {first}, then slot {second}, each replaced, from {at:.2f}s" +
         (", the scheduler restarted between" if restart else ""))
     if "repair" not in _references:
         _references["repair"] = sync_run(False, rounds=SYNC_REPAIR_ROUNDS)[0]
-    model, done = sync_repair_run([first, second], at, _references["repair"], restart)
+    model, done = sync_repair_run([first, second], at, _references["repair"], restart, replicas)
     return f"ok: model bit for bit the no-fault one, {done} replacement(s)"
 
 
