@@ -93,14 +93,14 @@ def wait_for(cond, what, timeout):
         time.sleep(0.05)
 
 
-def restart_scheduler(c, ps):
+def restart_scheduler(c, ps, servers=3):
     """SIGKILL the scheduler, start it again from its state, and wait until it has taken
-    back every server and every worker of ps still running."""
+    back `servers` servers (those alive) and every worker of ps still running."""
     c.restart_scheduler()
 
     def back():  # (a worker that finished meanwhile need not come back)
         came = re.findall(r"^info: (server|worker) \d+ .*came back", c.log(c.sched_log), re.M)
-        return came.count("server") == 3 and came.count("worker") >= sum(p.poll() is None for p in ps)
+        return came.count("server") == servers and came.count("worker") >= sum(p.poll() is None for p in ps)
     wait_for(back, "the restarted scheduler takes its nodes back", 20)
 
 
@@ -229,7 +229,7 @@ def counter_job(rng, log):
                 left = len(victims) - k - 1
                 if restart and k == 0:
                     wait_for(lambda: len(dead()) == left, "the replacement registers", 10)
-                    restart_scheduler(c, ps)
+                    restart_scheduler(c, ps, 3 - left)
 
                 def synced():
                     srv = sched_servers(c)
