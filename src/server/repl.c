@@ -93,31 +93,31 @@ int ps__srv_server_alive(ps__server *s, uint32_t id) {
   return p && p->alive;
 }
 
-uint8_t ps__srv_chain_state(ps__server *s, uint32_t id) {
-  if (id == s->id) return s->self_state ? s->self_state : PS_CHAIN_LIVE;
+uint8_t ps__srv_chain_member(ps__server *s, uint32_t id, uint32_t *late) {
+  if (id == s->id) {
+    *late = s->self_late;
+    return s->self_state ? s->self_state : PS_CHAIN_LIVE;
+  }
   srv_peer *p = peer_of(s, id);
+  *late = p ? p->late : 0;
   return p && p->alive ? p->state : PS_CHAIN_DEAD;
 }
 
-uint32_t ps__srv_chain_late(ps__server *s, uint32_t id) {
-  if (id == s->id) return s->self_late;
-  srv_peer *p = peer_of(s, id);
-  return p ? p->late : 0;
+uint8_t ps__srv_chain_state(ps__server *s, uint32_t id) {
+  uint32_t late;
+  return ps__srv_chain_member(s, id, &late);
 }
 
 /* ------------------------------------------------------------------ which requests are ours */
 
 /* The chain's head and the member after `self` (0: none), by the head rule (ring.h):
- * a replacement heads only when no older member is left, and a syncing one comes last. */
+ * a replacement comes after every member there before it, and a syncing one last. */
 void ps__srv_chain_places(ps__server *s, const uint32_t *c, size_t n, uint32_t *head, int *has_self, uint32_t *next) {
   uint8_t st[PS_MAX_REPLICAS], ord[PS_MAX_REPLICAS];
   uint32_t late[PS_MAX_REPLICAS];
   *head = 0, *has_self = 0, *next = 0;
   if (n > PS_MAX_REPLICAS) n = PS_MAX_REPLICAS;
-  for (size_t k = 0; k < n; k++) {
-    st[k] = ps__srv_chain_state(s, c[k]);
-    late[k] = ps__srv_chain_late(s, c[k]);
-  }
+  for (size_t k = 0; k < n; k++) st[k] = ps__srv_chain_member(s, c[k], &late[k]);
   size_t m = ps__chain_order(st, late, n, ord);
   if (m && st[ord[0]] != PS_CHAIN_SYNCING) *head = c[ord[0]];
   for (size_t j = 0; j < m; j++)
@@ -766,8 +766,7 @@ int ps__srv_rows_init(ps__server *s, ps__srv_rows *r, int member) {
   for (size_t i = 0; i < S; i++) {
     ids[i] = ps__ring_server_at(s->ring, i);
     if (!ps__srv_server_alive(s, ids[i])) continue;
-    r->state[r->nlive] = ps__srv_chain_state(s, ids[i]);
-    r->late[r->nlive] = ps__srv_chain_late(s, ids[i]);
+    r->state[r->nlive] = ps__srv_chain_member(s, ids[i], &r->late[r->nlive]);
     r->live[r->nlive++] = ids[i];
   }
   /* The same servers, vnodes and R give the same ring: a copy another thread may read. */

@@ -453,7 +453,8 @@ void ps__srv_agg_before_membership(ps__server *s, const ps__membership *m) {
   for (uint32_t i = 0; i < m->n && !moved; i++) {
     const ps__member *x = &m->m[i];
     if (x->role != PS_ROLE_SERVER) continue;
-    moved = ps__member_chain_state(x) != ps__srv_chain_state(s, x->id) || x->late != ps__srv_chain_late(s, x->id);
+    uint32_t late;
+    moved = ps__member_chain_state(x) != ps__srv_chain_member(s, x->id, &late) || x->late != late;
   }
   if (!moved) return;
   for (size_t i = 0; i < s->sh->ntables; i++) {

@@ -250,9 +250,9 @@ void ps__srv_restore_free(ps__server *s);
 int ps__srv_server_alive(ps__server *s, uint32_t id);
 /* Server id's PS_CHAIN_* state in the latest membership (common/ring.h, the head rule). */
 uint8_t ps__srv_chain_state(ps__server *s, uint32_t id);
-/* Server id's admission number as a replacement (0: not one), which orders the late
- * members of a chain (the head rule). */
-uint32_t ps__srv_chain_late(ps__server *s, uint32_t id);
+/* The same, and in *late its admission number as a replacement (0: not one), which
+ * orders the late members of a chain (the head rule): one lookup for both. */
+uint8_t ps__srv_chain_member(ps__server *s, uint32_t id, uint32_t *late);
 /* Under R >= 2: are a request's keys (sparse) or segments (dense) of one chain, headed
  * here (a worker's request) or with this server after its head (a forward)? 0 with the
  * member to forward to in *next (0: none), or -1 (answered with MOVED). */

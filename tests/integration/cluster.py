@@ -62,6 +62,7 @@ class Cluster:
         it again on the same port."""
         self.dir = tempfile.mkdtemp(prefix="pshard-test-")
         self.procs = []
+        self.restarts = 0  # restart_scheduler() calls
         self.servers = servers
         self.workers = workers
         self.env = dict(os.environ)
@@ -94,7 +95,7 @@ class Cluster:
         os.killpg(self.scheduler.pid, signal.SIGKILL)
         self.scheduler.wait(timeout=5)
         port = self.addr.rsplit(":", 1)[1]
-        self.restarts = getattr(self, "restarts", 0) + 1
+        self.restarts += 1
         self.sched_log = f"scheduler-again{self.restarts}"
         self.scheduler = self._spawn(self.sched_argv + ["--port", port, "--verbose"], self.sched_log)
         deadline = time.time() + 10
