@@ -61,6 +61,7 @@ int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *
   uint64_t total = 0, lo = 0, hi = UINT64_MAX;
   int repl = s->replicas > 1 && s->ring && ps__ring_size(s->ring) > 1;
   s->next_hop = 0;
+  s->push_unit = 0;
   if (!repl && h->nkeys && ps__srv_dense_mine(s, t, &lo, &hi)) {
     ps__srv_reply_err(c, h, PS_ERR_NOMEM, "out of memory");
     return -1;
@@ -88,6 +89,7 @@ int64_t ps__srv_check_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *
 int ps__srv_check_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const uint8_t *keys) {
   /* A server alone in its ring owns every key, so the keys are not read then. */
   s->next_hop = 0;
+  s->push_unit = 0;
   if (!s->ring || ps__ring_size(s->ring) <= 1) return 0;
   if (s->replicas > 1) return ps__srv_route_keys(s, c, h, t, keys, &s->next_hop);
   for (uint32_t i = 0; i < h->nkeys; i++) {
@@ -128,9 +130,14 @@ int ps__srv_push_shape(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__t
   return ps__srv_check_keys(s, c, h, t, p->keys);
 }
 
-void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__push *p, ps__owned *body, int dense) {
+void ps__srv_push(ps__server *s, ps__conn *c, const ps__frame_hdr *h, const ps__push *in, ps__owned *body,
+                  int dense) {
   ps__table *t = ps__srv_table_of(s, c, h, dense ? PS_DENSE : PS_SPARSE);
-  if (!t || ps__srv_push_shape(s, c, h, t, p, dense)) return;
+  if (!t || ps__srv_push_shape(s, c, h, t, in, dense)) return;
+  /* its window: the chain it came down (the ring checks above) */
+  ps__push q = *in;
+  q.unit = s->push_unit;
+  const ps__push *p = &q;
   ps__verdict v;
   uint32_t next = s->next_hop;
   int sync_repl = s->replicas > 1 && ps__table_is_sync(t);

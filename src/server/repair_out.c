@@ -44,6 +44,17 @@ static int tables_cut(ps__server *s) {
   return 0;
 }
 
+/* Add unit u to the set (*v, *n) unless it is there: 0 or PS_ERR_NOMEM. */
+static int unit_add(uint64_t **v, size_t *n, uint64_t u) {
+  for (size_t i = 0; i < *n; i++)
+    if ((*v)[i] == u) return 0;
+  uint64_t *nv = ps__realloc(*v, (*n + 1) * sizeof *nv);
+  if (!nv) return PS_ERR_NOMEM;
+  nv[(*n)++] = u;
+  *v = nv;
+  return 0;
+}
+
 /* Start the copy to replacement x: cut every table, note which chains it copies from
  * here (those in which x is the member after this server) and encode what SYNC_DONE
  * carries. 0, PS_ERR_UNAVAILABLE (a checkpoint's cut is being read: later) or NOMEM. */
@@ -59,7 +70,8 @@ int ps__rp_out_start(ps__server *s, uint32_t x) {
   ps__wbuf w;
   ps__wbuf_init(&w);
   int rc = o->t ? 0 : PS_ERR_NOMEM;
-  size_t ntab = 0, chains = 0;
+  size_t ntab = 0, chains = 0, nunits = 0;
+  uint64_t *units = NULL;
   for (size_t i = 0; i < s->sh->ntables && !rc; i++) {
     ps__table *t = s->sh->tables[i];
     if (!t) continue;
@@ -78,6 +90,7 @@ int ps__rp_out_start(ps__server *s, uint32_t x) {
       rt->sel[k] = (uint8_t)(place && next == x);
       chains += rt->sel[k];
       rt->nck += rt->sel[k];
+      if (rt->sel[k] && unit_add(&units, &nunits, ps__once_unit(t->id, ps__srv_chain_name(&cx, k)))) rc = PS_ERR_NOMEM;
     }
     /* A sync table's cut is between rounds (they are applied whole, on this thread):
      * the rounds of each chain in it, so the replacement takes the later ones. */
@@ -136,15 +149,20 @@ int ps__rp_out_start(ps__server *s, uint32_t x) {
       ps__wbuf_u32(&w, 0);
       ps__wbuf_u64(&w, (uint64_t)s->sh->workers[i].clock);
     }
-    /* The windows, without the pushes in aggregation buffers not applied yet: the cut's
-     * rows do not hold them, and the replacement must apply them when they come (in the
-     * buffer's forward, or each on its own when their workers send them again). */
+    /* The windows of the chains copied from here (this server's place in its other
+     * chains differs: what it applied there, the tails X copies those from may not have
+     * yet), without the pushes in aggregation buffers not applied yet: the cut's rows do
+     * not hold them, and the replacement must apply them when they come (in the buffer's
+     * forward, or each on its own when their workers send them again). */
     ps__push_id *pending;
     size_t np = ps__srv_agg_pending(s, &pending);
-    if (np == (size_t)-1 || ps__once_set_encode_except(&s->sh->once, pending, np, &w)) rc = PS_ERR_NOMEM;
+    const uint64_t none = 0; /* (no chain copied from here: no window) */
+    if (np == (size_t)-1 || ps__once_set_encode_except(&s->sh->once, units ? units : &none, nunits, pending, np, &w))
+      rc = PS_ERR_NOMEM;
     free(pending);
     if (w.oom || w.len > PS_CTRL_MAX_BODY) rc = PS_ERR_NOMEM;
   }
+  free(units);
   if (rc) {
     ps__wbuf_free(&w);
     ps__rp_out_free(s, o);

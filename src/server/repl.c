@@ -162,6 +162,7 @@ int ps__srv_route_keys(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__t
   }
   uint32_t ch[PS_MAX_REPLICAS];
   size_t n = ps__ring_route(s->ring, route, ch);
+  s->push_unit = ps__once_unit(t->id, (uint32_t)route);
   return chain_ok(s, c, h, t, ch, n, next, "key", (unsigned long long)ps__get_u64(keys));
 }
 
@@ -192,6 +193,7 @@ int ps__srv_route_segments(ps__server *s, ps__conn *c, const ps__frame_hdr *h, p
   uint32_t ch[PS_MAX_REPLICAS];
   size_t n = ps__ring_dense_chain(s->ring, order, run, ch);
   free(order);
+  s->push_unit = ps__once_unit(t->id, PS_FWD_DENSE_CHAIN | (uint32_t)run);
   uint64_t first = ps__get_u64(keys) / t->spec.width;
   return chain_ok(s, c, h, t, ch, n, next, "slice", (unsigned long long)first);
 }

@@ -247,7 +247,7 @@ static srv_aggw *same_push(srv_aggw *l, uint32_t table, const ps__push_id *id) {
 }
 
 void ps__srv_agg_before(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p) {
-  ps__push_id id = {.worker = p->sender, .seq = p->seq, .inc = p->inc};
+  ps__push_id id = {.worker = p->sender, .seq = p->seq, .inc = p->inc, .unit = p->unit};
   s->agg_cur = waiter_new(c, h, t->id, &id, push_chain(s, t, p));
 }
 
@@ -418,7 +418,8 @@ void ps__srv_on_forward_agg(ps__server *s, ps__conn *c, const ps__frame_hdr *h, 
   }
   for (uint32_t i = 0; i < nids; i++) {
     const uint8_t *r = ids + (size_t)i * PS_FWD_AGG_ID;
-    pid[i] = (ps__push_id){.worker = ps__get_u32(r), .seq = ps__get_u32(r + 4), .inc = ps__get_u64(r + 8)};
+    pid[i] = (ps__push_id){.worker = ps__get_u32(r), .seq = ps__get_u32(r + 4), .inc = ps__get_u64(r + 8),
+                           .unit = ps__once_unit(t->id, ps__get_u32(r + 16))};
   }
   ps__verdict v;
   if (ps__shard_agg_replica(s->sh, t, keys, rows, h->nkeys, (int)per_row, h->lr, gb, fw.step, pid, nids, &v) !=

@@ -119,6 +119,7 @@ struct ps__server {
   uint64_t forward_bytes; /* bodies of the frames sent down the chains */
   uint64_t last_tick_ms; /* the last heartbeat tick (uv_now) */
   uint32_t next_hop;     /* set by the ring checks of the request being served (R >= 2) */
+  uint64_t push_unit;    /* and its chain as an exactly-once unit (shard/once.h; 0: R = 1) */
   const ps__fwd *fwd_up; /* the prefix of the forward being served, or NULL */
   srv_aggw *aggw;        /* pushes in aggregation buffers, answered once a buffer reached every copy */
   srv_fwd_group *groups; /* aggregation buffers being forwarded */

@@ -84,7 +84,7 @@ int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, cons
    * of its combined rows, so it is refused, and its pushes are sent again on their own. */
   uint32_t seen = 0;
   for (uint32_t i = 0; i < nids; i++) {
-    const ps__once *o = ps__once_find(&sh->once, ids[i].worker);
+    const ps__once *o = ps__once_find(&sh->once, ids[i].worker, ids[i].unit);
     seen += o && ps__once_check(o, ids[i].inc, ids[i].seq) != PS__ONCE_NEW;
   }
   if (nids && seen == nids) {
@@ -113,7 +113,7 @@ int ps__shard_agg_replica(ps__shard *sh, ps__table *t, const uint8_t *keys, cons
   sh->replay_step = 0;
   ps__rowmap_clear(t->agg_rep);
   for (uint32_t i = 0; i < nids; i++) {
-    ps__once *o = ps__once_get(&sh->once, ids[i].worker);
+    ps__once *o = ps__once_get(&sh->once, ids[i].worker, ids[i].unit);
     if (o && ps__once_check(o, ids[i].inc, ids[i].seq) == PS__ONCE_NEW) ps__once_mark(o, ids[i].inc, ids[i].seq);
   }
   t->pushes += nids;

@@ -53,25 +53,27 @@ void ps__once_mark(ps__once *w, uint64_t inc, uint32_t seq) {
 
 /* ---------------------------------------------------------------- the set */
 
-static size_t slot_of(uint32_t worker, size_t cap) { return (size_t)ps__mix64(worker) & (cap - 1); }
+static size_t slot_of(uint32_t worker, uint64_t unit, size_t cap) {
+  return (size_t)ps__mix64(worker ^ ps__mix64(unit)) & (cap - 1);
+}
 
-ps__once *ps__once_find(const ps__once_set *s, uint32_t worker) {
+ps__once *ps__once_find(const ps__once_set *s, uint32_t worker, uint64_t unit) {
   if (!s->cap) return NULL;
-  for (size_t i = slot_of(worker, s->cap);; i = (i + 1) & (s->cap - 1)) {
+  for (size_t i = slot_of(worker, unit, s->cap);; i = (i + 1) & (s->cap - 1)) {
     ps__once *w = s->slot[i];
-    if (!w || w->worker == worker) return w;
+    if (!w || (w->worker == worker && w->unit == unit)) return w;
   }
 }
 
 /* Put w (not in s) into the table of cap slots. */
 static void slot_put(ps__once **slot, size_t cap, ps__once *w) {
-  size_t i = slot_of(w->worker, cap);
+  size_t i = slot_of(w->worker, w->unit, cap);
   while (slot[i]) i = (i + 1) & (cap - 1);
   slot[i] = w;
 }
 
-ps__once *ps__once_get(ps__once_set *s, uint32_t worker) {
-  ps__once *w = ps__once_find(s, worker);
+ps__once *ps__once_get(ps__once_set *s, uint32_t worker, uint64_t unit) {
+  ps__once *w = ps__once_find(s, worker, unit);
   if (w) return w;
   if (2 * (s->n + 1) > s->cap) { /* at most half full */
     size_t cap = s->cap ? 2 * s->cap : 16;
@@ -85,6 +87,7 @@ ps__once *ps__once_get(ps__once_set *s, uint32_t worker) {
   }
   if (!(w = ps__calloc(1, sizeof *w))) return NULL;
   w->worker = worker;
+  w->unit = unit;
   slot_put(s->slot, s->cap, w);
   s->n++;
   return w;
@@ -106,6 +109,7 @@ void ps__once_encode(const ps__once *w, ps__wbuf *out) {
     for (uint32_t i = 0; i < W; i++)
       if (bit_get(w, w->high - i)) bytes[i / 8] |= (uint8_t)(1u << (i % 8));
   ps__wbuf_u32(out, w->worker);
+  ps__wbuf_u64(out, w->unit);
   ps__wbuf_u8(out, (uint8_t)(w->any != 0));
   ps__wbuf_u64(out, w->any ? w->inc : 0);
   ps__wbuf_u32(out, w->any ? w->high : 0);
@@ -115,6 +119,7 @@ void ps__once_encode(const ps__once *w, ps__wbuf *out) {
 
 int ps__once_decode(ps__rbuf *in, ps__once *w) {
   uint32_t worker = ps__rbuf_u32(in);
+  uint64_t unit = ps__rbuf_u64(in);
   uint8_t any = ps__rbuf_u8(in);
   uint64_t inc = ps__rbuf_u64(in);
   uint32_t high = ps__rbuf_u32(in), nbits = ps__rbuf_u32(in);
@@ -130,6 +135,7 @@ int ps__once_decode(ps__rbuf *in, ps__once *w) {
   in->off += nbits / 8;
   memset(w, 0, sizeof *w);
   w->worker = worker;
+  w->unit = unit;
   if (!any) {
     if (inc || high) return ps__fail(PS_ERR_CORRUPT, "push window of worker %u: empty, with a position", worker);
     for (uint32_t i = 0; i < nbits / 8; i++)
@@ -146,11 +152,20 @@ int ps__once_decode(ps__rbuf *in, ps__once *w) {
   return 0;
 }
 
+#define FORMAT 2 /* 1: windows without their unit */
+
 void ps__once_set_encode(const ps__once_set *s, ps__wbuf *out) {
-  ps__wbuf_u8(out, 1);
+  ps__wbuf_u8(out, FORMAT);
   ps__wbuf_u32(out, (uint32_t)s->n);
   for (size_t i = 0; i < s->cap; i++)
     if (s->slot[i]) ps__once_encode(s->slot[i], out);
+}
+
+static int has_unit(const uint64_t *units, size_t n, uint64_t unit) {
+  if (!units) return 1;
+  for (size_t i = 0; i < n; i++)
+    if (units[i] == unit) return 1;
+  return 0;
 }
 
 /* Unmark (inc, seq) in a copy of a window; its highest moves down to the highest still
@@ -170,27 +185,30 @@ static void unmark(ps__once *w, uint64_t inc, uint32_t seq) {
   w->any = 0, w->inc = 0, w->high = 0;
 }
 
-int ps__once_set_encode_except(const ps__once_set *s, const ps__push_id *ex, size_t n, ps__wbuf *out) {
-  if (!n) {
+int ps__once_set_encode_except(const ps__once_set *s, const uint64_t *units, size_t nunits, const ps__push_id *ex,
+                               size_t n, ps__wbuf *out) {
+  if (!n && !units) {
     ps__once_set_encode(s, out);
     return 0;
   }
   ps__once *tmp = ps__malloc(sizeof *tmp);
   if (!tmp) return ps__fail(PS_ERR_NOMEM, "out of memory encoding push windows");
-  ps__wbuf_u8(out, 1);
-  ps__wbuf_u32(out, (uint32_t)s->n);
+  uint32_t count = 0;
+  for (size_t i = 0; i < s->cap; i++) count += s->slot[i] && has_unit(units, nunits, s->slot[i]->unit);
+  ps__wbuf_u8(out, FORMAT);
+  ps__wbuf_u32(out, count);
   for (size_t i = 0; i < s->cap; i++) {
     const ps__once *w = s->slot[i];
-    if (!w) continue;
+    if (!w || !has_unit(units, nunits, w->unit)) continue;
     int touched = 0;
-    for (size_t j = 0; j < n && !touched; j++) touched = ex[j].worker == w->worker;
+    for (size_t j = 0; j < n && !touched; j++) touched = ex[j].worker == w->worker && ex[j].unit == w->unit;
     if (!touched) {
       ps__once_encode(w, out);
       continue;
     }
     *tmp = *w;
     for (size_t j = 0; j < n; j++)
-      if (ex[j].worker == w->worker) unmark(tmp, ex[j].inc, ex[j].seq);
+      if (ex[j].worker == w->worker && ex[j].unit == w->unit) unmark(tmp, ex[j].inc, ex[j].seq);
     ps__once_encode(tmp, out);
   }
   free(tmp);
@@ -203,8 +221,8 @@ int ps__once_set_decode(ps__once_set *s, const void *p, size_t len) {
   uint8_t format = ps__rbuf_u8(&in);
   uint32_t n = ps__rbuf_u32(&in);
   if (in.err) return ps__fail(PS_ERR_CORRUPT, "push windows: truncated");
-  if (format != 1) return ps__fail(PS_ERR_CORRUPT, "push windows: unknown format %u", format);
-  if (n > PS__ONCE_MAX_WORKERS) return ps__fail(PS_ERR_CORRUPT, "push windows: %u workers (at most %u)", n, PS__ONCE_MAX_WORKERS);
+  if (format != FORMAT) return ps__fail(PS_ERR_CORRUPT, "push windows: unknown format %u", format);
+  if (n > PS__ONCE_MAX_WORKERS) return ps__fail(PS_ERR_CORRUPT, "push windows: %u windows (at most %u)", n, PS__ONCE_MAX_WORKERS);
   ps__once_set fresh = {0};
   ps__once tmp;
   int rc = 0;
@@ -212,10 +230,11 @@ int ps__once_set_decode(ps__once_set *s, const void *p, size_t len) {
     if ((rc = ps__once_decode(&in, &tmp))) break;
     if (tmp.worker == 0) {
       rc = ps__fail(PS_ERR_CORRUPT, "push windows: worker id 0");
-    } else if (ps__once_find(&fresh, tmp.worker)) {
-      rc = ps__fail(PS_ERR_CORRUPT, "push windows: worker %u twice", tmp.worker);
+    } else if (ps__once_find(&fresh, tmp.worker, tmp.unit)) {
+      rc = ps__fail(PS_ERR_CORRUPT, "push windows: worker %u twice in unit %llx", tmp.worker,
+                    (unsigned long long)tmp.unit);
     } else {
-      ps__once *w = ps__once_get(&fresh, tmp.worker);
+      ps__once *w = ps__once_get(&fresh, tmp.worker, tmp.unit);
       if (!w) rc = ps__fail(PS_ERR_NOMEM, "out of memory for push windows");
       else *w = tmp;
     }
@@ -241,7 +260,7 @@ int ps__once_set_merge(ps__once_set *s, const void *p, size_t len) {
   for (size_t i = 0; i < in.cap && !rc; i++) {
     const ps__once *w = in.slot[i];
     if (!w || !w->any) continue;
-    ps__once *d = ps__once_get(s, w->worker);
+    ps__once *d = ps__once_get(s, w->worker, w->unit);
     if (!d) {
       rc = ps__fail(PS_ERR_NOMEM, "out of memory merging exactly-once windows");
       break;

@@ -310,7 +310,7 @@ void ps__shard_advance(ps__shard *sh) {
  * as applied before any other check (its first copy passed them, and a round may have
  * moved on since), or a push refused. */
 static ps__once *push_window(ps__shard *sh, ps__table *t, const ps__push *p, ps__verdict *v) {
-  ps__once *o = ps__once_get(&sh->once, p->sender);
+  ps__once *o = ps__once_get(&sh->once, p->sender, p->unit);
   if (!o) {
     ps__shard_reject(sh, t, v, PS_ERR_NOMEM, "server out of memory");
     return NULL;
@@ -480,7 +480,7 @@ int ps__shard_push(ps__shard *sh, const ps__push *p, ps__owned *body, ps__verdic
 }
 
 void ps__shard_push_done(ps__shard *sh, const ps__push *p) {
-  ps__once *o = p->inc ? ps__once_find(&sh->once, p->sender) : NULL; /* made by push_window */
+  ps__once *o = p->inc ? ps__once_find(&sh->once, p->sender, p->unit) : NULL; /* made by push_window */
   if (o) ps__once_mark(o, p->inc, p->seq);
 }
 

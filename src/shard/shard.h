@@ -54,6 +54,7 @@ typedef struct ps__push {
   uint64_t nvals;
   uint64_t inc;         /* identity (once.h): the sender's incarnation, 0 = none (not tracked) */
   uint32_t seq;         /* and the push's sequence number */
+  uint64_t unit;        /* and the chain it went down (ps__once_unit), 0 without replicas */
   /* A push forwarded by the previous server of its chain (replication): that server
    * admitted it, so the clocks and the live set are not checked again; it is applied
    * with the head's rate (lr) and, when step is not 0, the head's step number, so that

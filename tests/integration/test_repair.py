@@ -60,9 +60,10 @@ def join(c, name="joiner", env=None):
     return c._spawn([binary("pshard"), "server", "--scheduler", c.addr, "--join", "--verbose"], name, e)
 
 
-def kill_one(c, ps, victim, n, logs, pause):
+def kill_one(c, ps, victim, n, logs, pause, dead_after=1):
     """SIGKILL server index victim (kill number n) after `pause` s, while the workers ps
-    still run; wait until the scheduler lists exactly one dead server; its id."""
+    still run; wait until the scheduler lists exactly dead_after dead servers; the
+    lowest id among them."""
     time.sleep(pause)  # not scaled: the workers must still be running
     assert all(p.poll() is None for p in ps), "the workers finished before kill %d: " % n + logs()
     os.killpg(c.server_procs[victim].pid, signal.SIGKILL)
@@ -70,9 +71,9 @@ def kill_one(c, ps, victim, n, logs, pause):
 
     def removed():
         dead[:] = [i for i, f in sched_nodes(c).items() if f["role"] == "server" and f["alive"] == "0"]
-        return len(dead) == 1
+        return len(dead) == dead_after
     wait_for(removed, "the scheduler removes the dead server", 10 * SCALE, logs)
-    return dead[0]
+    return min(dead)
 
 
 def stat_of(addr, name):
@@ -194,6 +195,43 @@ def test_two_replacements_in_turn_where_the_later_one_comes_to_head_a_chain(extr
         assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
         assert c.wait(ps, RUN) == [0, 0], logs()
         counted(c, 2, pushes)
+
+
+# Every 25th forward a server sends is lost: the push waits, applied on the head, for
+# its worker to send it again.
+DROPPED = "drop:type=forward:dir=out:every=25:node=server"
+
+
+@pytest.mark.parametrize("extra,pushes,sleep_ms,fault", [([], 300, 10, DROPPED), (SLOW_AGG, 150, 0, "")],
+                         ids=["forwards-dropped", "aggregated"])
+def test_r3_replacement_left_alone_holds_every_acknowledged_push(extra, pushes, sleep_ms, fault):
+    # S = R = 3: a server dies and a replacement copies every chain from the two left,
+    # each the tail of some chains and the head of others. A push a head has applied
+    # and its chain's tail not yet when the copy is cut (a buffer flushed at that
+    # membership and refused at its epoch, then sent again; a forward on its way) must
+    # reach the replacement through that tail: the head's windows of those chains do
+    # not go with its copy. Then both survivors die, the replacement is every chain's
+    # only copy, and every count is exact.
+    env = {"PSHARD_RETRY_MS": "200"}
+    if fault:
+        env["PSHARD_FAULT"] = fault
+    with Cluster(3, 2, replicas=3, extra_env=env) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = start_workers(c, 2, pushes, sleep_ms, extra)
+        dead = kill_one(c, ps, 1, 0, logs, 0.5)
+        x = join(c)
+
+        def synced():
+            f = sched_nodes(c).get(dead, {})
+            return f.get("alive") == "1" and f.get("syncing") == "0"
+        wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        assert "copied" in c.log("joiner"), c.log("joiner")
+        for n, victim in enumerate((0, 2)):
+            kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
+        assert c.wait(ps, RUN) == [0, 0], logs()
+        counted(c, 2, pushes)
+        assert x.poll() is None, c.log("joiner")
 
 
 def test_join_without_a_dead_server_is_refused():

@@ -93,19 +93,19 @@ Test(once, gaps_and_the_edge_of_the_window) {
 
 Test(once, set_find_and_get) {
   ps__once_set s = {0};
-  cr_assert(ps__once_find(&s, 5) == NULL);
+  cr_assert(ps__once_find(&s, 5, 0) == NULL);
   for (uint32_t id = 1; id <= 1000; id++) {
-    ps__once *w = ps__once_get(&s, id);
+    ps__once *w = ps__once_get(&s, id, 0);
     cr_assert(w != NULL);
     ps__once_mark(w, id, id * 3);
   }
   cr_assert(eq(sz, s.n, 1000));
   for (uint32_t id = 1; id <= 1000; id++) {
-    ps__once *w = ps__once_find(&s, id);
+    ps__once *w = ps__once_find(&s, id, 0);
     cr_assert(w != NULL && w->worker == id && w->high == id * 3, "worker %u", id);
-    cr_assert(ps__once_get(&s, id) == w);
+    cr_assert(ps__once_get(&s, id, 0) == w);
   }
-  cr_assert(ps__once_find(&s, 1001) == NULL);
+  cr_assert(ps__once_find(&s, 1001, 0) == NULL);
   ps__once_set_clear(&s);
   cr_assert(eq(sz, s.n, 0));
 }
@@ -121,7 +121,7 @@ static int same(const ps__once *a, const ps__once *b) {
 
 Test(once, encode_decode_round_trip) {
   ps__once_set s = {0};
-  ps__once *a = ps__once_get(&s, 4), *b = ps__once_get(&s, 9), *c = ps__once_get(&s, 12);
+  ps__once *a = ps__once_get(&s, 4, 0), *b = ps__once_get(&s, 9, 0), *c = ps__once_get(&s, 12, 0);
   (void)c; /* stays empty */
   /* across the wrap: UINT32_MAX - 100, ..., UINT32_MAX - 1, then 1, 4, ..., 298 */
   for (uint32_t k = UINT32_MAX - 100; k != 301; k += 3) ps__once_mark(a, 77, k);
@@ -131,22 +131,22 @@ Test(once, encode_decode_round_trip) {
   ps__wbuf_init(&wb);
   ps__once_set_encode(&s, &wb);
   cr_assert(wb.oom == 0);
-  cr_assert(eq(sz, wb.len, 5 + 3 * (21 + PS__ONCE_WINDOW / 8)));
+  cr_assert(eq(sz, wb.len, 5 + 3 * (29 + PS__ONCE_WINDOW / 8)));
   ps__once_set t = {0};
-  ps__once_mark(ps__once_get(&t, 50), 1, 1); /* replaced by the decode */
+  ps__once_mark(ps__once_get(&t, 50, 0), 1, 1); /* replaced by the decode */
   cr_assert(eq(int, ps__once_set_decode(&t, wb.data, wb.len), 0), "%s", ps_errmsg());
   cr_assert(eq(sz, t.n, 3));
-  cr_assert(ps__once_find(&t, 50) == NULL);
+  cr_assert(ps__once_find(&t, 50, 0) == NULL);
   for (uint32_t id = 4; id <= 12; id++) {
-    ps__once *x = ps__once_find(&s, id), *y = ps__once_find(&t, id);
+    ps__once *x = ps__once_find(&s, id, 0), *y = ps__once_find(&t, id, 0);
     cr_assert(eq(int, x == NULL, y == NULL), "worker %u", id);
     if (x) cr_assert(same(x, y) == 1, "worker %u", id);
   }
   /* The decoded window answers as the original did. */
-  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 4), 77, 200), ps__once_check(a, 77, 200)));
-  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 9), 1, 2), PS__ONCE_DUP));
-  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 9), 1, 3), PS__ONCE_NEW));
-  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 12), 5, 5), PS__ONCE_NEW));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 4, 0), 77, 200), ps__once_check(a, 77, 200)));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 9, 0), 1, 2), PS__ONCE_DUP));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 9, 0), 1, 3), PS__ONCE_NEW));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 12, 0), 5, 5), PS__ONCE_NEW));
   ps__wbuf_free(&wb);
   ps__once_set_clear(&s);
   ps__once_set_clear(&t);
@@ -155,23 +155,23 @@ Test(once, encode_decode_round_trip) {
 /* Encode a set of one window for worker 2 (inc 5, sequences 1..3), to corrupt. */
 static void one_window(ps__wbuf *wb) {
   ps__once_set s = {0};
-  ps__once *w = ps__once_get(&s, 2);
+  ps__once *w = ps__once_get(&s, 2, 0);
   for (uint32_t k = 1; k <= 3; k++) ps__once_mark(w, 5, k);
   ps__wbuf_init(wb);
   ps__once_set_encode(&s, wb);
   ps__once_set_clear(&s);
 }
 
-/* Offsets in one_window's bytes: format 0, count 1, worker 5, any 9, inc 10, high 18,
- * nbits 22, bits 26. */
+/* Offsets in one_window's bytes: format 0, count 1, worker 5, unit 9, any 17, inc 18,
+ * high 26, nbits 30, bits 34. */
 static void refused(const uint8_t *p, size_t len, const char *what) {
   ps__once_set t = {0};
-  ps__once_mark(ps__once_get(&t, 8), 1, 1);
+  ps__once_mark(ps__once_get(&t, 8, 0), 1, 1);
   int rc = ps__once_set_decode(&t, p, len);
   cr_assert(eq(int, rc, PS_ERR_CORRUPT), "%s: rc %d", what, rc);
   cr_assert(ps_errmsg()[0] != '\0', "%s: no message", what);
   cr_assert(eq(sz, t.n, 1), "%s: the set changed", what); /* unchanged */
-  cr_assert(ps__once_find(&t, 8) != NULL);
+  cr_assert(ps__once_find(&t, 8, 0) != NULL);
   ps__once_set_clear(&t);
 }
 
@@ -192,22 +192,22 @@ Test(once, malformed_bytes_are_refused) {
     stmt;                        \
     refused(b, n, what);         \
   } while (0)
-  CORRUPT(b[0] = 2, "unknown format");
+  CORRUPT(b[0] = 1, "unknown format");
   CORRUPT(ps__put_u32(b + 1, 2), "count above the windows");
   CORRUPT(ps__put_u32(b + 1, PS__ONCE_MAX_WORKERS + 1), "count above the limit");
   CORRUPT(ps__put_u32(b + 5, 0), "worker 0");
-  CORRUPT(b[9] = 2, "bad flag");
-  CORRUPT(ps__put_u32(b + 22, PS__ONCE_WINDOW / 2), "narrow window");
-  CORRUPT(ps__put_u32(b + 22, PS__ONCE_WINDOW + 1), "width not whole words");
-  CORRUPT(ps__put_u32(b + 22, PS__ONCE_MAX_BITS + 64), "width above the limit");
-  CORRUPT(b[26] &= (uint8_t)~1u, "highest not marked");
-  CORRUPT(b[9] = 0, "empty with a position");
-  CORRUPT((b[9] = 0, memset(b + 10, 0, 12)), "empty with bits");
+  CORRUPT(b[17] = 2, "bad flag");
+  CORRUPT(ps__put_u32(b + 30, PS__ONCE_WINDOW / 2), "narrow window");
+  CORRUPT(ps__put_u32(b + 30, PS__ONCE_WINDOW + 1), "width not whole words");
+  CORRUPT(ps__put_u32(b + 30, PS__ONCE_MAX_BITS + 64), "width above the limit");
+  CORRUPT(b[34] &= (uint8_t)~1u, "highest not marked");
+  CORRUPT(b[17] = 0, "empty with a position");
+  CORRUPT((b[17] = 0, memset(b + 18, 0, 12)), "empty with bits");
 #undef CORRUPT
   /* The same window twice. */
   ps__wbuf two;
   ps__wbuf_init(&two);
-  ps__wbuf_u8(&two, 1);
+  ps__wbuf_u8(&two, 2);
   ps__wbuf_u32(&two, 2);
   ps__wbuf_bytes(&two, wb.data + 5, n - 5);
   ps__wbuf_bytes(&two, wb.data + 5, n - 5);
@@ -215,15 +215,15 @@ Test(once, malformed_bytes_are_refused) {
   /* A wider window is taken, its first PS__ONCE_WINDOW bits kept. */
   ps__wbuf wide;
   ps__wbuf_init(&wide);
-  ps__wbuf_bytes(&wide, wb.data, 22);
+  ps__wbuf_bytes(&wide, wb.data, 30);
   ps__wbuf_u32(&wide, 2 * PS__ONCE_WINDOW);
-  ps__wbuf_bytes(&wide, wb.data + 26, n - 26);
+  ps__wbuf_bytes(&wide, wb.data + 34, n - 34);
   uint8_t ones[PS__ONCE_WINDOW / 8];
   memset(ones, 0xff, sizeof ones);
   ps__wbuf_bytes(&wide, ones, sizeof ones);
   ps__once_set t = {0};
   cr_assert(eq(int, ps__once_set_decode(&t, wide.data, wide.len), 0), "%s", ps_errmsg());
-  ps__once *w = ps__once_find(&t, 2);
+  ps__once *w = ps__once_find(&t, 2, 0);
   cr_assert(w && w->high == 3 && w->inc == 5);
   cr_assert(eq(int, ps__once_check(w, 5, 2), PS__ONCE_DUP));
   cr_assert(eq(int, ps__once_check(w, 5, 4), PS__ONCE_NEW));
@@ -240,25 +240,25 @@ Test(once, set_merge) {
   ps__once_set a, b;
   memset(&a, 0, sizeof a);
   memset(&b, 0, sizeof b);
-  ps__once *wa = ps__once_get(&a, 5), *wb = ps__once_get(&b, 5), *wc = ps__once_get(&b, 9), *wd = ps__once_get(&a, 11);
+  ps__once *wa = ps__once_get(&a, 5, 0), *wb = ps__once_get(&b, 5, 0), *wc = ps__once_get(&b, 9, 0), *wd = ps__once_get(&a, 11, 0);
   cr_assert(wa && wb && wc && wd);
   for (uint32_t s = 1; s <= 10; s += 2) take(wa, 100, s);
   for (uint32_t s = 2; s <= 20; s += 2) take(wb, 100, s);
   take(wc, 7, 3);
   take(wd, 50, 1);
-  ps__once *we = ps__once_get(&b, 11);
+  ps__once *we = ps__once_get(&b, 11, 0);
   cr_assert(we != NULL);
   take(we, 60, 4); /* a newer incarnation of worker 11 */
   ps__wbuf w;
   ps__wbuf_init(&w);
   ps__once_set_encode(&b, &w);
   cr_assert(eq(int, ps__once_set_merge(&a, w.data, w.len), 0), "%s", ps_errmsg());
-  wa = ps__once_find(&a, 5);
+  wa = ps__once_find(&a, 5, 0);
   for (uint32_t s = 1; s <= 20; s++)
     cr_expect(eq(int, ps__once_check(wa, 100, s), (s <= 10 || s % 2 == 0) ? PS__ONCE_DUP : PS__ONCE_NEW), "seq %u", s);
-  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 9), 7, 3), PS__ONCE_DUP));
-  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 11), 60, 4), PS__ONCE_DUP));
-  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 11), 50, 1), PS__ONCE_STALE));
+  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 9, 0), 7, 3), PS__ONCE_DUP));
+  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 11, 0), 60, 4), PS__ONCE_DUP));
+  cr_expect(eq(int, ps__once_check(ps__once_find(&a, 11, 0), 50, 1), PS__ONCE_STALE));
   cr_expect(eq(int, ps__once_set_merge(&a, w.data, w.len - 1), PS_ERR_CORRUPT));
   ps__wbuf_free(&w);
   ps__once_set_clear(&a);
@@ -273,7 +273,7 @@ Test(once, encode_except_leaves_pushes_out) {
   ps__once_set a, out;
   memset(&a, 0, sizeof a);
   memset(&out, 0, sizeof out);
-  ps__once *w5 = ps__once_get(&a, 5), *w9 = ps__once_get(&a, 9), *w12 = ps__once_get(&a, 12);
+  ps__once *w5 = ps__once_get(&a, 5, 0), *w9 = ps__once_get(&a, 9, 0), *w12 = ps__once_get(&a, 12, 0);
   cr_assert(w5 && w9 && w12);
   for (uint32_t s = 1; s <= 50; s++) take(w5, 100, s);
   take(w9, 7, 3);
@@ -290,9 +290,9 @@ Test(once, encode_except_leaves_pushes_out) {
   };
   ps__wbuf w;
   ps__wbuf_init(&w);
-  cr_assert(eq(int, ps__once_set_encode_except(&a, ex, sizeof ex / sizeof *ex, &w), 0));
+  cr_assert(eq(int, ps__once_set_encode_except(&a, NULL, 0, ex, sizeof ex / sizeof *ex, &w), 0));
   cr_assert(eq(int, ps__once_set_decode(&out, w.data, w.len), 0), "%s", ps_errmsg());
-  ps__once *o5 = ps__once_find(&out, 5), *o9 = ps__once_find(&out, 9), *o12 = ps__once_find(&out, 12);
+  ps__once *o5 = ps__once_find(&out, 5, 0), *o9 = ps__once_find(&out, 9, 0), *o12 = ps__once_find(&out, 12, 0);
   cr_assert(o5 && o9 && o12);
   cr_expect(eq(u32, o5->high, 48));
   for (uint32_t s = 1; s <= 50; s++)
@@ -310,7 +310,7 @@ Test(once, encode_except_leaves_pushes_out) {
   ps__wbuf_init(&plain);
   ps__wbuf_init(&none);
   ps__once_set_encode(&a, &plain);
-  cr_assert(eq(int, ps__once_set_encode_except(&a, NULL, 0, &none), 0));
+  cr_assert(eq(int, ps__once_set_encode_except(&a, NULL, 0, NULL, 0, &none), 0));
   cr_expect(eq(sz, plain.len, none.len));
   cr_expect(memcmp(plain.data, none.data, plain.len) == 0);
   ps__wbuf_free(&plain);
@@ -318,4 +318,66 @@ Test(once, encode_except_leaves_pushes_out) {
   ps__wbuf_free(&w);
   ps__once_set_clear(&a);
   ps__once_set_clear(&out);
+}
+
+/* Under replicas a window is per worker and per unit (the chain a push went down): a
+ * sequence applied in one unit is new in another, and the encoding keeps each apart. */
+Test(once, units_are_separate_windows) {
+  ps__once_set s = {0}, t = {0};
+  uint64_t ua = ps__once_unit(1, 3), ub = ps__once_unit(2, 3), uc = ps__once_unit(1, PS_FWD_DENSE_CHAIN | 3),
+           ud = ps__once_unit(2, PS_FWD_DENSE_CHAIN | 3);
+  /* a sparse route is the same chain in every table; a dense run is its table's own */
+  cr_assert(eq(u64, ua, ub));
+  cr_assert(ua != 0 && uc != 0 && uc != ud && ua != uc);
+  ps__once *a = ps__once_get(&s, 7, ua), *c = ps__once_get(&s, 7, uc);
+  cr_assert(a && c && a != c);
+  take(a, 5, 10);
+  take(c, 5, 11);
+  cr_assert(eq(int, ps__once_check(a, 5, 11), PS__ONCE_NEW));
+  cr_assert(eq(int, ps__once_check(c, 5, 10), PS__ONCE_NEW));
+  cr_assert(ps__once_find(&s, 7, 0) == NULL);
+  cr_assert(ps__once_find(&s, 7, ud) == NULL);
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  ps__once_set_encode(&s, &w);
+  cr_assert(eq(int, ps__once_set_decode(&t, w.data, w.len), 0), "%s", ps_errmsg());
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 7, ua), 5, 10), PS__ONCE_DUP));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 7, ua), 5, 11), PS__ONCE_NEW));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 7, uc), 5, 11), PS__ONCE_DUP));
+  ps__wbuf_free(&w);
+  ps__once_set_clear(&s);
+  ps__once_set_clear(&t);
+}
+
+/* A copy of some chains takes the windows of those chains only: a server's windows of
+ * its other chains say what it applied there, which the copy's rows do not hold. */
+Test(once, encode_except_keeps_the_units_asked_for) {
+  ps__once_set s = {0}, t = {0};
+  uint64_t u1 = ps__once_unit(1, 0), u2 = ps__once_unit(1, 1), u3 = ps__once_unit(1, 2);
+  take(ps__once_get(&s, 4, u1), 9, 1);
+  take(ps__once_get(&s, 4, u2), 9, 2);
+  take(ps__once_get(&s, 5, u2), 9, 3);
+  take(ps__once_get(&s, 5, u3), 9, 4);
+  take(ps__once_get(&s, 5, u3), 9, 5);
+  uint64_t keep[] = {u3, u1};
+  ps__push_id ex[] = {{.worker = 5, .seq = 5, .inc = 9, .unit = u3}, {.worker = 4, .seq = 1, .inc = 9, .unit = u2}};
+  ps__wbuf w;
+  ps__wbuf_init(&w);
+  cr_assert(eq(int, ps__once_set_encode_except(&s, keep, 2, ex, 2, &w), 0));
+  cr_assert(eq(int, ps__once_set_decode(&t, w.data, w.len), 0), "%s", ps_errmsg());
+  cr_assert(eq(sz, t.n, 2));
+  cr_assert(ps__once_find(&t, 4, u2) == NULL && ps__once_find(&t, 5, u2) == NULL, "a unit not asked for");
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 4, u1), 9, 1), PS__ONCE_DUP), "left out in another unit only");
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 5, u3), 9, 4), PS__ONCE_DUP));
+  cr_assert(eq(int, ps__once_check(ps__once_find(&t, 5, u3), 9, 5), PS__ONCE_NEW), "left out");
+  /* no unit at all: no window */
+  ps__wbuf e;
+  ps__wbuf_init(&e);
+  cr_assert(eq(int, ps__once_set_encode_except(&s, keep, 0, NULL, 0, &e), 0));
+  cr_assert(eq(int, ps__once_set_decode(&t, e.data, e.len), 0), "%s", ps_errmsg());
+  cr_assert(eq(sz, t.n, 0));
+  ps__wbuf_free(&e);
+  ps__wbuf_free(&w);
+  ps__once_set_clear(&s);
+  ps__once_set_clear(&t);
 }

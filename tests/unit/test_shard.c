@@ -1267,7 +1267,7 @@ static void copy_equals_head(const char *opts) {
                PS__REJECTED));
   cr_assert(eq(int, v.err, PS_ERR_UNAVAILABLE));
   cr_assert(eq(u64, ct->step, step), "no step taken");
-  cr_assert(eq(int, ps__once_check(ps__once_find(&copy->once, 1), 9, 31), PS__ONCE_NEW), "not recorded");
+  cr_assert(eq(int, ps__once_check(ps__once_find(&copy->once, 1, 0), 9, 31), PS__ONCE_NEW), "not recorded");
   /* A table without aggregation refuses a buffer. */
   cr_assert(eq(int, ps__shard_create(copy, &(ps__declare){.id = 2, .kind = PS_SPARSE, .size = 1, .name = "t2"}, &v),
                PS__APPLIED));
