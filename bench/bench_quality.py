@@ -40,11 +40,9 @@ import argparse
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -354,8 +352,8 @@ def main():
         runner.close()
     misses = sum(report(w, per[w], runs[w], a) for w in workloads)
     load1 = os.getloadavg()
-    print(f"\n# KB/step: payload one worker sends and receives per step (keys and values as encoded), mean over "
-          f"the workers; train_s: rank 0's training time without its evaluations")
+    print("\n# KB/step: payload one worker sends and receives per step (keys and values as encoded), mean over "
+          "the workers; train_s: rank 0's training time without its evaluations")
     print(f"# load average at the end: {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}; quality targets missed: {misses}")
     return 0
 

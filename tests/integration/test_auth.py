@@ -19,13 +19,12 @@ code. Every process is started by cluster.Cluster; every wait is bounded.
 import hashlib
 import hmac
 import os
-import socket
 import struct
 import subprocess
 import time
 
 from cluster import Cluster, binary
-from test_core import (DENSE_SGD, HDR, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_CLOCK, T_HELLO, T_STATS, Raw,
+from test_core import (DENSE_SGD, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_CLOCK, T_HELLO, T_STATS, Raw,
                        alive, frame, load_params, run_sync, server_port, wait_for_line, worst)
 
 SECRET = b"integration-test-secret-0123456789"

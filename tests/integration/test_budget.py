@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cluster import Cluster, binary  # noqa: E402
-from test_core import (DENSE_SGD, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_PUSH_DENSE, T_STATS,  # noqa: E402
+from test_core import (DENSE_SGD, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_PUSH_DENSE, T_STATS,  # noqa: E402
                        Raw, frame, load_params, rss_kb, run_sync, server_port, stats, wait_for_line, worst)
 
 E_INVALID, E_NOMEM = 1, 2

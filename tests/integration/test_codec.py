@@ -6,7 +6,6 @@ codec_worker trains a dense least-squares problem and a sparse one with a known 
 (tests/integration/codec_worker.c); two servers, so every push and pull is cut into one
 part per server and each part is encoded on its own.
 """
-import os
 import struct
 import time
 

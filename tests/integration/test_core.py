@@ -24,7 +24,6 @@ import random
 import signal
 import socket
 import struct
-import tempfile
 import time
 
 import pytest

@@ -8,7 +8,6 @@ Every process runs with a timeout, so a hang fails the test instead of blocking 
 """
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 

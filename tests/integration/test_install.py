@@ -12,7 +12,7 @@ import tempfile
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import BUILD, ROOT, binary  # noqa: E402
+from cluster import BUILD, ROOT  # noqa: E402
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("PSHARD_SANITIZED")),
                                 reason="an installed sanitized library needs the sanitizer's runtime in every consumer")

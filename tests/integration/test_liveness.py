@@ -15,7 +15,6 @@ on time while the scheduler serves large STATS replies without pause.
    a fresh connection is answered within a second.
 Every process is started by cluster.Cluster; every wait and socket read is bounded.
 """
-import socket
 import struct
 import threading
 import time

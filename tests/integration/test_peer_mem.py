@@ -20,7 +20,7 @@ import time
 import pytest
 
 from cluster import Cluster, binary
-from test_core import (DENSE_SGD, HDR, REPLY, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_PULL_DENSE, T_PUSH_DENSE,
+from test_core import (DENSE_SGD, HDR, RUN_TIMEOUT, SCALE, SPARSE_ADAGRAD, T_PULL_DENSE, T_PUSH_DENSE,
                        frame, load_params, run_sync, server_port, stats, wait_for_line, worst)
 
 XPORT_PEER_MEM = 1  # src/proto/frame.h: the value transport, bits 4-5 of the flags byte
