@@ -379,6 +379,10 @@ int ps__part_reroute(ps_ctx *ctx, part *p, int later);
 uint32_t ps__part_head(ps_ctx *ctx, const part *p);
 /* Loop timer: pushes whose attempt timed out sent again; links due to reconnect. */
 void ps__link_sweep(ps_ctx *ctx, uint64_t now);
+/* The scheduler link (loop thread): send the parts that waited for the agent's
+ * connection, once the scheduler took this worker back; or fail them all. */
+void ps__sched_flush(ps_ctx *ctx);
+void ps__sched_fail(ps_ctx *ctx, int status, const char *why);
 void ps__part_send(ps_ctx *ctx, peer *l, part *p);
 void ps__part_submit(ps_ctx *ctx, part *p);
 /* A lent link no caller is using (lend_mu held). */

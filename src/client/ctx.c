@@ -64,6 +64,7 @@ static void agent_registered(void *arg, uint32_t id, uint32_t rank) {
   ctx->registered = 1;
   pthread_cond_broadcast(&ctx->cv);
   pthread_mutex_unlock(&ctx->mu);
+  ps__sched_flush(ctx); /* calls made while a restarted scheduler was away */
 }
 
 static void agent_membership(void *arg, const ps__membership *m) { ps__on_membership(arg, m); }
@@ -79,6 +80,7 @@ static void agent_detached(void *arg, const char *msg) {
 static void agent_lost(void *arg, int status, const char *msg) {
   ps_ctx *ctx = arg;
   if (!ctx->closing) ps__ctx_fail(ctx, status, msg);
+  ps__sched_fail(ctx, status, msg);
 }
 
 /* Each heartbeat: the counters go to the scheduler about once a second. */

@@ -529,6 +529,10 @@ static void on_link_connected(void *arg, ps__conn *c, int status) {
 }
 
 static void link_connect(ps_ctx *ctx, peer *l) {
+  /* The scheduler link sends on the node agent's connection: while that is down (the
+   * scheduler restarts) its parts wait in its queue, until the agent is taken back
+   * (ps__sched_flush), their deadline, or the agent gives up (ps__sched_fail). */
+  if (l->id == SCHED_LINK) return;
   conn_arg *ca = ps__malloc(sizeof *ca);
   int rc;
   if (!ca) {
@@ -880,8 +884,13 @@ static void link_on_close(ps__conn *c, int status) {
   if (l) link_closed(c->loop->data, l, status);
 }
 
+void ps__sched_flush(ps_ctx *ctx) { link_flush(ctx, ctx->sched); }
+
+void ps__sched_fail(ps_ctx *ctx, int status, const char *why) { ps__link_fail_all(ctx->sched, status, why); }
+
 /* The node agent's scheduler connection came up (c) or went away (NULL): the
- * scheduler link sends on it; its parts fail with it (the agent reports the loss). */
+ * scheduler link sends on it; the parts it carried fail with it (the agent reports
+ * the loss), and those made later wait for the next one (link_connect). */
 void ps__sched_on_link(void *arg, ps__conn *c, int status) {
   ps_ctx *ctx = arg;
   if (c)

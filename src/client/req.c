@@ -132,7 +132,8 @@ void ps__sweep_tick(uv_timer_t *t) {
       part *next = p->next;
       if (now >= p->deadline_ms) {
         ps__link_dequeue(l, p);
-        ps__part_fail(p, PS_ERR_TIMEOUT, "deadline exceeded waiting for a connection");
+        ps__part_fail(p, PS_ERR_TIMEOUT, l->id == SCHED_LINK ? "deadline exceeded while the scheduler was away"
+                                                            : "deadline exceeded waiting for a connection");
       }
       p = next;
     }

@@ -88,12 +88,15 @@ class Cluster:
                                          {**self.env, **(server_env or {}).get(i, {})})
                              for i in range(0 if colocate else servers)]
 
-    def restart_scheduler(self):
+    def restart_scheduler(self, away=None):
         """SIGKILL the scheduler and start it again with its state, on its port (nodes
         reconnect within their rejoin_ms, each logged `... came back` in the log
-        self.sched_log, scheduler-againN for the Nth restart); returns once it listens."""
+        self.sched_log, scheduler-againN for the Nth restart); returns once it listens.
+        away: called between the two (what the job does without its scheduler)."""
         os.killpg(self.scheduler.pid, signal.SIGKILL)
         self.scheduler.wait(timeout=5)
+        if away:
+            away()
         port = self.addr.rsplit(":", 1)[1]
         self.restarts += 1
         self.sched_log = f"scheduler-again{self.restarts}"

@@ -10,8 +10,9 @@
  * floats in 16 runs (large parts: same-host pushes then go by peer memory) and the
  * values line has one value per run, -1 for a run whose floats differ. Each push sends the gradient -1 for every key. In sync mode each push is followed by ps_clock and a
  * pull (which waits for the round). After
- * --pushes pushes (rc printed for each that failed), a barrier, then a pull of every
- * key. Output, one line each:
+ * --pushes pushes (rc printed for each that failed), a barrier, then (with --wait-file
+ * PATH, once PATH exists: a reader started with --pushes 0 pulls when told) a pull of
+ * every key. Output, one line each:
  *   push N rc=NAME ms=ELAPSED msg=...      for a push that did not return PS_OK
  *   acked N                                pushes that returned PS_OK
  *   direct_calls N                         of the calls, those done on the caller's thread
@@ -38,6 +39,29 @@ static double now_ms(void) {
 static void pause_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   if (ms) nanosleep(&ts, NULL);
+}
+
+static const char *wait_file; /* --wait-file: the final pull waits for it to exist */
+
+/* Before the final pull: the barrier (called again while it times out: a worker that
+ * only reads waits there for the whole run, maybe across a restart of the scheduler), then, with --wait-file, that file (at
+ * most 5 minutes). */
+static int final_sync(ps_ctx *ctx) {
+  double until = now_ms() + 300e3;
+  int rc;
+  /* (a scheduler restarted meanwhile fails the call: UNAVAILABLE, and again) */
+  while (((rc = ps_barrier(ctx, -1)) == PS_ERR_TIMEOUT || rc == PS_ERR_UNAVAILABLE) && now_ms() < until) pause_ms(50);
+  if (rc || !wait_file) return rc;
+  while (now_ms() < until) {
+    FILE *f = fopen(wait_file, "r");
+    if (f) {
+      fclose(f);
+      return 0;
+    }
+    pause_ms(20);
+  }
+  fprintf(stderr, "once_worker: %s did not appear\n", wait_file);
+  return PS_ERR_TIMEOUT;
 }
 
 /* "direct_calls N": blocking calls done on the caller's thread. */
@@ -70,7 +94,7 @@ static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_
   printf("acked %d\n", acked);
   print_direct(ctx);
   fflush(stdout);
-  if ((rc = ps_barrier(ctx, -1)) || (rc = ps_pull_range(ctx, t, 0, n, vals, -1))) {
+  if ((rc = final_sync(ctx)) || (rc = ps_pull_range(ctx, t, 0, n, vals, -1))) {
     fprintf(stderr, "once_worker: final barrier or pull: %s: %s\n", ps_err_name(rc), ps_errmsg());
     free(grads), free(vals);
     return 1;
@@ -107,6 +131,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--sleep-ms")) sleep_ms = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--floats")) floats = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--opts")) extra = argv[i + 1];
+    else if (!strcmp(argv[i], "--wait-file")) wait_file = argv[i + 1];
     else {
       fprintf(stderr, "once_worker: unknown option %s\n", argv[i]);
       return 2;
@@ -168,7 +193,7 @@ int main(int argc, char **argv) {
   printf("acked %d\n", acked);
   print_direct(ctx);
   fflush(stdout);
-  if ((rc = ps_barrier(ctx, -1)) ||
+  if ((rc = final_sync(ctx)) ||
       (rc = dense ? ps_pull_range(ctx, t, 0, (uint64_t)nkeys, vals, -1) : ps_pull(ctx, t, keys, (size_t)nkeys, vals, -1))) {
     fprintf(stderr, "once_worker: final barrier or pull: %s: %s\n", ps_err_name(rc), ps_errmsg());
     ps_ctx_close(ctx);

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cluster import binary
+from cluster import Cluster, binary
 
 SLOW = 3 if os.environ.get("PSHARD_SANITIZED") else 1
 STEPS = 2000  # about 6 s of sync rounds: the scheduler is killed and back within the first second
@@ -148,6 +148,31 @@ def test_a_killed_scheduler_started_again_takes_the_job_back(tmp):
             assert "serving on, waiting up to" in job.log(w), job.log(w)
     finally:
         job.close()
+
+
+def test_a_barrier_called_while_the_scheduler_is_away_waits_for_it(tmp):
+    # Both workers finish their pushes and call the final barrier while the scheduler is
+    # dead: the call waits (not an error naming an empty address) and passes once a
+    # scheduler started again from its state takes them back; the pull after it reads
+    # every push.
+    pushes = 40
+    with Cluster(2, 2, sched_state=True, extra_env={"PSHARD_REJOIN_MS": "20000"}) as c:
+        ps = [c.worker([binary("once_worker"), "--pushes", str(pushes), "--sleep-ms", "25"], f"w{i}") for i in range(2)]
+        time.sleep(0.3)
+
+        def away():
+            deadline = time.time() + 20 * SLOW
+            while not all("acked" in c.log(f"w{i}") for i in range(2)):
+                assert time.time() < deadline and all(p.poll() is None for p in ps), c.log("w0") + c.log("w1")
+                time.sleep(0.05)
+            time.sleep(1.0)  # they are in ps_barrier, with no scheduler
+            assert all(p.poll() is None for p in ps), c.log("w0") + c.log("w1")
+        c.restart_scheduler(away)
+        assert c.wait(ps, 60 * SLOW) == [0, 0], c.log("w0") + c.log("w1") + c.log(c.sched_log)
+        for i in range(2):
+            out = c.log(f"w{i}")
+            assert f"acked {pushes}" in out and f"values {2 * pushes}," in out, out
+        assert c.log(c.sched_log).count("came back") == 4, c.log(c.sched_log)
 
 
 def test_a_node_whose_registration_was_saved_but_not_answered_keeps_its_place(tmp):
