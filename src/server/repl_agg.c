@@ -223,14 +223,6 @@ static int agg_send(ps__server *s, ps__table *t, const agg_rows *a, const uint8_
 
 /* ------------------------------------------------------------------ the head */
 
-static uint32_t push_chain(ps__server *s, ps__table *t, const ps__push *p) {
-  ps__srv_chains x;
-  if (!p->nkeys || ps__srv_chains_init(&x, s, t)) return 0;
-  uint32_t ck = ps__srv_push_chain(&x, p);
-  ps__srv_chains_free(&x);
-  return ck;
-}
-
 static srv_aggw *waiter_new(ps__conn *c, const ps__frame_hdr *h, uint32_t table, const ps__push_id *id,
                             uint32_t chain) {
   srv_aggw *w = ps__calloc(1, sizeof *w);
@@ -248,7 +240,7 @@ static srv_aggw *same_push(srv_aggw *l, uint32_t table, const ps__push_id *id) {
 
 void ps__srv_agg_before(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__push *p) {
   ps__push_id id = {.worker = p->sender, .seq = p->seq, .inc = p->inc, .unit = p->unit};
-  s->agg_cur = waiter_new(c, h, t->id, &id, push_chain(s, t, p));
+  s->agg_cur = waiter_new(c, h, t->id, &id, ps__once_unit_chain(p->unit)); /* (the ring checks found it) */
 }
 
 int ps__srv_agg_after(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps__table *t, const ps__verdict *v) {

@@ -66,6 +66,8 @@ void ps__once_mark(ps__once *w, uint64_t inc, uint32_t seq);
 static inline uint64_t ps__once_unit(uint32_t table, uint32_t chain) {
   return (chain & PS_FWD_DENSE_CHAIN) ? (uint64_t)table << 32 | chain : PS__ONCE_SPARSE | chain;
 }
+/* And back: the chain of a unit (0 for the unit without replicas). */
+static inline uint32_t ps__once_unit_chain(uint64_t unit) { return (uint32_t)unit; }
 
 /* A push's identity: its worker, sequence, the worker's incarnation and its unit (a
  * push combined into an aggregation buffer travels with the buffer as this). */
