@@ -130,6 +130,7 @@ typedef struct sync_arg {
   int rounds;
   const char *xport;
   double secs;
+  double in_place; /* the servers' pushes added to their round from a kept copy (STATS) */
 } sync_arg;
 
 static void *sync_worker(void *arg) {
@@ -153,6 +154,11 @@ static void *sync_worker(void *arg) {
   }
   bench_check(ps_pull_range(ctx, t, 0, n, w, -1), "pull");
   a->secs = bench_now() - t0;
+  for (int i = 0; i < 2; i++) {
+    char st[8192];
+    double v = ps_server_stats(ctx, i, st, sizeof st, 5000) ? -1 : bench_stat_value(st, "peer_mem_kept_in_place");
+    if (v > 0) a->in_place += v;
+  }
   ps_ctx_close(ctx);
   free(w);
   free(g);
@@ -161,12 +167,14 @@ static void *sync_worker(void *arg) {
 
 /* Rounds per second; the CPU time per round of the two workers (this process, warm-up
  * included) and of the two servers into cpu_us[0..1]. */
+static double sync_in_place; /* the last run's sync_arg.in_place, the larger of the two */
+
 static double sync_rounds_s(int R, int rounds, const char *xport, double cpu_us[2]) {
   bench_cluster c;
   set_replicas(R);
   bench_cluster_start(&c, 2, 2, xport);
   double w0 = bench_cpu_s(0), s0 = bench_cpu_s(c.server_pid[0]) + bench_cpu_s(c.server_pid[1]);
-  sync_arg a[2] = {{&c, rounds, xport, 0}, {&c, rounds, xport, 0}};
+  sync_arg a[2] = {{.c = &c, .rounds = rounds, .xport = xport}, {.c = &c, .rounds = rounds, .xport = xport}};
   pthread_t th[2];
   for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, sync_worker, &a[i]);
   for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
@@ -174,6 +182,7 @@ static double sync_rounds_s(int R, int rounds, const char *xport, double cpu_us[
   cpu_us[0] = 1e6 * (bench_cpu_s(0) - w0) / n;
   cpu_us[1] = 1e6 * (bench_cpu_s(c.server_pid[0]) + bench_cpu_s(c.server_pid[1]) - s0) / n;
   bench_cluster_stop(&c);
+  sync_in_place = a[0].in_place > a[1].in_place ? a[0].in_place : a[1].in_place;
   double s = a[0].secs > a[1].secs ? a[0].secs : a[1].secs;
   return rounds / s;
 }
@@ -199,6 +208,8 @@ static void part_sync(int rounds, const char *only) {
       r2[k] = sync_rounds_s(2, rounds, xports[x], u);
       c[1][0][k] = u[0], c[1][1][k] = u[1];
     }
+    printf("  %-34s R = 2: %.0f push parts added to their round where the worker's kept copy lies (last run)\n",
+           x ? "transport auto (same host)" : "transport tcp", sync_in_place);
     for (int r = 0; r < 2; r++)
       for (int w = 0; w < 2; w++) cpu[x][r][w] = bench_median(c[r][w], 3);
     double m1 = bench_median(r1, 3), m2 = bench_median(r2, 3);

@@ -205,6 +205,7 @@ static void keep_name(kept *k, part *p) {
   ps__put_u64(t + 16, pair[0]);
   ps__put_u64(t + 24, pair[1]);
   p->send[1].len = 32;
+  p->hdr.flags |= PS_FLAG_KEPT;
   p->kb = k->kb;
   k->kb->refs++; /* keep_mu held */
 }

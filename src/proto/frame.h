@@ -69,7 +69,11 @@ enum {
   PS_FLAG_TAIL = 2,
   /* CKPT reply from a server still writing its file: rows went out since its last word
    * (no body; the final answer comes later, without the flag). */
-  PS_FLAG_PROGRESS = 4
+  PS_FLAG_PROGRESS = 4,
+  /* Push request by peer memory under replicas: its values are the copy the worker keeps
+   * of it for a failover (client/keep.c), which the worker does not change before the
+   * push's round is on every copy: the head may read them where they lie. */
+  PS_FLAG_KEPT = 8
 };
 #define PS_FLAG_MASK 0x0fu
 #define PS_XPORT_SHIFT 4

@@ -377,10 +377,31 @@ void ps__srv_on_push_peer(ps__server *s, ps__conn *c, const ps__frame_hdr *h, ps
     ps__vx_close(&x);
     return;
   }
+  ps__table *t = ps__shard_table(s->sh, h->table);
+  /* Under replicas, a sync push that names the copy its worker keeps (PS_FLAG_KEPT, one
+   * region of a shared buffer, mapped here): added to the round from there. That copy
+   * does not change before the round is on every copy (client/keep.c); a worker that
+   * wrote into it meanwhile would only garble its own push. */
+  if ((h->flags & PS_FLAG_KEPT) && s->replicas > 1 && t && ps__table_is_sync(t) && x.ops == &ps__vx_shared_ops &&
+      x.nd == 1 && ps__get_u64(x.d) % 4 == 0) {
+    const float *at = (const float *)(uintptr_t)ps__get_u64(x.d);
+    int expired = x.until && ps__now_ms() >= x.until;
+    ps__vx_close(&x);
+    if (expired) {
+      ps__srv_reply_err(c, h, PS_ERR_TIMEOUT, "peer-memory push of process %d expired", c->peer_pid);
+      return;
+    }
+    ps__srv_metrics_mem(s, c, h->table, 0, total);
+    ps__push p = ps__srv_push_of(h, b->buf, total / 4);
+    p.vals = at;
+    ps__owned none = {NULL, 0};
+    ps__srv_push(s, c, h, &p, &none, 1);
+    s->kept_in_place++;
+    return;
+  }
   /* Under replicas, an async table's push is read into a shared buffer in the shape of
    * its forward (prefix, segments, values): the next copy, on this host, applies the
    * values where they lie there (repl.c) instead of reading the worker's memory again. */
-  ps__table *t = ps__shard_table(s->sh, h->table);
   size_t pre = s->replicas > 1 && t && t->spec.kind == PS_DENSE && !ps__table_is_sync(t) && !ps__table_aggregates(t)
                    ? PS_FWD_PREFIX
                    : 0;

@@ -92,6 +92,7 @@ struct ps__server {
   char unix_path[PS_PATH_MAX];
   uv_idle_t apply_idle; /* runs while tables have a pending apply */
   uint64_t pm_pushes, pm_pulls, fused_pulls; /* peer-memory requests served; pulls written by a fused round */
+  uint64_t kept_in_place; /* sync pushes added to their round from the worker's kept copy (peer.c) */
   uint8_t *pm_body;       /* the peer-memory push being served: its body, when that is a shared
                            * buffer in the shape of its forward (peer.c, repl.c) */
   uint64_t pm_fwd_out, pm_fwd_in, pm_fwd_inline; /* such forwards sent; read here; sent again with values */

@@ -114,9 +114,10 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
   ps__wbuf_bytes(&w, line, (size_t)m);
   m = snprintf(line, sizeof line,
                "peer_mem_pushes %llu\npeer_mem_pulls %llu\nfused_pulls %llu\npeer_mem_forwards_out %llu\n"
-               "peer_mem_forwards_in %llu\npeer_mem_forwards_resent %llu\n",
+               "peer_mem_forwards_in %llu\npeer_mem_forwards_resent %llu\npeer_mem_kept_in_place %llu\n",
                (unsigned long long)s->pm_pushes, (unsigned long long)s->pm_pulls, (unsigned long long)s->fused_pulls,
-               (unsigned long long)s->pm_fwd_out, (unsigned long long)s->pm_fwd_in, (unsigned long long)s->pm_fwd_inline);
+               (unsigned long long)s->pm_fwd_out, (unsigned long long)s->pm_fwd_in, (unsigned long long)s->pm_fwd_inline,
+               (unsigned long long)s->kept_in_place);
   ps__wbuf_bytes(&w, line, (size_t)m);
   uint64_t shm_req, shm_mapped, shm_held;
   ps__shm_counts(s->shm, &shm_req, &shm_mapped, &shm_held);

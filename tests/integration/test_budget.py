@@ -80,6 +80,26 @@ def test_a_worker_pushing_nan_and_an_infinite_rate_is_refused_and_the_model_stay
     assert "holds NaN" in slog, slog
 
 
+def test_a_nan_in_a_replicated_sync_push_read_where_the_workers_copy_lies_is_refused():
+    # R = 2: each slice's head adds a worker's push to the round from the copy the
+    # worker keeps for a failover (peer_mem_kept_in_place), so the check runs there.
+    with Cluster(2, 1, replicas=2) as c:
+        w = c.worker([binary("budget_worker"), "nan-sync", "8"], "worker0")
+        code = c.wait([w], RUN_TIMEOUT)[0]
+        log = c.log("worker0") + c.log("server0") + c.log("server1")
+    assert code == 0, log
+    refused = [line for line in log.splitlines() if line.startswith("refused: ")]
+    assert len(refused) == 1 and "NaN" in refused[0] and "nothing was applied" in refused[0], log
+    # 7 of the 8 rounds applied a gradient of ones with lr 0.1 from 1: every value is 0.3.
+    lo, hi = [float(x) for x in next(line for line in log.splitlines() if line.startswith("s ")).split()[1:]]
+    assert abs(lo - 0.3) < 1e-5 and abs(hi - 0.3) < 1e-5, log
+    for i in range(2):
+        assert f"server {i} nonfinite_refused 1" in log, log
+        in_place = int(next(line for line in log.splitlines()
+                            if line.startswith(f"server {i} peer_mem_kept_in_place ")).split()[-1])
+        assert in_place >= 8, log  # each head's part of every push, the refused one too
+
+
 def test_raw_nan_beside_a_training_worker_and_huge_announced_payloads_change_nothing(tmp_path):
     ref = run_sync(1, 1, 4, 60, str(tmp_path / "ref.txt"), DENSE_SGD, SPARSE_ADAGRAD)
     out = str(tmp_path / "out.txt")
