@@ -9,11 +9,13 @@
 #include "common/fault.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/common.h"
 
@@ -496,7 +498,13 @@ int ps__fault_alloc(void) {
   return fail;
 }
 
-uint32_t ps__fault_disk(void) {
+void ps__fault_sleep_ms(uint32_t ms) {
+  struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+  while (ms && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+uint32_t ps__fault_disk(const char *what) {
   ident me;
   int loaded = 0;
   uint32_t ms = 0;
@@ -512,7 +520,7 @@ uint32_t ps__fault_disk(void) {
       loaded = 1;
     }
     name_of(&me, who, sizeof who);
-    ps__log(PS_LOG_WARN, "fault: checkpoint write #%llu on %s waits %u ms (rule %u: %s)", (unsigned long long)nth, who,
+    ps__log(PS_LOG_WARN, "fault: %s #%llu on %s waits %u ms (rule %u: %s)", what, (unsigned long long)nth, who,
             r->delay_ms, k + 1, r->text);
   }
   return ms;

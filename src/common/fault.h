@@ -42,7 +42,8 @@ typedef enum {
   PS__FAULT_DELAY = 2,
   PS__FAULT_DUP = 3,
   PS__FAULT_ALLOC = 4,
-  PS__FAULT_SLOWDISK = 5 /* a checkpoint data file's write waits delay_ms */
+  PS__FAULT_SLOWDISK = 5 /* a checkpoint data file's write, or the scheduler's state
+                          * file's, waits delay_ms */
 } ps__fault_kind;
 
 /* Directions of a frame as seen by the node: received or sent. */
@@ -104,9 +105,11 @@ typedef struct ps__fault_act {
 int ps__fault_frame(unsigned dir, uint8_t type, ps__fault_act *act);
 /* Count an allocation; nonzero: it must fail. */
 int ps__fault_alloc(void);
-/* Count a write of a checkpoint data file (one buffer of it); the ms it must wait first
- * (0: none). */
-uint32_t ps__fault_disk(void);
+/* Count a write to disk (one buffer of a checkpoint data file, or the scheduler's state
+ * file), named `what` in the log line; the ms it must wait first (0: none). */
+uint32_t ps__fault_disk(const char *what);
+/* Sleep ms milliseconds (a slow disk's wait). */
+void ps__fault_sleep_ms(uint32_t ms);
 
 /* The calling thread handles a received frame of this type (for alloc rules with a
  * type) until ps__fault_scope_end(previous value). */

@@ -176,9 +176,9 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
     ps__log(PS_LOG_INFO, "every worker has left; the job is finished");
     uv_timer_start(&s->finish_timer, finish_tick, 300, 0);
   }
+  ps__sched_state_save(s); /* durable before any node hears of it */
   if (s->started) broadcast_membership(s);
   check_barriers(s);
-  ps__sched_state_save(s);
 }
 
 /* A node registered before (by this scheduler, or by the one whose state it restarted
@@ -222,10 +222,10 @@ static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__
             hello->role == PS_ROLE_SERVER ? "server" : "worker", n->m.id, n->m.rank, c->peer);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
                      .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
-  ps__conn_send_ctrl(c, &r, NULL, 0);
   s->epoch++;
+  ps__sched_state_save(s); /* durable before any node hears of it */
+  ps__conn_send_ctrl(c, &r, NULL, 0);
   if (s->started) broadcast_membership(s);
-  ps__sched_state_save(s);
 }
 
 static void refuse_hello(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
@@ -297,9 +297,9 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
           n->m.rank, c->peer, (unsigned long long)s->epoch);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
                      .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
+  ps__sched_state_save(s); /* durable before any node hears of it */
   ps__conn_send_ctrl(c, &r, NULL, 0);
   broadcast_membership(s);
-  ps__sched_state_save(s);
 }
 
 /* A replacement has every copy it waited for: it holds its chains' rows from now on. */
@@ -309,8 +309,11 @@ static void on_synced(ps__sched *s, node *n, const ps__frame_hdr *h) {
   s->epoch++;
   ps__log(PS_LOG_INFO, "server %u (rank %u) has copied its rows (at its epoch %llu); epoch %llu", n->m.id, n->m.rank,
           (unsigned long long)h->epoch, (unsigned long long)s->epoch);
-  broadcast_membership(s);
+  /* Durable before any node hears of it: a scheduler that died between the two would
+   * come back with the replacement still copying, after the members had seen it hold
+   * its copies, and they would forward it nothing until it said so again. */
   ps__sched_state_save(s);
+  broadcast_membership(s);
 }
 
 static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
@@ -384,15 +387,11 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
           n->m.id, n->m.rank, c->peer);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .sender = 0,
                      .table = n->m.id, .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-  int was = s->started;
   maybe_start(s);
-  if (s->started) {
-    s->epoch++;
-    (void)was;
-    broadcast_membership(s);
-  }
-  ps__sched_state_save(s);
+  if (s->started) s->epoch++;
+  ps__sched_state_save(s); /* durable before any node hears of it */
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+  if (s->started) broadcast_membership(s);
 }
 
 static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
@@ -437,6 +436,7 @@ static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const 
   s->tables[s->ntables].d = d;
   s->tables[s->ntables].spec = spec;
   s->ntables++;
+  ps__sched_state_save(s); /* the table is kept before its id is given out */
   ps__frame_hdr r = {.type = PS_MSG_DECLARE | PS_FRAME_REPLY, .req_id = h->req_id, .table = d.id};
   ps__conn_send_ctrl(c, &r, NULL, 0);
 }
@@ -663,8 +663,7 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
     break;
   }
   /* What changed the job's state is kept (state.c): tables, tasks. */
-  if (h->type == PS_MSG_DECLARE || h->type == PS_MSG_TASK_INIT || h->type == PS_MSG_TASK_NEXT ||
-      h->type == PS_MSG_TASK_DONE)
+  if (h->type == PS_MSG_TASK_INIT || h->type == PS_MSG_TASK_NEXT || h->type == PS_MSG_TASK_DONE)
     ps__sched_state_save(s);
 }
 

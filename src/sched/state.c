@@ -34,6 +34,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "common/fault.h"
 #include "sched/sched_int.h"
 
 #define STATE_MAGIC 0x53535350u /* "PSSS" */
@@ -131,6 +132,7 @@ void ps__sched_state_save(ps__sched *s) {
   char tmp[PS_CKPT_DIR_MAX + 32], path[PS_CKPT_DIR_MAX + 32];
   state_path(s, tmp, sizeof tmp, ".tmp");
   state_path(s, path, sizeof path, "");
+  if (ps__fault_on()) ps__fault_sleep_ms(ps__fault_disk("state write")); /* a slow disk, for the tests */
   ps__wbuf w;
   ps__wbuf_init(&w);
   encode(s, &w);

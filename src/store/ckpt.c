@@ -187,10 +187,7 @@ static void io_stop(ps__ckpt_writer *w) {
 /* The full buffer goes to the I/O thread (or out at once without one). */
 static int flush_out(ps__ckpt_writer *w) {
   if (ps__fault_on()) {
-    uint32_t ms = ps__fault_disk(); /* a slow disk, for the tests that kill a writer */
-    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
-    while (ms && nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
+    ps__fault_sleep_ms(ps__fault_disk("checkpoint write")); /* a slow disk, for the tests that kill a writer */
   }
   if (w->progress) __atomic_add_fetch(w->progress, w->out_len, __ATOMIC_RELAXED);
   if (!w->io_started) {

@@ -4,8 +4,8 @@ Every process gets its own process group and is killed (SIGKILL to the group) wh
 cluster is closed, whatever happened. Ports are ephemeral: the scheduler binds port 0
 and writes its address to a file. Each cluster's logs are in a directory under /tmp,
 removed at the end of the test run unless the cluster closed on an exception.
-Servers run with --verbose (catch-ups, table creation and membership changes in their
-logs) when a test asks (verbose=True) or PSHARD_TEST_VERBOSE=1 is set.
+Servers and the scheduler run with --verbose (catch-ups, table creation and membership
+changes in their logs) when a test asks (verbose=True) or PSHARD_TEST_VERBOSE=1 is set.
 """
 import atexit
 import os
@@ -72,7 +72,8 @@ class Cluster:
                            "--heartbeat-timeout-ms", str(heartbeat_timeout_ms), "--replicas", str(replicas)]
         if sched_state:
             self.sched_argv += ["--state-dir", os.path.join(self.dir, "sched-state")]
-        self.scheduler = self._spawn(self.sched_argv + ["--addr-file", addr_file], "scheduler")
+        loud = ["--verbose"] if verbose or os.environ.get("PSHARD_TEST_VERBOSE") else []
+        self.scheduler = self._spawn(self.sched_argv + ["--addr-file", addr_file] + loud, "scheduler")
         deadline = time.time() + 10
         while not os.path.exists(addr_file):
             if time.time() > deadline or self.scheduler.poll() is not None:

@@ -16,7 +16,11 @@ compare with the pushes the workers saw acknowledged.
    is held 1.5 s by fault injection): the replacement takes those chains from their new
    tails, syncs, and is the only copy left of some chains after a third death; every
    count is exact.
-3. --join when no server is dead, or in a job without replicas: a clear refusal.
+3. S = R = 3: the scheduler SIGKILLed while it writes the state that says a replacement
+   holds its copies (slow state writes by fault injection) and started again from its
+   state: no member had heard of it, the replacement says so again, and every count is
+   exact on the replacement alone.
+4. --join when no server is dead, or in a job without replicas: a clear refusal.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -227,6 +231,39 @@ def test_r3_replacement_left_alone_holds_every_acknowledged_push(extra, pushes, 
             return f.get("alive") == "1" and f.get("syncing") == "0"
         wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
         assert "copied" in c.log("joiner"), c.log("joiner")
+        for n, victim in enumerate((0, 2)):
+            kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
+        assert c.wait(ps, RUN) == [0, 0], logs()
+        counted(c, 2, pushes)
+        assert x.poll() is None, c.log("joiner")
+
+
+def test_a_scheduler_killed_while_it_saves_a_finished_copy_loses_no_push():
+    # The scheduler keeps each change in its state before any node hears of it. Here it
+    # is SIGKILLed while it writes the state that says the replacement holds its copies
+    # (each state write waits 400 ms: slowdisk), and comes back from the state before,
+    # with the replacement still copying, which is what every node still believes. Had
+    # the members been told first, they would have taken the replacement as holding its
+    # copies, the restarted scheduler would have set it copying again, and the pushes of
+    # that window would never have reached it. Then both survivors die: every count is
+    # exact on the replacement alone.
+    env = {"PSHARD_RETRY_MS": "200", "PSHARD_FAULT": "slowdisk=400ms:n=1+:node=scheduler"}
+    pushes = 700
+    with Cluster(3, 2, replicas=3, extra_env=env, sched_state=True, verbose=True) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = start_workers(c, 2, pushes, 10)
+        wait_for(lambda: "job started" in c.log("scheduler"), "the job starts", 20 * SCALE, logs)
+        dead = kill_one(c, ps, 1, 0, logs, 1.5)  # past the declaration (each state write is slow)
+        x = join(c)
+        wait_for(lambda: "has copied its rows" in c.log("scheduler"), "the replacement copies its rows",
+                 20 * SCALE, logs)
+        c.restart_scheduler()
+
+        def synced():
+            f = sched_nodes(c).get(dead, {})
+            return f.get("alive") == "1" and f.get("syncing") == "0"
+        wait_for(synced, "the replacement holds its copies again", 30 * SCALE, logs)
         for n, victim in enumerate((0, 2)):
             kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
         assert c.wait(ps, RUN) == [0, 0], logs()

@@ -292,10 +292,10 @@ Test(fault_decide, nth_from_nth_on_every_kth, .fini = disarm) {
 
 Test(fault_decide, slow_disk_rules_count_checkpoint_writes, .fini = disarm) {
   OK(ps__fault_arm("slowdisk=40ms:n=2;slowdisk=70ms:n=3+;drop:type=push"));
-  cr_expect(eq(u32, ps__fault_disk(), 0));
-  cr_expect(eq(u32, ps__fault_disk(), 40));
-  cr_expect(eq(u32, ps__fault_disk(), 70), "the longer wait of two rules");
-  cr_expect(eq(u32, ps__fault_disk(), 70));
+  cr_expect(eq(u32, ps__fault_disk("checkpoint write"), 0));
+  cr_expect(eq(u32, ps__fault_disk("checkpoint write"), 40));
+  cr_expect(eq(u32, ps__fault_disk("checkpoint write"), 70), "the longer wait of two rules");
+  cr_expect(eq(u32, ps__fault_disk("checkpoint write"), 70));
   cr_expect(not(fires(PS__FAULT_IN, PS_MSG_PULL)), "frame rules do not see disk writes");
   cr_expect(eq(u64, ps__fault_fired_total(), 3));
 }
