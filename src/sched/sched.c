@@ -662,9 +662,6 @@ static void sched_on_frame(ps__conn *c, const ps__frame_hdr *h, ps__body *b) {
   default:
     break;
   }
-  /* What changed the job's state is kept (state.c): tables, tasks. */
-  if (h->type == PS_MSG_TASK_INIT || h->type == PS_MSG_TASK_NEXT || h->type == PS_MSG_TASK_DONE)
-    ps__sched_state_save(s);
 }
 
 static void sched_on_close(ps__conn *c, int status) {

@@ -33,6 +33,7 @@ static int task_assign(ps__sched *s, ps__conn *c, uint32_t node_id, uint64_t req
     t->state[p] = TASK_ASSIGNED;
     t->owner[p] = node_id;
     t->handed++;
+    ps__sched_state_save(s); /* kept before it is handed out */
     task_reply(c, req_id, 0, p, t->epoch);
     return 1;
   }
@@ -97,6 +98,7 @@ void ps__sched_on_task_init(ps__sched *s, ps__conn *c, const ps__frame_hdr *h) {
     t->parts = parts;
     t->epochs = epochs;
     ps__sched_ckpt_tasks_restore(s);
+    ps__sched_state_save(s);
   }
   ps__frame_hdr r = {.type = PS_MSG_TASK_INIT | PS_FRAME_REPLY, .req_id = h->req_id};
   ps__conn_send_ctrl(c, &r, NULL, 0);
@@ -140,15 +142,17 @@ void ps__sched_on_task_done(ps__sched *s, node *n, ps__conn *c, const ps__frame_
   t->state[p] = TASK_DONE;
   t->ndone++;
   t->completed++;
-  ps__frame_hdr r = {.type = PS_MSG_TASK_DONE | PS_FRAME_REPLY, .req_id = h->req_id};
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-  if (t->ndone == t->parts) {
+  int next_epoch = t->ndone == t->parts;
+  if (next_epoch) {
     ps__log(PS_LOG_INFO, "epoch %u finished (%u partitions)", t->epoch, t->parts);
     t->epoch++;
     t->ndone = 0;
     memset(t->state, TASK_PENDING, t->parts);
-    task_serve_waiters(s);
   }
+  ps__sched_state_save(s); /* kept before it is answered */
+  ps__frame_hdr r = {.type = PS_MSG_TASK_DONE | PS_FRAME_REPLY, .req_id = h->req_id};
+  ps__conn_send_ctrl(c, &r, NULL, 0);
+  if (next_epoch) task_serve_waiters(s);
 }
 
 /* A dead worker's unfinished partitions go back to the queue. */

@@ -2,7 +2,9 @@
 SIGKILL it in the middle of a sync job and start it again with the same --state-dir and
 --port; the servers keep their tables and serve on meanwhile, every node is taken back
 with its id and rank, and the job ends with exactly the model of a run without the
-fault. Real processes on loopback; every process is killed at the end.
+fault. A scheduler killed while it writes its state (slow writes by fault injection)
+has answered nothing of what it was writing: a task handed out then is handed out once.
+Real processes on loopback; every process is killed at the end.
 """
 import os
 import re
@@ -213,6 +215,37 @@ def test_a_node_whose_registration_was_saved_but_not_answered_keeps_its_place(tm
         assert "registered as rank" not in log2, log2
     finally:
         job.close()
+
+
+def test_a_task_handed_out_is_kept_before_its_worker_hears_of_it(tmp):
+    # The scheduler keeps a task hand-out in its state before it answers. Killed while it
+    # writes the state for the worker's second task (each state write waits 400 ms:
+    # slowdisk), it has not answered: the worker's call fails with PS_ERR_UNAVAILABLE and
+    # is made again, and the scheduler started again from its state hands the partition
+    # out once. (Answered first, the worker would have worked on a partition the
+    # restarted scheduler still had to hand out.) Every partition is done exactly once.
+    rec = os.path.join(tmp, "tasks")
+    env = {"PSHARD_FAULT": "slowdisk=400ms:n=1+:node=scheduler", "PSHARD_REJOIN_MS": "20000"}
+    with Cluster(1, 1, sched_state=True, verbose=True, extra_env=env) as c:
+        w = c.worker([binary("task_worker"), "4", "1", rec, "300"], "w0")
+
+        def writes():
+            return c.log("scheduler").count("fault: state write #")
+        deadline = time.time() + 30 * SLOW
+        while not (os.path.exists(rec) and "done 0" in open(rec).read()):
+            assert time.time() < deadline and w.poll() is None, c.log("w0") + c.log("scheduler")
+            time.sleep(0.01)
+        n = writes()  # the done's write is over (answered); the next one is the hand-out's
+        while writes() == n:
+            assert time.time() < deadline and w.poll() is None, c.log("w0") + c.log("scheduler")
+            time.sleep(0.01)
+        c.restart_scheduler()
+        assert c.wait([w], 60 * SLOW) == [0], c.log("w0") + c.log("scheduler") + c.log(c.sched_log)
+        with open(rec) as f:
+            lines = f.read().split()
+        done = sorted(int(p) for k, e, p in zip(lines[0::3], lines[1::3], lines[2::3]) if k == "done")
+        started = sorted(int(p) for k, e, p in zip(lines[0::3], lines[1::3], lines[2::3]) if k == "start")
+        assert done == [0, 1, 2, 3] and started == [0, 1, 2, 3], lines
 
 
 def test_without_its_state_a_new_scheduler_refuses_the_old_nodes(tmp):
