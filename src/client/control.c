@@ -91,9 +91,26 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
   pthread_mutex_lock(&ctx->mu);
   ps__ring *ring = ctx->ring;
   pthread_mutex_unlock(&ctx->mu);
-  size_t S = ring ? ps__ring_size(ring) : 0;
-  r = ps__req_new(ctx, (unsigned)S, 1);
+  size_t S = ring ? ps__ring_size(ring) : 0, n = 0;
+  /* Under replicas, not on a server that has left the job: its replacement takes the
+   * table from the servers it copies its rows from (server/repair.c). */
+  uint32_t *to = ps__malloc((S ? S : 1) * sizeof *to);
+  int repl = __atomic_load_n(&ctx->replicas, __ATOMIC_RELAXED) > 1;
+  pthread_mutex_lock(&ctx->lend_mu);
+  for (size_t s = 0; to && s < S; s++) {
+    uint32_t id = ps__ring_server_at(ring, s);
+    peer *l = repl ? ps__link_find(ctx, id) : NULL;
+    if (!repl || !l || l->alive) to[n++] = id;
+  }
+  pthread_mutex_unlock(&ctx->lend_mu);
+  if (to && S && !n) {
+    free(to);
+    ps__wbuf_free(&w);
+    return ps__fail(PS_ERR_UNAVAILABLE, "every server has left the job: table '%s' cannot be created", name);
+  }
+  r = to ? ps__req_new(ctx, (unsigned)n, 1) : NULL;
   if (w.oom || !r || !(r->own_keys = ps__malloc(w.len))) {
+    free(to);
     ps__wbuf_free(&w);
     if (r) ps__req_destroy(r);
     return ps__fail(PS_ERR_NOMEM, "out of memory");
@@ -101,11 +118,12 @@ int ps_table_declare(ps_ctx *ctx, const char *name, ps_table_kind kind, uint64_t
   memcpy(r->own_keys, w.data, w.len);
   r->bufs[0] = uv_buf_init(r->own_keys, (unsigned)w.len);
   ps__wbuf_free(&w);
-  for (size_t s = 0; s < S; s++) {
-    ps__part_init(ctx, r, (unsigned)s, ps__ring_server_at(ring, s), PS_MSG_CREATE, id, ps__deadline_for(ctx, -1));
+  for (size_t s = 0; s < n; s++) {
+    ps__part_init(ctx, r, (unsigned)s, to[s], PS_MSG_CREATE, id, ps__deadline_for(ctx, -1));
     r->parts[s].send = r->bufs;
     r->parts[s].nsend = 1;
   }
+  free(to);
   rc = ps__req_run(ctx, r, -1);
   if (rc) return rc;
   pthread_mutex_lock(&ctx->mu);

@@ -12,7 +12,9 @@
  * pull (which waits for the round). After
  * --pushes pushes (rc printed for each that failed), a barrier, then (with --wait-file
  * PATH, once PATH exists: a reader started with --pushes 0 pulls when told) a pull of
- * every key. Output, one line each:
+ * every key. With --start-file PATH the table is declared (and the pushes begin) only once
+ * PATH exists (at most 5 minutes), the worker being registered meanwhile. Output, one
+ * line each:
  *   push N rc=NAME ms=ELAPSED msg=...      for a push that did not return PS_OK
  *   acked N                                pushes that returned PS_OK
  *   direct_calls N                         of the calls, those done on the caller's thread
@@ -43,6 +45,21 @@ static void pause_ms(int ms) {
 
 static const char *wait_file; /* --wait-file: the final pull waits for it to exist */
 
+/* Wait for path to exist, at most 5 minutes; 0 or PS_ERR_TIMEOUT. */
+static int wait_for_file(const char *path) {
+  double until = now_ms() + 300e3;
+  while (now_ms() < until) {
+    FILE *f = fopen(path, "r");
+    if (f) {
+      fclose(f);
+      return 0;
+    }
+    pause_ms(20);
+  }
+  fprintf(stderr, "once_worker: %s did not appear\n", path);
+  return PS_ERR_TIMEOUT;
+}
+
 /* Before the final pull: the barrier (called again while it times out: a worker that
  * only reads waits there for the whole run, maybe across a restart of the scheduler), then, with --wait-file, that file (at
  * most 5 minutes). */
@@ -52,16 +69,7 @@ static int final_sync(ps_ctx *ctx) {
   /* (a scheduler restarted meanwhile fails the call: UNAVAILABLE, and again) */
   while (((rc = ps_barrier(ctx, -1)) == PS_ERR_TIMEOUT || rc == PS_ERR_UNAVAILABLE) && now_ms() < until) pause_ms(50);
   if (rc || !wait_file) return rc;
-  while (now_ms() < until) {
-    FILE *f = fopen(wait_file, "r");
-    if (f) {
-      fclose(f);
-      return 0;
-    }
-    pause_ms(20);
-  }
-  fprintf(stderr, "once_worker: %s did not appear\n", wait_file);
-  return PS_ERR_TIMEOUT;
+  return wait_for_file(wait_file);
 }
 
 /* "direct_calls N": blocking calls done on the caller's thread. */
@@ -112,7 +120,7 @@ static int count_big(ps_ctx *ctx, uint32_t t, uint64_t n, int pushes, int sleep_
 }
 
 int main(int argc, char **argv) {
-  const char *mode = "async", *extra = "";
+  const char *mode = "async", *extra = "", *start_file = NULL;
   int pushes = 10, nkeys = 8, sleep_ms = 0, dense = 0;
   long floats = 0;
   for (int i = 1; i < argc; i += 2) {
@@ -132,6 +140,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--floats")) floats = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--opts")) extra = argv[i + 1];
     else if (!strcmp(argv[i], "--wait-file")) wait_file = argv[i + 1];
+    else if (!strcmp(argv[i], "--start-file")) start_file = argv[i + 1];
     else {
       fprintf(stderr, "once_worker: unknown option %s\n", argv[i]);
       return 2;
@@ -150,6 +159,10 @@ int main(int argc, char **argv) {
   int rc = ps_ctx_open_env(&ctx);
   if (rc) {
     fprintf(stderr, "once_worker: ps_ctx_open_env: %s: %s\n", ps_err_name(rc), ps_errmsg());
+    return 1;
+  }
+  if (start_file && wait_for_file(start_file)) {
+    ps_ctx_close(ctx);
     return 1;
   }
   char opts[384];

@@ -20,7 +20,10 @@ compare with the pushes the workers saw acknowledged.
    holds its copies (slow state writes by fault injection) and started again from its
    state: no member had heard of it, the replacement says so again, and every count is
    exact on the replacement alone.
-4. --join when no server is dead, or in a job without replicas: a clear refusal.
+4. S = 3, R = 2: a worker declares its table only after a server died: it is created on
+   the live servers, the replacement takes it from them, and after a second death every
+   count is exact.
+5. --join when no server is dead, or in a job without replicas: a clear refusal.
 Every wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
@@ -33,7 +36,7 @@ import pytest
 
 from cluster import Cluster, binary
 from test_once import RUN, SCALE
-from test_repl import AGG, counted, start_workers
+from test_repl import AGG, counted, outcome, start_workers
 
 
 def stats(addr):
@@ -268,6 +271,36 @@ def test_a_scheduler_killed_while_it_saves_a_finished_copy_loses_no_push():
             kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
         assert c.wait(ps, RUN) == [0, 0], logs()
         counted(c, 2, pushes)
+        assert x.poll() is None, c.log("joiner")
+
+
+def test_a_table_declared_after_a_death_is_created_on_the_live_servers_and_the_replacement():
+    # A worker declares its table (the same one) only after a server died: under
+    # replicas it is created on the live servers, not refused for the dead one; the
+    # replacement takes it from the servers it copies from, and after a second death
+    # every count is exact.
+    pushes, late = 800, 400
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "200"}) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        go = os.path.join(c.dir, "go")
+        ps = [c.worker([binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", "8",
+                        "--sleep-ms", "10"], "w0"),
+              c.worker([binary("once_worker"), "--mode", "async", "--pushes", str(late), "--keys", "8",
+                        "--sleep-ms", "10", "--start-file", go], "w1")]
+        dead = kill_one(c, ps, 1, 0, logs, 0.5)
+        open(go, "w").close()
+        x = join(c)
+
+        def synced():
+            f = sched_nodes(c).get(dead, {})
+            return f.get("alive") == "1" and f.get("syncing") == "0"
+        wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        kill_one(c, ps, 0, 1, logs, 0.3, dead_after=1)
+        assert c.wait(ps, RUN) == [0, 0], logs()
+        for i, n in enumerate((pushes, late)):
+            acked, vals, failed = outcome(c.log(f"w{i}"))
+            assert failed == [] and acked == n and vals == [float(pushes + late)] * 8, logs()
         assert x.poll() is None, c.log("joiner")
 
 
