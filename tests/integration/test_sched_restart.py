@@ -158,8 +158,12 @@ def test_a_barrier_called_while_the_scheduler_is_away_waits_for_it(tmp):
     # scheduler started again from its state takes them back; the pull after it reads
     # every push.
     pushes = 40
-    with Cluster(2, 2, sched_state=True, extra_env={"PSHARD_REJOIN_MS": "20000"}) as c:
+    with Cluster(2, 2, sched_state=True, verbose=True, extra_env={"PSHARD_REJOIN_MS": "20000"}) as c:
         ps = [c.worker([binary("once_worker"), "--pushes", str(pushes), "--sleep-ms", "25"], f"w{i}") for i in range(2)]
+        deadline = time.time() + 20 * SLOW
+        while "job started" not in c.log("scheduler"):  # every node registered, its answer sent
+            assert time.time() < deadline, c.log("scheduler")
+            time.sleep(0.02)
         time.sleep(0.3)
 
         def away():
