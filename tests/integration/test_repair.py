@@ -83,6 +83,15 @@ def kill_one(c, ps, victim, n, logs, pause, dead_after=1):
     return min(dead)
 
 
+def wait_synced(c, node, what, timeout, logs, late=False):
+    """Wait until the scheduler lists replacement `node` alive and done copying (and, with
+    late, as a replacement)."""
+    def synced():
+        f = sched_nodes(c).get(node, {})
+        return f.get("alive") == "1" and f.get("syncing") == "0" and (not late or f.get("late") == "1")
+    wait_for(synced, what, timeout, logs)
+
+
 def stat_of(addr, name):
     m = re.search(rf"^{name} (\d+)$", stats(addr), re.M)
     assert m, name
@@ -114,10 +123,7 @@ def test_a_replacement_syncs_and_holds_real_copies(extra, joiner_env):
         assert len(dead) == 1, sched_nodes(c)
         x = join(c, env=joiner_env)
 
-        def synced():
-            f = sched_nodes(c).get(dead[0], {})
-            return f.get("alive") == "1" and f.get("late") == "1" and f.get("syncing") == "0"
-        wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        wait_synced(c, dead[0], "the replacement copies its rows", 20 * SCALE, logs, late=True)
         assert all(p.poll() is None for p in ps), "the workers finished before the second kill: " + logs()
         assert "copied" in c.log("joiner"), c.log("joiner")
         # One of the two original survivors dies: the chains it shared with the dead
@@ -158,10 +164,7 @@ def test_a_source_dying_mid_copy_restarts_the_copy_from_the_new_tails():
         assert "copied" not in c.log("joiner"), c.log("joiner")
         os.killpg(c.server_procs[2].pid, signal.SIGKILL)
 
-        def synced():
-            f = sched_nodes(c).get(dead[0], {})
-            return f.get("alive") == "1" and f.get("syncing") == "0"
-        wait_for(synced, "the replacement copies its rows again", 40 * SCALE, logs)
+        wait_synced(c, dead[0], "the replacement copies its rows again", 40 * SCALE, logs)
         j = c.log("joiner")
         assert "before its rows were copied here" in j, j
         assert "copying again from" in j, j
@@ -195,10 +198,7 @@ def test_two_replacements_in_turn_where_the_later_one_comes_to_head_a_chain(extr
             dead = kill_one(c, ps, victim, n, logs, 0.5)
             join(c, name=f"joiner{n}")
 
-            def synced():
-                f = sched_nodes(c).get(dead, {})
-                return f.get("alive") == "1" and f.get("late") == "1" and f.get("syncing") == "0"
-            wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+            wait_synced(c, dead, "the replacement copies its rows", 20 * SCALE, logs, late=True)
         assert all(p.poll() is None for p in ps), "the workers finished before the second copy was in: " + logs()
         assert c.wait(ps, RUN) == [0, 0], logs()
         counted(c, 2, pushes)
@@ -229,10 +229,7 @@ def test_r3_replacement_left_alone_holds_every_acknowledged_push(extra, pushes, 
         dead = kill_one(c, ps, 1, 0, logs, 0.5)
         x = join(c)
 
-        def synced():
-            f = sched_nodes(c).get(dead, {})
-            return f.get("alive") == "1" and f.get("syncing") == "0"
-        wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        wait_synced(c, dead, "the replacement copies its rows", 20 * SCALE, logs)
         assert "copied" in c.log("joiner"), c.log("joiner")
         for n, victim in enumerate((0, 2)):
             kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
@@ -263,10 +260,7 @@ def test_a_scheduler_killed_while_it_saves_a_finished_copy_loses_no_push():
                  20 * SCALE, logs)
         c.restart_scheduler()
 
-        def synced():
-            f = sched_nodes(c).get(dead, {})
-            return f.get("alive") == "1" and f.get("syncing") == "0"
-        wait_for(synced, "the replacement holds its copies again", 30 * SCALE, logs)
+        wait_synced(c, dead, "the replacement holds its copies again", 30 * SCALE, logs)
         for n, victim in enumerate((0, 2)):
             kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
         assert c.wait(ps, RUN) == [0, 0], logs()
@@ -292,10 +286,7 @@ def test_a_table_declared_after_a_death_is_created_on_the_live_servers_and_the_r
         open(go, "w").close()
         x = join(c)
 
-        def synced():
-            f = sched_nodes(c).get(dead, {})
-            return f.get("alive") == "1" and f.get("syncing") == "0"
-        wait_for(synced, "the replacement copies its rows", 20 * SCALE, logs)
+        wait_synced(c, dead, "the replacement copies its rows", 20 * SCALE, logs)
         kill_one(c, ps, 0, 1, logs, 0.3, dead_after=1)
         assert c.wait(ps, RUN) == [0, 0], logs()
         for i, n in enumerate((pushes, late)):
