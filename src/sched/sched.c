@@ -73,6 +73,16 @@ static void broadcast_membership(ps__sched *s) {
   ps__wbuf_free(&w);
 }
 
+/* A change of the job's membership: kept in the state (state.c) before any node hears
+ * of it, so that no node ever sees a membership a restarted scheduler lacks; then the
+ * answer r on c (if any) and the membership to every node, once the job started (or
+ * always: a replacement's admission and its copy's end). */
+static void announce(ps__sched *s, ps__conn *c, ps__frame_hdr *r, int always) {
+  ps__sched_state_save(s);
+  if (c) ps__conn_send_ctrl(c, r, NULL, 0);
+  if (s->started || always) broadcast_membership(s);
+}
+
 static void maybe_start(ps__sched *s) {
   if (s->started) return;
   if (ps__sched_count_alive(s, PS_ROLE_SERVER) >= s->o.servers && ps__sched_count_alive(s, PS_ROLE_WORKER) >= s->o.workers) {
@@ -176,8 +186,7 @@ static void mark_dead(ps__sched *s, node *n, const char *why) {
     ps__log(PS_LOG_INFO, "every worker has left; the job is finished");
     uv_timer_start(&s->finish_timer, finish_tick, 300, 0);
   }
-  ps__sched_state_save(s); /* durable before any node hears of it */
-  if (s->started) broadcast_membership(s);
+  announce(s, NULL, NULL, 0);
   check_barriers(s);
 }
 
@@ -223,9 +232,7 @@ static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
                      .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
   s->epoch++;
-  ps__sched_state_save(s); /* durable before any node hears of it */
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-  if (s->started) broadcast_membership(s);
+  announce(s, c, &r, 0);
 }
 
 static void refuse_hello(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
@@ -297,9 +304,7 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
           n->m.rank, c->peer, (unsigned long long)s->epoch);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .table = n->m.id,
                      .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
-  ps__sched_state_save(s); /* durable before any node hears of it */
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-  broadcast_membership(s);
+  announce(s, c, &r, 1);
 }
 
 /* A replacement has every copy it waited for: it holds its chains' rows from now on. */
@@ -309,11 +314,10 @@ static void on_synced(ps__sched *s, node *n, const ps__frame_hdr *h) {
   s->epoch++;
   ps__log(PS_LOG_INFO, "server %u (rank %u) has copied its rows (at its epoch %llu); epoch %llu", n->m.id, n->m.rank,
           (unsigned long long)h->epoch, (unsigned long long)s->epoch);
-  /* Durable before any node hears of it: a scheduler that died between the two would
-   * come back with the replacement still copying, after the members had seen it hold
-   * its copies, and they would forward it nothing until it said so again. */
-  ps__sched_state_save(s);
-  broadcast_membership(s);
+  /* (Told first, and the scheduler dead before its state said so, the members would see
+   * the replacement hold its copies, then copying again, and forward it nothing until it
+   * said so again.) */
+  announce(s, NULL, NULL, 1);
 }
 
 static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {
@@ -389,9 +393,7 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
                      .table = n->m.id, .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};
   maybe_start(s);
   if (s->started) s->epoch++;
-  ps__sched_state_save(s); /* durable before any node hears of it */
-  ps__conn_send_ctrl(c, &r, NULL, 0);
-  if (s->started) broadcast_membership(s);
+  announce(s, c, &r, 0);
 }
 
 static void on_declare(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__body *b) {

@@ -65,6 +65,8 @@ typedef struct ps__task_waiter {
   uint32_t node;
   uint64_t req_id;
   uint64_t deadline_ms;
+  int status;    /* served: 0 (part) or PS_ERR_DONE */
+  uint32_t part;
 } ps__task_waiter;
 
 typedef struct ps__sched_tasks {

@@ -21,36 +21,47 @@ static void task_reply(ps__conn *c, uint64_t req_id, int status, uint32_t part, 
   ps__conn_send_ctrl(c, &h, NULL, 0);
 }
 
-/* Try to give node a partition. Returns 1 if answered (a task or DONE), 0 if it must wait. */
-static int task_assign(ps__sched *s, ps__conn *c, uint32_t node_id, uint64_t req_id) {
+/* Give node a partition: 0 with *part (taken: saved before it is answered), PS_ERR_DONE
+ * past the last epoch, or 1 when it must wait. */
+static int task_take(ps__sched *s, uint32_t node_id, uint32_t *part) {
   tasks *t = &s->tk;
-  if (t->epoch >= t->epochs) {
-    task_reply(c, req_id, PS_ERR_DONE, 0, t->epoch);
-    return 1;
-  }
+  if (t->epoch >= t->epochs) return PS_ERR_DONE;
   for (uint32_t p = 0; p < t->parts; p++) {
     if (t->state[p] != TASK_PENDING) continue;
     t->state[p] = TASK_ASSIGNED;
     t->owner[p] = node_id;
     t->handed++;
-    ps__sched_state_save(s); /* kept before it is handed out */
-    task_reply(c, req_id, 0, p, t->epoch);
-    return 1;
+    *part = p;
+    return 0;
   }
-  return 0;
+  return 1;
 }
 
-/* Serve waiting workers after partitions came back or an epoch ended. */
+/* Serve waiting workers after partitions came back or an epoch ended: what they take is
+ * saved once, then answered. */
 static void task_serve_waiters(ps__sched *s) {
-  task_waiter **pp = &s->tk.waiters;
+  task_waiter *served = NULL, **tail = &served, **pp = &s->tk.waiters;
+  int taken = 0;
   while (*pp) {
     task_waiter *w = *pp;
-    if (task_assign(s, w->conn, w->node, w->req_id)) {
-      *pp = w->next;
-      free(w);
-    } else {
+    int rc = task_take(s, w->node, &w->part);
+    if (rc == 1) {
       pp = &w->next;
+      continue;
     }
+    taken |= rc == 0;
+    w->status = rc;
+    *pp = w->next;
+    w->next = NULL;
+    *tail = w;
+    tail = &w->next;
+  }
+  if (taken) ps__sched_state_save(s);
+  while (served) {
+    task_waiter *w = served;
+    served = w->next;
+    task_reply(w->conn, w->req_id, w->status, w->status ? 0 : w->part, s->tk.epoch);
+    free(w);
   }
 }
 
@@ -110,7 +121,13 @@ void ps__sched_on_task_next(ps__sched *s, node *n, ps__conn *c, const ps__frame_
     ps__conn_send_error(c, h, PS_ERR_INVALID, "no tasks declared (call ps_tasks_init first)");
     return;
   }
-  if (task_assign(s, c, n->m.id, h->req_id)) return;
+  uint32_t part = 0;
+  int rc = task_take(s, n->m.id, &part);
+  if (rc != 1) {
+    if (rc == 0) ps__sched_state_save(s); /* kept before it is handed out */
+    task_reply(c, h->req_id, rc, part, t->epoch);
+    return;
+  }
   /* Everything of this epoch is handed out: wait up to the caller's timeout (ms in batch). */
   if (h->batch == 0) {
     task_reply(c, h->req_id, PS_ERR_TIMEOUT, 0, t->epoch);
