@@ -71,9 +71,9 @@ static void fwd_send(ps__server *s, srv_peer *p, srv_fwd *f);
 static void fwd_body_free(ps__server *s, srv_fwd *f);
 static void peer_connect(ps__server *s, srv_peer *p);
 
-#define FWD_ABANDON_MS 60000
+#define FWD_ABANDON_MS 60000   /* a forward unanswered this long is forgotten (its worker re-sent it) */
 #define FWD_MAX_REDIRECTS 100 /* a frame re-addressed this often is answered with its last error */
-#define FWD_REDIRECT_MS 20    /* and waits this long before it is sent again */ /* a forward unanswered this long is forgotten (its worker re-sent it) */
+#define FWD_REDIRECT_MS 20    /* and waits this long before it is sent again */
 
 static srv_peer *peer_of(ps__server *s, uint32_t id) {
   for (size_t i = 0; i < s->npeers; i++)

@@ -285,7 +285,18 @@ def test_replication_lag_shows_while_the_next_copy_stands_still():
             time.sleep(0.05)
         assert all(applied(c, i) > 0 for i in range(3)), [applied(c, i) for i in range(3)]
         assert all(p.poll() is None for p in ps), "the workers finished before the stop"
-        os.kill(c.server_procs[1].pid, signal.SIGSTOP)
+        # A push goes to every head at once: a stop that lands after the forwards to
+        # server 1 were answered, but before its own part was, leaves no forward waiting
+        # on it (the workers wait on server 1 alone). Resume and stop again until one does.
+        for attempt in range(20):
+            os.kill(c.server_procs[1].pid, signal.SIGSTOP)
+            time.sleep(0.3)
+            if any(server_stat(c, i, "forwards_inflight") > 0 for i in (0, 2)):
+                break
+            os.kill(c.server_procs[1].pid, signal.SIGCONT)
+            time.sleep(0.02)
+        else:
+            pytest.fail("no forward waited on the stopped server in 20 stops")
         try:
             # The server whose chain has server 1 next (the ring decides which): its
             # forwards wait, and the oldest one's wait grows past a second.
