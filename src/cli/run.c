@@ -563,6 +563,7 @@ typedef struct respawn_state {
   int watched;            /* ps__procs index of the replacement copying its rows, or -1 */
   int dead_at_start;      /* dead servers the scheduler listed when it was started */
   int seen_syncing;       /* the scheduler listed a replacement copying since then */
+  int before_start;       /* the job had not started when it was started */
   uint64_t watched_since; /* ms */
 } respawn_state;
 
@@ -570,11 +571,13 @@ typedef struct respawn_state {
 #define RESPAWN_WAIT_MS 60000 /* a server exit the scheduler does not list as dead for this long is let go */
 
 /* The scheduler's server lines: how many are dead, and whether one is still copying
- * its rows as a replacement (`late=1 syncing=1`). 0, or -1 when unreachable. */
-static int sched_servers(const char *addr, int *dead, int *syncing) {
+ * its rows as a replacement (`late=1 syncing=1`); and whether the job started. 0, or
+ * -1 when unreachable. */
+static int sched_servers(const char *addr, int *dead, int *syncing, int *started) {
   static char stats[1 << 18];
   if (ps_cli_fetch_stats(addr, PROGRESS_STATS_MS, stats, sizeof stats)) return -1;
   *dead = *syncing = 0;
+  *started = !strncmp(stats, "started 1\n", 10) || strstr(stats, "\nstarted 1\n") || strstr(stats, "\nstarted 2\n");
   for (const char *l = stats; l && *l; l = strchr(l, '\n'), l = l ? l + 1 : NULL) {
     const char *e = strchr(l, '\n');
     size_t len = e ? (size_t)(e - l) : strlen(l);
@@ -595,8 +598,8 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
   uint64_t now = ps__now_ms();
   if ((!rs->pending && rs->watched < 0) || now < rs->next_check) return;
   rs->next_check = now + RESPAWN_CHECK_MS;
-  int dead, syncing;
-  if (sched_servers(addr, &dead, &syncing)) return; /* the scheduler is away: later */
+  int dead, syncing, started;
+  if (sched_servers(addr, &dead, &syncing, &started)) return; /* the scheduler is away: later */
   if (rs->watched >= 0 && syncing) rs->seen_syncing = 1;
   /* It took a dead server's place (one dead fewer, or it was seen copying) and nobody
    * copies any more; or it is gone; or the scheduler never listed it (given up). */
@@ -604,8 +607,11 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
     proc *w = &ps__procs[rs->watched];
     if (!w->exited) {
       if (tty && o->prog) fprintf(stderr, "\n");
-      fprintf(stderr, "[pshard] %s has copied its rows: it holds real copies of the dead server's key ranges\n",
-              w->name);
+      if (rs->before_start) /* it took the place with nothing to copy */
+        fprintf(stderr, "[pshard] %s has taken the dead server's place before the job started\n", w->name);
+      else
+        fprintf(stderr, "[pshard] %s has copied its rows: it holds real copies of the dead server's key ranges\n",
+                w->name);
     }
     rs->watched = -1;
   }
@@ -631,6 +637,7 @@ static void respawn_tick(const run_opts *o, const char *addr, respawn_state *rs,
   rs->watched = (int)(p - ps__procs);
   rs->dead_at_start = dead;
   rs->seen_syncing = 0;
+  rs->before_start = !started;
   rs->watched_since = now;
   fprintf(stderr, "[pshard] starting %s (pshard server --join, %llu of at most %llu) to take a dead server's place\n",
           name, (unsigned long long)rs->started, (unsigned long long)o->max_respawns);

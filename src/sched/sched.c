@@ -161,7 +161,7 @@ static void finish_tick(uv_timer_t *t) { do_stop(t->data); }
 
 static void mark_dead(ps__sched *s, node *n, const char *why) {
   if (!n->m.alive) return;
-  if (n->m.role == PS_ROLE_WORKER && strcmp(why, "left the job")) s->worker_failed = 1;
+  if (n->m.role == PS_ROLE_WORKER && s->started && strcmp(why, "left the job")) s->worker_failed = 1; /* before: a new one takes its rank */
   n->m.alive = 0;
   n->m.syncing = 0;
   n->dead_ms = ps__now_ms();
@@ -235,6 +235,9 @@ static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__
   announce(s, c, &r, 0);
 }
 
+static void admit(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello);
+static node *vacancy(ps__sched *s, uint8_t role);
+
 static void refuse_hello(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
   ps__log(PS_LOG_WARN, "refused a node from %s: %s", c->peer, msg);
   ps__conn_send_error(c, h, err, msg);
@@ -254,6 +257,11 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
     return;
   }
   if (!s->started) {
+    /* Before the start nothing is to be copied: it takes a dead server's rank as a new one. */
+    if (vacancy(s, PS_ROLE_SERVER)) {
+      admit(s, c, h, hello);
+      return;
+    }
     refuse_hello(c, h, PS_ERR_UNAVAILABLE, "the job has not started: a replacement joins a running job (start the first servers without --join)");
     return;
   }
@@ -353,14 +361,44 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
       return;
     }
   }
-  if (hello.role == PS_ROLE_SERVER && s->nserver_ranks >= s->o.servers) {
+  admit(s, c, h, &hello);
+}
+
+/* The place of a node of this role that died before the job started, the lowest rank
+ * first, or NULL. Such a node held nothing yet (no push, no table, no task reaches a
+ * node before the start), so a new one takes its rank, and the job starts once every
+ * rank is held again, instead of waiting for the dead one forever. */
+static node *vacancy(ps__sched *s, uint8_t role) {
+  node *v = NULL;
+  if (s->started) return NULL;
+  for (size_t i = 0; i < s->nnodes; i++) {
+    node *x = &s->nodes[i];
+    if (x->m.role == role && !x->m.alive && (!v || x->m.rank < v->m.rank)) v = x;
+  }
+  return v;
+}
+
+/* A new node registers: in the place of one that died before the start, or in a new
+ * place (the next rank). */
+static void admit(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello) {
+  node *n = vacancy(s, hello->role);
+  if (n) {
+    uint32_t old = n->m.id, rank = n->m.rank;
+    free(n->prom);
+    free(n->hist);
+    memset(n, 0, sizeof *n);
+    n->m.rank = rank;
+    n->m.id = s->next_id++;
+    ps__log(PS_LOG_INFO, "%s %u died before the job started: a new one takes its rank %u",
+            hello->role == PS_ROLE_SERVER ? "server" : "worker", old, rank);
+  } else if (hello->role == PS_ROLE_SERVER && s->nserver_ranks >= s->o.servers) {
     /* Moving keys to a new server needs migration, which is not built yet: taking it
      * into the ring would lose the rows it became the owner of. */
     ps__conn_send_error(c, h, PS_ERR_UNAVAILABLE, "the job already has its servers; adding a server to a running job is not supported");
     ps__conn_close_after_flush(c, PS_ERR_UNAVAILABLE);
     return;
   }
-  if (s->nnodes == s->cap) {
+  if (!n && s->nnodes == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 16;
     node *nn = ps__realloc(s->nodes, cap * sizeof *nn);
     if (!nn) {
@@ -370,24 +408,26 @@ static void on_hello(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps
     s->nodes = nn;
     s->cap = cap;
   }
-  node *n = &s->nodes[s->nnodes++];
-  memset(n, 0, sizeof *n);
-  n->m.id = s->next_id++;
-  n->m.role = hello.role;
+  if (!n) {
+    n = &s->nodes[s->nnodes++];
+    memset(n, 0, sizeof *n);
+    n->m.id = s->next_id++;
+    n->m.rank = hello->role == PS_ROLE_SERVER ? s->nserver_ranks++ : s->nworker_ranks++;
+  }
+  n->m.role = hello->role;
   n->m.alive = 1;
-  n->m.rank = hello.role == PS_ROLE_SERVER ? s->nserver_ranks++ : s->nworker_ranks++;
-  n->m.port = hello.port;
-  memcpy(n->m.host, hello.host, sizeof n->m.host);
-  memcpy(n->m.unix_path, hello.unix_path, sizeof n->m.unix_path);
-  memcpy(n->m.hostid, hello.hostid, sizeof n->m.hostid);
-  n->m.caps = hello.caps;
-  n->token = hello.token;
+  n->m.port = hello->port;
+  memcpy(n->m.host, hello->host, sizeof n->m.host);
+  memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
+  memcpy(n->m.hostid, hello->hostid, sizeof n->m.hostid);
+  n->m.caps = hello->caps;
+  n->token = hello->token;
   n->conn = c;
   c->udata = n; /* only used as a marker; lookups go through node_by_conn */
   ps__conn_auth_bind(c, n->m.id); /* its frames name this node from now on */
   n->last_seen_ms = ps__now_ms();
   n->barrier_seq = -1;
-  ps__log(PS_LOG_INFO, "%s %u registered as rank %u from %s", hello.role == PS_ROLE_SERVER ? "server" : "worker",
+  ps__log(PS_LOG_INFO, "%s %u registered as rank %u from %s", hello->role == PS_ROLE_SERVER ? "server" : "worker",
           n->m.id, n->m.rank, c->peer);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .sender = 0,
                      .table = n->m.id, .batch = n->m.rank, .epoch = s->epoch, .clock = s->start_clock};

@@ -312,3 +312,48 @@ def test_join_without_replicas_is_refused():
         x = join(c)
         assert x.wait(timeout=20 * SCALE) == 1
         assert "replicas 1" in c.log("joiner"), c.log("joiner")
+
+
+def alive_ranks(c, role):
+    return sorted(int(n["rank"]) for n in sched_nodes(c).values() if n["role"] == role and n["alive"] == "1")
+
+
+@pytest.mark.parametrize("how", ["plain", "join"])
+def test_a_server_dead_before_the_start_leaves_its_rank_to_a_new_one(how):
+    # A server registers, then dies before the job starts (the workers are not there
+    # yet). It held nothing, so a new server, started as a first one or with --join,
+    # takes its rank, and the job starts and counts every push, with two copies.
+    with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}, verbose=True) as c:
+        logs = lambda: c.log("scheduler") + c.log("joiner")  # noqa: E731
+        wait_for(lambda: alive_ranks(c, "server") == [0, 1, 2], "three servers registered", 10 * SCALE, logs)
+        os.killpg(c.server_procs[1].pid, signal.SIGKILL)
+        wait_for(lambda: len(alive_ranks(c, "server")) == 2, "the dead server removed", 10 * SCALE, logs)
+        rank = ({0, 1, 2} - set(alive_ranks(c, "server"))).pop()  # the order they registered in decides
+        if how == "join":
+            x = join(c)
+        else:
+            x = c._spawn([binary("pshard"), "server", "--scheduler", c.addr], "joiner")
+        wait_for(lambda: alive_ranks(c, "server") == [0, 1, 2], "a new server in the dead one's rank", 10 * SCALE, logs)
+        assert re.search(rf"server \d+ died before the job started: a new one takes its rank {rank}", logs()), logs()
+        ps = start_workers(c, 2, 40, 0)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + logs()
+        counted(c, 2, 40)
+        assert x.poll() is None, c.log("joiner")
+        assert "job started" in c.log("scheduler")
+
+
+def test_a_worker_dead_before_the_start_leaves_its_rank_to_a_new_one():
+    # The first worker dies while it waits for the second: the next one to register takes
+    # rank 0 again, so the job's ranks are 0 and 1 (not 1 and 2), and both finish.
+    with Cluster(2, 2, verbose=True) as c:
+        logs = lambda: c.log("scheduler")  # noqa: E731
+        early = start_workers(c, 1, 20, 0)[0]
+        wait_for(lambda: alive_ranks(c, "worker") == [0], "the first worker registered", 10 * SCALE, logs)
+        os.killpg(early.pid, signal.SIGKILL)
+        wait_for(lambda: alive_ranks(c, "worker") == [], "the worker removed", 10 * SCALE, logs)
+        ps = start_workers(c, 2, 20, 0)
+        assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + logs()
+        counted(c, 2, 20)
+        assert re.search(r"worker \d+ died before the job started: a new one takes its rank 0", logs()), logs()
+        ranks = sorted(int(n["rank"]) for n in sched_nodes(c).values() if n["role"] == "worker")
+        assert ranks == [0, 1], sched_nodes(c)

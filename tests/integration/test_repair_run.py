@@ -4,12 +4,14 @@ copies its rows (the scheduler's STATS show it `late=1 syncing=0 admission=1`), 
 SIGKILLed later still leaves every count exact (once_worker's counter table: each push
 adds 1 to every key, so the values are the number of pushes applied).
 
-Also: --respawn-servers without replicas is refused with the reason.
+Also: a server killed before the job starts is replaced the same way (nothing to copy);
+--respawn-servers without replicas is refused with the reason.
 Every process is in the run's process group or its children's, killed at the end; every
 wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
 import os
 import re
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -128,3 +130,53 @@ def test_respawn_servers_needs_replicas():
                        capture_output=True, text=True, timeout=20)
     assert r.returncode == 2
     assert "--respawn-servers needs --replicas 2 or 3" in r.stderr, r.stderr
+
+
+def test_pshard_run_replaces_a_server_dead_before_the_start():
+    # The workers wait for a file before they connect: a server killed meanwhile dies
+    # before the job starts. The replacement run starts (--join) takes its rank with
+    # nothing to copy, and the job then runs with two copies of every key.
+    d = tempfile.mkdtemp(prefix="pshard-test-")
+    path, go = os.path.join(d, "run.log"), os.path.join(d, "go")
+    env = dict(os.environ, PSHARD_RETRY_MS="300", PSHARD_SECRET=SECRET, PSHARD_JOB_ID=JOB)
+    worker = (f"i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; "
+              f"exec {binary('once_worker')} --mode async --pushes 30 --keys {KEYS}")
+    cmd = [binary("pshard"), "run", "-s", "3", "-w", "2", "--replicas", "2", "--respawn-servers", "--progress-ms", "0",
+           "--", "sh", "-c", worker]
+    with open(path, "wb") as out:
+        run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def log():
+        with open(path, errors="replace") as f:
+            return f.read()
+    started = []
+    try:
+        def servers():
+            s = [(p, a) for p, a in children(run.pid) if len(a) > 1 and a[1] == "server"]
+            return s if len(s) == 3 else None
+        originals = wait_for(servers, "three servers", 10 * SCALE, log)
+        started = [p for p, _ in originals]
+        sched = [a for _, a in children(run.pid) if len(a) > 1 and a[1] == "scheduler"][0]
+        with open(sched[sched.index("--addr-file") + 1]) as f:
+            addr = f.read().strip()
+        wait_for(lambda: re.search(r"^servers_alive 3$", stats(addr), re.M), "three servers registered", 10 * SCALE, log)
+        os.killpg(originals[1][0], signal.SIGKILL)
+        wait_for(lambda: "[pshard] server r1 has taken the dead server's place before the job started" in log(),
+                 "the replacement takes the dead server's rank", 20 * SCALE, log)
+        assert re.search(r"^started 0$", stats(addr), re.M), stats(addr)
+        open(go, "w").close()
+        assert run.wait(timeout=RUN) == 0, log()
+        text = log()
+        for i in range(2):
+            assert re.search(rf"^\[worker {i}\] acked 30$", text, re.M), text
+            assert re.search(rf"^\[worker {i}\] values {','.join(['60'] * KEYS)}$", text, re.M), text
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+        for pid in started:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(d, ignore_errors=True)
