@@ -133,7 +133,11 @@ def test_a_killed_scheduler_started_again_takes_the_job_back(tmp):
     os.mkdir(run_dir)
     job = Job(run_dir, state_dir=os.path.join(run_dir, "state"))
     try:
-        time.sleep(0.5)  # the job is running: the workers are in their sync rounds
+        deadline = time.time() + 20 * SLOW
+        while "job started" not in job.log("scheduler"):  # every node registered, its answer sent
+            assert time.time() < deadline, job.logs()
+            time.sleep(0.02)
+        time.sleep(0.3)  # the job is running: the workers are in their sync rounds
         assert all(w.poll() is None for w in job.workers), job.logs()
         os.killpg(job.sched.pid, signal.SIGKILL)
         job.sched.wait()
