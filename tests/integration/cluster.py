@@ -112,6 +112,20 @@ class Cluster:
                     raise RuntimeError("scheduler did not start again: " + self.log(self.sched_log))
                 time.sleep(0.02)
 
+    def wait_started(self, timeout=None):
+        """Return once the scheduler's STATS say the job started (every node registered);
+        a kill meant for a running job then cannot come before its start."""
+        timeout = timeout or (30 if os.environ.get("PSHARD_SANITIZED") else 10)
+        deadline = time.time() + timeout
+        while True:
+            r = subprocess.run([binary("pshard"), "stats", self.addr], capture_output=True, text=True, timeout=10,
+                               env=self.env)
+            if r.returncode == 0 and re.search(r"^started [12]$", r.stdout, re.M):
+                return
+            if time.time() > deadline:
+                raise AssertionError(f"the job did not start within {timeout}s: " + self.log("scheduler"))
+            time.sleep(0.02)
+
     def _spawn(self, argv, name, env=None):
         out = open(os.path.join(self.dir, name + ".log"), "wb")
         p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env or self.env,

@@ -97,7 +97,8 @@ def test_a_server_stopped_with_pushes_in_flight_loses_nothing_and_applies_nothin
     with Cluster(2, 2, heartbeat_timeout_ms=int(20000 * SCALE), extra_env=env) as c:
         ps = [c.worker([binary("once_worker"), "--mode", mode, "--pushes", "100", "--keys", str(KEYS), "--sleep-ms",
                         "25"], f"w{i}") for i in range(2)]
-        time.sleep(0.5)  # not scaled: the workers must still be pushing
+        c.wait_started()
+        time.sleep(0.3)  # not scaled: the workers must still be pushing
         victim = c.server_procs[0]
         os.kill(victim.pid, signal.SIGSTOP)
         try:

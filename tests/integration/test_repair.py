@@ -114,7 +114,8 @@ def test_a_replacement_syncs_and_holds_real_copies(extra, joiner_env):
             return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
         # (pushes without aggregation pause longer: the workers must outlast the copy)
         ps = start_workers(c, 2, pushes, 10 if extra else 25, extra)
-        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        c.wait_started()
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
         assert all(p.poll() is None for p in ps), "the workers finished before the kill"
         victim = c.server_procs[1]
         os.killpg(victim.pid, signal.SIGKILL)

@@ -49,7 +49,8 @@ def run(replicas, first=None, second=None):
               for i in range(2)]
         x = None
         if first is not None:
-            time.sleep(0.7)  # not scaled: the workers must still be training
+            c.wait_started()
+            time.sleep(0.5)  # not scaled: the workers must still be training
             assert all(p.poll() is None for p in ps), "the workers finished before the fault"
             os.killpg(c.server_procs[first].pid, signal.SIGKILL)
             wait_for(lambda: "removed" in c.log("scheduler"), "the scheduler removes the dead server", 10 * SCALE, logs)

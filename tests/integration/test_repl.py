@@ -64,7 +64,8 @@ def start_workers(c, workers, pushes, sleep_ms, extra=()):
 def test_a_server_killed_mid_run_loses_no_acknowledged_push():
     with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         ps = start_workers(c, 2, 150, 10)
-        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        c.wait_started()
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
         assert all(p.poll() is None for p in ps), "the workers finished before the kill"
         victim = c.server_procs[1]
         os.killpg(victim.pid, signal.SIGKILL)
@@ -424,7 +425,8 @@ def test_aggregated_buffers_are_forwarded_and_survive_a_server_kill(dense, fault
     extra = AGG + (["--dense"] if dense else [])
     with Cluster(3, 2, replicas=2, extra_env={"PSHARD_RETRY_MS": "300", **(fault or {})}) as c:
         ps = start_workers(c, 2, 150, 10, extra)
-        time.sleep(0.6)  # not scaled: the workers must still be pushing
+        c.wait_started()
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
         assert all(p.poll() is None for p in ps), "the workers finished before the kill"
         os.killpg(c.server_procs[1].pid, signal.SIGKILL)
         assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")

@@ -65,7 +65,8 @@ def run(replicas, workers=2, kill=None, stop=None, sleep_ms=20, big=0, calls=Non
                        list(worker_args),
                        f"w{i}") for i in range(workers)]
         if victim is not None:
-            time.sleep(0.7)  # not scaled: the workers must still be training
+            c.wait_started()
+            time.sleep(0.5)  # not scaled: the workers must still be training
             assert all(p.poll() is None for p in ps), "the workers finished before the fault"
             proc = c.server_procs[victim]
             if kill is not None:
