@@ -238,6 +238,23 @@ static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__
 static void admit(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello);
 static node *vacancy(ps__sched *s, uint8_t role);
 
+/* Node n (its id set) is the process that sent hello on c from now on: alive, at the
+ * addresses and with the token hello names. */
+static void take_place(node *n, ps__conn *c, const ps__hello *hello) {
+  n->conn = c;
+  c->udata = n; /* only used as a marker; lookups go through node_by_conn */
+  ps__conn_auth_bind(c, n->m.id); /* its frames name this node from now on */
+  n->m.alive = 1;
+  n->m.port = hello->port;
+  memcpy(n->m.host, hello->host, sizeof n->m.host);
+  memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
+  memcpy(n->m.hostid, hello->hostid, sizeof n->m.hostid);
+  n->m.caps = hello->caps;
+  n->token = hello->token;
+  n->last_seen_ms = ps__now_ms();
+  n->barrier_seq = -1;
+}
+
 static void refuse_hello(ps__conn *c, const ps__frame_hdr *h, int err, const char *msg) {
   ps__log(PS_LOG_WARN, "refused a node from %s: %s", c->peer, msg);
   ps__conn_send_error(c, h, err, msg);
@@ -289,24 +306,13 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
                                                 : "no server of the job is dead: a replacement takes a dead server's place (the job has its servers)");
     return;
   }
-  n->conn = c;
-  c->udata = n;
-  ps__conn_auth_bind(c, n->m.id);
   uint32_t late = 0; /* its admission number: after every replacement before it (ring.h) */
   for (size_t i = 0; i < s->nnodes; i++)
     if (s->nodes[i].m.late > late) late = s->nodes[i].m.late;
-  n->m.alive = 1;
+  take_place(n, c, hello);
   n->m.late = late + 1;
   n->m.syncing = 1;
-  n->m.port = hello->port;
-  memcpy(n->m.host, hello->host, sizeof n->m.host);
-  memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
-  memcpy(n->m.hostid, hello->hostid, sizeof n->m.hostid);
-  n->m.caps = hello->caps;
-  n->token = hello->token;
-  n->last_seen_ms = ps__now_ms();
   n->last_copy_warned = 0;
-  n->barrier_seq = -1;
   s->epoch++;
   ps__log(PS_LOG_INFO, "server %u (rank %u) replaced by a new server from %s; it copies its rows; epoch %llu", n->m.id,
           n->m.rank, c->peer, (unsigned long long)s->epoch);
@@ -415,18 +421,7 @@ static void admit(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__h
     n->m.rank = hello->role == PS_ROLE_SERVER ? s->nserver_ranks++ : s->nworker_ranks++;
   }
   n->m.role = hello->role;
-  n->m.alive = 1;
-  n->m.port = hello->port;
-  memcpy(n->m.host, hello->host, sizeof n->m.host);
-  memcpy(n->m.unix_path, hello->unix_path, sizeof n->m.unix_path);
-  memcpy(n->m.hostid, hello->hostid, sizeof n->m.hostid);
-  n->m.caps = hello->caps;
-  n->token = hello->token;
-  n->conn = c;
-  c->udata = n; /* only used as a marker; lookups go through node_by_conn */
-  ps__conn_auth_bind(c, n->m.id); /* its frames name this node from now on */
-  n->last_seen_ms = ps__now_ms();
-  n->barrier_seq = -1;
+  take_place(n, c, hello);
   ps__log(PS_LOG_INFO, "%s %u registered as rank %u from %s", hello->role == PS_ROLE_SERVER ? "server" : "worker",
           n->m.id, n->m.rank, c->peer);
   ps__frame_hdr r = {.type = PS_MSG_HELLO | PS_FRAME_REPLY, .req_id = h->req_id, .sender = 0,

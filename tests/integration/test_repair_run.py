@@ -59,6 +59,40 @@ def wait_for(cond, what, timeout, log):
         time.sleep(0.05)
 
 
+def start_run(cmd, env, path):
+    """pshard run cmd, its output in path; (the run, a reader of its output)."""
+    with open(path, "wb") as out:
+        run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def log():
+        with open(path, errors="replace") as f:
+            return f.read()
+    return run, log
+
+
+def stop_run(run, servers):
+    """Kill the run and the servers it started (pids), whatever is left of them."""
+    if run.poll() is None:
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait()
+    for pid in servers:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_servers(run, log):
+    """The run's three servers [(pid, argv)], once started, and its scheduler's address."""
+    def servers():
+        s = [(p, a) for p, a in children(run.pid) if len(a) > 1 and a[1] == "server"]
+        return s if len(s) == 3 else None
+    originals = wait_for(servers, "three servers", 10 * SCALE, log)
+    sched = [a for _, a in children(run.pid) if len(a) > 1 and a[1] == "scheduler"][0]
+    with open(sched[sched.index("--addr-file") + 1]) as f:
+        return originals, f.read().strip()
+
+
 def test_pshard_run_starts_a_replacement_that_syncs_and_holds_real_copies():
     pushes = 900
     d = tempfile.mkdtemp(prefix="pshard-test-")
@@ -67,22 +101,11 @@ def test_pshard_run_starts_a_replacement_that_syncs_and_holds_real_copies():
     cmd = [binary("pshard"), "run", "-s", "3", "-w", "2", "--replicas", "2", "--respawn-servers", "--progress-ms", "0",
            "--", binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", str(KEYS),
            "--sleep-ms", "10"]
-    with open(path, "wb") as out:
-        run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def log():
-        with open(path, errors="replace") as f:
-            return f.read()
+    run, log = start_run(cmd, env, path)
     started = []
     try:
-        def servers():
-            s = [(p, a) for p, a in children(run.pid) if len(a) > 1 and a[1] == "server"]
-            return s if len(s) == 3 else None
-        originals = wait_for(servers, "three servers", 10 * SCALE, log)
+        originals, addr = run_servers(run, log)
         started = [p for p, _ in originals]
-        sched = [a for _, a in children(run.pid) if len(a) > 1 and a[1] == "scheduler"][0]
-        with open(sched[sched.index("--addr-file") + 1]) as f:
-            addr = f.read().strip()
         wait_for(lambda: re.search(r"^started 1$", stats(addr), re.M), "the job starts", 10 * SCALE, log)
         time.sleep(0.6)  # not scaled: the workers must still be pushing
         assert run.poll() is None, log()
@@ -115,14 +138,7 @@ def test_pshard_run_starts_a_replacement_that_syncs_and_holds_real_copies():
         assert values == [float(total)] * KEYS, text
         assert "its keys are served by their other copies" in text
     finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-        for pid in started:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_run(run, started)
 
 
 def test_respawn_servers_needs_replicas():
@@ -143,22 +159,11 @@ def test_pshard_run_replaces_a_server_dead_before_the_start():
               f"exec {binary('once_worker')} --mode async --pushes 30 --keys {KEYS}")
     cmd = [binary("pshard"), "run", "-s", "3", "-w", "2", "--replicas", "2", "--respawn-servers", "--progress-ms", "0",
            "--", "sh", "-c", worker]
-    with open(path, "wb") as out:
-        run = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def log():
-        with open(path, errors="replace") as f:
-            return f.read()
+    run, log = start_run(cmd, env, path)
     started = []
     try:
-        def servers():
-            s = [(p, a) for p, a in children(run.pid) if len(a) > 1 and a[1] == "server"]
-            return s if len(s) == 3 else None
-        originals = wait_for(servers, "three servers", 10 * SCALE, log)
+        originals, addr = run_servers(run, log)
         started = [p for p, _ in originals]
-        sched = [a for _, a in children(run.pid) if len(a) > 1 and a[1] == "scheduler"][0]
-        with open(sched[sched.index("--addr-file") + 1]) as f:
-            addr = f.read().strip()
         wait_for(lambda: re.search(r"^servers_alive 3$", stats(addr), re.M), "three servers registered", 10 * SCALE, log)
         os.killpg(originals[1][0], signal.SIGKILL)
         wait_for(lambda: "[pshard] server r1 has taken the dead server's place before the job started" in log(),
@@ -171,12 +176,5 @@ def test_pshard_run_replaces_a_server_dead_before_the_start():
             assert re.search(rf"^\[worker {i}\] acked 30$", text, re.M), text
             assert re.search(rf"^\[worker {i}\] values {','.join(['60'] * KEYS)}$", text, re.M), text
     finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait()
-        for pid in started:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        stop_run(run, started)
         shutil.rmtree(d, ignore_errors=True)
