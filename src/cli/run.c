@@ -51,7 +51,7 @@ static char *sched_argv_saved[32]; /* how the scheduler was started, to start it
 static char dash_file[PS_CFG_PATH_MAX + 8], dash_addr[128];
 static int dash_pending;
 static char *join_argv[16];        /* how a replacement server is started (--respawn-servers) */
-static char run_dir[64];
+static char run_dir[160]; /* $TMPDIR (or /tmp)/pshard-run-XXXXXX */
 
 /* Remove dir and what the job put in it: files, and directories of files (the
  * scheduler's state). */
@@ -331,9 +331,16 @@ static int run_check(int argc, char **argv, run_opts *o) {
 /* The job's temporary directory (its name into run_dir, removed at exit) and the
  * signal handling of the output loop. 0, or the exit status. */
 static int run_prepare(void) {
-  char dir[] = "/tmp/pshard-run-XXXXXX";
+  const char *tmp = getenv("TMPDIR");
+  char dir[sizeof run_dir];
+  if (!tmp || !*tmp) tmp = "/tmp";
+  int n = snprintf(dir, sizeof dir, "%s/pshard-run-XXXXXX", tmp);
+  if (n < 0 || (size_t)n >= sizeof dir) {
+    fprintf(stderr, "pshard run: TMPDIR is too long (at most %zu bytes)\n", sizeof dir - 18);
+    return 1;
+  }
   if (!mkdtemp(dir)) {
-    fprintf(stderr, "pshard run: cannot create a temporary directory: %s\n", strerror(errno));
+    fprintf(stderr, "pshard run: cannot create a temporary directory in %s: %s\n", tmp, strerror(errno));
     return 1;
   }
   snprintf(run_dir, sizeof run_dir, "%s", dir);
@@ -363,7 +370,7 @@ static int run_scheduler(const run_opts *o, const char *exe, char *addr_file, ch
   snprintf(s_hbt, sizeof s_hbt, "%llu", (unsigned long long)o->hbt);
   /* Its state in the job's directory: a scheduler that dies is started again (run_watch)
    * and takes the job back (src/sched/state.c). */
-  static char state_dir[96];
+  static char state_dir[sizeof run_dir + 8];
   snprintf(state_dir, sizeof state_dir, "%s/state", run_dir);
   char *sched_argv[32] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
                           "--heartbeat-timeout-ms", s_hbt, "--state-dir", state_dir};
@@ -523,7 +530,7 @@ static int restart_scheduler(const char *addr, int *sched, int *restarts) {
   proc *old = &ps__procs[*sched];
   const char *colon = strrchr(addr, ':');
   if (!colon || ++*restarts > SCHED_RESTARTS || ps__nprocs == MAX_PROCS) return -1;
-  static char port[16], state_dir[96];
+  static char port[16], state_dir[sizeof run_dir + 8];
   snprintf(port, sizeof port, "%s", colon + 1);
   snprintf(state_dir, sizeof state_dir, "%s/state", run_dir);
   char *argv[32];

@@ -34,17 +34,17 @@ def records(paths):
     return started, done
 
 
-def run_dirs():
-    """The temporary directories of `pshard run` jobs (removed when a job ends)."""
-    return {d for d in os.listdir("/tmp") if d.startswith("pshard-run-")}
+def run_dirs(tmp):
+    """The temporary directories of `pshard run` jobs in tmp, their TMPDIR (removed when
+    a job ends)."""
+    return {d for d in os.listdir(tmp) if d.startswith("pshard-run-")}
 
 
-def test_run_prefixes_output_and_succeeds():
-    before = run_dirs()
+def test_run_prefixes_output_and_succeeds(tmp_path):
     r = run([binary("pshard"), "run", "-s", "2", "-w", "3", "--progress-ms", "0", "--",
-             binary("sync_worker"), "--steps", "5"])
+             binary("sync_worker"), "--steps", "5"], env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert r.returncode == 0, r.stderr
-    assert not run_dirs() - before, "the job's directory (scheduler address and state) was left in /tmp"
+    assert not run_dirs(tmp_path), "the job's directory (scheduler address and state) was left in TMPDIR"
     lines = [l for l in r.stdout.splitlines() if l.startswith("[worker ")]
     assert len(lines) == 3, r.stdout
     for i in range(3):
@@ -103,18 +103,19 @@ def test_run_says_what_a_job_that_has_not_started_waits_for():
     assert re.search(r"the job had not started: [01] of 1 servers, 0 of 2 workers registered", r.stderr), r.stderr
 
 
-def test_run_ctrl_c_stops_everything():
-    before = run_dirs()
+def test_run_ctrl_c_stops_everything(tmp_path):
     p = subprocess.Popen([binary("pshard"), "run", "-s", "1", "-w", "2", "--progress-ms", "0", "--",
                           binary("sync_worker"), "--steps", "100000", "--sleep-ms", "5"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env=dict(os.environ, TMPDIR=str(tmp_path)))
     try:
         time.sleep(1.0 * SLOW)
+        assert run_dirs(tmp_path), "the job keeps its directory in TMPDIR while it runs"
         os.kill(p.pid, signal.SIGINT)
         out, err = p.communicate(timeout=20 * SLOW)
         assert p.returncode == 128 + signal.SIGINT
         assert "interrupted" in err
-        assert not run_dirs() - before, "an interrupted job left its directory in /tmp"
+        assert not run_dirs(tmp_path), "an interrupted job left its directory in TMPDIR"
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
