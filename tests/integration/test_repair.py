@@ -151,7 +151,8 @@ def test_a_source_dying_mid_copy_restarts_the_copy_from_the_new_tails():
         def logs():
             return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
         ps = start_workers(c, 2, pushes, 10)
-        time.sleep(0.6)
+        c.wait_started()
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
         assert all(p.poll() is None for p in ps), "the workers finished before the kill"
         os.killpg(c.server_procs[1].pid, signal.SIGKILL)
         wait_for(lambda: "removed" in c.log("scheduler"), "the scheduler removes the dead server", 10 * SCALE, logs)

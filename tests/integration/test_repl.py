@@ -81,7 +81,8 @@ def test_a_head_stopped_past_the_heartbeat_timeout_applies_nothing_afterwards(ex
     hbt = int(1000 * SCALE)
     with Cluster(3, 2, replicas=2, heartbeat_timeout_ms=hbt, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         ps = start_workers(c, 2, 150, 10, extra)
-        time.sleep(0.6)
+        c.wait_started()
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
         victim = c.server_procs[0]
         os.kill(victim.pid, signal.SIGSTOP)
         try:
@@ -136,7 +137,8 @@ def test_the_tail_answers_the_worker_and_counts_stay_exact(direct):
 def test_a_middle_killed_while_tails_answer_loses_nothing(direct):
     with Cluster(3, 2, replicas=3, extra_env={"PSHARD_RETRY_MS": "300", "PSHARD_DIRECT": direct}) as c:
         ps = start_workers(c, 2, 150, 10)
-        time.sleep(0.6)
+        c.wait_started()
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
         assert all(p.poll() is None for p in ps), "the workers finished before the kill"
         os.killpg(c.server_procs[1].pid, signal.SIGKILL)
         assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
@@ -202,7 +204,8 @@ def test_same_host_dense_pushes_go_by_peer_memory_under_replicas(kill, replicas)
     with Cluster(3, 2, replicas=replicas, extra_env={"PSHARD_RETRY_MS": "300"}) as c:
         ps = start_workers(c, 2, 60 if kill else 30, 10 if kill else 0, BIG)
         if kill:
-            time.sleep(0.6)
+            c.wait_started()
+            time.sleep(0.4)
             assert all(p.poll() is None for p in ps), "the workers finished before the kill"
             os.killpg(c.server_procs[0].pid, signal.SIGKILL)
         assert c.wait(ps, RUN) == [0, 0], c.log("w0") + c.log("w1") + c.log("scheduler")
