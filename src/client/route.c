@@ -85,11 +85,14 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
     for (size_t s = 0; s < S; s++)
       if (count[s] == nkeys) single = s;
   }
-  /* Pushes go to every server (empty where no keys): each server must count this
-   * worker's batch in the round's denominator. Pulls go only where keys are; so do
-   * replicated pushes (their tables have no rounds). */
+  /* Pushes go to every server, or under replicas to every chain's head (empty where no
+   * keys): each must count this worker's batch in the round's denominator (mean mode;
+   * a head that took a dead one's chains over rebuilds their rounds from the parts sent
+   * to them again). Pulls go only where keys are; so do replicated pushes to tables
+   * without rounds (async, ssp). */
+  int all = is_push && (!repl || ti.sync);
   unsigned nparts = 0;
-  for (size_t s = 0; s < S; s++) nparts += ((is_push && !repl) || count[s]) ? 1 : 0;
+  for (size_t s = 0; s < S; s++) nparts += (all || count[s]) ? 1 : 0;
   ps_req *r = ps__req_new(ctx, nparts, 2 * nparts);
   if (!r) {
     ps__ubuf_put(ctx, owner, nkeys * sizeof *owner);
@@ -149,7 +152,7 @@ static int sparse_start_keys(ps_ctx *ctx, int is_push, uint32_t table, const uin
   unsigned pi = 0;
   for (size_t s = 0; s < S; s++) {
     size_t n = (single == SIZE_MAX) ? count[s] : (s == single ? nkeys : 0);
-    if ((!is_push || repl) && n == 0) continue;
+    if (!all && n == 0) continue;
     uint32_t chain[PS_MAX_REPLICAS];
     size_t nch = ps__ring_route(ring, s, chain);
     ps__part_init(ctx, r, pi, chain[0], is_push ? PS_MSG_PUSH : PS_MSG_PULL, table, deadline);
@@ -362,8 +365,9 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
     }
   }
   int repl = ps__ring_replicas(ring) > 1;
+  int all = is_push && (!repl || ti.sync); /* as sparse_start_keys: every round counts the batch */
   unsigned nparts = 0;
-  for (size_t s = 0; s < S; s++) nparts += ((is_push && !repl) || nseg_of[s]) ? 1 : 0;
+  for (size_t s = 0; s < S; s++) nparts += (all || nseg_of[s]) ? 1 : 0;
   /* Per part: 1 buffer for its segment list, 1 for its peer-memory tail, plus one
    * region per segment. segbuf: the segment lists, then room for the tails (expiry and
    * hint, then one (address, length) pair per segment). */
@@ -389,7 +393,7 @@ static int dense_start(ps_ctx *ctx, int is_push, uint32_t table, uint64_t offset
   uint64_t *tails = segbuf + 2 * nseg; /* per part: room for its peer-memory tail */
   uint64_t now = ps__now_ms();
   for (size_t s = 0; s < S; s++) {
-    if ((!is_push || repl) && !nseg_of[s]) continue;
+    if (!all && !nseg_of[s]) continue;
     uint32_t target = ps__ring_server_at(ring, s);
     ps__part_init(ctx, r, pi, target, is_push ? PS_MSG_PUSH_DENSE : PS_MSG_PULL_DENSE, table, deadline);
     part *p = &r->parts[pi];
