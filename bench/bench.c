@@ -96,6 +96,9 @@ static void cluster_start(bench_cluster *c, int S, int K, const char *transport,
   snprintf(s_s, sizeof s_s, "%d", S);
   snprintf(s_k, sizeof s_k, "%d", K);
   const char *bin = bench_pshard_bin();
+  /* One copy of every key, as the figures these programs compare were taken with,
+   * unless the program sets PSHARD_REPLICAS itself (bench_repl). */
+  setenv("PSHARD_REPLICAS", "1", 0);
   char *sa[] = {(char *)bin, "scheduler", "--servers", s_s, "--workers", s_k, "--addr-file", addr_file,
                 "--heartbeat-timeout-ms", "20000", NULL};
   c->sched_pid = spawn_logged(sa, log);

@@ -162,7 +162,7 @@ def bench_torch(args, build):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.path.join(build, "python") + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
-    argv = [os.path.join(build, "pshard"), "run", "-s", str(args.servers), "-w", str(args.workers), "--mode", "sync",
+    argv = [os.path.join(build, "pshard"), "run", "-s", str(args.servers), "-w", str(args.workers), "--replicas", "1", "--mode", "sync",
             "--progress-ms", "0", "--", sys.executable, os.path.abspath(__file__), "--torch-worker",
             "--hidden", str(args.hidden), "--layers", str(args.layers), "--batch", str(args.batch),
             "--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -205,7 +205,7 @@ def bench_ctr(args, build):
         res = {0: [], 1: []}
         for _ in range(args.repeats):
             for prefetch in (0, 1):
-                argv = [os.path.join(build, "pshard"), "run", "-s", str(args.servers), "-w", str(args.workers),
+                argv = [os.path.join(build, "pshard"), "run", "-s", str(args.servers), "-w", str(args.workers), "--replicas", "1",
                         "--mode", "sync", "--progress-ms", "0", "--", worker, "--data", d, "--batch",
                         str(args.ctr_batch), "--epochs", "1", "--quiet"] + ([] if prefetch else ["--no-prefetch"])
                 rc, out, err = run(argv, 900)

@@ -201,7 +201,7 @@ class Local:
         env.update({"PSHARD_PEER_MEM": "0"})
         for k in ("PSHARD_SCHEDULER", "PSHARD_ROLE", "PSHARD_EMBEDDED", "PSHARD_COLOCATE"):
             env.pop(k, None)
-        cmd = [self.pshard, "run", "-s", str(servers), "-w", str(WORKERS), "--progress-ms", "0", "--http-port", "off",
+        cmd = [self.pshard, "run", "-s", str(servers), "-w", str(WORKERS), "--replicas", "1", "--progress-ms", "0", "--http-port", "off",
                "--transport", "tcp", "--"] + argv
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=self.timeout,
                            env=env, start_new_session=True)

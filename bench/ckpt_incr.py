@@ -76,7 +76,7 @@ def run(a, full_every):
     """One training run; {clock: (data bytes, an increment?)} of its checkpoints."""
     ck = tempfile.mkdtemp(prefix="pshard-bench-incr-")
     try:
-        cmd = [os.path.join(a.build, "pshard"), "run", "-s", str(a.servers), "-w", str(a.workers), "--mode", "sync",
+        cmd = [os.path.join(a.build, "pshard"), "run", "-s", str(a.servers), "-w", str(a.workers), "--replicas", "1", "--mode", "sync",
                "--progress-ms", "0", "--checkpoint-dir", ck, "--checkpoint-every", str(a.every),
                "--checkpoint-keep", "1000000", "--checkpoint-full-every", str(full_every), "--",
                os.path.join(a.build, "examples", "ctr", "ctr_worker"), "--data", a.data, "--epochs", str(a.epochs),

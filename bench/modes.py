@@ -94,7 +94,7 @@ def worker_cmd(a, mode):
 
 def run_cmd(a, mode):
     job_mode = "async" if mode == "async+agg" else mode
-    return [os.path.join(a.build, "pshard"), "run", "-s", str(a.servers), "-w", str(a.workers), "--mode", job_mode,
+    return [os.path.join(a.build, "pshard"), "run", "-s", str(a.servers), "-w", str(a.workers), "--replicas", "1", "--mode", job_mode,
             "--"] + worker_cmd(a, mode)
 
 

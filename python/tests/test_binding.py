@@ -18,6 +18,13 @@ def ps():
         yield c
 
 
+@pytest.fixture
+def ps1():
+    """Two servers with one copy of every key: each row and push is counted once."""
+    with pshard.embedded(servers=2, replicas=1) as c:
+        yield c
+
+
 def expect(exc_type, name, fn, *args, match=None, **kw):
     with pytest.raises(exc_type) as ei:
         fn(*args, **kw)
@@ -71,7 +78,8 @@ def test_context_properties(ps):
     expect(pshard.RangeError, "PS_ERR_RANGE", ps.server_stats, 7, match="no server 7")
 
 
-def test_server_stats_are_numbers_and_name_every_table(ps):
+def test_server_stats_are_numbers_and_name_every_table(ps1):
+    ps = ps1
     a = ps.dense("stats_a", 10, opt="sgd", lr=1, mode="async")
     b = ps.sparse("stats_b", 4, opt="adagrad", mode="async")
     a.push(np.ones(10, dtype=np.float32))
@@ -94,7 +102,8 @@ def test_server_stats_are_numbers_and_name_every_table(ps):
         "nodes": [{"id": 2, "role": "server", "alive": 1}], "tasks": {"done": 3}, "p_staleness": [4]}
 
 
-def test_stats_name_every_table_with_its_traffic(ps):
+def test_stats_name_every_table_with_its_traffic(ps1):
+    ps = ps1
     """stats() has every declared table by name; server_stats() every table a server holds."""
     a = ps.dense("traffic_a", 1000, opt="sgd", lr=1, mode="async")  # one slice, on one server
     b = ps.sparse("traffic_b", 4, opt="sgd", mode="async")

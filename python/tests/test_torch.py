@@ -299,6 +299,7 @@ def train_embedding(prefetch, steps=6, early=False):
                 assert emb._prefetch.future is None
             loss.backward()
             sync.step()
+        sync.wait()  # the last step's pulls into the model run in the background
         rows = emb.table.pull(np.arange(20))
         w = model[1].weight.detach().numpy().copy()
         st = sync.stats()

@@ -177,7 +177,8 @@ static void sched_usage(FILE *f) {
           "  --checkpoint-full-every N one checkpoint in N whole, the others increments (1)\n"
           "                            [PSHARD_CHECKPOINT_FULL_EVERY]\n"
           "  --restore DIR             resume the checkpoint DIR, or the newest one in DIR [PSHARD_RESTORE]\n"
-          "  --replicas R              copies of every key range, 1 to 3, at most S (1) [PSHARD_REPLICAS]\n"
+          "  --replicas R              copies of every key range, 1 to 3, at most S (2 when S >= 2,\n"
+          "                            else 1) [PSHARD_REPLICAS]\n"
           "  --vnodes N                ring points per server, as the servers' (128) [PSHARD_VNODES]\n"
           "  --state-dir DIR           keep the scheduler's state in DIR; started again with the same\n"
           "                            DIR (and --port), it takes its job's nodes back [PSHARD_STATE_DIR]\n"
@@ -207,7 +208,7 @@ int ps_cli_scheduler(int argc, char **argv) {
   http_flags hf;
   if (http_env("scheduler", &hf)) return 2;
   int exit_when_done = 0;
-  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 1,
+  uint64_t servers = 0, workers = 0, port = 0, hb = 200, hbt = 3000, keep = 3, full_every = 1, replicas = 0,
            vnodes = 128, stall = 60000, ckpt_timeout = 120000;
   const char *ckpt_dir = getenv("PSHARD_CHECKPOINT_DIR"), *restore = getenv("PSHARD_RESTORE");
   const char *state_dir = getenv("PSHARD_STATE_DIR");
@@ -222,7 +223,10 @@ int ps_cli_scheduler(int argc, char **argv) {
   env_uint("PSHARD_CHECKPOINT_KEEP", &keep);
   env_uint("PSHARD_CHECKPOINT_TIMEOUT_MS", &ckpt_timeout);
   env_uint("PSHARD_CHECKPOINT_FULL_EVERY", &full_every);
-  env_uint("PSHARD_REPLICAS", &replicas);
+  if (env_uint("PSHARD_REPLICAS", &replicas) && !replicas) {
+    fprintf(stderr, "pshard scheduler: PSHARD_REPLICAS must be 1 to 3\n");
+    return 2;
+  }
   env_uint("PSHARD_VNODES", &vnodes);
   optind = 1;
   opterr = 0;
@@ -283,6 +287,7 @@ int ps_cli_scheduler(int argc, char **argv) {
     sched_usage(stderr);
     return 2;
   }
+  if (!replicas) replicas = servers >= 2 ? 2 : 1; /* neither the flag nor PSHARD_REPLICAS */
   if (replicas < 1 || replicas > 3 || replicas > servers) {
     fprintf(stderr, "pshard scheduler: --replicas %llu needs 1 to 3 copies and at least that many servers (--servers %llu)\n",
             (unsigned long long)replicas, (unsigned long long)servers);
@@ -370,7 +375,8 @@ static void server_usage(FILE *f) {
           "                          the scheduler must be started with the same --restore [PSHARD_RESTORE]\n"
           "  --join                  replace a dead server of a running job with replicas >= 2: take its\n"
           "                          id and copy its rows from the other copies; refused when no server\n"
-          "                          is dead [PSHARD_JOIN=1]\n"
+          "                          is dead. Before the job starts, register as any server does (so\n"
+          "                          every server of a restarting launcher may have it) [PSHARD_JOIN=1]\n"
           "  --verbose               log table creation and membership changes\n"
           AUTH_USAGE HTTP_USAGE("     ", "/metrics")
           "  --help                  this text\n\n"

@@ -40,6 +40,8 @@ static void exec_usage(FILE *f) {
           "                            file system every rank sees); the others read it\n"
           "      --host H              this rank's address to bind and advertise (127.0.0.1)\n"
           "      --wait-ms N           how long ranks wait for the address file (60000)\n"
+          "      --replicas R          copies of every key range, 1 to 3 and at most S (2 when\n"
+          "                            S >= 2, else 1) [PSHARD_REPLICAS]\n"
           "      --colocate            every rank but 0 is a worker that also runs one of the\n"
           "                            servers as a thread (PSHARD_COLOCATE=1, bound to --host);\n"
           "                            S is then the number of workers (-s may be left out)\n"
@@ -50,6 +52,7 @@ static void exec_usage(FILE *f) {
 /* What `pshard exec` was asked to do. */
 typedef struct exec_opts {
   uint64_t S, wait_ms;
+  char replicas[8];      /* --replicas R for the scheduler, "" for its default */
   const char *sched, *addr_file, *host;
   int colocate;
   ckpt_opts ck;
@@ -81,6 +84,15 @@ static int exec_parse_flags(int argc, char **argv, exec_opts *o) {
     case 'a': o->addr_file = optarg; break;
     case 'H': o->host = optarg; break;
     case 'C': o->colocate = 1; break;
+    case 'r': {
+      uint64_t r;
+      if (ps__parse_u64(optarg, &r) || r == 0 || r > 3) {
+        fprintf(stderr, "pshard exec: bad --replicas '%s' (1 to 3)\n", optarg);
+        return 2;
+      }
+      snprintf(o->replicas, sizeof o->replicas, "%llu", (unsigned long long)r);
+      break;
+    }
     case 'W':
       if (ps__parse_u64(optarg, &o->wait_ms)) {
         fprintf(stderr, "pshard exec: bad --wait-ms '%s'\n", optarg);
@@ -144,17 +156,19 @@ static int exec_scheduler(const exec_opts *o, const char *exe, char *s_s, char *
       return 2;
     }
     snprintf(port, sizeof port, "%d", p);
-    char *a[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", shost, "--port", port,
+    char *a[32] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", shost, "--port", port,
                    "--exit-when-done"};
     int n = 11;
+    if (o->replicas[0]) a[n++] = "--replicas", a[n++] = (char *)o->replicas;
     ps__cli_ckpt_sched_args(&o->ck, a, &n);
     a[n] = NULL;
     execv(exe, a);
   } else {
     unlink(o->addr_file);
-    char *a[20] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)o->host,
+    char *a[32] = {(char *)exe, "scheduler", "--servers", s_s, "--workers", s_k, "--host", (char *)o->host,
                    "--addr-file", (char *)o->addr_file, "--exit-when-done"};
     int n = 11;
+    if (o->replicas[0]) a[n++] = "--replicas", a[n++] = (char *)o->replicas;
     ps__cli_ckpt_sched_args(&o->ck, a, &n);
     a[n] = NULL;
     execv(exe, a);

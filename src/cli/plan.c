@@ -43,7 +43,8 @@ static const char usage_text[] =
     "  --ids-per-example N   ids per example and table, for --zipf\n"
     "cluster\n"
     "  --servers S           servers (default 1)\n"
-    "  --replicas R          copies of every key range (default 1; R <= S)\n"
+    "  --replicas R          copies of every key range (default 2 when S >= 2, else 1;\n"
+    "                        R <= S)\n"
     "  --workers K           workers (default 1)\n"
     "  --link RATE           link rate of every node: 100Gbit/s = 100Gb/s = 12.5GB/s\n"
     "  --server-mem SIZE     memory per server for training state and tables (80GB,\n"
@@ -696,6 +697,7 @@ static int plan_parse_flags(int argc, char **argv, plan_opts *po, const char **r
 /* The recipe and the precisions, defaults filled in. -1 to go on, or the exit status. */
 static int plan_resolve(plan_opts *po, const char *recipe, double state_bytes) {
   ps__plan_in *in = &po->in;
+  if (isnan(in->replicas)) in->replicas = in->servers >= 2 ? 2 : 1; /* the launchers' default */
   if (in->zipf >= 0 && in->nsparse == 0) return usage_error("--zipf needs a --sparse table");
   po->recipe = ps__plan_recipe_find(recipe);
   if (!po->recipe) {
@@ -724,6 +726,7 @@ int ps_cli_plan(int argc, char **argv) {
   plan_opts po;
   memset(&po, 0, sizeof po);
   ps__plan_in_init(&po.in);
+  po.in.replicas = NAN; /* not given: as a job would run (plan_resolve) */
   const char *recipe = "mixed-adam";
   double state_bytes = 0;
   int rc;

@@ -155,8 +155,9 @@ static void run_usage(FILE *f) {
           "      --colocate                every worker runs one of the servers as a thread\n"
           "                                (PSHARD_COLOCATE=1) instead of S server processes;\n"
           "                                S is then K (-s, if given, must equal -w)\n"
-          "      --replicas R              copies of every key range, 1 to 3 and at most S (1);\n"
-          "                                with R >= 2 the job goes on when a server dies\n"
+          "      --replicas R              copies of every key range, 1 to 3 and at most S (2 when\n"
+          "                                S >= 2, else 1) [PSHARD_REPLICAS]; with R >= 2 the job\n"
+          "                                goes on when a server dies\n"
           "      --respawn-servers         with R >= 2: when a server exits, start a replacement\n"
           "                                (pshard server --join) that copies its rows (off)\n"
           "      --max-respawns N          replacements started at most, over the job (3)\n"
@@ -188,7 +189,8 @@ const char *ps_cli_self_exe(void) {
 /* What `pshard run` was asked to do. */
 typedef struct run_opts {
   uint64_t S, K, hbt, prog, grace;
-  uint64_t R;            /* replicas (1) */
+  uint64_t R;            /* replicas (2 when S >= 2, else 1) */
+  int R_given;           /* --replicas (or PSHARD_REPLICAS) */
   int respawn;           /* --respawn-servers */
   uint64_t max_respawns; /* --max-respawns (3) */
   const char *mode;      /* NULL: sync */
@@ -227,7 +229,7 @@ static int run_parse_flags(int argc, char **argv, run_opts *o) {
     case 's': dst = &o->S; max = 256; o->s_given = 1; break;
     case 'C': o->colocate = 1; break;
     case 'w': dst = &o->K; max = 512; break;
-    case 'r': dst = &o->R; max = 3; break;
+    case 'r': dst = &o->R; max = 3; o->R_given = 1; break;
     case 1001: o->respawn = 1; break;
     case 1002: dst = &o->max_respawns; max = 1000; break;
     case 't': dst = &o->hbt; max = 86400000; break;
@@ -294,13 +296,22 @@ static int run_check(int argc, char **argv, run_opts *o) {
     }
     o->S = o->K;
   }
+  const char *env_r = getenv("PSHARD_REPLICAS");
+  if (!o->R_given && env_r && *env_r) {
+    if (ps__parse_u64(env_r, &o->R) || o->R == 0 || o->R > 3) {
+      fprintf(stderr, "pshard run: PSHARD_REPLICAS must be 1 to 3, not '%s'\n", env_r);
+      return 2;
+    }
+    o->R_given = 1;
+  }
+  if (!o->R_given) o->R = o->S >= 2 ? 2 : 1; /* a second copy whenever there can be one */
   if (o->R == 0 || o->R > o->S) {
     fprintf(stderr, "pshard run: --replicas %llu needs at least that many servers (-s %llu), and 1 to 3 copies\n",
             (unsigned long long)o->R, (unsigned long long)o->S);
     return 2;
   }
   if (o->respawn && (o->R < 2 || o->colocate)) {
-    fprintf(stderr, "pshard run: --respawn-servers needs --replicas 2 or 3 and server processes (not --colocate): "
+    fprintf(stderr, "pshard run: --respawn-servers needs --replicas 2 or 3 (and so -s 2 or more) and server processes (not --colocate): "
                     "a replacement copies a dead server's rows from their other copies\n");
     return 2;
   }
@@ -769,7 +780,7 @@ static int run_secret(void) {
 }
 
 int ps_cli_run(int argc, char **argv) {
-  run_opts o = {.S = 1, .K = 1, .R = 1, .max_respawns = 3, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto",
+  run_opts o = {.S = 1, .K = 1, .R = 0, .max_respawns = 3, .hbt = 3000, .prog = 1000, .grace = 3000, .transport = "auto",
                 .http_port = getenv("PSHARD_HTTP_PORT") && *getenv("PSHARD_HTTP_PORT") ? getenv("PSHARD_HTTP_PORT") : "0"};
   int rc;
   if ((rc = run_parse_flags(argc, argv, &o)) >= 0 || (rc = run_check(argc, argv, &o)) >= 0) return rc;

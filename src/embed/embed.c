@@ -115,7 +115,7 @@ static int start_embedded(embed *e, const ps_config *cfg, const ps__worker_opts 
                        .workers = (uint32_t)ps__config_uint(cfg, "workers", 1), .heartbeat_ms = wo->heartbeat_ms,
                        .heartbeat_timeout_ms = (uint32_t)ps__config_uint(cfg, "heartbeat_timeout_ms", 3000),
                        .max_payload = wo->max_payload,
-                       .replicas = (unsigned)ps__config_uint(cfg, "replicas", 1)};
+                       .replicas = (unsigned)ps__config_uint(cfg, "replicas", 0)}; /* 0: 2 when S >= 2 */
   int rc = ps__sched_create(&so, &e->sched);
   if (rc) return rc;
   if (pthread_create(&e->sched_thread, NULL, sched_main, e->sched)) {

@@ -774,7 +774,7 @@ int ps__sched_create(const ps__sched_opts *o, ps__sched **out) {
   if (!s->o.checkpoint_keep) s->o.checkpoint_keep = 3;
   if (!s->o.checkpoint_timeout_ms) s->o.checkpoint_timeout_ms = PS__CKPT_DEADLINE_MS;
   if (!s->o.checkpoint_full_every) s->o.checkpoint_full_every = 1;
-  if (!s->o.replicas) s->o.replicas = 1;
+  if (!s->o.replicas) s->o.replicas = s->o.servers >= 2 ? 2 : 1; /* a second copy whenever there can be one */
   if (!s->o.vnodes) s->o.vnodes = 128;
   if (s->o.replicas > PS_MAX_REPLICAS || s->o.replicas > s->o.servers) {
     unsigned r = s->o.replicas, n = s->o.servers;

@@ -57,7 +57,7 @@ class Cluster:
                  server_env=None, verbose=False, sched_state=False):
         """server_env: {index: environment} for single servers, on top of extra_env. colocate: the job's `servers` servers run inside the workers (PSHARD_COLOCATE=1,
         one each), so no server process is started. replicas: copies of every key range
-        (the scheduler's --replicas). sched_state: the scheduler keeps its state in the
+        (the scheduler's --replicas; None: its default, 2 from two servers on). sched_state: the scheduler keeps its state in the
         cluster's directory (--state-dir), so restart_scheduler() can kill it and start
         it again on the same port."""
         self.dir = tempfile.mkdtemp(prefix="pshard-test-")
@@ -69,7 +69,9 @@ class Cluster:
         self.env.update(extra_env or {})
         addr_file = os.path.join(self.dir, "addr")
         self.sched_argv = [binary("pshard"), "scheduler", "--servers", str(servers), "--workers", str(workers),
-                           "--heartbeat-timeout-ms", str(heartbeat_timeout_ms), "--replicas", str(replicas)]
+                           "--heartbeat-timeout-ms", str(heartbeat_timeout_ms)]
+        if replicas is not None:  # None: the scheduler's default
+            self.sched_argv += ["--replicas", str(replicas)]
         if sched_state:
             self.sched_argv += ["--state-dir", os.path.join(self.dir, "sched-state")]
         loud = ["--verbose"] if verbose or os.environ.get("PSHARD_TEST_VERBOSE") else []

@@ -40,15 +40,23 @@ def plan_json(*args):
 
 
 def test_memory_of_seven_billion_params():
-    out, rows = table("--params", "7e9", "--recipe", "mixed-adam", "--servers", "4")
+    out, rows = table("--params", "7e9", "--recipe", "mixed-adam", "--servers", "4", "--replicas", "1")
     assert "decimal units: 1 GB = 10^9 B" in out
     assert rows["weights only (fp16)"] == "14 GB"
     assert rows["training state (16 B/param)"] == "112 GB"
     assert rows["state per server (S = 4)"] == "28 GB"
 
 
+def test_two_copies_by_default_from_two_servers_on():
+    # As pshard run and the scheduler: R = 2 whenever S >= 2 unless --replicas says.
+    _, rows = table("--params", "7e9", "--recipe", "mixed-adam", "--servers", "4")
+    assert rows["state per server (S = 4, R = 2)"] == "56 GB"
+    _, rows = table("--params", "7e9", "--recipe", "mixed-adam", "--servers", "1")
+    assert rows["state per server (S = 1)"] == "112 GB"
+
+
 def test_bytes_per_param_and_binary_units():
-    out, rows = table("--params", "7e9", "--bytes-per-param", "16", "--servers", "4", "--binary")
+    out, rows = table("--params", "7e9", "--bytes-per-param", "16", "--servers", "4", "--replicas", "1", "--binary")
     assert "binary units: 1 GiB = 2^30 B" in out
     assert rows["training state (16 B/param)"] == "104.3 GiB"  # 112e9 / 2^30
     assert rows["state per server (S = 4)"] == "26.08 GiB"
@@ -74,7 +82,7 @@ def test_global_batch_and_learning_rate():
 
 
 def test_json_has_the_textbook_values():
-    j = plan_json("--params", "7e9", "--recipe", "mixed-adam", "--servers", "4",
+    j = plan_json("--params", "7e9", "--recipe", "mixed-adam", "--servers", "4", "--replicas", "1",
                   "--workers", "32", "--batch", "32", "--ref-batch", "256", "--ref-lr", "0.1",
                   "--link", "100Gbit/s", "--compute-time", "64d")
     assert j["units"] == {"size": "B", "time": "s", "rate": "B/s"}
@@ -135,7 +143,7 @@ def rowmap_bytes(rows, row_floats):
 
 def test_a_billion_rows_of_dim_64_with_adagrad():
     gib = 2 ** 30
-    j = plan_json("--sparse", "1e9x64:adagrad", "--server-mem", "64GiB", "--servers", "8",
+    j = plan_json("--sparse", "1e9x64:adagrad", "--server-mem", "64GiB", "--servers", "8", "--replicas", "1",
                   "--rows-per-batch", "20000")
     t = j["sparse"][0]
     assert t["state_floats_per_row"] == 64  # adagrad: one accumulator per parameter
@@ -180,7 +188,7 @@ def test_sparse_traffic_in_the_step_time():
     # Dense 1e6 fp32 parameters plus two tables, 4 workers, 2 servers, 1 GB/s.
     j = plan_json("--params", "1e6", "--recipe", "fp32-adam", "--sparse", "1e8x32:adam",
                   "--sparse", "1e6x8", "--rows-per-batch", "5000,300", "--workers", "4",
-                  "--servers", "2", "--link", "1GB/s", "--step-time", "1s")
+                  "--servers", "2", "--replicas", "1", "--link", "1GB/s", "--step-time", "1s")
     g = 1e6 * 4 + 5000 * (8 + 128) + 300 * (8 + 32)
     assert j["sparse_push_bytes"] == 5000 * (8 + 128) + 300 * (8 + 32)
     assert j["push_bytes"] == g

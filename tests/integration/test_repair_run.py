@@ -5,7 +5,8 @@ SIGKILLed later still leaves every count exact (once_worker's counter table: eac
 adds 1 to every key, so the values are the number of pushes applied).
 
 Also: a server killed before the job starts is replaced the same way (nothing to copy);
---respawn-servers without replicas is refused with the reason.
+two servers keep two copies without --replicas (a kill does not stop the job);
+--respawn-servers with one copy is refused with the reason.
 Every process is in the run's process group or its children's, killed at the end; every
 wait is bounded; under ASan (PSHARD_SANITIZED=1) time limits are scaled.
 """
@@ -82,12 +83,12 @@ def stop_run(run, servers):
             pass
 
 
-def run_servers(run, log):
-    """The run's three servers [(pid, argv)], once started, and its scheduler's address."""
+def run_servers(run, log, n=3):
+    """The run's n servers [(pid, argv)], once started, and its scheduler's address."""
     def servers():
         s = [(p, a) for p, a in children(run.pid) if len(a) > 1 and a[1] == "server"]
-        return s if len(s) == 3 else None
-    originals = wait_for(servers, "three servers", 10 * SCALE, log)
+        return s if len(s) == n else None
+    originals = wait_for(servers, f"{n} servers", 10 * SCALE, log)
     sched = [a for _, a in children(run.pid) if len(a) > 1 and a[1] == "scheduler"][0]
     with open(sched[sched.index("--addr-file") + 1]) as f:
         return originals, f.read().strip()
@@ -142,8 +143,8 @@ def test_pshard_run_starts_a_replacement_that_syncs_and_holds_real_copies():
 
 
 def test_respawn_servers_needs_replicas():
-    r = subprocess.run([binary("pshard"), "run", "-s", "2", "-w", "1", "--respawn-servers", "--", "true"],
-                       capture_output=True, text=True, timeout=20)
+    r = subprocess.run([binary("pshard"), "run", "-s", "2", "-w", "1", "--replicas", "1", "--respawn-servers", "--",
+                        "true"], capture_output=True, text=True, timeout=20)
     assert r.returncode == 2
     assert "--respawn-servers needs --replicas 2 or 3" in r.stderr, r.stderr
 
@@ -178,3 +179,54 @@ def test_pshard_run_replaces_a_server_dead_before_the_start():
     finally:
         stop_run(run, started)
         shutil.rmtree(d, ignore_errors=True)
+
+
+def test_two_servers_keep_two_copies_by_default():
+    # No --replicas: with two servers every key range has two copies, so a server
+    # killed mid-run does not stop the job, and every push is counted once.
+    pushes = 300
+    d = tempfile.mkdtemp(prefix="pshard-test-")
+    env = dict(os.environ, PSHARD_RETRY_MS="300", PSHARD_SECRET=SECRET, PSHARD_JOB_ID=JOB)
+    env.pop("PSHARD_REPLICAS", None)
+    cmd = [binary("pshard"), "run", "-s", "2", "-w", "2", "--progress-ms", "0", "--",
+           binary("once_worker"), "--mode", "async", "--pushes", str(pushes), "--keys", str(KEYS), "--sleep-ms", "10"]
+    run, log = start_run(cmd, env, os.path.join(d, "run.log"))
+    started = []
+    try:
+        originals, addr = run_servers(run, log, 2)
+        started = [p for p, _ in originals]
+        wait_for(lambda: re.search(r"^started 1$", stats(addr), re.M), "the job starts", 10 * SCALE, log)
+        time.sleep(0.4)  # not scaled: the workers must still be pushing
+        assert run.poll() is None, log()
+        os.killpg(originals[1][0], signal.SIGKILL)
+        assert run.wait(timeout=2 * RUN) == 0, log()
+        text = log()
+        assert "its keys are served by their other copies (replicas 2)" in text, text
+        for i in range(2):
+            assert re.search(rf"^\[worker {i}\] acked {pushes}$", text, re.M), text
+            assert re.search(rf"^\[worker {i}\] values {','.join([str(2 * pushes)] * KEYS)}$", text, re.M), text
+    finally:
+        stop_run(run, started)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_replicas_from_the_environment_and_their_limits():
+    env = dict(os.environ)
+    env.pop("PSHARD_REPLICAS", None)
+    r = subprocess.run([binary("pshard"), "run", "-s", "1", "--respawn-servers", "--", "true"],
+                       capture_output=True, text=True, timeout=20, env=env)
+    assert r.returncode == 2 and "--respawn-servers needs --replicas 2 or 3" in r.stderr, r.stderr
+    r = subprocess.run([binary("pshard"), "run", "-s", "2", "--", "true"], capture_output=True, text=True, timeout=20,
+                       env=dict(env, PSHARD_REPLICAS="4"))
+    assert r.returncode == 2 and "PSHARD_REPLICAS must be 1 to 3, not '4'" in r.stderr, r.stderr
+    r = subprocess.run([binary("pshard"), "run", "-s", "1", "--replicas", "2", "--", "true"], capture_output=True,
+                       text=True, timeout=20, env=env)
+    assert r.returncode == 2 and "--replicas 2 needs at least that many servers (-s 1)" in r.stderr, r.stderr
+    r = subprocess.run([binary("pshard"), "scheduler", "--servers", "2", "--workers", "1"], capture_output=True,
+                       text=True, timeout=20, env=dict(env, PSHARD_REPLICAS="0"))
+    assert r.returncode == 2 and "PSHARD_REPLICAS must be 1 to 3" in r.stderr, r.stderr
+    # --replicas 1 on the command line wins over the environment; a one-copy job with
+    # two servers runs.
+    r = subprocess.run([binary("pshard"), "run", "-s", "2", "--replicas", "1", "--progress-ms", "0", "--", "true"],
+                       capture_output=True, text=True, timeout=60, env=dict(env, PSHARD_REPLICAS="3"))
+    assert r.returncode == 0, r.stderr

@@ -468,3 +468,12 @@ def test_dropped_and_duplicated_buffer_forwards_lose_nothing_and_apply_nothing_t
         counted(c, 2, 40)
         logs = "".join(c.log(f"server{i}") for i in range(3))
         assert "dropped sent forward-agg frame" in logs and "duplicated received forward-agg frame" in logs, logs[-3000:]
+
+
+@pytest.mark.parametrize("servers,want", [(1, 1), (2, 2), (3, 2)])
+def test_the_scheduler_keeps_two_copies_by_default_from_two_servers_on(servers, want):
+    # (The test environment sets no PSHARD_REPLICAS.)
+    with Cluster(servers, 1, replicas=None) as c:
+        ps = start_workers(c, 1, 5, 0)
+        assert c.wait(ps, RUN) == [0], c.log("w0")
+        assert [server_stat(c, i, "replicas") for i in range(servers)] == [want] * servers

@@ -323,6 +323,37 @@ Test(ctx, embedded_replicas, .timeout = 30) {
   ps_config_free(cfg);
 }
 
+/* The replicas a server reports (STATS `replicas`). */
+static unsigned server_replicas(ps_ctx *ctx) {
+  char buf[8192];
+  OK(ps_server_stats(ctx, 0, buf, sizeof buf, 10000));
+  const char *f = strstr(buf, "\nreplicas ");
+  cr_assert(not(eq(ptr, (void *)f, NULL)), "stats: %s", buf);
+  return (unsigned)strtoul(f + 10, NULL, 10);
+}
+
+/* Without `replicas`, a job of two servers or more keeps two copies, one of one server
+ * one; `replicas=1` keeps one copy on two servers. */
+Test(ctx, embedded_replicas_default, .timeout = 30) {
+  const char *servers[3] = {"1", "2", "2"}, *replicas[3] = {NULL, NULL, "1"};
+  unsigned want[3] = {1, 2, 1};
+  for (int i = 0; i < 3; i++) {
+    ps_config *cfg;
+    ps_ctx *ctx = NULL;
+    OK(ps_config_new(&cfg));
+    OK(ps_config_set(cfg, "embedded", servers[i]));
+    if (replicas[i]) OK(ps_config_set(cfg, "replicas", replicas[i]));
+    set_common(cfg);
+    OK(ps_ctx_open(cfg, &ctx));
+    uint32_t t; /* the servers hear of the job's replicas with its membership */
+    OK(ps_table_declare(ctx, "w", PS_SPARSE, 1, "opt=sgd lr=1 init=zero mode=async", &t));
+    cr_assert(eq(u32, server_replicas(ctx), want[i]), "servers %s replicas %s", servers[i],
+              replicas[i] ? replicas[i] : "(default)");
+    ps_ctx_close(ctx);
+    ps_config_free(cfg);
+  }
+}
+
 Test(ctx, open_errors, .timeout = 30) {
   ps_config *cfg;
   ps_ctx *ctx = (ps_ctx *)&ctx; /* not NULL: a failed open must clear it */
