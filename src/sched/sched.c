@@ -236,7 +236,6 @@ static void retake(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__
 }
 
 static void admit(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps__hello *hello);
-static node *vacancy(ps__sched *s, uint8_t role);
 
 /* Node n (its id set) is the process that sent hello on c from now on: alive, at the
  * addresses and with the token hello names. */
@@ -274,12 +273,10 @@ static void on_join(ps__sched *s, ps__conn *c, const ps__frame_hdr *h, const ps_
     return;
   }
   if (!s->started) {
-    /* Before the start nothing is to be copied: it takes a dead server's rank as a new one. */
-    if (vacancy(s, PS_ROLE_SERVER)) {
-      admit(s, c, h, hello);
-      return;
-    }
-    refuse_hello(c, h, PS_ERR_UNAVAILABLE, "the job has not started: a replacement joins a running job (start the first servers without --join)");
+    /* Before the start nothing is to be copied: it registers as any server does, in a
+     * dead one's rank or the next (so a launcher may start every server with --join,
+     * and one that restarts takes its own place back). */
+    admit(s, c, h, hello);
     return;
   }
   if (s->o.replicas < 2) {

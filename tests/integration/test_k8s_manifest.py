@@ -160,8 +160,13 @@ def local_process(w, mounts, sched_port=None, index=0):
     def local_path(s):
         for m in c.get("volumeMounts", []):
             v = vols[m["name"]]
-            key = "secret" if "secret" in v else "persistentVolumeClaim"
-            base = mounts[v["secret"]["secretName"] if key == "secret" else v[key]["claimName"]]
+            if "emptyDir" in v:  # one directory per pod and volume, kept over restarts
+                base = os.path.join(mounts["emptyDir"], w["metadata"]["name"], m["name"])
+                os.makedirs(base, exist_ok=True)
+            elif "secret" in v:
+                base = mounts[v["secret"]["secretName"]]
+            else:
+                base = mounts[v["persistentVolumeClaim"]["claimName"]]
             if s == m["mountPath"] or s.startswith(m["mountPath"] + "/"):
                 return base + s[len(m["mountPath"]):]
         return s
@@ -190,7 +195,23 @@ def start(argv, env, log):
     return subprocess.Popen(argv, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
-def test_the_manifests_run_a_job_on_loopback(objs):
+def wait_log(path, pattern, timeout, what):
+    deadline = time.time() + timeout
+    while True:
+        m = re.search(pattern, open(path).read(), re.M)
+        if m:
+            return m
+        assert time.time() < deadline, f"{what} within {timeout}s\n" + open(path).read()
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("faults", [False, True], ids=["no-fault", "server-and-scheduler-restarted"])
+def test_the_manifests_run_a_job_on_loopback(objs, faults):
+    # With faults, a server is SIGKILLed mid-training and started again with its
+    # container's command, as the kubelet restarts it (it takes the dead one's place and
+    # copies its rows), then the scheduler, on its port with its state directory: the job
+    # still trains on every example, and its model learned.
+    rows = 200000 if faults else 20000
     d = tempfile.mkdtemp(prefix="pshard-k8s-")
     secret_dir, data = os.path.join(d, "secret"), os.path.join(d, "data")
     # As the kubelet lays out a Secret volume: the key is a symlink into ..data/.
@@ -198,12 +219,16 @@ def test_the_manifests_run_a_job_on_loopback(objs):
     with open(os.open(os.path.join(secret_dir, "..data", "secret"), os.O_WRONLY | os.O_CREAT, 0o400), "w") as f:
         f.write(secrets.token_hex(32))
     os.symlink("..data/secret", os.path.join(secret_dir, "secret"))
-    r = subprocess.run([binary(PROGRAMS["ctr_worker"].replace("ctr_worker", "ctr_gen")), "--rows", "20000",
+    r = subprocess.run([binary(PROGRAMS["ctr_worker"].replace("ctr_worker", "ctr_gen")), "--rows", str(rows),
                         "--test-rows", "2000", "--parts", "2", "--signal-top", "100", "--out", data, "--quiet"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    mounts = {"ps-secret": secret_dir, "ps-data": data}
+    mounts = {"ps-secret": secret_dir, "ps-data": data, "emptyDir": os.path.join(d, "empty")}
     procs = []
+
+    def logs():
+        return "".join(f"--- {f}\n" + open(os.path.join(d, f)).read()[-3000:] for f in sorted(os.listdir(d))
+                       if f.endswith(".log"))
     try:
         argv, env = local_process(objs[("Deployment", "ps-scheduler")], mounts)
         sched_log = os.path.join(d, "scheduler.log")
@@ -225,22 +250,43 @@ def test_the_manifests_run_a_job_on_loopback(objs):
             argv, env = local_process(objs[("Job", "ps-worker")], mounts, port, index=i)
             workers.append(start(argv, env, os.path.join(d, f"worker-{i}.log")))
         procs += workers
+        if faults:
+            wait_log(sched_log, r"job started", 30 * SLOW, "the job starts")
+            time.sleep(0.5)
+            assert all(w.poll() is None for w in workers), "the workers finished before the faults\n" + logs()
+            os.killpg(servers[1].pid, signal.SIGKILL)
+            servers[1].wait()
+            argv, env = local_process(objs[("StatefulSet", "ps-server")], mounts, port)
+            servers[1] = start(argv, env, os.path.join(d, "server-1-again.log"))
+            procs.append(servers[1])
+            wait_log(sched_log, r"has copied its rows", 60 * SLOW, "the restarted server copies its rows")
+            assert all(w.poll() is None for w in workers), "the workers finished before the scheduler's fault\n" + logs()
+            os.killpg(sched.pid, signal.SIGKILL)
+            sched.wait()
+            argv, env = local_process(objs[("Deployment", "ps-scheduler")], mounts)
+            argv[argv.index("--port") + 1] = str(port)  # its Service's port, as before
+            sched_log = os.path.join(d, "scheduler-again.log")
+            sched = start(argv, env, sched_log)
+            procs.append(sched)
         for i, w in enumerate(workers):
-            rc = w.wait(timeout=120 * SLOW)
-            assert rc == 0, open(os.path.join(d, f"worker-{i}.log")).read() + open(sched_log).read()
-        logs = [open(os.path.join(d, f"worker-{i}.log")).read() for i in range(len(workers))]
-        trained = sum(int(n) for log in logs for n in re.findall(r"trained on (\d+) examples", log))
-        assert trained == 20000, logs
-        auc = [float(a) for log in logs for a in re.findall(r"epoch 1: test logloss [0-9.]+\s+auc ([0-9.]+)", log)]
-        assert auc and auc[0] > 0.6, logs  # rank 0 evaluated a model that learned
+            rc = w.wait(timeout=(240 if faults else 120) * SLOW)
+            assert rc == 0, logs()
+        wlogs = [open(os.path.join(d, f"worker-{i}.log")).read() for i in range(len(workers))]
+        trained = sum(int(n) for log in wlogs for n in re.findall(r"trained on (\d+) examples", log))
+        assert trained == rows, logs()
+        auc = [float(a) for log in wlogs for a in re.findall(r"epoch 1: test logloss [0-9.]+\s+auc ([0-9.]+)", log)]
+        assert auc and auc[0] > 0.6, wlogs  # rank 0 evaluated a model that learned
         for s in servers:
             s.send_signal(signal.SIGTERM)  # a server leaves cleanly and exits 0
-        for i, s in enumerate(servers):
-            assert s.wait(timeout=30) == 0, open(os.path.join(d, f"server-{i}.log")).read()
+        for s in servers:
+            assert s.wait(timeout=30) == 0, logs()
         sched.send_signal(signal.SIGTERM)
         assert sched.wait(timeout=30) == 0, open(sched_log).read()
         log = open(sched_log).read()
-        assert "job started: 2 servers, 2 workers" in log, log
+        if faults:
+            assert "restarted from" in log, log
+        else:
+            assert "job started: 2 servers, 2 workers" in log, log
     finally:
         for p in procs:
             if p.poll() is None:
