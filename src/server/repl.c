@@ -402,18 +402,35 @@ static void fwd_fail_to(ps__server *s, uint32_t id, const char *why) {
   }
 }
 
-/* Send the re-addressed frames whose wait is over (each tick, and on a new membership). */
+static int fwd_is_due(const srv_fwd *f, uint64_t now) { return !f->sent && f->retry_at && f->retry_at <= now; }
+
+static void fwd_resend(ps__server *s, srv_fwd *f) {
+  srv_peer *p = peer_of(s, f->to);
+  if (!p || !p->alive) return; /* the next membership fails it over */
+  if (p->conn)
+    fwd_send(s, p, f);
+  else if (!p->connecting)
+    peer_connect(s, p);
+}
+
+/* Send the re-addressed frames whose wait is over (each tick, and on a new membership),
+ * the oldest first (s->fwds is newest first): a member applies a chain's rounds in
+ * order, and refuses one that comes before the round it waits for (repl_sync.c). */
 static void fwd_resend_due(ps__server *s) {
   uint64_t now = uv_now(&s->loop);
-  for (srv_fwd *f = s->fwds; f; f = f->next) {
-    if (f->sent || !f->retry_at || f->retry_at > now) continue;
-    srv_peer *p = peer_of(s, f->to);
-    if (!p || !p->alive) continue; /* the next membership fails it over */
-    if (p->conn)
-      fwd_send(s, p, f);
-    else if (!p->connecting)
-      peer_connect(s, p);
+  size_t n = 0, k = 0;
+  for (srv_fwd *f = s->fwds; f; f = f->next) n += fwd_is_due(f, now);
+  if (!n) return;
+  srv_fwd **due = ps__malloc(n * sizeof *due);
+  if (!due) { /* in list order: a round refused for its order is sent again later */
+    for (srv_fwd *f = s->fwds; f; f = f->next)
+      if (fwd_is_due(f, now)) fwd_resend(s, f);
+    return;
   }
+  for (srv_fwd *f = s->fwds; f; f = f->next)
+    if (fwd_is_due(f, now)) due[k++] = f;
+  while (k-- > 0) fwd_resend(s, due[k]);
+  free(due);
 }
 
 /* Send forward f on p's connection: its values named (by peer memory) where it allows

@@ -431,7 +431,32 @@ void ps__srv_on_forward_round(ps__server *s, ps__conn *c, const ps__frame_hdr *h
     take[i] = idx < y->nver && y->ver[idx] <= ra.round;
     ntake += take[i];
   }
+  /* A chain's rounds are applied in order: a round past the next one means an earlier
+   * round has not come (it was refused at another epoch, and is being sent again while
+   * the head sent the next): applied now, the earlier one would be skipped when it
+   * comes, as a copy held already, and this copy would miss it. It is to be sent again. */
+  int64_t gap_at = -1;
+  uint32_t gap_ck = 0;
+  for (uint32_t j = 0; !bad && j < nc && gap_at < 0; j++) {
+    size_t idx = ps__srv_chain_index(&x, cks[j]);
+    if (idx < y->nver && y->ver[idx] < ra.round) gap_at = y->ver[idx], gap_ck = cks[j];
+  }
+  for (uint32_t i = 0; !bad && i < h->nkeys && gap_at < 0; i++) {
+    uint32_t ck = ps__srv_row_chain(&x, ps__get_u64(keys + 8 * (size_t)i));
+    size_t idx = ps__srv_chain_index(&x, ck);
+    if (idx < y->nver && y->ver[idx] < ra.round) gap_at = y->ver[idx], gap_ck = ck;
+  }
   ps__srv_chains_free(&x);
+  if (!bad && gap_at >= 0) {
+    free(cks), free(take);
+    if (s->round_gaps++ == 0)
+      ps__log(PS_LOG_WARN, "table '%s': round %lld came before round %lld of its chain %u; refused until that one "
+              "comes (counted in STATS as round_gaps)", t->decl.name, (long long)ra.round, (long long)gap_at, gap_ck);
+    ps__srv_reply_err(c, h, PS_ERR_UNAVAILABLE,
+                      "round %lld of table '%s' came before round %lld of its chain %u; send it again",
+                      (long long)ra.round, t->decl.name, (long long)gap_at, gap_ck);
+    return;
+  }
   if (bad) {
     free(cks), free(take);
     if (bad == 1)

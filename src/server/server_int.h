@@ -129,6 +129,7 @@ struct ps__server {
   size_t nearly, early_bytes;
   uint64_t catchups;     /* failovers of sync tables caught up */
   uint64_t held_ahead;   /* pushes sent again for a round a chain taken over held ahead of its table */
+  uint64_t round_gaps;   /* round frames refused: an earlier round of their chain had not come (repl_sync.c) */
   unsigned sync_refusals_logged; /* ps__srv_sync_refused's lines so far (at most 20) */
   uint64_t tail_answers; /* workers' pushes this server answered as their chain's tail */
   srv_aggw *agg_cur;     /* the push being served, for the buffer it may fill ... */

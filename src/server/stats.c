@@ -105,6 +105,8 @@ void ps__srv_on_stats(ps__server *s, ps__conn *c, const ps__frame_hdr *h) {
                (unsigned long long)s->held_ahead, (unsigned long long)s->tail_answers, (unsigned long long)nf, (unsigned long long)bf,
                (unsigned long long)lag);
   ps__wbuf_bytes(&w, line, (size_t)m);
+  m = snprintf(line, sizeof line, "round_gaps %llu\n", (unsigned long long)s->round_gaps);
+  ps__wbuf_bytes(&w, line, (size_t)m);
   ps__srv_repair_stats(s, line, sizeof line);
   ps__wbuf_bytes(&w, line, strlen(line));
   struct mallinfo2 mi = mallinfo2(); /* the allocator's bytes handed out: a leak shows here, not in RSS alone */

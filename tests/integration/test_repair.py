@@ -37,6 +37,7 @@ import pytest
 from cluster import Cluster, binary
 from test_once import RUN, SCALE
 from test_repl import AGG, counted, outcome, start_workers
+from test_once import server_port
 
 
 def stats(addr):
@@ -359,3 +360,28 @@ def test_a_worker_dead_before_the_start_leaves_its_rank_to_a_new_one():
         assert re.search(r"worker \d+ died before the job started: a new one takes its rank 0", logs()), logs()
         ranks = sorted(int(n["rank"]) for n in sched_nodes(c).values() if n["role"] == "worker")
         assert ranks == [0, 1], sched_nodes(c)
+
+
+def test_rounds_refused_at_another_epoch_reach_every_copy():
+    # Servers hear of memberships at different times (each second one a server receives
+    # waits 300 ms) and the scheduler is restarted twice mid-run, so the epoch changes
+    # again and again while sync rounds flow: members refuse rounds sent at another epoch
+    # (STATS forwards_refused), and their heads send them again. Two servers then die in
+    # turn: every count is exact on the last one, so no copy missed a round.
+    env = {"PSHARD_RETRY_MS": "200", "PSHARD_FAULT": "delay=300ms:type=membership:every=2:node=server"}
+    pushes = 500
+    with Cluster(3, 2, replicas=3, extra_env=env, sched_state=True, verbose=True) as c:
+        def logs():
+            return "".join(f"--- {p.name}\n{c.log(p.name)[-3000:]}" for p in c.procs)
+        ps = start_workers(c, 2, pushes, 4, ["--mode", "sync", "--dense"])
+        wait_for(lambda: "job started" in c.log("scheduler"), "the job starts", 20 * SCALE, logs)
+        for _ in range(2):
+            time.sleep(0.4)
+            assert all(p.poll() is None for p in ps), "the workers finished before the restarts"
+            c.restart_scheduler()
+        wait_for(lambda: c.log(c.sched_log).count("came back") >= 5, "every node back", 30 * SCALE, logs)
+        assert sum(stat_of(f"127.0.0.1:{server_port(c, i)}", "forwards_refused") for i in range(3)) > 0
+        for n, victim in enumerate((0, 2)):
+            kill_one(c, ps, victim, n + 1, logs, 0.3, dead_after=n + 1)
+        assert c.wait(ps, RUN) == [0, 0], logs()
+        counted(c, 2, pushes)
